@@ -1,0 +1,26 @@
+//! prefix-router: a proxy-wasm HTTP filter that sends LLM requests which begin
+//! alike to the same inference instance, so its KV cache stays warm.
+//!
+//! Everything that decides lives in plain Rust modules that know nothing of
+//! the proxy-wasm ABI and are tested natively (and as 32-bit wasm):
+//! - [`config`]: the plugin configuration, parsed and validated.
+//! - [`classify`]: which API a request speaks, from its path.
+//! - [`extract`]: the routing prefix (raw bytes or canonical text), read
+//!   incrementally from the body.
+//! - [`tenant`]: validation of the tenant header.
+//! - [`key`]: the framed xxh3 routing key.
+//! - [`request`]: the per-request state machine that ties them together.
+//! - [`metrics`]: the names of the stats the filter exports.
+//!
+//! The proxy-wasm glue (`wasm`) is compiled only into the `.wasm` itself.
+
+pub mod classify;
+pub mod config;
+pub mod extract;
+pub mod key;
+pub mod metrics;
+pub mod request;
+pub mod tenant;
+
+#[cfg(all(target_arch = "wasm32", not(test)))]
+mod wasm;

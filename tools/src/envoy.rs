@@ -1,0 +1,1 @@
+//! Starts a real Envoy with the filter (placeholder).

@@ -1,0 +1,5 @@
+//! Tools around the prefix-router filter, kept out of the `.wasm`:
+//! the Envoy launcher used by tests, demo and benchmarks; the simulated vLLM
+//! instance; the load generator.
+
+pub mod envoy;

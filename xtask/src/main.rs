@@ -1,0 +1,2 @@
+//! `cargo xtask demo|test`: the project's two commands (placeholder).
+fn main() {}
