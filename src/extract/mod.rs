@@ -90,7 +90,9 @@ impl Extractor {
         self.inspected += chunk.len();
         let want = self.limits.prefix_length.saturating_sub(self.raw.len());
         self.raw.extend_from_slice(&chunk[..chunk.len().min(want)]);
-        if self.raw.len() >= self.limits.prefix_length || self.inspected >= self.limits.max_body_bytes {
+        if self.raw.len() >= self.limits.prefix_length
+            || self.inspected >= self.limits.max_body_bytes
+        {
             Progress::Done
         } else {
             Progress::NeedMore
@@ -108,5 +110,24 @@ impl Extractor {
             fallback: None,
             bytes_inspected: self.inspected,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placeholder_raw_prefix_stops_at_prefix_length() {
+        let limits = Limits {
+            prefix_length: 4,
+            max_body_bytes: 100,
+            include_model: true,
+            want_body_tenant: false,
+        };
+        let mut x = Extractor::new(ApiKind::Invoke, limits);
+        assert_eq!(x.feed(b"ab"), Progress::NeedMore);
+        assert_eq!(x.feed(b"cdef"), Progress::Done);
+        assert_eq!(x.finish().prefix, b"abcd");
     }
 }
