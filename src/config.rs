@@ -1,1 +1,672 @@
-//! TODO
+//! The plugin configuration: parsed from Envoy's `configuration` JSON and
+//! validated up front, so a typo or an out-of-range value is rejected with a
+//! message naming the field instead of silently doing something else.
+//!
+//! Parsing walks a `serde_json::Value` by hand (the filter carries no serde
+//! derive). Each field is one arm in [`Config::apply_field`] plus one parser
+//! call, so adding a field is a three-line change.
+
+use std::fmt;
+
+use serde_json::{Map, Value};
+
+use crate::classify::ApiKind;
+
+/// How requests are spread over the instances.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Strategy {
+    /// Requests that begin alike get the same key, hence the same instance.
+    PrefixAware,
+    /// Least outstanding requests (completed by the overload issue; until
+    /// then the filter writes no key for it).
+    LeastOutstandingRequests,
+    /// No key: Envoy's hashing load balancer picks at random.
+    Random,
+}
+
+impl Strategy {
+    const NAMES: [(&'static str, Strategy); 3] = [
+        ("PREFIX_AWARE", Strategy::PrefixAware),
+        (
+            "LEAST_OUTSTANDING_REQUESTS",
+            Strategy::LeastOutstandingRequests,
+        ),
+        ("RANDOM", Strategy::Random),
+    ];
+
+    /// The configuration spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Strategy::PrefixAware => "PREFIX_AWARE",
+            Strategy::LeastOutstandingRequests => "LEAST_OUTSTANDING_REQUESTS",
+            Strategy::Random => "RANDOM",
+        }
+    }
+}
+
+/// One path rule: a path ending in `suffix` speaks `api`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PathRule {
+    pub suffix: String,
+    pub api: ApiKind,
+}
+
+/// The validated plugin configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    pub strategy: Strategy,
+    /// Bytes (raw) or characters (canonical text) of prefix in the key.
+    pub prefix_length: usize,
+    /// In-flight cap per target instance (used by the overload issue).
+    pub concurrency_threshold: u32,
+    /// Request header the key is written to (lowercase).
+    pub key_header: String,
+    /// Request header naming the tenant (lowercase).
+    pub tenant_header: String,
+    /// Most body bytes the filter holds while extracting.
+    pub max_body_bytes: usize,
+    /// Whether the body's `model` is part of the key.
+    pub include_model: bool,
+    /// First matching suffix wins.
+    pub path_rules: Vec<PathRule>,
+}
+
+pub const PREFIX_LENGTH_RANGE: (u64, u64) = (1024, 65536);
+pub const CONCURRENCY_THRESHOLD_RANGE: (u64, u64) = (1, 1024);
+/// Upper bound well below anything Envoy would buffer by default; the lower
+/// bound is also at least `prefix_length`.
+pub const MAX_BODY_BYTES_RANGE: (u64, u64) = (1024, 64 * 1024 * 1024);
+/// Bounds the per-request classification work.
+pub const MAX_PATH_RULES: usize = 64;
+/// Header names Envoy gives a meaning of its own (framing, hop-by-hop,
+/// authority): writing a routing key into one would break the request.
+const RESERVED_KEY_HEADERS: [&str; 9] = [
+    "host",
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "upgrade",
+    "expect",
+];
+
+const FIELDS: [&str; 8] = [
+    "strategy",
+    "prefix_length",
+    "concurrency_threshold",
+    "key_header",
+    "tenant_header",
+    "max_body_bytes",
+    "include_model",
+    "path_rules",
+];
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            strategy: Strategy::PrefixAware,
+            prefix_length: 4096,
+            concurrency_threshold: 10,
+            key_header: "x-prefix-route-key".to_string(),
+            tenant_header: "x-amzn-sagemaker-prefix-aware-id".to_string(),
+            max_body_bytes: 1024 * 1024,
+            include_model: true,
+            path_rules: default_path_rules(),
+        }
+    }
+}
+
+/// `/chat/completions` first: `/completions` is its suffix too.
+pub fn default_path_rules() -> Vec<PathRule> {
+    [
+        ("/chat/completions", ApiKind::ChatCompletions),
+        ("/completions", ApiKind::Completions),
+        ("/responses", ApiKind::Responses),
+    ]
+    .into_iter()
+    .map(|(suffix, api)| PathRule {
+        suffix: suffix.to_string(),
+        api,
+    })
+    .collect()
+}
+
+/// A rejected configuration. Displays as `<field>: <problem>`, e.g.
+/// `prefix_length: 100 is out of range 1024..=65536`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// The field, e.g. `prefix_length` or `path_rules[1].suffix`;
+    /// `configuration` for the document as a whole.
+    pub field: String,
+    pub problem: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.field, self.problem)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+fn error(field: impl Into<String>, problem: impl Into<String>) -> ConfigError {
+    ConfigError {
+        field: field.into(),
+        problem: problem.into(),
+    }
+}
+
+/// A value as JSON, shortened so a huge value cannot flood the log.
+fn shown(value: &Value) -> String {
+    const MAX: usize = 80;
+    let text = value.to_string();
+    if text.len() <= MAX {
+        return text;
+    }
+    let mut end = MAX;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", text.get(..end).unwrap_or_default())
+}
+
+fn type_name(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+fn wrong_type(field: &str, expected: &str, value: &Value) -> ConfigError {
+    error(
+        field,
+        format!(
+            "expected {expected}, got {} ({})",
+            type_name(value),
+            shown(value)
+        ),
+    )
+}
+
+fn integer_in(field: &str, value: &Value, (lo, hi): (u64, u64)) -> Result<u64, ConfigError> {
+    let out_of_range = || {
+        error(
+            field,
+            format!("{} is out of range {lo}..={hi}", shown(value)),
+        )
+    };
+    match value {
+        Value::Number(n) => match n.as_u64() {
+            Some(v) if (lo..=hi).contains(&v) => Ok(v),
+            Some(_) => Err(out_of_range()),
+            // Negative or fractional.
+            None if n.is_i64() => Err(out_of_range()),
+            None => Err(wrong_type(field, "an integer", value)),
+        },
+        _ => Err(wrong_type(field, "an integer", value)),
+    }
+}
+
+fn string<'v>(field: &str, value: &'v Value) -> Result<&'v str, ConfigError> {
+    value
+        .as_str()
+        .ok_or_else(|| wrong_type(field, "a string", value))
+}
+
+/// RFC 9110 token characters; returned lowercase because Envoy stores
+/// header names lowercase and HTTP/2 requires it.
+fn header_name(field: &str, value: &Value) -> Result<String, ConfigError> {
+    let name = string(field, value)?;
+    let is_tchar = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
+    if name.is_empty() || !name.bytes().all(is_tchar) {
+        return Err(error(
+            field,
+            format!(
+                "{} is not an HTTP header name (1 or more of A-Z a-z 0-9 !#$%&'*+-.^_`|~)",
+                shown(value)
+            ),
+        ));
+    }
+    Ok(name.to_ascii_lowercase())
+}
+
+fn api_kind(field: &str, value: &Value) -> Result<ApiKind, ConfigError> {
+    const NAMES: [(&str, ApiKind); 4] = [
+        ("chat_completions", ApiKind::ChatCompletions),
+        ("completions", ApiKind::Completions),
+        ("responses", ApiKind::Responses),
+        ("invoke", ApiKind::Invoke),
+    ];
+    let name = string(field, value)?;
+    NAMES
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, api)| *api)
+        .ok_or_else(|| {
+            error(
+                field,
+                format!(
+                    "{} is not one of chat_completions, completions, responses, invoke",
+                    shown(value)
+                ),
+            )
+        })
+}
+
+fn path_rules(value: &Value) -> Result<Vec<PathRule>, ConfigError> {
+    let field = "path_rules";
+    let items = value
+        .as_array()
+        .ok_or_else(|| wrong_type(field, "an array of {\"suffix\", \"api\"} objects", value))?;
+    if items.len() > MAX_PATH_RULES {
+        return Err(error(
+            field,
+            format!("{} rules is out of range 0..={MAX_PATH_RULES}", items.len()),
+        ));
+    }
+    let mut rules = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        let at = format!("{field}[{i}]");
+        let object = item
+            .as_object()
+            .ok_or_else(|| wrong_type(&at, "an object with \"suffix\" and \"api\"", item))?;
+        reject_unknown(&at, object, &["suffix", "api"])?;
+        let suffix_field = format!("{at}.suffix");
+        let suffix_value = object
+            .get("suffix")
+            .ok_or_else(|| error(&suffix_field, "missing"))?;
+        let suffix = string(&suffix_field, suffix_value)?;
+        if !suffix.starts_with('/') || suffix.contains(['?', '#']) {
+            return Err(error(
+                &suffix_field,
+                format!(
+                    "{} must start with '/' and contain no '?' or '#'",
+                    shown(suffix_value)
+                ),
+            ));
+        }
+        let api_field = format!("{at}.api");
+        let api_value = object
+            .get("api")
+            .ok_or_else(|| error(&api_field, "missing"))?;
+        rules.push(PathRule {
+            suffix: suffix.to_string(),
+            api: api_kind(&api_field, api_value)?,
+        });
+    }
+    Ok(rules)
+}
+
+fn reject_unknown(
+    at: &str,
+    object: &Map<String, Value>,
+    known: &[&str],
+) -> Result<(), ConfigError> {
+    match object.keys().find(|k| !known.contains(&k.as_str())) {
+        Some(unknown) => Err(error(
+            if at.is_empty() {
+                unknown.clone()
+            } else {
+                format!("{at}.{unknown}")
+            },
+            format!("unknown field (known fields: {})", known.join(", ")),
+        )),
+        None => Ok(()),
+    }
+}
+
+impl Config {
+    /// Parses the plugin configuration. Empty (or only whitespace) means all
+    /// defaults; otherwise a JSON object whose fields override the defaults.
+    pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            return Ok(Config::default());
+        }
+        let document: Value = serde_json::from_slice(bytes)
+            .map_err(|e| error("configuration", format!("not valid JSON: {e}")))?;
+        let object = document
+            .as_object()
+            .ok_or_else(|| wrong_type("configuration", "a JSON object", &document))?;
+        reject_unknown("", object, &FIELDS)?;
+        let mut config = Config::default();
+        for (name, value) in object {
+            config.apply_field(name, value)?;
+        }
+        config.check_consistency()?;
+        Ok(config)
+    }
+
+    fn apply_field(&mut self, name: &str, value: &Value) -> Result<(), ConfigError> {
+        match name {
+            "strategy" => {
+                let text = string(name, value)?;
+                self.strategy = Strategy::NAMES
+                    .iter()
+                    .find(|(n, _)| *n == text)
+                    .map(|(_, s)| *s)
+                    .ok_or_else(|| {
+                        error(
+                            name,
+                            format!(
+                                "{} is not one of PREFIX_AWARE, LEAST_OUTSTANDING_REQUESTS, RANDOM",
+                                shown(value)
+                            ),
+                        )
+                    })?;
+            }
+            "prefix_length" => {
+                self.prefix_length = to_usize(integer_in(name, value, PREFIX_LENGTH_RANGE)?)
+            }
+            "concurrency_threshold" => {
+                let v = integer_in(name, value, CONCURRENCY_THRESHOLD_RANGE)?;
+                self.concurrency_threshold = u32::try_from(v).unwrap_or(u32::MAX);
+            }
+            "key_header" => self.key_header = header_name(name, value)?,
+            "tenant_header" => self.tenant_header = header_name(name, value)?,
+            "max_body_bytes" => {
+                self.max_body_bytes = to_usize(integer_in(name, value, MAX_BODY_BYTES_RANGE)?)
+            }
+            "include_model" => {
+                self.include_model = value
+                    .as_bool()
+                    .ok_or_else(|| wrong_type(name, "true or false", value))?
+            }
+            "path_rules" => self.path_rules = path_rules(value)?,
+            // `reject_unknown` ran first; kept total so a field listed in
+            // FIELDS but not handled here is still an error, not a no-op.
+            _ => return Err(error(name, "unknown field")),
+        }
+        Ok(())
+    }
+
+    /// Rules that involve more than one field.
+    fn check_consistency(&self) -> Result<(), ConfigError> {
+        if self.max_body_bytes < self.prefix_length {
+            return Err(error(
+                "max_body_bytes",
+                format!(
+                    "{} is less than prefix_length ({}); it must be at least prefix_length",
+                    self.max_body_bytes, self.prefix_length
+                ),
+            ));
+        }
+        if self.key_header == self.tenant_header {
+            return Err(error(
+                "key_header",
+                format!(
+                    "\"{}\" is also the tenant_header; they must differ",
+                    self.key_header
+                ),
+            ));
+        }
+        if RESERVED_KEY_HEADERS.contains(&self.key_header.as_str()) {
+            return Err(error(
+                "key_header",
+                format!(
+                    "\"{}\" is a header Envoy itself relies on; choose another (not one of {})",
+                    self.key_header,
+                    RESERVED_KEY_HEADERS.join(", ")
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The ranges above fit in 32 bits, so this never saturates in practice.
+fn to_usize(v: u64) -> usize {
+    usize::try_from(v).unwrap_or(usize::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::parse(text.as_bytes())
+    }
+
+    fn err(text: &str) -> String {
+        match parse(text) {
+            Ok(c) => panic!("accepted {text}: {c:?}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn empty_configuration_is_all_defaults() {
+        let defaults = Config {
+            strategy: Strategy::PrefixAware,
+            prefix_length: 4096,
+            concurrency_threshold: 10,
+            key_header: "x-prefix-route-key".into(),
+            tenant_header: "x-amzn-sagemaker-prefix-aware-id".into(),
+            max_body_bytes: 1_048_576,
+            include_model: true,
+            path_rules: vec![
+                PathRule {
+                    suffix: "/chat/completions".into(),
+                    api: ApiKind::ChatCompletions,
+                },
+                PathRule {
+                    suffix: "/completions".into(),
+                    api: ApiKind::Completions,
+                },
+                PathRule {
+                    suffix: "/responses".into(),
+                    api: ApiKind::Responses,
+                },
+            ],
+        };
+        assert_eq!(parse(""), Ok(defaults.clone()));
+        assert_eq!(parse(" \n"), Ok(defaults.clone()));
+        assert_eq!(parse("{}"), Ok(defaults));
+    }
+
+    #[test]
+    fn every_field_is_read() {
+        let c = parse(
+            r#"{"strategy":"RANDOM","prefix_length":2048,"concurrency_threshold":3,
+                "key_header":"X-Key","tenant_header":"X-Tenant","max_body_bytes":65536,
+                "include_model":false,"path_rules":[{"suffix":"/generate","api":"completions"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(c.strategy, Strategy::Random);
+        assert_eq!(c.prefix_length, 2048);
+        assert_eq!(c.concurrency_threshold, 3);
+        assert_eq!(c.key_header, "x-key");
+        assert_eq!(c.tenant_header, "x-tenant");
+        assert_eq!(c.max_body_bytes, 65536);
+        assert!(!c.include_model);
+        assert_eq!(
+            c.path_rules,
+            vec![PathRule {
+                suffix: "/generate".into(),
+                api: ApiKind::Completions
+            }]
+        );
+        assert_eq!(
+            parse(r#"{"strategy":"LEAST_OUTSTANDING_REQUESTS"}"#)
+                .unwrap()
+                .strategy,
+            Strategy::LeastOutstandingRequests
+        );
+    }
+
+    #[test]
+    fn range_bounds_are_inclusive() {
+        assert_eq!(
+            parse(r#"{"prefix_length":1024}"#).unwrap().prefix_length,
+            1024
+        );
+        let c = parse(r#"{"prefix_length":65536,"max_body_bytes":67108864}"#).unwrap();
+        assert_eq!((c.prefix_length, c.max_body_bytes), (65536, 67_108_864));
+        assert_eq!(
+            parse(r#"{"concurrency_threshold":1}"#)
+                .unwrap()
+                .concurrency_threshold,
+            1
+        );
+        assert_eq!(
+            parse(r#"{"concurrency_threshold":1024}"#)
+                .unwrap()
+                .concurrency_threshold,
+            1024
+        );
+    }
+
+    #[test]
+    fn out_of_range_names_field_value_and_range() {
+        assert_eq!(
+            err(r#"{"prefix_length":100}"#),
+            "prefix_length: 100 is out of range 1024..=65536"
+        );
+        assert_eq!(
+            err(r#"{"prefix_length":65537}"#),
+            "prefix_length: 65537 is out of range 1024..=65536"
+        );
+        assert_eq!(
+            err(r#"{"prefix_length":-5}"#),
+            "prefix_length: -5 is out of range 1024..=65536"
+        );
+        assert_eq!(
+            err(r#"{"concurrency_threshold":0}"#),
+            "concurrency_threshold: 0 is out of range 1..=1024"
+        );
+        assert_eq!(
+            err(r#"{"max_body_bytes":67108865}"#),
+            "max_body_bytes: 67108865 is out of range 1024..=67108864"
+        );
+        assert_eq!(
+            err(r#"{"max_body_bytes":2048}"#),
+            "max_body_bytes: 2048 is less than prefix_length (4096); it must be at least prefix_length"
+        );
+    }
+
+    #[test]
+    fn wrong_types_are_named() {
+        assert_eq!(
+            err(r#"{"prefix_length":"4096"}"#),
+            r#"prefix_length: expected an integer, got a string ("4096")"#
+        );
+        assert_eq!(
+            err(r#"{"prefix_length":4096.5}"#),
+            "prefix_length: expected an integer, got a number (4096.5)"
+        );
+        assert_eq!(
+            err(r#"{"include_model":"yes"}"#),
+            r#"include_model: expected true or false, got a string ("yes")"#
+        );
+        assert_eq!(
+            err(r#"{"strategy":1}"#),
+            "strategy: expected a string, got a number (1)"
+        );
+        assert_eq!(
+            err("[1]"),
+            "configuration: expected a JSON object, got an array ([1])"
+        );
+        assert!(err("{").starts_with("configuration: not valid JSON"));
+        assert!(err("\u{FEFF}{}").starts_with("configuration: not valid JSON"));
+    }
+
+    #[test]
+    fn unknown_fields_are_rejected() {
+        let e = err(r#"{"prefix_lenght":4096}"#);
+        assert!(
+            e.starts_with("prefix_lenght: unknown field (known fields: strategy, prefix_length"),
+            "{e}"
+        );
+        let e = err(r#"{"path_rules":[{"suffix":"/x","api":"invoke","weight":1}]}"#);
+        assert_eq!(
+            e,
+            "path_rules[0].weight: unknown field (known fields: suffix, api)"
+        );
+    }
+
+    #[test]
+    fn enumerations_list_allowed_values() {
+        assert_eq!(
+            err(r#"{"strategy":"prefix_aware"}"#),
+            r#"strategy: "prefix_aware" is not one of PREFIX_AWARE, LEAST_OUTSTANDING_REQUESTS, RANDOM"#
+        );
+        assert_eq!(
+            err(r#"{"path_rules":[{"suffix":"/x","api":"chat"}]}"#),
+            r#"path_rules[0].api: "chat" is not one of chat_completions, completions, responses, invoke"#
+        );
+    }
+
+    #[test]
+    fn header_names_are_validated_and_lowercased() {
+        assert_eq!(
+            parse(r#"{"tenant_header":"X-Tenant-ID"}"#)
+                .unwrap()
+                .tenant_header,
+            "x-tenant-id"
+        );
+        for bad in [r#""""#, r#""x key""#, r#""x:key""#, r#"":path""#, r#""é""#] {
+            let e = err(&format!(r#"{{"key_header":{bad}}}"#));
+            assert!(
+                e.starts_with(&format!("key_header: {bad} is not an HTTP header name")),
+                "{e}"
+            );
+        }
+        assert_eq!(
+            err(r#"{"key_header":"Content-Length"}"#),
+            "key_header: \"content-length\" is a header Envoy itself relies on; choose another (not one of host, content-length, transfer-encoding, connection, keep-alive, proxy-connection, te, upgrade, expect)"
+        );
+        assert_eq!(
+            err(r#"{"key_header":"X-T","tenant_header":"x-t"}"#),
+            "key_header: \"x-t\" is also the tenant_header; they must differ"
+        );
+    }
+
+    #[test]
+    fn path_rules_are_validated() {
+        assert_eq!(parse(r#"{"path_rules":[]}"#).unwrap().path_rules, vec![]);
+        assert_eq!(
+            err(r#"{"path_rules":[{"suffix":"","api":"invoke"}]}"#),
+            r#"path_rules[0].suffix: "" must start with '/' and contain no '?' or '#'"#
+        );
+        assert_eq!(
+            err(
+                r#"{"path_rules":[{"suffix":"/a","api":"invoke"},{"suffix":"chat","api":"invoke"}]}"#
+            ),
+            r#"path_rules[1].suffix: "chat" must start with '/' and contain no '?' or '#'"#
+        );
+        assert_eq!(
+            err(r#"{"path_rules":[{"suffix":"/a?b","api":"invoke"}]}"#),
+            r#"path_rules[0].suffix: "/a?b" must start with '/' and contain no '?' or '#'"#
+        );
+        assert_eq!(
+            err(r#"{"path_rules":[{"api":"invoke"}]}"#),
+            "path_rules[0].suffix: missing"
+        );
+        assert_eq!(
+            err(r#"{"path_rules":[{"suffix":"/a"}]}"#),
+            "path_rules[0].api: missing"
+        );
+        assert_eq!(
+            err(r#"{"path_rules":{"suffix":"/a"}}"#),
+            r#"path_rules: expected an array of {"suffix", "api"} objects, got an object ({"suffix":"/a"})"#
+        );
+        let many = vec![r#"{"suffix":"/a","api":"invoke"}"#; MAX_PATH_RULES + 1].join(",");
+        assert_eq!(
+            err(&format!(r#"{{"path_rules":[{many}]}}"#)),
+            "path_rules: 65 rules is out of range 0..=64"
+        );
+    }
+
+    #[test]
+    fn long_values_are_shortened_in_errors() {
+        let long = "A".repeat(1000);
+        let e = err(&format!(r#"{{"strategy":"{long}"}}"#));
+        assert!(e.len() < 200, "{e}");
+        assert!(e.contains("..."), "{e}");
+    }
+}
