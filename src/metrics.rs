@@ -1,1 +1,186 @@
-//! TODO
+//! The stats the filter exports, and which of them a decision moves. Kept
+//! apart from the glue so the mapping is tested natively.
+//!
+//! Envoy files wasm metrics under the custom namespace `wasmcustom`
+//! (`/stats`: `wasmcustom.prefix_router.no_key`). `/stats/prometheus`
+//! strips that namespace, adds no `envoy_` prefix and turns every character
+//! outside `[a-zA-Z0-9_]` into `_` (Envoy's `prometheus_stats.cc`), so
+//! `prefix_router.requests_keyed.chat_completions` is scraped as
+//! `prefix_router_requests_keyed_chat_completions`. The names avoid the
+//! endings Envoy's default tag extractors match anywhere (`_rq_<3 digits>`,
+//! `_rq_<digit>xx`), so they come out without surprise tags.
+//! Same-named metrics from all worker VMs add up into one stat.
+
+use crate::classify::ApiKind;
+use crate::request::Decision;
+
+/// The counters, one Envoy stat each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Counter {
+    KeyedInvoke,
+    KeyedChatCompletions,
+    KeyedCompletions,
+    KeyedResponses,
+    /// An OpenAI-compatible body routed on its raw bytes.
+    RawFallback,
+    /// A keyed request whose prefix is shorter than `prefix_length`.
+    ShortBody,
+    /// A 400 for an invalid tenant header.
+    TenantRejected,
+    /// Forwarded without a key (no body, or a strategy that needs none).
+    NoKey,
+}
+
+impl Counter {
+    pub const ALL: [Counter; 8] = [
+        Counter::KeyedInvoke,
+        Counter::KeyedChatCompletions,
+        Counter::KeyedCompletions,
+        Counter::KeyedResponses,
+        Counter::RawFallback,
+        Counter::ShortBody,
+        Counter::TenantRejected,
+        Counter::NoKey,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Counter::KeyedInvoke => "prefix_router.requests_keyed.invoke",
+            Counter::KeyedChatCompletions => "prefix_router.requests_keyed.chat_completions",
+            Counter::KeyedCompletions => "prefix_router.requests_keyed.completions",
+            Counter::KeyedResponses => "prefix_router.requests_keyed.responses",
+            Counter::RawFallback => "prefix_router.raw_fallback",
+            Counter::ShortBody => "prefix_router.short_body",
+            Counter::TenantRejected => "prefix_router.tenant_rejected",
+            Counter::NoKey => "prefix_router.no_key",
+        }
+    }
+
+    /// Position in [`Counter::ALL`], for id tables.
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// Histogram of body bytes inspected per keyed request.
+pub const BYTES_INSPECTED: &str = "prefix_router.bytes_inspected";
+
+/// What one decision records.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recording {
+    pub counters: Vec<Counter>,
+    /// A sample for [`BYTES_INSPECTED`], for requests whose body was read.
+    pub bytes_inspected: Option<u64>,
+}
+
+/// The metrics a decision moves.
+pub fn recording_for(decision: &Decision) -> Recording {
+    if decision.key.is_none() {
+        return Recording {
+            counters: vec![Counter::NoKey],
+            bytes_inspected: None,
+        };
+    }
+    let mut counters = vec![match decision.api {
+        ApiKind::Invoke => Counter::KeyedInvoke,
+        ApiKind::ChatCompletions => Counter::KeyedChatCompletions,
+        ApiKind::Completions => Counter::KeyedCompletions,
+        ApiKind::Responses => Counter::KeyedResponses,
+    }];
+    if decision.fallback.is_some() {
+        counters.push(Counter::RawFallback);
+    }
+    if decision.short {
+        counters.push(Counter::ShortBody);
+    }
+    Recording {
+        counters,
+        bytes_inspected: Some(u64::try_from(decision.bytes_inspected).unwrap_or(u64::MAX)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::extract::{FallbackReason, PrefixSource};
+    use crate::request::NoKeyReason;
+    use crate::tenant::TenantSource;
+
+    fn keyed(api: ApiKind) -> Decision {
+        Decision {
+            key: Some("0123456789abcdef".into()),
+            no_key: None,
+            api,
+            tenant_source: TenantSource::None,
+            prefix_source: Some(PrefixSource::CanonicalText),
+            fallback: None,
+            short: false,
+            bytes_inspected: 5000,
+        }
+    }
+
+    #[test]
+    fn names_are_unique_prometheus_safe_and_indexed() {
+        let names: Vec<&str> = Counter::ALL.iter().map(|c| c.name()).collect();
+        for (i, c) in Counter::ALL.iter().enumerate() {
+            assert_eq!(c.index(), i);
+            assert_eq!(names.iter().filter(|n| **n == c.name()).count(), 1);
+        }
+        for name in names.iter().chain([&BYTES_INSPECTED]) {
+            assert!(name.starts_with("prefix_router."), "{name}");
+            assert!(
+                name.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b == b'_' || b == b'.'),
+                "{name}"
+            );
+            assert!(!name.contains("_rq_"), "{name}");
+        }
+    }
+
+    #[test]
+    fn keyed_requests_count_per_api_with_bytes_inspected() {
+        for (api, counter) in [
+            (ApiKind::Invoke, Counter::KeyedInvoke),
+            (ApiKind::ChatCompletions, Counter::KeyedChatCompletions),
+            (ApiKind::Completions, Counter::KeyedCompletions),
+            (ApiKind::Responses, Counter::KeyedResponses),
+        ] {
+            assert_eq!(
+                recording_for(&keyed(api)),
+                Recording {
+                    counters: vec![counter],
+                    bytes_inspected: Some(5000)
+                }
+            );
+        }
+    }
+
+    #[test]
+    fn fallback_and_short_add_their_counters() {
+        let mut d = keyed(ApiKind::ChatCompletions);
+        d.fallback = Some(FallbackReason::UnexpectedShape);
+        d.short = true;
+        assert_eq!(
+            recording_for(&d).counters,
+            vec![
+                Counter::KeyedChatCompletions,
+                Counter::RawFallback,
+                Counter::ShortBody
+            ]
+        );
+    }
+
+    #[test]
+    fn no_key_counts_once_without_histogram() {
+        let mut d = keyed(ApiKind::Invoke);
+        d.key = None;
+        d.no_key = Some(NoKeyReason::NoBody);
+        assert_eq!(
+            recording_for(&d),
+            Recording {
+                counters: vec![Counter::NoKey],
+                bytes_inspected: None
+            }
+        );
+    }
+}

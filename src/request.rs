@@ -1,1 +1,756 @@
-//! TODO
+//! The per-request state machine: from the request head and the body as it
+//! arrives to a verdict the proxy-wasm glue carries out. Sans-IO: it never
+//! calls the host, so every path (chunked arrival, the late body callback
+//! after `Continue`, the body limit, invalid tenants) is tested natively.
+//!
+//! Lifecycle, as Envoy drives it:
+//! 1. [`RequestRouter::on_request_headers`] once: validates the tenant
+//!    header (invalid: [`HeadersVerdict::Reject`], before any body is read),
+//!    classifies the path, and either decides at once (no body, or a
+//!    strategy that needs no key) or asks to pause for the body.
+//! 2. [`RequestRouter::on_request_body`] per body callback. Envoy passes the
+//!    whole buffered size each time; only the bytes not seen yet are read,
+//!    each once. Once a decision is out, every later call answers
+//!    [`BodyVerdict::AlreadyDecided`]: Envoy keeps calling after `Continue`
+//!    (with `body_size` 0 and end of stream), and a header write then would
+//!    be lost or, in Envoy's source, answered with an error the SDK panics on.
+
+use std::rc::Rc;
+
+use crate::classify::{classify, ApiKind};
+use crate::config::{Config, Strategy};
+use crate::extract::{Extraction, Extractor, FallbackReason, Limits, PrefixSource, Progress};
+use crate::key::{routing_key, KeyMaterial};
+use crate::tenant::{validate_header_tenant, TenantSource};
+
+/// What the glue reads from the request headers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestHead<'a> {
+    /// `:path`, query included (classification strips it).
+    pub path: &'a [u8],
+    /// The configured tenant header's value, if the request has one.
+    pub tenant_header: Option<&'a [u8]>,
+    /// The headers end the request: there is no body.
+    pub end_of_stream: bool,
+}
+
+/// A response the filter sends itself instead of forwarding the request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalReply {
+    pub status: u32,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+/// Why a decision carries no key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoKeyReason {
+    /// No body bytes: the headers ended the stream, or the body was empty.
+    NoBody,
+    /// The configured strategy routes without a prefix key.
+    Strategy(Strategy),
+}
+
+/// The routing decision for one request, and what metrics need of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    /// The key header value (16 lowercase hex digits), or no key.
+    pub key: Option<String>,
+    /// Set exactly when `key` is `None`.
+    pub no_key: Option<NoKeyReason>,
+    pub api: ApiKind,
+    /// The tenant hashed into the key (`None` when there is no key).
+    pub tenant_source: TenantSource,
+    /// What the prefix was made of (`None` when there is no key).
+    pub prefix_source: Option<PrefixSource>,
+    /// Set when an OpenAI-compatible body was routed on its raw bytes.
+    pub fallback: Option<FallbackReason>,
+    /// The prefix is shorter than `prefix_length`.
+    pub short: bool,
+    /// Body bytes fed to the extractor.
+    pub bytes_inspected: usize,
+}
+
+/// What to do after the request headers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HeadersVerdict {
+    /// Decided already (no body, or no key needed): let the request go.
+    Continue(Decision),
+    /// Hold the headers until the body callbacks decide.
+    PauseForBody,
+    /// Answer locally; nothing reaches an upstream.
+    Reject(LocalReply),
+}
+
+/// What to do after a body callback.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BodyVerdict {
+    /// Keep buffering: not decided yet.
+    Pause,
+    /// Decided now: write the key (if any), then let the request go.
+    Continue(Decision),
+    /// Decided earlier (or rejected): touch nothing, let data flow.
+    AlreadyDecided,
+}
+
+#[derive(Debug)]
+enum State {
+    AwaitingHeaders,
+    ReadingBody {
+        api: ApiKind,
+        header_tenant: Option<String>,
+        extractor: Extractor,
+        /// Body bytes already read (and fed), from the start of the body.
+        seen: usize,
+    },
+    Decided,
+}
+
+/// Routes one request. Holds the configuration it started with, so a
+/// configuration change never alters a request half-way.
+#[derive(Debug)]
+pub struct RequestRouter {
+    config: Rc<Config>,
+    state: State,
+}
+
+impl RequestRouter {
+    pub fn new(config: Rc<Config>) -> Self {
+        RequestRouter {
+            config,
+            state: State::AwaitingHeaders,
+        }
+    }
+
+    /// Called once, with the request headers. (A repeated call starts the
+    /// request over; Envoy does not make one.)
+    pub fn on_request_headers(&mut self, head: RequestHead<'_>) -> HeadersVerdict {
+        self.state = State::Decided;
+        let api = classify(head.path, &self.config.path_rules);
+        let header_tenant = match head.tenant_header.map(validate_header_tenant) {
+            None => None,
+            Some(Ok(tenant)) => Some(tenant.to_string()),
+            // Checked whatever the strategy, so switching strategy never
+            // changes which requests are accepted.
+            Some(Err(problem)) => {
+                return HeadersVerdict::Reject(invalid_tenant_reply(
+                    &self.config.tenant_header,
+                    &problem.to_string(),
+                ))
+            }
+        };
+        if head.end_of_stream {
+            return HeadersVerdict::Continue(no_key_decision(api, NoKeyReason::NoBody));
+        }
+        if self.config.strategy != Strategy::PrefixAware {
+            return HeadersVerdict::Continue(no_key_decision(
+                api,
+                NoKeyReason::Strategy(self.config.strategy),
+            ));
+        }
+        let limits = extraction_limits(&self.config, header_tenant.is_some());
+        self.state = State::ReadingBody {
+            api,
+            header_tenant,
+            extractor: Extractor::new(api, limits),
+            seen: 0,
+        };
+        HeadersVerdict::PauseForBody
+    }
+
+    /// Called per body callback with the whole buffered body size. `read`
+    /// returns `len` bytes of the buffered body from `start` (or fewer, or
+    /// `None` on failure); only `[seen, min(buffered_size, max_body_bytes))`
+    /// is ever asked for.
+    pub fn on_request_body(
+        &mut self,
+        buffered_size: usize,
+        end_of_stream: bool,
+        read: &mut dyn FnMut(usize, usize) -> Option<Vec<u8>>,
+    ) -> BodyVerdict {
+        let State::ReadingBody {
+            extractor, seen, ..
+        } = &mut self.state
+        else {
+            return BodyVerdict::AlreadyDecided;
+        };
+        let max = self.config.max_body_bytes;
+        let available = buffered_size.min(max);
+        let mut progress = Progress::NeedMore;
+        if available > *seen {
+            let want = available - *seen;
+            if let Some(bytes) = read(*seen, want) {
+                // A host returning more than asked must not make us feed
+                // bytes twice or past the limit.
+                let chunk = bytes.get(..want).unwrap_or(&bytes);
+                *seen += chunk.len();
+                if !chunk.is_empty() {
+                    progress = extractor.feed(chunk);
+                }
+            }
+        }
+        if progress == Progress::NeedMore && !end_of_stream && *seen < max {
+            return BodyVerdict::Pause;
+        }
+        BodyVerdict::Continue(self.decide())
+    }
+
+    /// Ends body reading and computes the decision.
+    fn decide(&mut self) -> Decision {
+        let State::ReadingBody {
+            api,
+            header_tenant,
+            extractor,
+            seen,
+        } = std::mem::replace(&mut self.state, State::Decided)
+        else {
+            // Only called while reading; a harmless answer otherwise.
+            return no_key_decision(ApiKind::Invoke, NoKeyReason::NoBody);
+        };
+        if seen == 0 {
+            return no_key_decision(api, NoKeyReason::NoBody);
+        }
+        keyed_decision(
+            api,
+            header_tenant.as_deref(),
+            extractor.finish(),
+            self.config.include_model,
+        )
+    }
+}
+
+/// What the extractor is asked for: the body tenant only when no header
+/// named one, so extraction can stop as soon as it has the prefix.
+pub fn extraction_limits(config: &Config, have_header_tenant: bool) -> Limits {
+    Limits {
+        prefix_length: config.prefix_length,
+        max_body_bytes: config.max_body_bytes,
+        include_model: config.include_model,
+        want_body_tenant: !have_header_tenant,
+    }
+}
+
+/// The key and metrics of a request whose body was read. The header tenant
+/// wins over the body's `prompt_cache_key`.
+pub fn keyed_decision(
+    api: ApiKind,
+    header_tenant: Option<&str>,
+    extraction: Extraction,
+    include_model: bool,
+) -> Decision {
+    let (tenant, tenant_source) = match (header_tenant, &extraction.body_tenant) {
+        (Some(t), _) => (Some(t.as_bytes()), TenantSource::Header),
+        (None, Some(t)) => (Some(t.as_bytes()), TenantSource::Body),
+        (None, None) => (None, TenantSource::None),
+    };
+    // Also enforced here, whatever the extractor returned.
+    let model = if include_model {
+        extraction.model.as_deref().map(str::as_bytes)
+    } else {
+        None
+    };
+    let key = routing_key(&KeyMaterial {
+        tenant,
+        model,
+        source: extraction.source,
+        prefix: &extraction.prefix,
+    });
+    Decision {
+        key: Some(key),
+        no_key: None,
+        api,
+        tenant_source,
+        prefix_source: Some(extraction.source),
+        fallback: extraction.fallback,
+        short: extraction.short,
+        bytes_inspected: extraction.bytes_inspected,
+    }
+}
+
+fn no_key_decision(api: ApiKind, reason: NoKeyReason) -> Decision {
+    Decision {
+        key: None,
+        no_key: Some(reason),
+        api,
+        tenant_source: TenantSource::None,
+        prefix_source: None,
+        fallback: None,
+        short: false,
+        bytes_inspected: 0,
+    }
+}
+
+/// The 400 answer to an invalid tenant header (the shared convention).
+pub fn invalid_tenant_reply(header: &str, message: &str) -> LocalReply {
+    let body = serde_json::json!({
+        "error": {
+            "type": "invalid_tenant_header",
+            "header": header,
+            "message": message,
+        }
+    });
+    LocalReply {
+        status: 400,
+        headers: vec![("content-type".to_string(), "application/json".to_string())],
+        body: body.to_string().into_bytes(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::key::routing_key;
+
+    /// A fake of Envoy's buffered request body: what has arrived so far,
+    /// and a log of every read.
+    struct FakeBody {
+        buffered: Vec<u8>,
+        reads: Vec<(usize, usize)>,
+    }
+
+    impl FakeBody {
+        fn new() -> Self {
+            FakeBody {
+                buffered: Vec::new(),
+                reads: Vec::new(),
+            }
+        }
+
+        /// Appends a chunk and runs the body callback as Envoy would.
+        fn arrive(&mut self, router: &mut RequestRouter, chunk: &[u8], eos: bool) -> BodyVerdict {
+            self.buffered.extend_from_slice(chunk);
+            let size = self.buffered.len();
+            let buffered = &self.buffered;
+            let reads = &mut self.reads;
+            router.on_request_body(size, eos, &mut |start, len| {
+                reads.push((start, len));
+                let end = start.checked_add(len)?.min(buffered.len());
+                buffered.get(start..end).map(<[u8]>::to_vec)
+            })
+        }
+    }
+
+    fn config(json: &str) -> Rc<Config> {
+        Rc::new(Config::parse(json.as_bytes()).unwrap())
+    }
+
+    fn small() -> Rc<Config> {
+        config(r#"{"prefix_length":1024,"max_body_bytes":4096}"#)
+    }
+
+    fn head<'a>(path: &'a str, tenant: Option<&'a [u8]>) -> RequestHead<'a> {
+        RequestHead {
+            path: path.as_bytes(),
+            tenant_header: tenant,
+            end_of_stream: false,
+        }
+    }
+
+    fn raw_key(tenant: Option<&[u8]>, prefix: &[u8]) -> String {
+        routing_key(&KeyMaterial {
+            tenant,
+            model: None,
+            source: PrefixSource::RawBytes,
+            prefix,
+        })
+    }
+
+    fn continued(verdict: BodyVerdict) -> Decision {
+        match verdict {
+            BodyVerdict::Continue(d) => d,
+            other => panic!("expected Continue, got {other:?}"),
+        }
+    }
+
+    fn body(len: usize) -> Vec<u8> {
+        (0..len).map(|i| b'a' + (i % 26) as u8).collect()
+    }
+
+    #[test]
+    fn chunked_body_is_read_once_and_keyed_on_its_prefix() {
+        let mut router = RequestRouter::new(small());
+        assert_eq!(
+            router.on_request_headers(head("/invocations", None)),
+            HeadersVerdict::PauseForBody
+        );
+        let data = body(3000);
+        let mut fake = FakeBody::new();
+        assert_eq!(
+            fake.arrive(&mut router, &data[..10], false),
+            BodyVerdict::Pause
+        );
+        assert_eq!(
+            fake.arrive(&mut router, &data[10..600], false),
+            BodyVerdict::Pause
+        );
+        let d = continued(fake.arrive(&mut router, &data[600..2000], false));
+        // Each byte read once, from where the last read stopped.
+        assert_eq!(fake.reads, vec![(0, 10), (10, 590), (600, 1400)]);
+        assert_eq!(d.key, Some(raw_key(None, &data[..1024])));
+        assert_eq!(d.no_key, None);
+        assert_eq!(d.api, ApiKind::Invoke);
+        assert_eq!(d.prefix_source, Some(PrefixSource::RawBytes));
+        assert!(!d.short);
+        assert_eq!(d.tenant_source, TenantSource::None);
+    }
+
+    #[test]
+    fn callbacks_after_the_decision_read_nothing_and_change_nothing() {
+        let mut router = RequestRouter::new(small());
+        router.on_request_headers(head("/invocations", None));
+        let mut fake = FakeBody::new();
+        continued(fake.arrive(&mut router, &body(2000), false));
+        let reads = fake.reads.len();
+        // Envoy's late callback after Continue: size 0, end of stream.
+        assert_eq!(
+            router.on_request_body(0, true, &mut |_, _| panic!("read after decision")),
+            BodyVerdict::AlreadyDecided
+        );
+        assert_eq!(
+            fake.arrive(&mut router, b"more", true),
+            BodyVerdict::AlreadyDecided
+        );
+        assert_eq!(fake.reads.len(), reads);
+    }
+
+    #[test]
+    fn short_body_is_decided_at_end_of_stream() {
+        let mut router = RequestRouter::new(small());
+        router.on_request_headers(head("/invocations", None));
+        let mut fake = FakeBody::new();
+        assert_eq!(
+            fake.arrive(&mut router, b"hello ", false),
+            BodyVerdict::Pause
+        );
+        let d = continued(fake.arrive(&mut router, b"world", true));
+        assert_eq!(d.key, Some(raw_key(None, b"hello world")));
+        assert!(d.short);
+        assert_eq!(d.bytes_inspected, 11);
+    }
+
+    #[test]
+    fn end_of_stream_with_no_new_bytes_still_decides() {
+        let mut router = RequestRouter::new(small());
+        router.on_request_headers(head("/invocations", None));
+        let mut fake = FakeBody::new();
+        assert_eq!(fake.arrive(&mut router, b"abc", false), BodyVerdict::Pause);
+        let d = continued(fake.arrive(&mut router, b"", true));
+        assert_eq!(d.key, Some(raw_key(None, b"abc")));
+        assert_eq!(fake.reads, vec![(0, 3)]);
+    }
+
+    #[test]
+    fn no_body_gets_no_key() {
+        let mut router = RequestRouter::new(small());
+        let verdict = router.on_request_headers(RequestHead {
+            end_of_stream: true,
+            ..head("/v1/chat/completions", None)
+        });
+        let HeadersVerdict::Continue(d) = verdict else {
+            panic!("{verdict:?}")
+        };
+        assert_eq!((d.key, d.no_key), (None, Some(NoKeyReason::NoBody)));
+        assert_eq!(d.api, ApiKind::ChatCompletions);
+        assert_eq!(
+            router.on_request_body(0, true, &mut |_, _| None),
+            BodyVerdict::AlreadyDecided
+        );
+    }
+
+    #[test]
+    fn empty_body_gets_no_key() {
+        let mut router = RequestRouter::new(small());
+        router.on_request_headers(head("/invocations", None));
+        let mut fake = FakeBody::new();
+        let d = continued(fake.arrive(&mut router, b"", true));
+        assert_eq!((d.key, d.no_key), (None, Some(NoKeyReason::NoBody)));
+        assert!(fake.reads.is_empty());
+    }
+
+    #[test]
+    fn body_limit_decides_without_holding_more() {
+        // prefix_length 4096 = max_body_bytes: the prefix fills exactly at the limit.
+        let mut router =
+            RequestRouter::new(config(r#"{"prefix_length":4096,"max_body_bytes":4096}"#));
+        router.on_request_headers(head("/invocations", None));
+        let data = body(10_000);
+        let mut fake = FakeBody::new();
+        assert_eq!(
+            fake.arrive(&mut router, &data[..3000], false),
+            BodyVerdict::Pause
+        );
+        // One chunk crossing the limit: only up to the limit is read.
+        let d = continued(fake.arrive(&mut router, &data[3000..6000], false));
+        assert_eq!(fake.reads, vec![(0, 3000), (3000, 1096)]);
+        assert_eq!(d.bytes_inspected, 4096);
+        assert_eq!(d.key, Some(raw_key(None, &data[..4096])));
+    }
+
+    #[test]
+    fn limit_reached_before_extractor_is_done_still_continues() {
+        // A chat body whose text never reaches prefix_length within the
+        // limit must not be held past max_body_bytes.
+        let mut router =
+            RequestRouter::new(config(r#"{"prefix_length":4096,"max_body_bytes":4096}"#));
+        router.on_request_headers(head("/v1/chat/completions", None));
+        let mut fake = FakeBody::new();
+        let mut data = br#"{"messages":[{"role":"user","content":""#.to_vec();
+        data.extend(std::iter::repeat_n(b' ', 8000));
+        assert_eq!(
+            fake.arrive(&mut router, &data[..2000], false),
+            BodyVerdict::Pause
+        );
+        let d = continued(fake.arrive(&mut router, &data[2000..], false));
+        assert_eq!(d.bytes_inspected, 4096);
+        assert!(d.key.is_some());
+        assert_eq!(fake.reads.last(), Some(&(2000, 2096)));
+    }
+
+    #[test]
+    fn a_read_failure_waits_for_the_next_callback() {
+        let mut router = RequestRouter::new(small());
+        router.on_request_headers(head("/invocations", None));
+        assert_eq!(
+            router.on_request_body(100, false, &mut |_, _| None),
+            BodyVerdict::Pause
+        );
+        let data = body(1500);
+        let mut reads = Vec::new();
+        let d = continued(router.on_request_body(1500, false, &mut |start, len| {
+            reads.push((start, len));
+            data.get(start..start + len).map(<[u8]>::to_vec)
+        }));
+        assert_eq!(reads, vec![(0, 1500)]);
+        assert_eq!(d.key, Some(raw_key(None, &data[..1024])));
+    }
+
+    #[test]
+    fn short_and_oversized_reads_feed_each_byte_once() {
+        let mut router = RequestRouter::new(small());
+        router.on_request_headers(head("/invocations", None));
+        let data = body(2000);
+        // Host gives back only 100 of the 500 asked.
+        assert_eq!(
+            router.on_request_body(500, false, &mut |s, _| data
+                .get(s..s + 100)
+                .map(<[u8]>::to_vec)),
+            BodyVerdict::Pause
+        );
+        // Host gives back more than asked (everything from start).
+        let d = continued(router.on_request_body(1500, false, &mut |s, len| {
+            assert_eq!((s, len), (100, 1400));
+            data.get(s..).map(<[u8]>::to_vec)
+        }));
+        assert_eq!(d.bytes_inspected, 1500);
+        assert_eq!(d.key, Some(raw_key(None, &data[..1024])));
+    }
+
+    #[test]
+    fn invalid_tenant_header_is_rejected_before_the_body() {
+        let cfg = small();
+        for bad in [&b""[..], b"tab\there", &[b'x'; 65]] {
+            let mut router = RequestRouter::new(cfg.clone());
+            let HeadersVerdict::Reject(reply) =
+                router.on_request_headers(head("/invocations", Some(bad)))
+            else {
+                panic!("accepted {bad:?}")
+            };
+            assert_eq!(reply.status, 400);
+            assert_eq!(
+                reply.headers,
+                vec![("content-type".to_string(), "application/json".to_string())]
+            );
+            let json: serde_json::Value = serde_json::from_slice(&reply.body).unwrap();
+            assert_eq!(json["error"]["type"], "invalid_tenant_header");
+            assert_eq!(json["error"]["header"], "x-amzn-sagemaker-prefix-aware-id");
+            let message = json["error"]["message"].as_str().unwrap();
+            assert!(message.contains("1 to 64 printable ASCII"), "{message}");
+            assert_eq!(
+                router.on_request_body(10, true, &mut |_, _| panic!("body read after reject")),
+                BodyVerdict::AlreadyDecided
+            );
+        }
+    }
+
+    #[test]
+    fn invalid_tenant_is_rejected_even_without_body_or_key() {
+        let mut router = RequestRouter::new(config(r#"{"strategy":"RANDOM"}"#));
+        let verdict = router.on_request_headers(RequestHead {
+            end_of_stream: true,
+            ..head("/x", Some(b"\x01"))
+        });
+        assert!(
+            matches!(verdict, HeadersVerdict::Reject(ref r) if r.status == 400),
+            "{verdict:?}"
+        );
+    }
+
+    #[test]
+    fn tenant_header_is_part_of_the_key() {
+        let cfg = small();
+        let data = body(1100);
+        let key_for = |tenant: Option<&[u8]>| {
+            let mut router = RequestRouter::new(cfg.clone());
+            assert_eq!(
+                router.on_request_headers(head("/invocations", tenant)),
+                HeadersVerdict::PauseForBody
+            );
+            continued(FakeBody::new().arrive(&mut router, &data, true))
+        };
+        let a = key_for(Some(b"team-a"));
+        let b = key_for(Some(b"team-b"));
+        let none = key_for(None);
+        assert_eq!(a.tenant_source, TenantSource::Header);
+        assert_eq!(a.key, Some(raw_key(Some(b"team-a"), &data[..1024])));
+        assert_ne!(a.key, b.key);
+        assert_ne!(a.key, none.key);
+    }
+
+    fn extraction(body_tenant: Option<&str>, model: Option<&str>) -> Extraction {
+        Extraction {
+            source: PrefixSource::CanonicalText,
+            prefix: b"user\0hello".to_vec(),
+            model: model.map(str::to_string),
+            body_tenant: body_tenant.map(str::to_string),
+            fallback: None,
+            short: true,
+            bytes_inspected: 42,
+        }
+    }
+
+    fn canonical_key(tenant: Option<&str>, model: Option<&str>) -> Option<String> {
+        Some(routing_key(&KeyMaterial {
+            tenant: tenant.map(str::as_bytes),
+            model: model.map(str::as_bytes),
+            source: PrefixSource::CanonicalText,
+            prefix: b"user\0hello",
+        }))
+    }
+
+    #[test]
+    fn header_tenant_wins_over_body_tenant() {
+        let d = keyed_decision(
+            ApiKind::ChatCompletions,
+            Some("hdr"),
+            extraction(Some("body"), None),
+            true,
+        );
+        assert_eq!(d.tenant_source, TenantSource::Header);
+        assert_eq!(d.key, canonical_key(Some("hdr"), None));
+        let d = keyed_decision(
+            ApiKind::ChatCompletions,
+            None,
+            extraction(Some("body"), None),
+            true,
+        );
+        assert_eq!(d.tenant_source, TenantSource::Body);
+        assert_eq!(d.key, canonical_key(Some("body"), None));
+        let d = keyed_decision(ApiKind::ChatCompletions, None, extraction(None, None), true);
+        assert_eq!(d.tenant_source, TenantSource::None);
+        assert_eq!(d.key, canonical_key(None, None));
+    }
+
+    #[test]
+    fn model_is_keyed_only_when_configured() {
+        let d = keyed_decision(
+            ApiKind::ChatCompletions,
+            None,
+            extraction(None, Some("m1")),
+            true,
+        );
+        assert_eq!(d.key, canonical_key(None, Some("m1")));
+        let d = keyed_decision(
+            ApiKind::ChatCompletions,
+            None,
+            extraction(None, Some("m1")),
+            false,
+        );
+        assert_eq!(d.key, canonical_key(None, None));
+    }
+
+    #[test]
+    fn decision_carries_what_metrics_need() {
+        let mut x = extraction(None, None);
+        x.fallback = Some(FallbackReason::InvalidJson);
+        x.source = PrefixSource::RawBytes;
+        let d = keyed_decision(ApiKind::Responses, None, x, true);
+        assert_eq!(d.api, ApiKind::Responses);
+        assert_eq!(d.fallback, Some(FallbackReason::InvalidJson));
+        assert_eq!(d.prefix_source, Some(PrefixSource::RawBytes));
+        assert!(d.short);
+        assert_eq!(d.bytes_inspected, 42);
+        assert_eq!(d.no_key, None);
+    }
+
+    #[test]
+    fn body_tenant_is_asked_for_only_without_header() {
+        let cfg = small();
+        assert!(extraction_limits(&cfg, false).want_body_tenant);
+        assert!(!extraction_limits(&cfg, true).want_body_tenant);
+        let limits = extraction_limits(
+            &config(r#"{"prefix_length":2048,"include_model":false}"#),
+            false,
+        );
+        assert_eq!(
+            (
+                limits.prefix_length,
+                limits.max_body_bytes,
+                limits.include_model
+            ),
+            (2048, 1_048_576, false)
+        );
+        let mut router = RequestRouter::new(cfg);
+        router.on_request_headers(head("/v1/chat/completions", Some(b"t")));
+        let State::ReadingBody { header_tenant, .. } = &router.state else {
+            panic!("not reading")
+        };
+        assert_eq!(header_tenant.as_deref(), Some("t"));
+    }
+
+    #[test]
+    fn strategies_without_prefix_key_continue_at_headers() {
+        for (strategy, value) in [
+            ("RANDOM", Strategy::Random),
+            (
+                "LEAST_OUTSTANDING_REQUESTS",
+                Strategy::LeastOutstandingRequests,
+            ),
+        ] {
+            let mut router = RequestRouter::new(config(&format!(r#"{{"strategy":"{strategy}"}}"#)));
+            let verdict = router.on_request_headers(head("/v1/responses", None));
+            let HeadersVerdict::Continue(d) = verdict else {
+                panic!("{verdict:?}")
+            };
+            assert_eq!(d.key, None);
+            assert_eq!(d.no_key, Some(NoKeyReason::Strategy(value)));
+            assert_eq!(d.api, ApiKind::Responses);
+            assert_eq!(
+                FakeBody::new().arrive(&mut router, b"{}", true),
+                BodyVerdict::AlreadyDecided
+            );
+        }
+    }
+
+    #[test]
+    fn classification_uses_configured_rules() {
+        let mut router = RequestRouter::new(config(
+            r#"{"path_rules":[{"suffix":"/generate","api":"completions"}]}"#,
+        ));
+        router.on_request_headers(head("/v1/generate?x=1", None));
+        let d = continued(FakeBody::new().arrive(&mut router, b"{\"prompt\":\"hi\"}", true));
+        assert_eq!(d.api, ApiKind::Completions);
+        let mut router = RequestRouter::new(config(r#"{"path_rules":[]}"#));
+        router.on_request_headers(head("/v1/chat/completions", None));
+        let d = continued(FakeBody::new().arrive(&mut router, b"{}", true));
+        assert_eq!(d.api, ApiKind::Invoke);
+    }
+
+    #[test]
+    fn body_before_headers_reads_nothing() {
+        let mut router = RequestRouter::new(small());
+        assert_eq!(
+            router.on_request_body(10, true, &mut |_, _| panic!("read before headers")),
+            BodyVerdict::AlreadyDecided
+        );
+    }
+}
