@@ -195,6 +195,17 @@ impl RequestRouter {
         BodyVerdict::Continue(self.decide())
     }
 
+    /// Called when request trailers arrive: the body has ended without an
+    /// end-of-stream body callback, and every body callback already read all
+    /// that had arrived, so decide on what was read (else the request would
+    /// wait for a body end that never comes).
+    pub fn on_request_trailers(&mut self) -> BodyVerdict {
+        match self.state {
+            State::ReadingBody { .. } => BodyVerdict::Continue(self.decide()),
+            _ => BodyVerdict::AlreadyDecided,
+        }
+    }
+
     /// Ends body reading and computes the decision.
     fn decide(&mut self) -> Decision {
         let State::ReadingBody {
@@ -743,6 +754,27 @@ mod tests {
         router.on_request_headers(head("/v1/chat/completions", None));
         let d = continued(FakeBody::new().arrive(&mut router, b"{}", true));
         assert_eq!(d.api, ApiKind::Invoke);
+    }
+
+    #[test]
+    fn trailers_end_the_body() {
+        let mut router = RequestRouter::new(small());
+        router.on_request_headers(head("/invocations", None));
+        let mut fake = FakeBody::new();
+        assert_eq!(
+            fake.arrive(&mut router, b"short body", false),
+            BodyVerdict::Pause
+        );
+        let d = continued(router.on_request_trailers());
+        assert_eq!(d.key, Some(raw_key(None, b"short body")));
+        assert_eq!(router.on_request_trailers(), BodyVerdict::AlreadyDecided);
+        // Trailers right after headers: no body bytes, no key.
+        let mut router = RequestRouter::new(small());
+        router.on_request_headers(head("/invocations", None));
+        assert_eq!(
+            continued(router.on_request_trailers()).no_key,
+            Some(NoKeyReason::NoBody)
+        );
     }
 
     #[test]

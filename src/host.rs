@@ -1,0 +1,264 @@
+//! The few proxy-wasm host calls the filter makes, without panics.
+//!
+//! `proxy-wasm` 0.2.5 `hostcalls` return `Result` but panic on any status
+//! they do not expect (e.g. `set_map_value` on `BadArgument`, which Envoy
+//! answers to a header write after the headers left), and `get_map_value`
+//! unwraps the value as UTF-8 (a header with obs-text bytes would panic).
+//! A panic kills the VM for every request on the worker, so these wrappers
+//! call the same ABI functions and hand every status back as an error.
+//! Buffers the host returns were allocated through the SDK's exported
+//! `proxy_on_memory_allocate` (a boxed byte slice of exactly that size) and
+//! are freed the way the SDK frees them.
+
+/// A non-`Ok` host status (see the proxy-wasm ABI `WasmResult`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostStatus(pub u32);
+
+impl std::fmt::Display for HostStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let name = match self.0 {
+            1 => "NotFound",
+            2 => "BadArgument",
+            3 => "SerializationFailure",
+            4 => "ParseFailure",
+            7 => "Empty",
+            8 => "CasMismatch",
+            10 => "InternalFailure",
+            12 => "Unimplemented",
+            _ => "unknown",
+        };
+        write!(f, "host status {} ({name})", self.0)
+    }
+}
+
+const STATUS_OK: u32 = 0;
+const STATUS_NOT_FOUND: u32 = 1;
+
+const MAP_HTTP_REQUEST_HEADERS: u32 = 0;
+pub const BUFFER_HTTP_REQUEST_BODY: u32 = 0;
+pub const BUFFER_PLUGIN_CONFIGURATION: u32 = 7;
+pub const METRIC_COUNTER: u32 = 0;
+pub const METRIC_HISTOGRAM: u32 = 2;
+
+/// Header pairs in the ABI's map encoding: count, then (name length, value
+/// length) per pair as u32 little-endian, then each name and value followed
+/// by a NUL byte.
+pub fn serialize_pairs(pairs: &[(String, String)]) -> Vec<u8> {
+    let mut out = Vec::new();
+    let len32 = |n: usize| u32::try_from(n).unwrap_or(u32::MAX).to_le_bytes();
+    out.extend_from_slice(&len32(pairs.len()));
+    for (name, value) in pairs {
+        out.extend_from_slice(&len32(name.len()));
+        out.extend_from_slice(&len32(value.len()));
+    }
+    for (name, value) in pairs {
+        out.extend_from_slice(name.as_bytes());
+        out.push(0);
+        out.extend_from_slice(value.as_bytes());
+        out.push(0);
+    }
+    out
+}
+
+#[cfg(target_arch = "wasm32")]
+mod abi {
+    use super::{HostStatus, STATUS_NOT_FOUND, STATUS_OK};
+    use std::ptr::{null, null_mut};
+
+    #[link(wasm_import_module = "env")]
+    extern "C" {
+        fn proxy_get_header_map_value(
+            map_type: u32,
+            key_data: *const u8,
+            key_size: usize,
+            return_value_data: *mut *mut u8,
+            return_value_size: *mut usize,
+        ) -> u32;
+        fn proxy_replace_header_map_value(
+            map_type: u32,
+            key_data: *const u8,
+            key_size: usize,
+            value_data: *const u8,
+            value_size: usize,
+        ) -> u32;
+        fn proxy_remove_header_map_value(
+            map_type: u32,
+            key_data: *const u8,
+            key_size: usize,
+        ) -> u32;
+        fn proxy_get_buffer_bytes(
+            buffer_type: u32,
+            start: usize,
+            max_size: usize,
+            return_buffer_data: *mut *mut u8,
+            return_buffer_size: *mut usize,
+        ) -> u32;
+        #[allow(clippy::too_many_arguments)]
+        fn proxy_send_local_response(
+            status_code: u32,
+            status_code_details_data: *const u8,
+            status_code_details_size: usize,
+            body_data: *const u8,
+            body_size: usize,
+            headers_data: *const u8,
+            headers_size: usize,
+            grpc_status: i32,
+        ) -> u32;
+        fn proxy_define_metric(
+            metric_type: u32,
+            name_data: *const u8,
+            name_size: usize,
+            return_id: *mut u32,
+        ) -> u32;
+        fn proxy_increment_metric(metric_id: u32, offset: i64) -> u32;
+        fn proxy_record_metric(metric_id: u32, value: u64) -> u32;
+    }
+
+    fn check(status: u32) -> Result<(), HostStatus> {
+        if status == STATUS_OK {
+            Ok(())
+        } else {
+            Err(HostStatus(status))
+        }
+    }
+
+    /// Takes ownership of a host-returned buffer.
+    ///
+    /// # Safety
+    /// `data` must be null or come from `proxy_on_memory_allocate(size)`.
+    unsafe fn take(data: *mut u8, size: usize) -> Vec<u8> {
+        if data.is_null() {
+            Vec::new()
+        } else {
+            // SAFETY: allocated by the SDK as exactly `size` bytes.
+            unsafe { Vec::from_raw_parts(data, size, size) }
+        }
+    }
+
+    pub fn get_request_header(name: &str) -> Result<Option<Vec<u8>>, HostStatus> {
+        let mut data: *mut u8 = null_mut();
+        let mut size: usize = 0;
+        // SAFETY: pointers are valid for the call; the host writes a buffer
+        // it allocated through our allocator.
+        let status = unsafe {
+            proxy_get_header_map_value(
+                super::MAP_HTTP_REQUEST_HEADERS,
+                name.as_ptr(),
+                name.len(),
+                &mut data,
+                &mut size,
+            )
+        };
+        match status {
+            // SAFETY: see `take`.
+            STATUS_OK => Ok(Some(unsafe { take(data, size) })),
+            STATUS_NOT_FOUND => Ok(None),
+            other => Err(HostStatus(other)),
+        }
+    }
+
+    pub fn replace_request_header(name: &str, value: &[u8]) -> Result<(), HostStatus> {
+        // SAFETY: pointers valid for the call.
+        check(unsafe {
+            proxy_replace_header_map_value(
+                super::MAP_HTTP_REQUEST_HEADERS,
+                name.as_ptr(),
+                name.len(),
+                value.as_ptr(),
+                value.len(),
+            )
+        })
+    }
+
+    pub fn remove_request_header(name: &str) -> Result<(), HostStatus> {
+        // SAFETY: pointers valid for the call.
+        check(unsafe {
+            proxy_remove_header_map_value(
+                super::MAP_HTTP_REQUEST_HEADERS,
+                name.as_ptr(),
+                name.len(),
+            )
+        })
+    }
+
+    pub fn get_buffer(
+        buffer_type: u32,
+        start: usize,
+        max_size: usize,
+    ) -> Result<Option<Vec<u8>>, HostStatus> {
+        let mut data: *mut u8 = null_mut();
+        let mut size: usize = 0;
+        // SAFETY: as in `get_request_header`.
+        let status =
+            unsafe { proxy_get_buffer_bytes(buffer_type, start, max_size, &mut data, &mut size) };
+        match status {
+            // SAFETY: see `take`.
+            STATUS_OK => Ok(Some(unsafe { take(data, size) })),
+            STATUS_NOT_FOUND => Ok(None),
+            other => Err(HostStatus(other)),
+        }
+    }
+
+    pub fn send_local_response(
+        status_code: u32,
+        details: &str,
+        headers: &[(String, String)],
+        body: &[u8],
+    ) -> Result<(), HostStatus> {
+        let headers = super::serialize_pairs(headers);
+        // SAFETY: pointers valid for the call.
+        check(unsafe {
+            proxy_send_local_response(
+                status_code,
+                details.as_ptr(),
+                details.len(),
+                if body.is_empty() {
+                    null()
+                } else {
+                    body.as_ptr()
+                },
+                body.len(),
+                headers.as_ptr(),
+                headers.len(),
+                -1,
+            )
+        })
+    }
+
+    pub fn define_metric(metric_type: u32, name: &str) -> Result<u32, HostStatus> {
+        let mut id: u32 = 0;
+        // SAFETY: pointers valid for the call.
+        check(unsafe { proxy_define_metric(metric_type, name.as_ptr(), name.len(), &mut id) })?;
+        Ok(id)
+    }
+
+    pub fn increment_metric(id: u32, offset: i64) -> Result<(), HostStatus> {
+        // SAFETY: no pointers.
+        check(unsafe { proxy_increment_metric(id, offset) })
+    }
+
+    pub fn record_metric(id: u32, value: u64) -> Result<(), HostStatus> {
+        // SAFETY: no pointers.
+        check(unsafe { proxy_record_metric(id, value) })
+    }
+}
+
+#[cfg(target_arch = "wasm32")]
+pub use abi::*;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pairs_use_the_abi_map_encoding() {
+        let pairs = vec![
+            ("content-type".to_string(), "application/json".to_string()),
+            ("x".to_string(), String::new()),
+        ];
+        let mut expected = vec![2, 0, 0, 0, 12, 0, 0, 0, 16, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0];
+        expected.extend_from_slice(b"content-type\0application/json\0x\0\0");
+        assert_eq!(serialize_pairs(&pairs), expected);
+        assert_eq!(serialize_pairs(&[]), vec![0, 0, 0, 0]);
+    }
+}
