@@ -93,6 +93,9 @@ pub enum BodyVerdict {
     AlreadyDecided,
 }
 
+/// Largest single read of the buffered body.
+pub const READ_SLICE_BYTES: usize = 32 * 1024;
+
 #[derive(Debug)]
 enum State {
     AwaitingHeaders,
@@ -160,8 +163,9 @@ impl RequestRouter {
 
     /// Called per body callback with the whole buffered body size. `read`
     /// returns `len` bytes of the buffered body from `start` (or fewer, or
-    /// `None` on failure); only `[seen, min(buffered_size, max_body_bytes))`
-    /// is ever asked for.
+    /// `None` on failure); only bytes of `[seen, min(buffered_size,
+    /// max_body_bytes))` not read before are asked for, in slices of at most
+    /// [`READ_SLICE_BYTES`], and no more once the extractor is done.
     pub fn on_request_body(
         &mut self,
         buffered_size: usize,
@@ -177,16 +181,24 @@ impl RequestRouter {
         let max = self.config.max_body_bytes;
         let available = buffered_size.min(max);
         let mut progress = Progress::NeedMore;
-        if available > *seen {
-            let want = available - *seen;
-            if let Some(bytes) = read(*seen, want) {
-                // A host returning more than asked must not make us feed
-                // bytes twice or past the limit.
-                let chunk = bytes.get(..want).unwrap_or(&bytes);
-                *seen += chunk.len();
-                if !chunk.is_empty() {
-                    progress = extractor.feed(chunk);
-                }
+        // In slices, so an extractor that is done early (an invoke prefix)
+        // does not make the host copy a whole large buffer into the VM.
+        while progress == Progress::NeedMore && available > *seen {
+            let want = (available - *seen).min(READ_SLICE_BYTES);
+            let Some(bytes) = read(*seen, want) else {
+                break;
+            };
+            // A host returning more than asked must not make us feed bytes
+            // twice or past the limit.
+            let chunk = bytes.get(..want).unwrap_or(&bytes);
+            if chunk.is_empty() {
+                break;
+            }
+            *seen += chunk.len();
+            progress = extractor.feed(chunk);
+            if chunk.len() < want {
+                // Short read: try the rest on the next callback.
+                break;
             }
         }
         if progress == Progress::NeedMore && !end_of_stream && *seen < max {
@@ -515,6 +527,23 @@ mod tests {
         assert_eq!(d.bytes_inspected, 4096);
         assert!(d.key.is_some());
         assert_eq!(fake.reads.last(), Some(&(2000, 2096)));
+    }
+
+    #[test]
+    fn large_buffer_is_read_in_slices_only_while_needed() {
+        let mut router = RequestRouter::new(config(
+            r#"{"prefix_length":40000,"max_body_bytes":1048576}"#,
+        ));
+        router.on_request_headers(head("/invocations", None));
+        let data = body(200_000);
+        let mut fake = FakeBody::new();
+        let d = continued(fake.arrive(&mut router, &data, false));
+        // Two slices cover the 40000-byte prefix; the rest is never copied.
+        assert_eq!(
+            fake.reads,
+            vec![(0, READ_SLICE_BYTES), (READ_SLICE_BYTES, READ_SLICE_BYTES)]
+        );
+        assert_eq!(d.key, Some(raw_key(None, &data[..40000])));
     }
 
     #[test]
