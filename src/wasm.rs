@@ -99,11 +99,12 @@ impl RootContext for PrefixRouterRoot {
     }
 
     fn on_configure(&mut self, plugin_configuration_size: usize) -> bool {
-        let bytes = match host::get_buffer(
-            host::BUFFER_PLUGIN_CONFIGURATION,
-            0,
-            plugin_configuration_size,
-        ) {
+        // No configuration at all means all defaults (no buffer to read).
+        let bytes = match plugin_configuration_size {
+            0 => Ok(None),
+            size => host::get_buffer(host::BUFFER_PLUGIN_CONFIGURATION, 0, size),
+        };
+        let bytes = match bytes {
             Ok(bytes) => bytes.unwrap_or_default(),
             Err(status) => {
                 log::error!("prefix-router: cannot read the plugin configuration: {status}");
