@@ -3,3 +3,4 @@
 //! instance; the load generator.
 
 pub mod envoy;
+pub mod sim;
