@@ -3,4 +3,5 @@
 //! instance; the load generator.
 
 pub mod envoy;
+pub mod loadgen;
 pub mod sim;
