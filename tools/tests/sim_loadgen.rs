@@ -72,9 +72,13 @@ async fn repeated_prefixes_are_cached_and_metrics_agree_with_usage() {
     };
     for (server, api) in [(&a, Api::Chat), (&b, Api::Invoke)] {
         let target = format!("http://{}", server.addr());
-        let report = run_workload(&target, &workload, &opts(api, Arrival::Concurrency { clients: 4 }, 40))
-            .await
-            .unwrap();
+        let report = run_workload(
+            &target,
+            &workload,
+            &opts(api, Arrival::Concurrency { clients: 4 }, 40),
+        )
+        .await
+        .unwrap();
         let name = server.engine().config().name.clone();
         assert_eq!(report.failures, 0, "{:?}", report.failure_kinds);
         assert_eq!(report.successes, 40);
@@ -86,8 +90,15 @@ async fn repeated_prefixes_are_cached_and_metrics_agree_with_usage() {
             .iter()
             .filter(|r| r.cached_tokens.unwrap_or(0) >= 496)
             .count();
-        assert!(with_hits >= 32, "{api:?}: {with_hits} requests hit the shared prefix");
-        assert!(report.hit_rate > 0.6, "{api:?}: hit rate {}", report.hit_rate);
+        assert!(
+            with_hits >= 32,
+            "{api:?}: {with_hits} requests hit the shared prefix"
+        );
+        assert!(
+            report.hit_rate > 0.6,
+            "{api:?}: hit rate {}",
+            report.hit_rate
+        );
         for r in &report.records {
             assert!(r.ttft_ms.is_some() && r.ttft_ms <= Some(r.latency_ms));
             assert_eq!(r.completion_tokens, Some(16));
@@ -103,7 +114,10 @@ async fn repeated_prefixes_are_cached_and_metrics_agree_with_usage() {
             metric(addr, "vllm:prefix_cache_hits_total").await,
             report.cached_tokens as f64
         );
-        assert_eq!(metric(addr, "vllm:time_to_first_token_seconds_count").await, 40.0);
+        assert_eq!(
+            metric(addr, "vllm:time_to_first_token_seconds_count").await,
+            40.0
+        );
         assert_eq!(metric(addr, "vllm:num_requests_running").await, 0.0);
         assert_eq!(metric(addr, "vllm:num_requests_waiting").await, 0.0);
     }
@@ -121,13 +135,20 @@ async fn multi_turn_history_including_answers_is_a_cached_prefix() {
         output_tokens: 40,
     };
     let target = format!("http://{}", a.addr());
-    let report = run_workload(&target, &workload, &opts(Api::Chat, Arrival::Concurrency { clients: 4 }, 24))
-        .await
-        .unwrap();
+    let report = run_workload(
+        &target,
+        &workload,
+        &opts(Api::Chat, Arrival::Concurrency { clients: 4 }, 24),
+    )
+    .await
+    .unwrap();
     assert_eq!(report.failures, 0, "{:?}", report.failure_kinds);
     let mut by_conversation: BTreeMap<u64, Vec<_>> = BTreeMap::new();
     for r in &report.records {
-        by_conversation.entry(r.conversation.unwrap()).or_default().push(r);
+        by_conversation
+            .entry(r.conversation.unwrap())
+            .or_default()
+            .push(r);
     }
     let mut checked = 0;
     for turns in by_conversation.values() {
@@ -165,15 +186,22 @@ async fn poisson_arrivals_spread_over_two_instances_by_whoever_is_asked() {
     assert_eq!(report.instances["left"].requests, 20);
     assert_eq!(report.instances["right"].requests, 0);
     assert_eq!((report.share_min, report.share_max), (0.0, 1.0));
-    assert_eq!(report.cached_tokens, 0, "fresh prompts share only the template's first tokens");
-    assert_eq!(metric(b.addr(), "vllm:prefix_cache_queries_total").await, 0.0);
+    assert_eq!(
+        report.cached_tokens, 0,
+        "fresh prompts share only the template's first tokens"
+    );
+    assert_eq!(
+        metric(b.addr(), "vllm:prefix_cache_queries_total").await,
+        0.0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_goes_away_frees_its_slot() {
     let a = sim("sim-abort").await;
     let mut s = tokio::net::TcpStream::connect(a.addr()).await.unwrap();
-    let body = r#"{"messages":[{"role":"user","content":"hello"}],"max_tokens":5000,"stream":true}"#;
+    let body =
+        r#"{"messages":[{"role":"user","content":"hello"}],"max_tokens":5000,"stream":true}"#;
     let req = format!(
         "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
         body.len()

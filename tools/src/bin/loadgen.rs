@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Parser;
-use prefix_router_tools::loadgen::{run_workload, Api, Arrival, RunOptions, Workload, WORKLOAD_NAMES};
+use prefix_router_tools::loadgen::{
+    run_workload, Api, Arrival, RunOptions, Workload, WORKLOAD_NAMES,
+};
 
 /// Drives a workload (OpenAI chat or native invoke) and reports TTFT,
 /// throughput, per-instance shares and the token-weighted cache hit rate.
@@ -75,7 +77,11 @@ struct Cli {
 
 fn workload(cli: &Cli) -> anyhow::Result<Workload> {
     let mut w = Workload::by_name(&cli.workload).with_context(|| {
-        format!("unknown workload {:?}; use one of {}", cli.workload, WORKLOAD_NAMES.join(", "))
+        format!(
+            "unknown workload {:?}; use one of {}",
+            cli.workload,
+            WORKLOAD_NAMES.join(", ")
+        )
     })?;
     if !(cli.scale.is_finite() && cli.scale > 0.0) {
         anyhow::bail!("--scale must be positive");
@@ -86,7 +92,10 @@ fn workload(cli: &Cli) -> anyhow::Result<Workload> {
         | (Workload::GeneratedSharedPrefix { groups, .. }, Some(g), _) => *groups = g,
         (Workload::MultiTurn { conversations, .. }, _, Some(c)) => *conversations = c,
         (_, None, None) => {}
-        _ => anyhow::bail!("--groups / --conversations do not apply to {}", cli.workload),
+        _ => anyhow::bail!(
+            "--groups / --conversations do not apply to {}",
+            cli.workload
+        ),
     }
     Ok(w)
 }
@@ -97,7 +106,9 @@ async fn main() -> anyhow::Result<()> {
     let w = workload(&cli)?;
     let arrival = match (cli.rate, cli.concurrency) {
         (Some(rate), _) => Arrival::Poisson { rate },
-        (None, c) => Arrival::Concurrency { clients: c.unwrap_or(8) },
+        (None, c) => Arrival::Concurrency {
+            clients: c.unwrap_or(8),
+        },
     };
     let headers = cli
         .headers
@@ -127,7 +138,8 @@ async fn main() -> anyhow::Result<()> {
     eprint!("{}", report.to_text());
     let json = serde_json::to_string_pretty(&report)?;
     match &cli.json {
-        Some(path) => std::fs::write(path, json + "\n").with_context(|| format!("writing {}", path.display()))?,
+        Some(path) => std::fs::write(path, json + "\n")
+            .with_context(|| format!("writing {}", path.display()))?,
         None => println!("{json}"),
     }
     Ok(())

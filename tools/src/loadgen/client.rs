@@ -122,7 +122,10 @@ impl SseParser {
 /// Position and length of the first blank-line event terminator.
 fn find_event_end(buf: &[u8]) -> Option<(usize, usize)> {
     let lf = buf.windows(2).position(|w| w == b"\n\n").map(|p| (p, 2));
-    let crlf = buf.windows(4).position(|w| w == b"\r\n\r\n").map(|p| (p, 4));
+    let crlf = buf
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map(|p| (p, 4));
     match (lf, crlf) {
         (Some(a), Some(b)) => Some(if a.0 <= b.0 { a } else { b }),
         (a, b) => a.or(b),
@@ -140,7 +143,11 @@ pub async fn exchange(
 ) -> Exchange {
     let start = Instant::now();
     let mut ex = Exchange::default();
-    let result = tokio::time::timeout(timeout, run(client, uri, headers, body, stream, start, &mut ex)).await;
+    let result = tokio::time::timeout(
+        timeout,
+        run(client, uri, headers, body, stream, start, &mut ex),
+    )
+    .await;
     ex.latency = start.elapsed();
     match result {
         Ok(Ok(())) => {}
@@ -225,7 +232,8 @@ async fn run(
             if let Some(u) = usage_of(&v) {
                 ex.usage = Some(u);
             }
-            if v.get("error").is_some() || v.get("object").and_then(Value::as_str) == Some("error") {
+            if v.get("error").is_some() || v.get("object").and_then(Value::as_str) == Some("error")
+            {
                 return Err(format!("error event: {event}"));
             }
         }
@@ -257,7 +265,8 @@ mod tests {
             "usage":{"prompt_tokens":10,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":8}}});
         let cmpl = json!({"choices":[{"text":" yo"}]});
         let invoke = json!({"text":" a"});
-        let invoke_full = json!({"generated_text":"abc","usage":{"prompt_tokens":3,"completion_tokens":1}});
+        let invoke_full =
+            json!({"generated_text":"abc","usage":{"prompt_tokens":3,"completion_tokens":1}});
         assert_eq!(content_of(&chat), Some(" hi"));
         assert_eq!(content_of(&chat_full), Some("x y"));
         assert_eq!(content_of(&cmpl), Some(" yo"));
@@ -265,7 +274,11 @@ mod tests {
         assert_eq!(content_of(&invoke_full), Some("abc"));
         assert_eq!(
             usage_of(&chat_full),
-            Some(Usage { prompt_tokens: 10, completion_tokens: 2, cached_tokens: 8 })
+            Some(Usage {
+                prompt_tokens: 10,
+                completion_tokens: 2,
+                cached_tokens: 8
+            })
         );
         assert_eq!(usage_of(&invoke_full).unwrap().cached_tokens, 0);
         assert_eq!(usage_of(&json!({"usage": null})), None);

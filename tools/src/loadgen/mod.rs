@@ -263,7 +263,9 @@ pub async fn run_workload(
         Api::Invoke => &opts.invoke_path,
     };
     let url = format!("{}{}", target_url.trim_end_matches('/'), path);
-    let uri: Uri = url.parse().with_context(|| format!("bad target URL {url:?}"))?;
+    let uri: Uri = url
+        .parse()
+        .with_context(|| format!("bad target URL {url:?}"))?;
     if uri.scheme_str() != Some("http") {
         anyhow::bail!("only http:// targets are supported, got {url:?}");
     }
@@ -272,7 +274,8 @@ pub async fn run_workload(
         .iter()
         .map(|(k, v)| {
             Ok((
-                HeaderName::from_bytes(k.as_bytes()).with_context(|| format!("bad header name {k:?}"))?,
+                HeaderName::from_bytes(k.as_bytes())
+                    .with_context(|| format!("bad header name {k:?}"))?,
                 HeaderValue::from_str(v).with_context(|| format!("bad value for header {k}"))?,
             ))
         })
@@ -355,15 +358,22 @@ mod tests {
 
     #[test]
     fn invoke_body_starts_with_the_prompt() {
-        let mut g = WorkloadGen::new(Workload::by_name("long-shared-prefix").unwrap().scaled(0.1), 1);
+        let mut g = WorkloadGen::new(
+            Workload::by_name("long-shared-prefix").unwrap().scaled(0.1),
+            1,
+        );
         let planned = g.next_request();
         let body = request_body(Api::Invoke, &planned, &RunOptions::default());
         let text = planned.text();
         let expected_start = format!("{{\"inputs\":\"{}", &text[..100]);
         assert!(body.starts_with(expected_start.as_bytes()));
         let chat: serde_json::Value =
-            serde_json::from_slice(&request_body(Api::Chat, &planned, &RunOptions::default())).unwrap();
-        assert_eq!(chat["messages"][0]["content"], planned.messages[0].content.as_str());
+            serde_json::from_slice(&request_body(Api::Chat, &planned, &RunOptions::default()))
+                .unwrap();
+        assert_eq!(
+            chat["messages"][0]["content"],
+            planned.messages[0].content.as_str()
+        );
         assert_eq!(chat["stream_options"]["include_usage"], true);
         assert_eq!(chat["max_tokens"], 26);
     }

@@ -164,7 +164,13 @@ pub fn summarize(
         })
         .collect();
     let shares = || instances.values().map(|s| s.share);
-    let per_s = |n: f64| if duration_s > 0.0 { n / duration_s } else { 0.0 };
+    let per_s = |n: f64| {
+        if duration_s > 0.0 {
+            n / duration_s
+        } else {
+            0.0
+        }
+    };
     Report {
         workload: workload.to_string(),
         api: api.to_string(),
@@ -212,7 +218,12 @@ impl Report {
         let _ = writeln!(
             s,
             "{} ({}): {} requests, {} ok, {} failed {:?}",
-            self.workload, self.api, self.requests, self.successes, self.failures, self.failure_kinds
+            self.workload,
+            self.api,
+            self.requests,
+            self.successes,
+            self.failures,
+            self.failure_kinds
         );
         let _ = writeln!(
             s,
@@ -230,7 +241,12 @@ impl Report {
             self.share_max * 100.0
         );
         for (name, share) in &self.instances {
-            let _ = writeln!(s, "    {name}: {} ({:.1}%)", share.requests, share.share * 100.0);
+            let _ = writeln!(
+                s,
+                "    {name}: {} ({:.1}%)",
+                share.requests,
+                share.share * 100.0
+            );
         }
         s
     }
@@ -240,7 +256,14 @@ impl Report {
 mod tests {
     use super::*;
 
-    fn rec(i: usize, ok: bool, instance: &str, ttft: f64, prompt: u64, cached: u64) -> RequestRecord {
+    fn rec(
+        i: usize,
+        ok: bool,
+        instance: &str,
+        ttft: f64,
+        prompt: u64,
+        cached: u64,
+    ) -> RequestRecord {
         RequestRecord {
             index: i,
             start_ms: 0.0,
@@ -276,7 +299,15 @@ mod tests {
             rec(2, true, "b", 300.0, 900, 100),
             rec(3, false, "b", 0.0, 0, 0),
         ];
-        let r = summarize("w", "chat", 1.0, 2.0, records, &["a".into(), "b".into(), "c".into()], false);
+        let r = summarize(
+            "w",
+            "chat",
+            1.0,
+            2.0,
+            records,
+            &["a".into(), "b".into(), "c".into()],
+            false,
+        );
         assert_eq!((r.requests, r.successes, r.failures), (4, 3, 1));
         assert_eq!(r.failure_kinds.get("http 503"), Some(&1));
         assert!((r.hit_rate - 0.5).abs() < 1e-9);
@@ -288,7 +319,16 @@ mod tests {
         assert_eq!((r.share_min, r.share_max), (0.0, 0.5));
         assert!(r.records.is_empty());
         let json = serde_json::to_value(&r).unwrap();
-        for field in ["hit_rate", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "rps", "share_min", "share_max", "failures"] {
+        for field in [
+            "hit_rate",
+            "ttft_p50_ms",
+            "ttft_p90_ms",
+            "ttft_p99_ms",
+            "rps",
+            "share_min",
+            "share_max",
+            "failures",
+        ] {
             assert!(json.get(field).is_some(), "{field}");
         }
     }

@@ -15,6 +15,7 @@ use crate::sim::tokenizer::count_tokens;
 
 /// Common English words, short and long, so text looks like prose and costs
 /// 1 to 4 tokens per word.
+#[rustfmt::skip]
 const WORDS: &[&str] = &[
     "the", "of", "and", "to", "in", "is", "it", "for", "on", "as", "with", "was", "that", "by",
     "this", "from", "are", "be", "at", "or", "an", "have", "not", "which", "their", "will",
@@ -45,7 +46,9 @@ const WORDS: &[&str] = &[
 ];
 
 /// Words of exactly one token with a leading space, to finish on the exact count.
-const ONE_TOKEN_WORDS: &[&str] = &["the", "of", "and", "to", "in", "is", "it", "for", "on", "as"];
+const ONE_TOKEN_WORDS: &[&str] = &[
+    "the", "of", "and", "to", "in", "is", "it", "for", "on", "as",
+];
 
 /// Generates text of exactly `tokens` tokens from `rng`.
 pub fn text_with_tokens(rng: &mut impl Rng, tokens: usize) -> String {
@@ -107,9 +110,21 @@ mod tests {
 
     #[test]
     fn exact_token_counts() {
-        for (seed, n) in [(1, 0), (2, 1), (3, 2), (4, 17), (5, 1024), (6, 8000), (7, 3)] {
+        for (seed, n) in [
+            (1, 0),
+            (2, 1),
+            (3, 2),
+            (4, 17),
+            (5, 1024),
+            (6, 8000),
+            (7, 3),
+        ] {
             let t = seeded_text(seed, n);
-            assert_eq!(count_tokens(t.as_bytes()), n, "seed {seed}, {n} tokens: {t:?}");
+            assert_eq!(
+                count_tokens(t.as_bytes()),
+                n,
+                "seed {seed}, {n} tokens: {t:?}"
+            );
         }
     }
 

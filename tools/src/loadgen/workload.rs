@@ -353,7 +353,10 @@ impl WorkloadGen {
                 let prefix = self.fixed_text(PREFIX, g, 0, prefix_tokens);
                 let question = text_with_tokens(&mut self.rng, question_tokens);
                 PlannedRequest {
-                    messages: vec![Message::new("system", prefix), Message::new("user", question)],
+                    messages: vec![
+                        Message::new("system", prefix),
+                        Message::new("user", question),
+                    ],
                     output_tokens,
                     group: Some(g),
                     conversation: None,
@@ -405,10 +408,8 @@ impl WorkloadGen {
                 let id = *id;
                 let turn = conv.done;
                 conv.busy = true;
-                let user = seeded_text(
-                    sub_seed(self.seed, USER_TURN, id, turn as u64),
-                    user_tokens,
-                );
+                let user =
+                    seeded_text(sub_seed(self.seed, USER_TURN, id, turn as u64), user_tokens);
                 conv.messages.push(Message::new("user", user));
                 PlannedRequest {
                     messages: conv.messages.clone(),
@@ -464,7 +465,9 @@ impl WorkloadGen {
 
 /// Cumulative probabilities of ranks 1..=n under Zipf(alpha).
 fn zipf_cdf(n: usize, alpha: f64) -> Vec<f64> {
-    let weights: Vec<f64> = (1..=n.max(1)).map(|k| 1.0 / (k as f64).powf(alpha)).collect();
+    let weights: Vec<f64> = (1..=n.max(1))
+        .map(|k| 1.0 / (k as f64).powf(alpha))
+        .collect();
     let total: f64 = weights.iter().sum();
     let mut acc = 0.0;
     weights
@@ -515,9 +518,15 @@ mod tests {
         // Uniform over 100 groups: most groups seen, none dominating.
         assert!(by_group.len() > 90, "{}", by_group.len());
         assert!(by_group.values().all(|v| v.len() < 15));
-        let prefixes: std::collections::HashSet<&String> =
-            by_group.values().map(|v| &v[0].messages[0].content).collect();
-        assert_eq!(prefixes.len(), by_group.len(), "groups have distinct prefixes");
+        let prefixes: std::collections::HashSet<&String> = by_group
+            .values()
+            .map(|v| &v[0].messages[0].content)
+            .collect();
+        assert_eq!(
+            prefixes.len(),
+            by_group.len(),
+            "groups have distinct prefixes"
+        );
         for reqs in by_group.values().filter(|v| v.len() > 1) {
             assert_eq!(reqs[0].messages[0], reqs[1].messages[0]);
             assert_ne!(reqs[0].messages[1], reqs[1].messages[1], "fresh questions");
@@ -585,7 +594,10 @@ mod tests {
             if r.conversation == first.conversation {
                 assert_eq!(r.messages.len(), 4);
                 assert_eq!(r.messages[..2], first.messages[..]);
-                assert_eq!(r.messages[2], Message::new("assistant", "the answer".into()));
+                assert_eq!(
+                    r.messages[2],
+                    Message::new("assistant", "the answer".into())
+                );
                 assert!(r.text().starts_with(&first.text()));
                 break;
             }
@@ -623,7 +635,9 @@ mod tests {
 
     #[test]
     fn scaling_shrinks_token_lengths_only() {
-        let w = Workload::by_name("long-shared-prefix").unwrap().scaled(0.25);
+        let w = Workload::by_name("long-shared-prefix")
+            .unwrap()
+            .scaled(0.25);
         assert_eq!(
             w,
             Workload::LongSharedPrefix {
