@@ -279,3 +279,53 @@ async fn the_binary_announces_its_ephemeral_port_and_names_itself() {
     assert!(out.starts_with("HTTP/1.1 400"), "{out}");
     assert!(out.contains("KV cache blocks"), "{out}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spawned_fleet_counters_match_what_clients_saw() {
+    use prefix_router_tools::sim::fleet::{scrape_cache_counters, CacheCounters, SimProcess};
+    let exe = std::path::Path::new(env!("CARGO_BIN_EXE_vllm-sim"));
+    let fleet: Vec<SimProcess> = ["p0", "p1"]
+        .iter()
+        .map(|name| {
+            let cfg = SimConfig {
+                name: name.to_string(),
+                time_scale: TIME_SCALE,
+                kv_blocks: 4096,
+                ..SimConfig::default()
+            };
+            SimProcess::spawn(exe, &cfg, Duration::from_secs(10)).unwrap()
+        })
+        .collect();
+    let workload = Workload::LongSharedPrefix {
+        groups: 3,
+        prefix_tokens: 800,
+        question_tokens: 100,
+        output_tokens: 8,
+    };
+    let mut before = Vec::new();
+    for p in &fleet {
+        before.push(scrape_cache_counters(p.addr).await.unwrap());
+    }
+    let mut reports = Vec::new();
+    for (i, p) in fleet.iter().enumerate() {
+        let mut o = opts(Api::Invoke, Arrival::Concurrency { clients: 2 }, 12);
+        o.seed = i as u64;
+        reports.push(run_workload(&p.url(), &workload, &o).await.unwrap());
+        assert_eq!(reports[i].instances[&p.name].requests, 12);
+    }
+    let mut after = Vec::new();
+    for p in &fleet {
+        after.push(scrape_cache_counters(p.addr).await.unwrap());
+    }
+    let deltas: Vec<CacheCounters> = after.iter().zip(&before).map(|(a, b)| a.since(b)).collect();
+    for (d, r) in deltas.iter().zip(&reports) {
+        assert_eq!(d.queries, r.prompt_tokens as f64);
+        assert_eq!(d.hits, r.cached_tokens as f64);
+        assert!(d.hit_rate() > 0.5, "{}", d.hit_rate());
+    }
+    let total = CacheCounters::total(&deltas);
+    assert_eq!(
+        total.queries,
+        (reports[0].prompt_tokens + reports[1].prompt_tokens) as f64
+    );
+}

@@ -9,6 +9,7 @@
 //! - [`engine`]: FCFS admission under `max_num_seqs` and KV capacity, a FIFO
 //!   prefill resource, per-token decode.
 //! - [`api`] and [`server`]: the HTTP surface, `x-served-by` on every response.
+//! - [`fleet`]: starting `vllm-sim` processes and reading their cache counters.
 //!
 //! # Calibration (defaults of [`SimConfig`]), Llama 3.1 70B on one 8-GPU instance
 //! - Prefill: 42 µs per uncached token plus 1.0 ns per (uncached token ×
@@ -48,6 +49,7 @@
 
 pub mod api;
 pub mod engine;
+pub mod fleet;
 pub mod metrics;
 pub mod prefix_cache;
 pub mod server;
