@@ -323,6 +323,19 @@ async fn spawned_fleet_counters_match_what_clients_saw() {
         assert_eq!(d.hits, r.cached_tokens as f64);
         assert!(d.hit_rate() > 0.5, "{}", d.hit_rate());
     }
+    // After a reset, the same workload starts cold again.
+    use prefix_router_tools::sim::fleet::reset_prefix_cache;
+    reset_prefix_cache(fleet[0].addr).await.unwrap();
+    let start = scrape_cache_counters(fleet[0].addr).await.unwrap();
+    let mut o = opts(Api::Invoke, Arrival::Concurrency { clients: 1 }, 1);
+    o.seed = 0;
+    let cold = run_workload(&fleet[0].url(), &workload, &o).await.unwrap();
+    assert_eq!(cold.cached_tokens, 0);
+    let d = scrape_cache_counters(fleet[0].addr)
+        .await
+        .unwrap()
+        .since(&start);
+    assert_eq!((d.queries, d.hits), (cold.prompt_tokens as f64, 0.0));
     let total = CacheCounters::total(&deltas);
     assert_eq!(
         total.queries,

@@ -253,6 +253,13 @@ impl Engine {
         self.schedule(&mut state);
     }
 
+    /// Empties the prefix cache (between benchmark phases); false while
+    /// requests are running or waiting. Counters are kept, as in vLLM.
+    pub fn reset_prefix_cache(&self) -> bool {
+        let mut state = self.lock();
+        state.waiting.is_empty() && state.running.is_empty() && state.pool.reset_prefix_cache()
+    }
+
     /// Current counters and gauges.
     pub fn snapshot(&self) -> MetricsSnapshot {
         let state = self.lock();

@@ -157,16 +157,37 @@ impl CacheCounters {
     }
 }
 
-/// Reads the prefix-cache counters of the instance at `addr`.
-pub async fn scrape_cache_counters(addr: SocketAddr) -> anyhow::Result<CacheCounters> {
+async fn call(
+    method: hyper::Method,
+    addr: SocketAddr,
+    path: &str,
+) -> anyhow::Result<(u16, String)> {
     let client = crate::loadgen::client::http_client();
-    let uri: Uri = format!("http://{addr}/metrics").parse()?;
-    let req = hyper::Request::get(uri).body(Full::default())?;
+    let uri: Uri = format!("http://{addr}{path}").parse()?;
+    let req = hyper::Request::builder()
+        .method(method)
+        .uri(uri)
+        .body(Full::default())?;
     let resp = tokio::time::timeout(Duration::from_secs(5), client.request(req))
         .await
-        .context("timed out reading /metrics")??;
+        .with_context(|| format!("timed out on {addr}{path}"))??;
+    let status = resp.status().as_u16();
     let body = resp.into_body().collect().await?.to_bytes();
-    let text = String::from_utf8_lossy(&body);
+    Ok((status, String::from_utf8_lossy(&body).into_owned()))
+}
+
+/// Empties the prefix cache of the idle instance at `addr` (`POST /reset_prefix_cache`).
+pub async fn reset_prefix_cache(addr: SocketAddr) -> anyhow::Result<()> {
+    let (status, body) = call(hyper::Method::POST, addr, "/reset_prefix_cache").await?;
+    if status != 200 {
+        bail!("{addr} did not reset its prefix cache: {status} {body}");
+    }
+    Ok(())
+}
+
+/// Reads the prefix-cache counters of the instance at `addr`.
+pub async fn scrape_cache_counters(addr: SocketAddr) -> anyhow::Result<CacheCounters> {
+    let (_, text) = call(hyper::Method::GET, addr, "/metrics").await?;
     let read = |name| {
         parse_sample(&text, name).with_context(|| format!("{name} missing from {addr}/metrics"))
     };

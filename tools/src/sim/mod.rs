@@ -11,6 +11,16 @@
 //! - [`api`] and [`server`]: the HTTP surface, `x-served-by` on every response.
 //! - [`fleet`]: starting `vllm-sim` processes and reading their cache counters.
 //!
+//! # Endpoints
+//! - `POST /v1/chat/completions`, `POST /v1/completions` (any path ending so):
+//!   OpenAI-compatible, streaming (`stream`, `stream_options.include_usage`)
+//!   or not; `usage.prompt_tokens_details.cached_tokens` is the prefix-cache hit.
+//! - `POST /reset_prefix_cache`: empties the cache between benchmark phases
+//!   (409 while requests are in flight).
+//! - Any other `POST` (e.g. `/invocations`): native invoke, the raw body is the prompt.
+//! - `GET /health`, `GET /v1/models`, `GET /metrics` (vLLM's metric names).
+//! - Every response has `x-served-by: <name>`.
+//!
 //! # Calibration (defaults of [`SimConfig`]), Llama 3.1 70B on one 8-GPU instance
 //! - Prefill: 42 µs per uncached token plus 1.0 ns per (uncached token ×
 //!   context position), i.e. ~47 µs per token averaged over a 9,200-token

@@ -269,6 +269,19 @@ impl BlockPool {
         allocation.hashed_blocks = allocation.hashed_blocks.max(upto);
     }
 
+    /// Forgets every cached hash, as vLLM's `reset_prefix_cache`; refuses
+    /// (returns false) while any block is in use.
+    pub fn reset_prefix_cache(&mut self) -> bool {
+        if self.blocks.iter().any(|b| b.ref_cnt > 0) {
+            return false;
+        }
+        for b in &mut self.blocks {
+            b.hash = None;
+        }
+        self.cached.clear();
+        true
+    }
+
     /// Releases a finished request's blocks, tail first, so that its last
     /// blocks are evicted before its first ones.
     pub fn free(&mut self, allocation: Allocation) {
@@ -427,6 +440,20 @@ mod tests {
                 capacity: 6
             }
         );
+    }
+
+    #[test]
+    fn reset_forgets_hashes_only_when_idle() {
+        let mut pool = BlockPool::new(20, BS);
+        let t = tokens(1, 40);
+        run(&mut pool, &t, 0);
+        let busy = pool.allocate(&hashes(&tokens(2, 20)), 20, 20).unwrap();
+        assert!(!pool.reset_prefix_cache());
+        pool.free(busy);
+        assert!(pool.reset_prefix_cache());
+        assert_eq!(pool.cached_blocks(), 0);
+        assert_eq!(run(&mut pool, &t, 0), 0);
+        assert_eq!(run(&mut pool, &t, 0), 32);
     }
 
     #[test]

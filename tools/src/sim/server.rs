@@ -143,6 +143,19 @@ async fn route(shared: &Shared, req: Request<Incoming>) -> Response<Body> {
             StatusCode::OK,
             &json!({"object": "list", "data": [{"id": cfg.model, "object": "model", "owned_by": "vllm-sim"}]}),
         ),
+        (Method::POST, "/reset_prefix_cache") => {
+            if shared.engine.reset_prefix_cache() {
+                full(StatusCode::OK, "text/plain", Bytes::new())
+            } else {
+                json_response(
+                    StatusCode::CONFLICT,
+                    &api::error_body(
+                        "requests are in flight; the prefix cache was not reset",
+                        409,
+                    ),
+                )
+            }
+        }
         (Method::POST, _) => {
             let body = match Limited::new(req.into_body(), MAX_BODY_BYTES)
                 .collect()
