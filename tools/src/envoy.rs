@@ -104,7 +104,9 @@ pub fn find_envoy() -> anyhow::Result<PathBuf> {
     std::env::split_paths(&path)
         .map(|dir| dir.join("envoy"))
         .find(|candidate| is_executable(candidate))
-        .ok_or_else(|| anyhow!("Envoy not found (ENVOY_BIN unset, no `envoy` on PATH): {ENVOY_INSTALL_HINT}"))
+        .ok_or_else(|| {
+            anyhow!("Envoy not found (ENVOY_BIN unset, no `envoy` on PATH): {ENVOY_INSTALL_HINT}")
+        })
 }
 
 fn is_executable(path: &Path) -> bool {
@@ -133,6 +135,7 @@ pub fn validate_config(config: &Path, cwd: &Path) -> anyhow::Result<Validation> 
         .arg("-c")
         .arg(config)
         .arg("--use-dynamic-base-id")
+        .arg("--disable-hot-restart")
         .current_dir(cwd)
         .stdin(Stdio::null())
         .output()
@@ -279,7 +282,9 @@ impl EnvoyBuilder {
     /// Renders the configuration and runs `envoy --mode validate` on it.
     pub fn validate(self) -> anyhow::Result<Validation> {
         let (_, value) = self.render_value()?;
-        let dir = tempfile::Builder::new().prefix("envoy-validate-").tempdir()?;
+        let dir = tempfile::Builder::new()
+            .prefix("envoy-validate-")
+            .tempdir()?;
         let path = dir.path().join("envoy.yaml");
         fs::write(&path, serde_yaml::to_string(&value)?)?;
         validate_config(&path, &workspace_root())
@@ -322,9 +327,10 @@ impl Launch {
         command
             .arg("-c")
             .arg(&config_path)
+            // Several Envoys run side by side (parallel tests, other tools): no fixed
+            // base id, and no hot-restart shared memory left behind by a failed start.
             .arg("--use-dynamic-base-id")
-            .arg("--base-id-path")
-            .arg(dir.join("base-id"))
+            .arg("--disable-hot-restart")
             .arg("--admin-address-path")
             .arg(&admin_path)
             .arg("--concurrency")
@@ -342,9 +348,8 @@ impl Launch {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(stderr);
-        let child = child::spawn_tied_to_process(command).map_err(|e| {
-            StartError::setup(anyhow!("starting {}: {e}", envoy_bin.display()))
-        })?;
+        let child = child::spawn_tied_to_process(command)
+            .map_err(|e| StartError::setup(anyhow!("starting {}: {e}", envoy_bin.display())))?;
 
         let mut envoy = Envoy {
             child: Some(child),
@@ -399,7 +404,11 @@ impl fmt::Display for StartError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Envoy did not start: {}", self.message)?;
         if !self.log.is_empty() {
-            write!(f, "\n--- last lines of Envoy's log ---\n{}", self.log_tail())?;
+            write!(
+                f,
+                "\n--- last lines of Envoy's log ---\n{}",
+                self.log_tail()
+            )?;
         }
         Ok(())
     }
@@ -548,7 +557,7 @@ impl Envoy {
         if let Ok(Some(status)) = child.try_wait() {
             return Some(status);
         }
-        // SIGTERM lets Envoy release its shared-memory region (hot-restart base id).
+        // SIGTERM first: Envoy flushes its log and exits cleanly.
         child::terminate(&child);
         let deadline = Instant::now() + Duration::from_secs(5);
         while Instant::now() < deadline {
@@ -652,8 +661,9 @@ fn admin_request_query(
             let body = response.into_string().unwrap_or_default();
             bail!("{method} {url}: HTTP {code}: {}", body.trim())
         }
-        Err(error) => Err(io::Error::other(error.to_string()))
-            .with_context(|| format!("{method} {url}")),
+        Err(error) => {
+            Err(io::Error::other(error.to_string())).with_context(|| format!("{method} {url}"))
+        }
     }
 }
 

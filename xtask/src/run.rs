@@ -31,7 +31,7 @@ pub fn test(cargo_test_args: &[String]) -> anyhow::Result<()> {
     prereqs::ensure_node()?;
     let wasm = build_wasm()?;
     run(cargo()
-        .args(["test", "--workspace"])
+        .args(["test", "--workspace", "--no-fail-fast"])
         .args(cargo_test_args)
         .env("PREFIX_ROUTER_WASM", &wasm)
         .env("ENVOY_BIN", &found.envoy))?;

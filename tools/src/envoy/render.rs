@@ -99,7 +99,8 @@ fn edit_wasm_filters(listeners: &mut [Value], edits: &StandardEdits<'_>) -> anyh
                 if type_of(hcm) != Some(HCM_TYPE) {
                     continue;
                 }
-                let Some(http_filters) = hcm.get_mut("http_filters").and_then(Value::as_sequence_mut)
+                let Some(http_filters) =
+                    hcm.get_mut("http_filters").and_then(Value::as_sequence_mut)
                 else {
                     continue;
                 };
@@ -142,7 +143,10 @@ fn edit_plugin(filter: &mut Value, edits: &StandardEdits<'_>) -> anyhow::Result<
             .and_then(Value::as_mapping_mut)
             .ok_or_else(|| anyhow!("wasm filter without vm_config.code.local"))?;
         local.clear();
-        local.insert("filename".into(), wasm.to_string_lossy().into_owned().into());
+        local.insert(
+            "filename".into(),
+            wasm.to_string_lossy().into_owned().into(),
+        );
     }
     if let Some(json) = edits.plugin_config {
         let plugin = plugin
@@ -206,7 +210,9 @@ mod tests {
 
     fn wasm_filter_count(config: &Value) -> usize {
         let mut count = 0;
-        let listeners = config["static_resources"]["listeners"].as_sequence().unwrap();
+        let listeners = config["static_resources"]["listeners"]
+            .as_sequence()
+            .unwrap();
         for listener in listeners {
             for chain in listener["filter_chains"].as_sequence().unwrap() {
                 for f in chain["filters"].as_sequence().unwrap() {
@@ -222,7 +228,10 @@ mod tests {
     #[test]
     fn rewrites_ports_endpoints_wasm_and_plugin_config() {
         let mut config = shipped_config();
-        let upstreams: Vec<SocketAddr> = vec!["127.0.0.1:1111".parse().unwrap(), "127.0.0.1:2222".parse().unwrap()];
+        let upstreams: Vec<SocketAddr> = vec![
+            "127.0.0.1:1111".parse().unwrap(),
+            "127.0.0.1:2222".parse().unwrap(),
+        ];
         standard_edits(
             &mut config,
             &StandardEdits {
@@ -236,10 +245,17 @@ mod tests {
         let listener = &config["static_resources"]["listeners"][0]["address"]["socket_address"];
         assert_eq!(listener["address"], "127.0.0.1");
         assert_eq!(listener["port_value"], 0);
-        assert_eq!(config["admin"]["address"]["socket_address"]["port_value"], 0);
-        let endpoints = &config["static_resources"]["clusters"][0]["load_assignment"]["endpoints"][0]["lb_endpoints"];
+        assert_eq!(
+            config["admin"]["address"]["socket_address"]["port_value"],
+            0
+        );
+        let endpoints = &config["static_resources"]["clusters"][0]["load_assignment"]["endpoints"]
+            [0]["lb_endpoints"];
         assert_eq!(endpoints.as_sequence().unwrap().len(), 2);
-        assert_eq!(endpoints[1]["endpoint"]["address"]["socket_address"]["port_value"], 2222);
+        assert_eq!(
+            endpoints[1]["endpoint"]["address"]["socket_address"]["port_value"],
+            2222
+        );
         let text = serde_yaml::to_string(&config).unwrap();
         assert!(text.contains("/abs/filter.wasm"));
         assert!(text.contains(r#"{"prefix_length":2048}"#));
@@ -260,7 +276,9 @@ mod tests {
         )
         .unwrap();
         assert_eq!(wasm_filter_count(&config), 0);
-        assert!(serde_yaml::to_string(&config).unwrap().contains("envoy.filters.http.router"));
+        assert!(serde_yaml::to_string(&config)
+            .unwrap()
+            .contains("envoy.filters.http.router"));
     }
 
     #[test]
@@ -273,7 +291,10 @@ mod tests {
             upstreams: None,
         };
         standard_edits(&mut config, &edits).unwrap();
-        let wanted = StandardEdits { filter: FilterMode::With, ..edits };
+        let wanted = StandardEdits {
+            filter: FilterMode::With,
+            ..edits
+        };
         assert!(standard_edits(&mut config, &wanted).is_err());
     }
 }
