@@ -322,11 +322,12 @@ impl Launch {
         let dir = work_dir.path();
         let config_path = dir.join("envoy.yaml");
         let log_path = dir.join("envoy.log");
-        let stderr_path = dir.join("envoy.stderr");
         let admin_path = dir.join("admin-address");
         let yaml = serde_yaml::to_string(config).map_err(|e| StartError::setup(e.into()))?;
         fs::write(&config_path, yaml).map_err(|e| StartError::setup(e.into()))?;
-        let stderr = fs::File::create(&stderr_path).map_err(|e| StartError::setup(e.into()))?;
+        // Envoy logs to stderr, written as it goes (a --log-path file is flushed on a
+        // timer and loses its last lines when Envoy exits on a bad configuration).
+        let log_file = fs::File::create(&log_path).map_err(|e| StartError::setup(e.into()))?;
 
         let mut command = Command::new(&envoy_bin);
         command
@@ -342,17 +343,12 @@ impl Launch {
             .arg(self.concurrency.to_string())
             .arg("-l")
             .arg(&self.log_level)
-            .arg("--log-path")
-            .arg(&log_path)
-            // The log is a file Envoy flushes on a timer (10 s by default); tests read it.
-            .arg("--file-flush-interval-msec")
-            .arg("50")
             .args(&self.extra_args)
             // Relative paths in a user's configuration resolve as they would for them.
             .current_dir(workspace_root())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(stderr);
+            .stderr(log_file);
         let child = child::spawn_tied_to_process(command)
             .map_err(|e| StartError::setup(anyhow!("starting {}: {e}", envoy_bin.display())))?;
 
@@ -361,7 +357,6 @@ impl Launch {
             listener_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             admin_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             log_path,
-            stderr_path,
             config_path,
             work_dir,
         };
@@ -409,14 +404,32 @@ impl fmt::Display for StartError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Envoy did not start: {}", self.message)?;
         if !self.log.is_empty() {
+            // Startup logs are long lists of extensions; the reason is in the problems.
+            let problems = problem_lines(&self.log);
+            if !problems.is_empty() {
+                write!(f, "\n--- Envoy's errors and warnings ---\n{problems}")?;
+            }
             write!(
                 f,
                 "\n--- last lines of Envoy's log ---\n{}",
-                self.log_tail()
+                tail_lines(&self.log, 15)
             )?;
         }
         Ok(())
     }
+}
+
+/// The last warning, error and critical lines of an Envoy log.
+fn problem_lines(log: &str) -> String {
+    let problems: Vec<&str> = log
+        .lines()
+        .filter(|l| {
+            ["][warning][", "][error][", "][critical]["]
+                .iter()
+                .any(|m| l.contains(m))
+        })
+        .collect();
+    problems[problems.len().saturating_sub(LOG_TAIL_LINES)..].join("\n")
 }
 
 impl std::error::Error for StartError {}
@@ -427,7 +440,6 @@ pub struct Envoy {
     listener_addr: SocketAddr,
     admin_addr: SocketAddr,
     log_path: PathBuf,
-    stderr_path: PathBuf,
     config_path: PathBuf,
     work_dir: tempfile::TempDir,
 }
@@ -512,15 +524,9 @@ impl Envoy {
         parse_stat(&text, name)
     }
 
-    /// Envoy's log so far (log file, then anything written to stderr).
+    /// Envoy's log so far.
     pub fn log(&self) -> String {
-        let mut text = fs::read_to_string(&self.log_path).unwrap_or_default();
-        let stderr = fs::read_to_string(&self.stderr_path).unwrap_or_default();
-        if !stderr.trim().is_empty() {
-            text.push_str("\n--- stderr ---\n");
-            text.push_str(&stderr);
-        }
-        text
+        fs::read_to_string(&self.log_path).unwrap_or_default()
     }
 
     /// Waits (bounded) until a log line satisfies `matches`; returns that line.
@@ -757,6 +763,16 @@ mod tests {
         fs::copy(&fake, &other).unwrap();
         let chosen = find_envoy_in(Some(other.clone().into()), Some(dir.path().into())).unwrap();
         assert_eq!(chosen, other);
+    }
+
+    #[test]
+    fn problem_lines_keep_warnings_and_errors_only() {
+        let log =
+            "[t][1][info][main] fine\n[t][1][error][wasm] bad\n[t][1][critical][main] worse\n";
+        assert_eq!(
+            problem_lines(log),
+            "[t][1][error][wasm] bad\n[t][1][critical][main] worse"
+        );
     }
 
     #[test]
