@@ -99,3 +99,31 @@ fn a_startup_failure_carries_envoys_log() {
         "Envoy should have exited by itself"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn endpoints_served_from_a_file_change_without_a_restart() {
+    let harness = Harness::start_with(|b| b.without_filter().endpoints_from_file());
+    assert_eq!(
+        harness.envoy.stat("cluster.vllm.membership_total").unwrap(),
+        Some(harness::INSTANCES as u64)
+    );
+    let kept = &harness.fleet.addrs()[..2];
+    harness.envoy.set_endpoints("vllm", kept).unwrap();
+    let requests = (0..30)
+        .map(|i| Outgoing::post("/invocations", format!("body {i}")).id(&format!("e{i}")))
+        .collect();
+    let replies = harness.send_all(requests, 6).await;
+    assert!(replies.iter().all(|r| r.status == 200));
+    let kept_names: Vec<&str> = kept
+        .iter()
+        .filter_map(|a| harness.fleet.name_of(*a))
+        .collect();
+    for record in harness.fleet.records() {
+        assert!(
+            kept_names.contains(&record.instance.as_str()),
+            "{} served a request after it left the cluster",
+            record.instance
+        );
+    }
+    assert_eq!(harness.fleet.total(), 30);
+}

@@ -168,6 +168,8 @@ pub struct EnvoyBuilder {
     startup_timeout: Duration,
     log_level: String,
     extra_args: Vec<String>,
+    envoy_binary: Option<PathBuf>,
+    endpoints_from_file: bool,
 }
 
 impl EnvoyBuilder {
@@ -239,13 +241,28 @@ impl EnvoyBuilder {
         self
     }
 
-    /// The configuration as it would be started, as YAML.
+    /// The Envoy binary to run (default: [`find_envoy`]).
+    pub fn envoy_binary(mut self, path: impl Into<PathBuf>) -> Self {
+        self.envoy_binary = Some(path.into());
+        self
+    }
+
+    /// Serves each cluster's endpoints from a file (file-based EDS) instead of a
+    /// static list, so [`Envoy::set_endpoints`] can change the fleet without a restart.
+    pub fn endpoints_from_file(mut self) -> Self {
+        self.endpoints_from_file = true;
+        self
+    }
+
+    /// The configuration as it would be started, as YAML (files it refers to,
+    /// such as EDS files, are not kept).
     pub fn render(self) -> anyhow::Result<String> {
-        let (_, value) = self.render_value()?;
+        let dir = tempfile::tempdir()?;
+        let (_, value) = self.render_value(dir.path())?;
         Ok(serde_yaml::to_string(&value)?)
     }
 
-    fn render_value(self) -> anyhow::Result<(Launch, Value)> {
+    fn render_value(self, work_dir: &Path) -> anyhow::Result<(Launch, Value)> {
         let text = fs::read_to_string(&self.config)
             .with_context(|| format!("reading Envoy configuration {}", self.config.display()))?;
         let mut value: Value = serde_yaml::from_str(&text)
@@ -267,6 +284,7 @@ impl EnvoyBuilder {
                 wasm: wasm.as_deref(),
                 plugin_config: self.plugin_config.as_deref(),
                 upstreams: self.upstreams.as_deref(),
+                eds_dir: self.endpoints_from_file.then_some(work_dir),
             },
         )
         .with_context(|| format!("adapting {}", self.config.display()))?;
@@ -276,6 +294,7 @@ impl EnvoyBuilder {
         let listener = render::first_listener_name(&value)?;
         let launch = Launch {
             listener,
+            envoy_binary: self.envoy_binary,
             concurrency: self.concurrency,
             startup_timeout: self.startup_timeout,
             log_level: self.log_level,
@@ -286,10 +305,10 @@ impl EnvoyBuilder {
 
     /// Renders the configuration and runs `envoy --mode validate` on it.
     pub fn validate(self) -> anyhow::Result<Validation> {
-        let (_, value) = self.render_value()?;
         let dir = tempfile::Builder::new()
             .prefix("envoy-validate-")
             .tempdir()?;
+        let (_, value) = self.render_value(dir.path())?;
         let path = dir.path().join("envoy.yaml");
         fs::write(&path, serde_yaml::to_string(&value)?)?;
         validate_config(&path, &workspace_root())
@@ -298,14 +317,21 @@ impl EnvoyBuilder {
     /// Starts Envoy and waits until it serves. On failure the error carries
     /// Envoy's log (see [`StartError`]).
     pub fn start(self) -> Result<Envoy, StartError> {
-        let (launch, value) = self.render_value().map_err(StartError::setup)?;
-        launch.run(&value)
+        let work_dir = tempfile::Builder::new()
+            .prefix("prefix-router-envoy-")
+            .tempdir()
+            .map_err(|e| StartError::setup(e.into()))?;
+        let (launch, value) = self
+            .render_value(work_dir.path())
+            .map_err(StartError::setup)?;
+        launch.run(&value, work_dir)
     }
 }
 
 /// Command-line settings kept from the builder.
 struct Launch {
     listener: String,
+    envoy_binary: Option<PathBuf>,
     concurrency: u32,
     startup_timeout: Duration,
     log_level: String,
@@ -313,12 +339,11 @@ struct Launch {
 }
 
 impl Launch {
-    fn run(self, config: &Value) -> Result<Envoy, StartError> {
-        let envoy_bin = find_envoy().map_err(StartError::setup)?;
-        let work_dir = tempfile::Builder::new()
-            .prefix("prefix-router-envoy-")
-            .tempdir()
-            .map_err(|e| StartError::setup(e.into()))?;
+    fn run(self, config: &Value, work_dir: tempfile::TempDir) -> Result<Envoy, StartError> {
+        let envoy_bin = match self.envoy_binary {
+            Some(path) => path,
+            None => find_envoy().map_err(StartError::setup)?,
+        };
         let dir = work_dir.path();
         let config_path = dir.join("envoy.yaml");
         let log_path = dir.join("envoy.log");
@@ -458,6 +483,8 @@ impl Envoy {
             startup_timeout: Duration::from_secs(30),
             log_level: "info".to_string(),
             extra_args: Vec::new(),
+            envoy_binary: None,
+            endpoints_from_file: false,
         }
     }
 
@@ -522,6 +549,30 @@ impl Envoy {
         let filter = format!("^{}$", escape_regex(name));
         let text = admin_request_query("GET", self.admin_addr, "/stats", &[("filter", &filter)])?;
         parse_stat(&text, name)
+    }
+
+    /// Replaces a cluster's endpoints (started with
+    /// [`EnvoyBuilder::endpoints_from_file`]) and waits, bounded, until Envoy has
+    /// applied the update.
+    pub fn set_endpoints(&self, cluster: &str, addrs: &[SocketAddr]) -> anyhow::Result<()> {
+        let update_stat = format!("cluster.{cluster}.update_success");
+        let before = self.stat(&update_stat)?.unwrap_or(0);
+        render::write_eds_file(self.work_dir(), cluster, addrs)?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let applied = self.stat(&update_stat)?.unwrap_or(0) > before;
+            let members = self.stat(&format!("cluster.{cluster}.membership_total"))?;
+            if applied && members == Some(addrs.len() as u64) {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                bail!(
+                    "Envoy did not apply the new endpoints of {cluster} within 10 s \
+                     (update_success {before} -> still, membership {members:?})"
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// Envoy's log so far.

@@ -31,11 +31,10 @@ pub fn run() -> anyhow::Result<()> {
         Some(path) => std::path::PathBuf::from(path),
         None => built,
     };
-    // The launcher reads ENVOY_BIN; point it at what setup found or installed.
-    std::env::set_var("ENVOY_BIN", &found.envoy);
 
     let fleet = UpstreamFleet::start(INSTANCES)?;
     let envoy = Envoy::builder()
+        .envoy_binary(&found.envoy)
         .wasm(&wasm)
         .upstreams(fleet.addrs())
         .start()?;
