@@ -69,7 +69,8 @@ async fn invoke_requests_sharing_a_prefix_reach_one_instance() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chat_requests_sharing_a_prefix_reach_one_instance() {
-    let harness = Harness::start();
+    // Two workers, two VMs: both must compute the same keys.
+    let harness = Harness::start_with(|b| b.concurrency(2));
     check_affinity(&harness, "/v1/chat/completions", |prefix, suffix| {
         bodies::chat("llama-3.1-70b", prefix, suffix)
     })
