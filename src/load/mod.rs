@@ -22,6 +22,7 @@
 mod codec;
 mod instances;
 mod lease;
+mod pending;
 mod routes;
 mod tracker;
 
@@ -34,6 +35,10 @@ pub use tracker::LoadTracker;
 /// (the upstream filter then does not count the request again). Internal: the
 /// filter removes any client-sent value before deciding.
 pub const COUNTED_HEADER: &str = "x-prefix-router-counted";
+
+/// [`COUNTED_HEADER`] value for a request routed before its key's target was
+/// known: the upstream filter counts it and clears its pending mark.
+pub const PENDING_MARK: &str = "pending";
 
 /// Sizes, times and namespace of the shared tables.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,6 +59,9 @@ pub struct LoadConfig {
     pub instance_ttl_ms: u64,
     /// A learned key -> instance mapping older than this is ignored.
     pub route_ttl_ms: u64,
+    /// A request routed before its key's target was known stops counting as
+    /// pending after this long if no upstream filter took it over (client gone).
+    pub pending_ttl_ms: u64,
     /// Bound of every compare-and-swap retry loop.
     pub cas_attempts: u32,
 }
@@ -68,6 +76,7 @@ impl Default for LoadConfig {
             vm_lease_ms: 10_000,
             instance_ttl_ms: 60_000,
             route_ttl_ms: 600_000,
+            pending_ttl_ms: 1_000,
             cas_attempts: 16,
         }
     }
@@ -153,9 +162,22 @@ pub trait LoadView {
     fn target_of(&mut self, key: &str, now_ms: u64) -> Option<InstanceRef>;
     /// Requests in flight on `instance` across all live worker VMs.
     fn in_flight(&mut self, instance: &InstanceRef, now_ms: u64) -> Option<u32>;
-    /// Counts one request on `instance` if its in-flight count is below `cap`
-    /// (always, with `cap: None`), atomically across workers.
-    fn claim(&mut self, instance: &InstanceRef, cap: Option<u32>, now_ms: u64) -> Claim;
+    /// Marks one request of `key` as pending (about to be routed before its
+    /// target is known), then looks the target up again: if another worker
+    /// learned it meanwhile, withdraws the mark and returns the target (claim
+    /// it as usual); otherwise returns None and the request goes out with
+    /// [`PENDING_MARK`] in [`COUNTED_HEADER`].
+    fn route_blind(&mut self, key: &str, now_ms: u64) -> Option<InstanceRef>;
+    /// Counts one request on `instance` if its in-flight count, plus the
+    /// pending requests of `key` (which are on their way to it), is below
+    /// `cap` (always, with `cap: None`), atomically across workers.
+    fn claim(
+        &mut self,
+        instance: &InstanceRef,
+        key: Option<&str>,
+        cap: Option<u32>,
+        now_ms: u64,
+    ) -> Claim;
     /// The fresh instance other than `exclude` with the fewest requests in
     /// flight (ties broken by `random`), with that count.
     fn least_busy_other(

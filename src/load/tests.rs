@@ -92,7 +92,7 @@ fn a_request_counted_by_the_decision_is_not_counted_again() {
     let mut w = worker(&store, 1);
     let first = w.upstream_started(start(A, Some("k")), 10);
     let target = instance(&mut w, "k", 10);
-    let claimed = match w.claim(&target, Some(5), 11) {
+    let claimed = match w.claim(&target, None, Some(5), 11) {
         Claim::Claimed(ticket) => ticket,
         other => panic!("expected a claim, got {other:?}"),
     };
@@ -136,7 +136,7 @@ fn claim_with_cap_stops_at_the_cap_across_workers() {
     let mut full = 0;
     for i in 0..10 {
         let w = if i % 2 == 0 { &mut w1 } else { &mut w2 };
-        match w.claim(&target, Some(3), 3) {
+        match w.claim(&target, None, Some(3), 3) {
             Claim::Claimed(t) => tickets.push((i % 2, t)),
             Claim::Full { in_flight } => {
                 assert_eq!(in_flight, 3);
@@ -154,7 +154,10 @@ fn claim_with_cap_stops_at_the_cap_across_workers() {
             w2.release(t, 4)
         }
     }
-    assert!(matches!(w2.claim(&target, Some(3), 5), Claim::Claimed(_)));
+    assert!(matches!(
+        w2.claim(&target, None, Some(3), 5),
+        Claim::Claimed(_)
+    ));
 }
 
 #[test]
@@ -368,7 +371,7 @@ fn cas_retries_are_bounded_and_a_lost_release_is_repaired_by_the_tick() {
     let target = w.target_of("k", 1).expect("learned");
     // Contention beyond the bound: a capped claim gives up instead of spinning.
     store.failures.set(1_000);
-    assert_eq!(w.claim(&target, Some(5), 2), Claim::Contended);
+    assert_eq!(w.claim(&target, None, Some(5), 2), Claim::Contended);
     assert!(store.failures.get() >= 1_000 - config().cas_attempts);
     // A release under contention still takes effect locally at once...
     store.failures.set(1_000);
@@ -436,6 +439,7 @@ fn every_table_is_bounded() {
         let addr = format!("10.1.{}.{}:8000", i / 250, i % 250);
         let key = format!("{i:016x}");
         let w = &mut workers[i as usize % 6];
+        let _ = w.route_blind(&key, u64::from(i));
         if let Some(t) = w.upstream_started(start(&addr, Some(&key)), u64::from(i)) {
             w.release(t, u64::from(i));
         }
@@ -446,9 +450,10 @@ fn every_table_is_bounded() {
     assert!(count("/vm/") <= 4);
     assert!(count("/route/") <= 32);
     assert_eq!(count("/epoch"), 1);
+    assert!(count("/pend/") <= 32);
     assert_eq!(
         keys.len(),
-        count("/inst/") + count("/vm/") + count("/route/") + count("/epoch"),
+        count("/inst/") + count("/vm/") + count("/route/") + count("/pend/") + count("/epoch"),
         "no other keys: {keys:?}"
     );
     // Two VMs found no column: their counts stay local but still work.
@@ -542,4 +547,75 @@ fn a_forgotten_idle_instance_gives_its_slot_to_a_new_one() {
         (B, 1)
     );
     w.release(t, 10_003);
+}
+
+fn blind<'a>(address: &'a str, key: &'a str) -> UpstreamStart<'a> {
+    UpstreamStart {
+        counted: Some(PENDING_MARK),
+        ..start(address, Some(key))
+    }
+}
+
+#[test]
+fn a_blind_request_counts_against_the_cap_until_its_upstream_filter_takes_over() {
+    let store = Rc::new(MemoryStore::new());
+    let (mut w1, mut w2) = (worker(&store, 1), worker(&store, 2));
+    // Both workers route a first request of "k" before anyone knows its target.
+    assert_eq!(w2.route_blind("k", 1), None);
+    assert_eq!(w1.route_blind("k", 1), None);
+    let t1 = w1.upstream_started(blind(A, "k"), 1).expect("counted");
+    // w1 now knows the target; w2's request is still on its way to it.
+    let target = instance(&mut w1, "k", 2);
+    let t2 = match w1.claim(&target, Some("k"), Some(3), 2) {
+        Claim::Claimed(t) => t,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        w1.claim(&target, Some("k"), Some(3), 2),
+        Claim::Full { in_flight: 3 },
+        "1 counted + 1 claimed + 1 pending"
+    );
+    let t3 = w2.upstream_started(blind(A, "k"), 3).expect("counted");
+    assert_eq!(
+        w2.claim(&target, Some("k"), Some(3), 3),
+        Claim::Full { in_flight: 3 },
+        "taken over: counted once, no longer pending"
+    );
+    w1.release(t1, 4);
+    w1.release(t2, 4);
+    w2.release(t3, 4);
+    assert!(matches!(
+        w2.claim(&target, Some("k"), Some(1), 5),
+        Claim::Claimed(_)
+    ));
+}
+
+#[test]
+fn route_blind_withdraws_its_mark_when_the_target_was_learned_meanwhile() {
+    let store = Rc::new(MemoryStore::new());
+    let (mut w1, mut w2) = (worker(&store, 1), worker(&store, 2));
+    serve(&mut w1, start(A, Some("k")), 1);
+    let target = w2.route_blind("k", 2).expect("learned by w1");
+    assert_eq!(target.address, A);
+    assert!(
+        matches!(w2.claim(&target, Some("k"), Some(1), 2), Claim::Claimed(_)),
+        "no pending mark left behind"
+    );
+}
+
+#[test]
+fn a_lost_blind_request_stops_counting_after_the_pending_ttl() {
+    let store = Rc::new(MemoryStore::new());
+    let mut w = worker(&store, 1);
+    assert_eq!(w.route_blind("k", 0), None); // the client leaves before upstream
+    serve(&mut w, start(A, Some("k")), 1);
+    let target = instance(&mut w, "k", 1);
+    assert_eq!(
+        w.claim(&target, Some("k"), Some(1), 2),
+        Claim::Full { in_flight: 1 }
+    );
+    assert!(matches!(
+        w.claim(&target, Some("k"), Some(1), config().pending_ttl_ms + 1),
+        Claim::Claimed(_)
+    ));
 }

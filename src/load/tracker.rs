@@ -12,8 +12,11 @@ use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
 use super::instances::{CountCell, InstanceRecord, MAX_ADDRESS_LEN};
 use super::lease::{self, Heartbeat, Lease};
+use super::pending::PendingBucket;
 use super::routes::{RouteBucket, RouteEntry};
-use super::{Claim, InstanceLoad, InstanceRef, LoadConfig, LoadView, Ticket, UpstreamStart};
+use super::{
+    Claim, InstanceLoad, InstanceRef, LoadConfig, LoadView, Ticket, UpstreamStart, PENDING_MARK,
+};
 use crate::shared::{SetError, SharedStore};
 
 /// Slots probed for one address before the registry counts as full for it.
@@ -140,6 +143,56 @@ impl<S: SharedStore> LoadTracker<S> {
                 _ => {
                     self.known_slots.remove(&slot);
                 }
+            }
+        }
+    }
+
+    fn pending_key(&self, bucket: u32) -> String {
+        format!("{}/pend/{bucket}", self.prefix)
+    }
+
+    fn pending_of(&self, key: &str, now_ms: u64) -> u32 {
+        let hash = key_hash(key);
+        let (value, _) = self.store.get(&self.pending_key(self.bucket_of(hash)));
+        value
+            .as_deref()
+            .and_then(PendingBucket::decode)
+            .map_or(0, |b| b.count(hash, now_ms, self.config.pending_ttl_ms))
+    }
+
+    /// Adds or removes one pending request of `key`. A missing bucket is
+    /// created empty first (a write on a missing key cannot be conditional).
+    fn update_pending(&mut self, key: &str, add: bool, now_ms: u64) {
+        let hash = key_hash(key);
+        let name = self.pending_key(self.bucket_of(hash));
+        let ttl = self.config.pending_ttl_ms;
+        for _ in 0..self.config.cas_attempts {
+            let (value, cas) = self.store.get(&name);
+            if cas.is_none() {
+                if !add {
+                    return;
+                }
+                if self
+                    .store
+                    .set(&name, &PendingBucket::default().encode(), None)
+                    .is_err()
+                {
+                    return;
+                }
+                continue;
+            }
+            let mut bucket = value
+                .as_deref()
+                .and_then(PendingBucket::decode)
+                .unwrap_or_default();
+            if add {
+                bucket.add(hash, now_ms, ttl);
+            } else if !bucket.remove(hash, now_ms, ttl) {
+                return;
+            }
+            match self.store.set(&name, &bucket.encode(), cas) {
+                Err(SetError::CasMismatch) => continue,
+                _ => return,
             }
         }
     }
@@ -468,13 +521,16 @@ impl<S: SharedStore> LoadTracker<S> {
         }
     }
 
-    /// Counts one request on `slot`/`address`: atomically against `cap` if
-    /// given, else unconditionally (a failed publish is repaired at the tick).
+    /// Counts one request on `slot`/`address`: atomically against `cap` (with
+    /// `pending` requests on their way added to the count) if given, else
+    /// unconditionally (a failed publish is repaired at the tick). `seen`: the
+    /// instance is serving right now (refreshes last-seen).
     fn add(
         &mut self,
         slot: u16,
         address: &str,
         cap: Option<u32>,
+        pending: u32,
         seen: bool,
         now_ms: u64,
     ) -> Claim {
@@ -485,7 +541,7 @@ impl<S: SharedStore> LoadTracker<S> {
                 let Some(record) = self.record_for(slot, address) else {
                     return Claim::Gone;
                 };
-                let in_flight = self.total(slot, &record, now_ms);
+                let in_flight = self.total(slot, &record, now_ms).saturating_add(pending);
                 if in_flight >= cap {
                     return Claim::Full { in_flight };
                 }
@@ -498,8 +554,8 @@ impl<S: SharedStore> LoadTracker<S> {
             let Some(mut record) = record.filter(|r| r.address == address) else {
                 return Claim::Gone;
             };
-            let in_flight = self.total(slot, &record, now_ms);
             if let Some(cap) = cap {
+                let in_flight = self.total(slot, &record, now_ms).saturating_add(pending);
                 if in_flight >= cap {
                     return Claim::Full { in_flight };
                 }
@@ -595,8 +651,21 @@ impl<S: SharedStore> LoadTracker<S> {
     /// Without an upstream filter, the glue may call this from the downstream
     /// `on_http_response_headers` instead (counting then starts late).
     pub fn upstream_started(&mut self, start: UpstreamStart<'_>, now_ms: u64) -> Option<Ticket> {
+        let ticket = self.count_upstream(start, now_ms);
+        // Counted (or not countable) now: no longer pending. Counting first
+        // means there is no instant where the request is neither.
+        if let (Some(PENDING_MARK), Some(key)) = (start.counted, start.key) {
+            self.update_pending(key, false, now_ms);
+        }
+        ticket
+    }
+
+    fn count_upstream(&mut self, start: UpstreamStart<'_>, now_ms: u64) -> Option<Ticket> {
         if start.overridden {
-            if let Some(nominated) = start.counted.filter(|c| *c != start.address) {
+            if let Some(nominated) = start
+                .counted
+                .filter(|c| *c != start.address && *c != PENDING_MARK)
+            {
                 self.mark_unseen(nominated, now_ms);
             }
         }
@@ -615,7 +684,7 @@ impl<S: SharedStore> LoadTracker<S> {
             }
             return None;
         }
-        match self.add(slot, start.address, None, true, now_ms) {
+        match self.add(slot, start.address, None, 0, true, now_ms) {
             Claim::Claimed(ticket) => Some(ticket),
             _ => None,
         }
@@ -811,11 +880,37 @@ impl<S: SharedStore> LoadView for LoadTracker<S> {
         Some(self.total(instance.slot, &record, now_ms))
     }
 
-    fn claim(&mut self, instance: &InstanceRef, cap: Option<u32>, now_ms: u64) -> Claim {
+    fn route_blind(&mut self, key: &str, now_ms: u64) -> Option<InstanceRef> {
+        // Mark first, then look again: either this lookup sees a target a
+        // worker learned meanwhile, or that worker's claims see the mark.
+        self.update_pending(key, true, now_ms);
+        let target = self.target_of(key, now_ms)?;
+        self.update_pending(key, false, now_ms);
+        Some(target)
+    }
+
+    fn claim(
+        &mut self,
+        instance: &InstanceRef,
+        key: Option<&str>,
+        cap: Option<u32>,
+        now_ms: u64,
+    ) -> Claim {
         if instance.slot >= self.config.max_instances {
             return Claim::Gone;
         }
-        self.add(instance.slot, &instance.address, cap, false, now_ms)
+        let pending = match (key, cap) {
+            (Some(key), Some(_)) => self.pending_of(key, now_ms),
+            _ => 0,
+        };
+        self.add(
+            instance.slot,
+            &instance.address,
+            cap,
+            pending,
+            false,
+            now_ms,
+        )
     }
 
     fn least_busy_other(

@@ -15,7 +15,7 @@
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use super::{Decision, DecisionKind, Routed, RoutingPolicy};
-use crate::load::{Claim, InstanceRef, LoadView};
+use crate::load::{Claim, InstanceRef, LoadView, PENDING_MARK};
 
 /// Salts tried for one overflow (bounds the lookups per request).
 const DEFAULT_MAX_SALTS: u8 = 8;
@@ -68,7 +68,7 @@ impl PrefixAware {
     /// All instances are at least as busy as the target: stay (cache affinity
     /// is worth more than moving to an equally or more loaded instance).
     fn stay(key: &str, target: &InstanceRef, load: &mut dyn LoadView, now_ms: u64) -> Routed {
-        match load.claim(target, None, now_ms) {
+        match load.claim(target, None, None, now_ms) {
             Claim::Claimed(ticket) => Self::to_target(key, Some(target), Some(ticket)),
             _ => Self::to_target(key, None, None),
         }
@@ -81,7 +81,7 @@ impl PrefixAware {
         load: &mut dyn LoadView,
         now_ms: u64,
     ) -> Routed {
-        let ticket = match instance.map(|i| load.claim(i, None, now_ms)) {
+        let ticket = match instance.map(|i| load.claim(i, None, None, now_ms)) {
             Some(Claim::Claimed(ticket)) => Some(ticket),
             _ => None,
         };
@@ -173,12 +173,18 @@ impl RoutingPolicy for PrefixAware {
         let Some(key) = key else {
             return Routed::untracked(Decision::bare(DecisionKind::NoKey));
         };
-        let Some(target) = load.target_of(key, now_ms) else {
-            // Not learned yet: Maglev routes, the upstream filter counts the
-            // request and learns the target before this worker decides again.
-            return Self::to_target(key, None, None);
+        let known = load.target_of(key, now_ms);
+        let Some(target) = known.or_else(|| load.route_blind(key, now_ms)) else {
+            // Not learned yet: Maglev routes; the request is pending for its
+            // key until the upstream filter counts it and learns the target
+            // (before this worker decides again: it runs right after us).
+            return Routed::untracked(Decision {
+                key: Some(key.to_string()),
+                counted: Some(PENDING_MARK.to_string()),
+                ..Decision::bare(DecisionKind::Prefix)
+            });
         };
-        match load.claim(&target, Some(self.concurrency_threshold), now_ms) {
+        match load.claim(&target, Some(key), Some(self.concurrency_threshold), now_ms) {
             Claim::Claimed(ticket) => Self::to_target(key, Some(&target), Some(ticket)),
             Claim::Full { in_flight } => {
                 self.overflow(key, &target, in_flight, load, random, now_ms)
@@ -222,6 +228,7 @@ mod tests {
         contended: bool,
         other: Option<(InstanceRef, u32)>,
         claims: Vec<(u16, Option<u32>)>,
+        blind: Vec<String>,
     }
 
     impl LoadView for Script {
@@ -231,7 +238,17 @@ mod tests {
         fn in_flight(&mut self, instance: &InstanceRef, _now_ms: u64) -> Option<u32> {
             Some(self.loads.get(&instance.slot).copied().unwrap_or(0))
         }
-        fn claim(&mut self, instance: &InstanceRef, cap: Option<u32>, _now_ms: u64) -> Claim {
+        fn route_blind(&mut self, key: &str, _now_ms: u64) -> Option<InstanceRef> {
+            self.blind.push(key.to_string());
+            self.targets.get(key).cloned()
+        }
+        fn claim(
+            &mut self,
+            instance: &InstanceRef,
+            _key: Option<&str>,
+            cap: Option<u32>,
+            _now_ms: u64,
+        ) -> Claim {
             self.claims.push((instance.slot, cap));
             if self.contended {
                 return Claim::Contended;
@@ -327,12 +344,14 @@ mod tests {
     }
 
     #[test]
-    fn an_unknown_target_is_left_to_maglev_and_the_upstream_filter() {
+    fn an_unknown_target_is_left_to_maglev_marked_pending() {
         let mut script = Script::default();
         let routed = PrefixAware::new(3, true).decide(Some(KEY), &mut script, 0, 0);
         assert_eq!(routed.decision.kind, DecisionKind::Prefix);
         assert_eq!(routed.decision.key.as_deref(), Some(KEY));
+        assert_eq!(routed.decision.counted.as_deref(), Some(PENDING_MARK));
         assert_eq!(routed.ticket, None);
+        assert_eq!(script.blind, vec![KEY.to_string()]);
         assert!(script.claims.is_empty());
     }
 

@@ -315,6 +315,24 @@ mod scenarios {
     }
 
     #[test]
+    fn a_blind_first_request_racing_another_workers_learning_is_counted() {
+        let mut envoy = Envoy::prefix_aware(3, true);
+        envoy.warm();
+        let target = envoy.maglev(Some(KEY));
+        // Worker 1 decides blind; before its upstream filter runs (preempted),
+        // worker 0 routes, learns the target and keeps claiming.
+        let mut late = envoy.decide(1, Some(KEY));
+        let mut streams: Vec<Stream> = (0..5).map(|_| envoy.start(0, Some(KEY))).collect();
+        envoy.send_upstream(&mut late);
+        streams.push(late);
+        assert_eq!(envoy.max_at_host[target], 3);
+        assert_eq!(streams.iter().filter(|s| s.host == Some(target)).count(), 3);
+        for stream in streams {
+            envoy.finish(stream);
+        }
+    }
+
+    #[test]
     fn two_keys_sharing_a_target_share_its_cap() {
         let mut envoy = Envoy::prefix_aware(4, true);
         envoy.warm();
