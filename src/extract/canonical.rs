@@ -184,6 +184,12 @@ impl CanonicalText {
                 break;
             }
             let text = section.text();
+            if section.chars() <= room {
+                chars += section.chars();
+                out.extend_from_slice(text.as_bytes());
+                continue;
+            }
+            // Cut after `room` characters, on a character boundary.
             let taken = match text.char_indices().nth(room) {
                 Some((cut, _)) => text.get(..cut).unwrap_or(text),
                 None => text,
