@@ -12,7 +12,12 @@ use prefix_router::classify::ApiKind;
 use prefix_router::extract::{Extraction, Extractor, Limits, PrefixSource, Progress};
 
 /// Feeds `body` in pieces chosen by `next_len`, stopping after `Done`.
-fn feed(kind: ApiKind, limits: Limits, body: &[u8], mut next_len: impl FnMut() -> usize) -> Extraction {
+fn feed(
+    kind: ApiKind,
+    limits: Limits,
+    body: &[u8],
+    mut next_len: impl FnMut() -> usize,
+) -> Extraction {
     let mut x = Extractor::new(kind, limits);
     let mut rest = body;
     while !rest.is_empty() {
@@ -40,15 +45,25 @@ fuzz_target!(|data: &[u8]| {
     let small = |hi: u8, lo: u8, flag: bool| {
         let n = usize::from(u16::from_le_bytes([lo, hi]));
         // Mostly small numbers, so limits fall inside the body.
-        if flag { n } else { n % 300 }
+        if flag {
+            n
+        } else {
+            n % 300
+        }
     };
     let limits = Limits {
         prefix_length: small(head[2], head[1], head[0] & 16 != 0),
-        max_body_bytes: if head[0] & 32 != 0 { usize::MAX } else { small(head[4], head[3], head[0] & 64 != 0) },
+        max_body_bytes: if head[0] & 32 != 0 {
+            usize::MAX
+        } else {
+            small(head[4], head[3], head[0] & 64 != 0)
+        },
         include_model: head[0] & 4 != 0,
         want_body_tenant: head[0] & 8 != 0,
     };
-    let mut seed = u64::from_le_bytes([head[5], head[6], head[7], head[8], head[9], head[10], head[11], head[12]]) | 1;
+    let mut seed = u64::from_le_bytes([
+        head[5], head[6], head[7], head[8], head[9], head[10], head[11], head[12],
+    ]) | 1;
     let max_piece = 1 + (seed as usize % 64);
 
     let whole = feed(kind, limits, body, || usize::MAX);
