@@ -49,7 +49,7 @@ impl Section {
         &self.text
     }
 
-    fn is_full(&self) -> bool {
+    pub(crate) fn is_full(&self) -> bool {
         self.chars >= self.limit
     }
 
@@ -75,9 +75,24 @@ impl Section {
         let room = self.limit.saturating_sub(self.chars);
         // Common case: the whole value fits (bytes >= chars) and has nothing
         // to escape (the separators are ASCII, so a byte test is exact).
-        if s.len() <= room && !s.bytes().any(|b| matches!(b, 0x10 | 0x1e | 0x1f)) {
-            self.text.push_str(s);
-            self.chars += s.chars().count();
+        if room == 0 {
+            return;
+        }
+        // Common cases: the value (or its first `room` characters) has
+        // nothing to escape and is copied whole. The separators are ASCII,
+        // so a byte test is exact; bytes >= chars, so a value no longer than
+        // `room` bytes fits.
+        let head = if s.len() <= room {
+            s
+        } else {
+            match s.char_indices().nth(room) {
+                Some((cut, _)) => s.get(..cut).unwrap_or(s),
+                None => s,
+            }
+        };
+        if !head.bytes().any(|b| matches!(b, 0x10 | 0x1e | 0x1f)) {
+            self.text.push_str(head);
+            self.chars += head.chars().count();
             return;
         }
         for c in s.chars() {
@@ -184,6 +199,12 @@ impl CanonicalText {
                 break;
             }
             let text = section.text();
+            if section.chars() <= room {
+                chars += section.chars();
+                out.extend_from_slice(text.as_bytes());
+                continue;
+            }
+            // Cut after `room` characters, on a character boundary.
             let taken = match text.char_indices().nth(room) {
                 Some((cut, _)) => text.get(..cut).unwrap_or(text),
                 None => text,
@@ -217,6 +238,19 @@ mod tests {
         assert_eq!(s.chars(), 7);
         s.field("text", "more");
         assert_eq!(s.text(), "text=éé");
+    }
+
+    #[test]
+    fn a_long_value_is_cut_at_the_cap_with_escapes_counted() {
+        // Separator past the cap: copied whole up to the cap.
+        let mut s = Section::new(8);
+        s.push_escaped("abcdéfghij\u{1f}");
+        assert_eq!(s.text(), "abcdéfgh");
+        // Separator before the cap: its escape takes a character.
+        let mut s = Section::new(8);
+        s.push_escaped("abc\u{1f}défghij");
+        assert_eq!(s.text(), "abc\u{10}\u{1f}déf");
+        assert_eq!(s.chars(), 8);
     }
 
     #[test]

@@ -51,19 +51,31 @@
 //! reads as absent.
 //!
 //! # Fallback to raw bytes
-//! A body that is not valid JSON, not an object (a top-level `[` counts as
-//! `UnexpectedShape`, any other non-`{` start as `InvalidJson`), or not of
-//! the expected shape
-//! (a field the key reads has the wrong type, a required field is missing, or
-//! a field it reads appears twice) is routed on its first `prefix_length` raw
-//! bytes, with `fallback` saying why. Validation covers the inspected bytes
-//! only: every top-level value up to the point of `Done` is parsed by
-//! serde_json (nesting deeper than serde_json's limit of 128 counts as
-//! invalid, as do lone UTF-16 surrogate escapes, which no Rust string holds),
-//! but bytes after `Done` are never read. When `max_body_bytes` cuts the body,
-//! the prefix is the text found so far, or the raw bytes if there is none
-//! (`FallbackReason::LimitReached`). Values that were read before a fallback
-//! (`model`, `prompt_cache_key`) are still returned.
+//! A body that is not valid JSON, not an object, or not of the expected shape
+//! is routed on its first `prefix_length` raw bytes, with `fallback` saying
+//! why. "Not of the expected shape": a value the text is read from has the
+//! wrong type (e.g. `messages` not an array, `content` a number), the
+//! required field is missing (`messages`, `prompt`, or both `instructions`
+//! and `input`), a field the key reads appears twice, or the body is a
+//! top-level array (any other non-`{` start counts as `InvalidJson`).
+//!
+//! Validation covers the inspected bytes only, and bytes after `Done` are
+//! never read. Every value inspected is parsed by serde_json, so it is valid
+//! JSON, but shapes are checked only where text is read: an array element past
+//! the prefix is checked as JSON, not as a message. serde_json's nesting limit
+//! (128) applies to the values the text is read from (deeper counts as
+//! invalid; skipped values are checked without recursion), and lone UTF-16
+//! surrogate escapes (`"\ud800"`), which no Rust string holds, count as
+//! invalid.
+//!
+//! # Limits
+//! When `max_body_bytes` cuts the body, the prefix is the text of the values
+//! completed before the cut; a value the cut falls inside contributes nothing.
+//! With no text at all, the raw bytes are used (`FallbackReason::LimitReached`).
+//! Values read before a fallback or cut (`model`, `prompt_cache_key`) are
+//! still returned. Memory held: the first `prefix_length` raw bytes, the
+//! canonical text (at most `prefix_length` characters per section), and the
+//! one value being delimited (at most `max_body_bytes`).
 
 mod canonical;
 mod document;

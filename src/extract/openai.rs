@@ -185,8 +185,16 @@ impl Sink for OpenAiReader {
     }
 
     fn element(&mut self, key: &str, span: &[u8]) -> Result<(), FallbackReason> {
+        let field = self.field(key);
+        let index = if field == Field::Input { INPUT } else { ONLY };
+        if self.section(index)?.is_full() {
+            // Past the prefix: still valid JSON, but its shape no longer
+            // matters and building a Value for it would be wasted work.
+            parse::<IgnoredAny>(span)?;
+            return Ok(());
+        }
         let value = parse::<Value>(span)?;
-        match self.field(key) {
+        match field {
             Field::Messages => chat_message(self.section(ONLY)?, &value),
             Field::Prompt => self.prompt_element(&value),
             Field::Input => response_item(self.section(INPUT)?, &value),

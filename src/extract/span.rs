@@ -42,9 +42,7 @@ fn ends_scalar(byte: u8) -> bool {
 /// Position of the next `"` or `\` at or after `from`.
 fn next_quote_or_backslash(bytes: &[u8], from: usize) -> Option<usize> {
     let rest = bytes.get(from..)?;
-    rest.iter()
-        .position(|&b| b == b'"' || b == b'\\')
-        .map(|offset| from + offset)
+    memchr::memchr2(b'"', b'\\', rest).map(|offset| from + offset)
 }
 
 impl SpanScanner {

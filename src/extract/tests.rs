@@ -773,6 +773,38 @@ fn unexpected_shapes_fall_back() {
 }
 
 #[test]
+fn messages_past_the_prefix_are_checked_as_json_but_not_as_messages() {
+    let body = |second: &str| {
+        format!(r#"{{"messages":[{{"role":"user","content":"0123456789"}},{second}],"model":"m"}}"#)
+    };
+    let l = Limits {
+        want_body_tenant: false,
+        ..limits(10)
+    };
+    let e = extract(
+        ApiKind::ChatCompletions,
+        l,
+        body(r#"{"content":5}"#).as_bytes(),
+    );
+    assert_eq!(e.fallback, None);
+    assert_eq!(readable(&e), "role=user|");
+    assert_eq!(e.model.as_deref(), Some("m"));
+    let e = extract(
+        ApiKind::ChatCompletions,
+        l,
+        body(r#"{"content":5"#).as_bytes(),
+    );
+    assert_eq!(e.fallback, Some(FallbackReason::InvalidJson));
+    // Within the prefix the same message is a shape error.
+    let e = extract(
+        ApiKind::ChatCompletions,
+        limits(4096),
+        body(r#"{"content":5}"#).as_bytes(),
+    );
+    assert_eq!(e.fallback, Some(FallbackReason::UnexpectedShape));
+}
+
+#[test]
 fn a_repeated_field_is_ambiguous_and_falls_back() {
     let e = extract(
         ApiKind::ChatCompletions,
