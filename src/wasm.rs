@@ -71,7 +71,10 @@ fn random_u64(salt: u64) -> u64 {
     std::collections::hash_map::RandomState::new().hash_one(salt)
 }
 
-/// Runs `f` on this VM's tracker, creating it on first use.
+/// Runs `f` on this VM's tracker, creating it on first use. The tracker is
+/// shared by every plugin of the VM (listener and upstream filters, old and
+/// new configurations), so each call applies the caller's own
+/// `instance_ttl_ms` rather than whichever plugin configured last.
 fn with_tracker<R>(config: &Config, f: impl FnOnce(&mut LoadTracker<HostStore>) -> R) -> R {
     TRACKER.with(|cell| {
         let mut slot = cell.borrow_mut();
@@ -79,6 +82,7 @@ fn with_tracker<R>(config: &Config, f: impl FnOnce(&mut LoadTracker<HostStore>) 
             let nonce = random_u64(now_ms());
             LoadTracker::new(HostStore, steering::load_config(config), nonce)
         });
+        tracker.set_instance_ttl_ms(config.instance_ttl_ms);
         f(tracker)
     })
 }
@@ -240,7 +244,6 @@ impl RootContext for PrefixRouterRoot {
                     config.include_model,
                     config.path_rules.len()
                 );
-                with_tracker(&config, |t| t.set_instance_ttl_ms(config.instance_ttl_ms));
                 self.policy = Rc::new(steering::policy_for(&config));
                 self.config = Rc::new(config);
                 // Once per root context: on_configure runs again on updates.
