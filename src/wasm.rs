@@ -11,7 +11,7 @@
 //! Both roles of a worker VM share one [`LoadTracker`] (a VM-global), and all
 //! VMs with the same `vm_id` share its tables through shared data.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::rc::Rc;
@@ -55,6 +55,8 @@ thread_local! {
     /// This worker VM's handle on the shared load tables: created once, kept
     /// across configuration updates (Envoy reuses the VM for them).
     static TRACKER: RefCell<Option<LoadTracker<HostStore>>> = const { RefCell::new(None) };
+    /// When this VM last ran the tick's work.
+    static LAST_TICK_MS: Cell<u64> = const { Cell::new(0) };
     /// In-flight gauge ids by instance address.
     static GAUGES: RefCell<HashMap<String, u32>> = RefCell::new(HashMap::new());
 }
@@ -266,6 +268,18 @@ impl RootContext for PrefixRouterRoot {
 
     fn on_tick(&mut self) {
         let now = now_ms();
+        // Every plugin of the VM (listener filter, each cluster's upstream
+        // filter) has a root that ticks; one tick per period does the work.
+        let due = LAST_TICK_MS.with(|last| {
+            let due = now.saturating_sub(last.get()) >= u64::from(TICK_PERIOD_MS / 2);
+            if due {
+                last.set(now);
+            }
+            due
+        });
+        if !due {
+            return;
+        }
         let loads = with_tracker(&self.config, |t| {
             t.tick(now);
             t.snapshot(now)
