@@ -23,11 +23,7 @@ async fn route_keys(
 ) -> BTreeMap<usize, (String, String)> {
     fleet.clear();
     let requests = (0..KEYS)
-        .map(|i| {
-            prefix_request(&format!("scale-{i}"), 0)
-                .header(HOLD_HEADER, "0")
-                .id(&format!("{phase}-{i}"))
-        })
+        .map(|i| prefix_request(&format!("scale-{i}"), 0).header(HOLD_HEADER, "0"))
         .collect();
     // 8 at a time: fewer than the threshold (10), so nothing overflows.
     let replies = harness::client::send_all(envoy.listener_addr(), requests, 8)
@@ -40,7 +36,12 @@ async fn route_keys(
     let mut routed = BTreeMap::new();
     for record in fleet.records() {
         let id = record.header(harness::TEST_ID_HEADER).unwrap_or_default();
-        let i: usize = id.rsplit('-').next().unwrap().parse().unwrap();
+        // prefix_request tags requests `scale-<i>#0`.
+        let i: usize = id
+            .trim_start_matches("scale-")
+            .trim_end_matches("#0")
+            .parse()
+            .unwrap_or_else(|e| panic!("{phase}: test id {id:?}: {e}"));
         let key = record.header(KEY_HEADER).expect("keyed").to_string();
         routed.insert(i, (key, record.instance.clone()));
     }
@@ -172,7 +173,7 @@ async fn fleet_changes_move_few_keys_and_learned_tables_follow_maglev() {
             .filter(|(i, (key, _))| previous[i].0 != *key)
             .count();
         println!(
-            "{}: {moved} of {KEYS} keys moved ({:.1}%, ideal {:.1}%, bound {:.1}%); {moved_between_kept} of {} keys on kept instances moved between kept instances; {off_maglev} keys off Maglev's choice; per instance {:?}",
+            "{}: {moved} of {KEYS} keys moved ({:.1}%, ideal {:.1}%, bound {:.1}%); {moved_between_kept} of {} keys on kept instances moved between kept instances; {off_maglev} keys off Maglev's choice; requests per instance this step (filter + reference Envoy) {:?}",
             step.name,
             moved as f64 / KEYS as f64 * 100.0,
             ideal * 100.0,
