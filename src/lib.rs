@@ -13,6 +13,7 @@
 //! - [`metrics`]: the names of the stats the filter exports.
 //! - [`shared`]: the proxy-wasm shared-data contract, with an in-memory store.
 //! - [`load`]: in-flight accounting and learned tables in shared data.
+//! - [`steering`]: from a routing decision to the headers the glue writes.
 //! - [`strategy`]: the routing policies (prefix-aware with overflow, least
 //!   outstanding, random).
 //!
@@ -30,6 +31,7 @@ pub mod load;
 pub mod metrics;
 pub mod request;
 pub mod shared;
+pub mod steering;
 pub mod strategy;
 pub mod tenant;
 

@@ -619,3 +619,23 @@ fn a_lost_blind_request_stops_counting_after_the_pending_ttl() {
         Claim::Claimed(_)
     ));
 }
+
+#[test]
+fn a_new_instance_ttl_applies_to_the_kept_tables() {
+    let store = Rc::new(MemoryStore::new());
+    let mut w = worker(&store, 1);
+    serve(&mut w, start(A, Some("k")), 0);
+    assert!(w.target_of("k", 4_000).is_some());
+    w.set_instance_ttl_ms(2_000);
+    assert_eq!(w.config().instance_ttl_ms, 2_000);
+    assert_eq!(
+        w.target_of("k", 4_000),
+        None,
+        "unseen longer than the new ttl"
+    );
+    w.set_instance_ttl_ms(10_000);
+    assert!(
+        w.target_of("k", 4_000).is_some(),
+        "the entry itself was kept"
+    );
+}

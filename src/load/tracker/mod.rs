@@ -88,6 +88,12 @@ impl<S: SharedStore> LoadTracker<S> {
         &self.config
     }
 
+    /// Changes how long an unseen instance stays known (a configuration
+    /// update; the tables themselves are kept).
+    pub fn set_instance_ttl_ms(&mut self, instance_ttl_ms: u64) {
+        self.config.instance_ttl_ms = instance_ttl_ms;
+    }
+
     /// This VM's column, if it holds a lease.
     pub fn column(&self) -> Option<u16> {
         self.column
