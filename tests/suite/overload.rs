@@ -242,7 +242,7 @@ async fn a_client_cannot_pin_an_instance() {
         .unwrap();
     let other_addr = harness.fleet.addr_of(&other).unwrap().to_string();
     let target_addr = harness.fleet.addr_of(&target).unwrap().to_string();
-    let lr_before = filter_counter(&harness.envoy, "least_outstanding");
+    let lr_before = filter_counter(&harness.envoy, "decision.least_outstanding");
     let mut outcomes = Vec::new();
     for n in 1..=10 {
         let request = prefix_request("pinned", n)
@@ -268,7 +268,7 @@ async fn a_client_cannot_pin_an_instance() {
         kinds(&outcomes)
     );
     assert_eq!(
-        filter_counter(&harness.envoy, "least_outstanding"),
+        filter_counter(&harness.envoy, "decision.least_outstanding"),
         lr_before
     );
     for n in 1..=10 {

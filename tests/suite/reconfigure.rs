@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use harness::load::{
     assert_all_ok, overload_harness, plugin_config, prefix_request, shoot, Ending, Outcome,
 };
-use harness::{Harness, Outgoing, KEY_HEADER};
+use harness::{envoy_config, Harness, Outgoing, KEY_HEADER};
 use prefix_router_tools::upstream::HOLD_HEADER;
 
 /// The harness part, valid for any filter version: a new `key_header` applies
@@ -56,6 +56,34 @@ async fn plugin_configuration_changes_without_a_restart() {
         );
     }
     assert_eq!(harness.envoy.pid(), pid, "Envoy was restarted");
+}
+
+/// The shipped ECDS layout (`envoy/envoy-ecds.yaml` with its resource file
+/// `envoy/ecds/prefix-router.yaml`) runs, and its filter's configuration
+/// changes while Envoy runs: the debug decision header appears.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shipped_ecds_layout_changes_its_plugin_configuration_live() {
+    let harness = Harness::start_with(|b| {
+        b.config_file(envoy_config("envoy-ecds.yaml"))
+            .concurrency(2)
+    });
+    assert!(
+        harness.envoy.ecds_filter_name().is_some(),
+        "the file delivers the filter by ECDS"
+    );
+    let addr = harness.envoy.listener_addr();
+    let before = shoot(addr, prefix_request("ecds", 0), Ending::Complete).await;
+    assert_eq!(before.status, Some(200), "{before:?}");
+    assert_eq!(before.decision, None, "no decision header configured yet");
+    harness
+        .envoy
+        .set_plugin_config(&plugin_config("PREFIX_AWARE", 10))
+        .unwrap();
+    for n in 1..=6 {
+        let after = shoot(addr, prefix_request("ecds", n), Ending::Complete).await;
+        assert_eq!(after.kind(), Some("prefix"), "{after:?}");
+        assert_eq!(after.served_by, before.served_by, "{after:?}");
+    }
 }
 
 const PREFIXES: usize = 4;
@@ -104,7 +132,10 @@ fn instance_per_prefix(outcomes: &[&(usize, Outcome)]) -> BTreeMap<usize, BTreeS
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn live_switch_prefix_aware_random_prefix_aware_under_load() {
-    let harness = overload_harness(&plugin_config("PREFIX_AWARE", 10));
+    // A threshold far above this load: the cap is not under test here, and an
+    // overflow would blur what "prefix-aware" looks like.
+    const THRESHOLD: u32 = 100;
+    let harness = overload_harness(&plugin_config("PREFIX_AWARE", THRESHOLD));
     let pid = harness.envoy.pid();
     let stop = Arc::new(AtomicBool::new(false));
     // Requests held across the switches must finish too.
@@ -122,8 +153,10 @@ async fn live_switch_prefix_aware_random_prefix_aware_under_load() {
         tokio::time::sleep(Duration::from_secs(2)).await;
         for strategy in ["RANDOM", "PREFIX_AWARE"] {
             let at = Instant::now();
-            tokio::task::block_in_place(|| envoy.set_plugin_config(&plugin_config(strategy, 10)))
-                .unwrap_or_else(|e| panic!("switching to {strategy}: {e:#}"));
+            tokio::task::block_in_place(|| {
+                envoy.set_plugin_config(&plugin_config(strategy, THRESHOLD))
+            })
+            .unwrap_or_else(|e| panic!("switching to {strategy}: {e:#}"));
             switches.push((strategy, at, at.elapsed()));
             tokio::time::sleep(Duration::from_secs(4)).await;
         }
@@ -174,7 +207,6 @@ async fn live_switch_prefix_aware_random_prefix_aware_under_load() {
         );
         late.into_iter().copied().collect::<Vec<_>>()
     };
-    let start = outcomes.iter().map(|(_, o)| o.started).min().unwrap();
     let before: Vec<&(usize, Outcome)> = outcomes
         .iter()
         .filter(|(_, o)| o.started < random_at)
@@ -189,7 +221,6 @@ async fn live_switch_prefix_aware_random_prefix_aware_under_load() {
         "before the switch"
     );
     assert!(before_map.values().all(|s| s.len() == 1), "{before_map:?}");
-    let _ = start;
 
     let random = phase(random_at, back_at, "random");
     let random_map = instance_per_prefix(&random);
