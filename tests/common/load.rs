@@ -221,20 +221,29 @@ pub fn assert_all_ok(outcomes: &[Outcome], what: &str) {
     );
 }
 
-/// Sends one request of each of `keys` distinct new prefixes (not held), so the
-/// filter has seen every instance serve: overflow needs known instances (the
-/// learning window). Panics unless every instance served one.
+/// Sends requests of distinct new prefixes (at least `keys`, then more until
+/// every instance has served one, at most 10 × `keys`), so the filter has seen
+/// every instance serve: overflow nominates known instances (the learning
+/// window). Panics if some instance never served.
 pub async fn warm_up(harness: &Harness, keys: usize) {
-    let requests = (0..keys)
-        .map(|i| prefix_request(&format!("warm-up-{i}"), 0).header(HOLD_HEADER, "0"))
-        .collect();
-    let replies = harness.send_all(requests, 8).await;
-    assert!(replies.iter().all(|r| r.status == 200), "warm-up failed");
-    let counts = harness.fleet.counts();
-    assert!(
-        counts.values().all(|c| *c > 0),
-        "{keys} warm-up keys did not reach every instance: {counts:?}"
-    );
+    let mut sent = 0;
+    loop {
+        let batch = if sent == 0 { keys } else { 8 };
+        let requests = (sent..sent + batch)
+            .map(|i| prefix_request(&format!("warm-up-{i}"), 0).header(HOLD_HEADER, "0"))
+            .collect();
+        sent += batch;
+        let replies = harness.send_all(requests, 8).await;
+        assert!(replies.iter().all(|r| r.status == 200), "warm-up failed");
+        let counts = harness.fleet.counts();
+        if counts.values().all(|c| *c > 0) {
+            return;
+        }
+        assert!(
+            sent < 10 * keys,
+            "{sent} warm-up keys did not reach every instance: {counts:?}"
+        );
+    }
 }
 
 /// The in-flight gauges the filter exports, by stat name.
