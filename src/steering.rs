@@ -4,7 +4,7 @@
 //! the debug response header. Kept out of the glue so every rule (spoofing,
 //! header ownership, the policy a configuration selects) is tested natively.
 
-use crate::config::{Config, Strategy};
+use crate::config::{Config, Strategy, DEFAULT_HOST_HEADER};
 use crate::load::{LoadConfig, LoadView, UpstreamStart, COUNTED_HEADER};
 use crate::strategy::{
     self, DecisionKind, LeastOutstanding, Policy, PrefixAware, RandomPolicy, Routed, RoutingPolicy,
@@ -46,12 +46,12 @@ pub fn load_config(config: &Config) -> LoadConfig {
 
 /// Request headers a client may not send: the filter owns them, and any of
 /// them would let a client pin an instance or skew the counts. Removed from
-/// every request before anything is decided.
+/// every request before anything is decided. With `host_header` off, the
+/// default host header is still removed: a cluster left with the shipped
+/// `override_host` policy would otherwise obey a client-sent one.
 pub fn owned_request_headers(config: &Config) -> Vec<&str> {
     let mut names = vec![config.key_header.as_str()];
-    if let Some(host) = &config.host_header {
-        names.push(host.as_str());
-    }
+    names.push(config.host_header.as_deref().unwrap_or(DEFAULT_HOST_HEADER));
     names.push(ROUTE_HEADER);
     names.push(COUNTED_HEADER);
     names
@@ -141,11 +141,13 @@ mod tests {
                 "x-prefix-router-counted"
             ]
         );
+        // Host header off: the shipped override_host header is still removed.
         let c = config(r#"{"host_header":null}"#);
         assert_eq!(
             owned_request_headers(&c),
             vec![
                 "x-prefix-route-key",
+                "x-prefix-route-host",
                 "x-prefix-router-lb",
                 "x-prefix-router-counted"
             ]

@@ -11,7 +11,7 @@
 //! Both roles of a worker VM share one [`LoadTracker`] (a VM-global), and all
 //! VMs with the same `vm_id` share its tables through shared data.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::rc::Rc;
@@ -55,6 +55,8 @@ thread_local! {
     /// This worker VM's handle on the shared load tables: created once, kept
     /// across configuration updates (Envoy reuses the VM for them).
     static TRACKER: RefCell<Option<LoadTracker<HostStore>>> = const { RefCell::new(None) };
+    /// When this VM last ran the tick's work.
+    static LAST_TICK_MS: Cell<u64> = const { Cell::new(0) };
     /// In-flight gauge ids by instance address.
     static GAUGES: RefCell<HashMap<String, u32>> = RefCell::new(HashMap::new());
 }
@@ -71,7 +73,10 @@ fn random_u64(salt: u64) -> u64 {
     std::collections::hash_map::RandomState::new().hash_one(salt)
 }
 
-/// Runs `f` on this VM's tracker, creating it on first use.
+/// Runs `f` on this VM's tracker, creating it on first use. The tracker is
+/// shared by every plugin of the VM (listener and upstream filters, old and
+/// new configurations), so each call applies the caller's own
+/// `instance_ttl_ms` rather than whichever plugin configured last.
 fn with_tracker<R>(config: &Config, f: impl FnOnce(&mut LoadTracker<HostStore>) -> R) -> R {
     TRACKER.with(|cell| {
         let mut slot = cell.borrow_mut();
@@ -79,6 +84,7 @@ fn with_tracker<R>(config: &Config, f: impl FnOnce(&mut LoadTracker<HostStore>) 
             let nonce = random_u64(now_ms());
             LoadTracker::new(HostStore, steering::load_config(config), nonce)
         });
+        tracker.set_instance_ttl_ms(config.instance_ttl_ms);
         f(tracker)
     })
 }
@@ -240,7 +246,6 @@ impl RootContext for PrefixRouterRoot {
                     config.include_model,
                     config.path_rules.len()
                 );
-                with_tracker(&config, |t| t.set_instance_ttl_ms(config.instance_ttl_ms));
                 self.policy = Rc::new(steering::policy_for(&config));
                 self.config = Rc::new(config);
                 // Once per root context: on_configure runs again on updates.
@@ -263,6 +268,18 @@ impl RootContext for PrefixRouterRoot {
 
     fn on_tick(&mut self) {
         let now = now_ms();
+        // Every plugin of the VM (listener filter, each cluster's upstream
+        // filter) has a root that ticks; one tick per period does the work.
+        let due = LAST_TICK_MS.with(|last| {
+            let due = now.saturating_sub(last.get()) >= u64::from(TICK_PERIOD_MS / 2);
+            if due {
+                last.set(now);
+            }
+            due
+        });
+        if !due {
+            return;
+        }
         let loads = with_tracker(&self.config, |t| {
             t.tick(now);
             t.snapshot(now)
