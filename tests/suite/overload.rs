@@ -2,7 +2,8 @@
 //! `concurrency_threshold` caps the requests in flight on a key's target
 //! instance, measured at the instance; the rest overflow to the least busy
 //! others and come back when the target has room; the cap is per instance
-//! across keys; counts never leak (aborts, resets, timeouts, streams); a
+//! across keys; counts never leak (aborts, resets, timeouts, streams, 5xx,
+//! local replies); a
 //! client cannot pin an instance.
 //!
 //! Instances hold each request 1.5 s so a burst really is concurrent. Each
@@ -103,10 +104,14 @@ enum Fate {
     ClientAbortMidStream,
     UpstreamReset,
     UpstreamTimeout,
+    /// The instance answers 500.
+    UpstreamError,
+    /// The filter answers itself (400, invalid tenant header).
+    LocalReply,
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn counts_return_to_zero_after_aborts_resets_timeouts_and_streams() {
+async fn counts_return_to_zero_after_aborts_resets_timeouts_errors_and_streams() {
     const REQUESTS: usize = 2000;
     const CLIENTS: usize = 40;
     const KEYS: usize = 20;
@@ -121,7 +126,9 @@ async fn counts_return_to_zero_after_aborts_resets_timeouts_and_streams() {
                 5..=9 => Fate::ClientAbortMidStream,
                 10..=14 => Fate::UpstreamReset,
                 15..=19 => Fate::UpstreamTimeout,
-                20..=49 => Fate::Streamed,
+                20..=21 => Fate::UpstreamError,
+                22..=23 => Fate::LocalReply,
+                24..=49 => Fate::Streamed,
                 _ => Fate::Plain,
             };
             (rng.gen_range(0..KEYS), fate, rng.gen_range(5..100))
@@ -172,6 +179,16 @@ async fn counts_return_to_zero_after_aborts_resets_timeouts_and_streams() {
                             .header(ACTION_HEADER, "reset"),
                         Ending::Complete,
                     ),
+                    Fate::UpstreamError => (
+                        request
+                            .header(HOLD_HEADER, hold.to_string())
+                            .header(ACTION_HEADER, "fail"),
+                        Ending::Complete,
+                    ),
+                    Fate::LocalReply => (
+                        request.header(harness::TENANT_HEADER, "bad\ttenant"),
+                        Ending::Complete,
+                    ),
                     Fate::UpstreamTimeout => (
                         request
                             .header(HOLD_HEADER, "0")
@@ -206,6 +223,8 @@ async fn counts_return_to_zero_after_aborts_resets_timeouts_and_streams() {
             Fate::Plain | Fate::Streamed => Some(200),
             Fate::UpstreamReset => Some(503),
             Fate::UpstreamTimeout => Some(504),
+            Fate::UpstreamError => Some(500),
+            Fate::LocalReply => Some(400),
             Fate::ClientAbort | Fate::ClientAbortMidStream => None,
         };
         match expected {
@@ -339,6 +358,13 @@ async fn upstream_behaviours_through_plain_envoy() {
     )
     .await;
     assert_eq!(reset.status, Some(503), "{reset:?}");
+    let fail = shoot(
+        addr,
+        prefix_request("plain", 99).header(ACTION_HEADER, "fail"),
+        Ending::Complete,
+    )
+    .await;
+    assert_eq!(fail.status, Some(500), "{fail:?}");
     let hang = prefix_request("plain", 101)
         .header(ACTION_HEADER, "hang")
         .header(SHORT_TIMEOUT_HEADER, "1");

@@ -39,8 +39,9 @@ pub const HOLD_HEADER: &str = "x-upstream-hold-ms";
 /// Request header choosing how the instance ends the request, after the hold:
 /// `reset` (close the connection without answering), `hang` (never answer;
 /// the request ends when the peer closes the connection, at the latest after
-/// [`HANG_LIMIT`]), `sse` (stream server-sent events, see [`SSE_EVENTS_HEADER`]).
-/// Absent or anything else: a plain 200.
+/// [`HANG_LIMIT`]), `sse` (stream server-sent events, see [`SSE_EVENTS_HEADER`]),
+/// `fail` (answer 500, as an overloaded model server may). Absent or anything
+/// else: a plain 200.
 pub const ACTION_HEADER: &str = "x-upstream-action";
 
 /// Request header: number of SSE events for `sse` (default 5), the last one
@@ -91,6 +92,7 @@ impl RecordedRequest {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {
     Respond,
+    Fail,
     Reset,
     Hang,
     Stream { events: u32, interval: Duration },
@@ -392,6 +394,7 @@ async fn handle(
     );
     let action = match header(ACTION_HEADER).as_deref() {
         Some("reset") => Action::Reset,
+        Some("fail") => Action::Fail,
         Some("hang") => Action::Hang,
         Some("sse") => Action::Stream {
             events: number(SSE_EVENTS_HEADER)
@@ -434,6 +437,10 @@ async fn handle(
     }
     match action {
         Action::Respond => Ok(response(200, name, ReplyBody::full(reply, in_flight))),
+        Action::Fail => {
+            let text = format!("{{\"error\":\"failure requested\",\"served_by\":\"{name}\"}}");
+            Ok(response(500, name, ReplyBody::full(text, in_flight)))
+        }
         Action::Reset => Err(ResetRequested),
         Action::Hang => {
             tokio::time::sleep(HANG_LIMIT).await;
