@@ -237,3 +237,61 @@ async fn live_switch_prefix_aware_random_prefix_aware_under_load() {
         "prefixes did not return to their instances"
     );
 }
+
+/// `concurrency_threshold` and `prefix_length` also change live: the same
+/// Envoy caps a burst at 3, then at 5; keys cover 4096 bytes, then 1024.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn threshold_and_prefix_length_change_without_a_restart() {
+    use harness::load::{burst, check_burst, warm_up, BURST_HOLD};
+    let harness = overload_harness(&plugin_config("PREFIX_AWARE", 3));
+    let pid = harness.envoy.pid();
+    harness.fleet.set_hold_all(BURST_HOLD);
+    warm_up(&harness, 40).await;
+    let report = burst(&harness, "threshold-3", 12, 3).await;
+    check_burst(&report, 12, 3, "threshold 3");
+    harness
+        .envoy
+        .set_plugin_config(&plugin_config("PREFIX_AWARE", 5))
+        .unwrap();
+    let report = burst(&harness, "threshold-5", 12, 3).await;
+    check_burst(&report, 12, 5, "threshold 5, same Envoy");
+
+    // Two bodies equal in their first 2,000 bytes only.
+    harness.fleet.set_hold_all(Duration::ZERO);
+    let shared = harness::bodies::text(&mut harness::bodies::rng(11), 2000);
+    let tail = |seed| harness::bodies::text(&mut harness::bodies::rng(seed), 3000);
+    let (a, b) = (
+        format!("{shared}{}", tail(12)),
+        format!("{shared}{}", tail(13)),
+    );
+    let keys = |phase: &'static str| {
+        let (a, b) = (a.clone(), b.clone());
+        let harness = &harness;
+        async move {
+            for (id, body) in [("a", a), ("b", b)] {
+                let id = format!("{phase}-{id}");
+                let reply = harness
+                    .send(Outgoing::post("/invocations", body).id(&id))
+                    .await;
+                assert_eq!(reply.status, 200);
+            }
+            (
+                harness.key_of(&format!("{phase}-a")),
+                harness.key_of(&format!("{phase}-b")),
+            )
+        }
+    };
+    let (a4096, b4096) = keys("4096").await;
+    assert_ne!(
+        a4096, b4096,
+        "bodies differing within 4096 bytes share a key"
+    );
+    let json = serde_json::json!({"prefix_length": 1024, "decision_header": "x-d"}).to_string();
+    harness.envoy.set_plugin_config(&json).unwrap();
+    let (a1024, b1024) = keys("1024").await;
+    assert_eq!(
+        a1024, b1024,
+        "with prefix_length 1024 the shared 2,000 bytes make the key"
+    );
+    assert_eq!(harness.envoy.pid(), pid, "Envoy was restarted");
+}
