@@ -177,7 +177,10 @@ async fn live_switch_prefix_aware_random_prefix_aware_under_load() {
     let phase = |from: Instant, to: Instant, want: &str| {
         let in_phase: Vec<&(usize, Outcome)> = outcomes
             .iter()
-            .filter(|(_, o)| o.started >= from && o.started < to)
+            // Decided within the phase: started after its switch began, done
+            // before the next one began (a request still in flight then may
+            // be decided under the next configuration).
+            .filter(|(_, o)| o.started >= from && o.finished < to)
             .collect();
         // Requests started after the bound must all show the new behaviour.
         let late: Vec<&&(usize, Outcome)> = in_phase
@@ -209,7 +212,7 @@ async fn live_switch_prefix_aware_random_prefix_aware_under_load() {
     };
     let before: Vec<&(usize, Outcome)> = outcomes
         .iter()
-        .filter(|(_, o)| o.started < random_at)
+        .filter(|(_, o)| o.finished < random_at)
         .collect();
     let before_map = instance_per_prefix(&before);
     println!(
