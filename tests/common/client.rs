@@ -203,7 +203,9 @@ async fn exchange(addr: SocketAddr, request: Outgoing) -> anyhow::Result<Reply> 
     let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
         .context("HTTP/1.1 handshake")?;
-    let connection = tokio::spawn(connection);
+    // Aborted however this exchange ends, also when a caller's timeout drops it
+    // midway: that is how tests abort a request (the connection closes).
+    let connection = AbortOnDrop(tokio::spawn(connection));
 
     let mut builder = hyper::Request::builder()
         .method(request.method.as_str())
@@ -246,12 +248,21 @@ async fn exchange(addr: SocketAddr, request: Outgoing) -> anyhow::Result<Reply> 
         .await
         .context("reading the response body")?
         .to_bytes();
-    connection.abort();
+    drop(connection);
     Ok(Reply {
         status,
         headers,
         body,
     })
+}
+
+/// A spawned task aborted when this handle is dropped.
+pub(crate) struct AbortOnDrop<T>(pub(crate) tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 async fn write_pieces(body: Bytes, piece: usize, paced: usize, pieces: mpsc::Sender<Bytes>) {

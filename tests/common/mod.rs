@@ -8,6 +8,7 @@
 
 pub mod bodies;
 pub mod client;
+pub mod load;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;

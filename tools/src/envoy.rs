@@ -170,6 +170,7 @@ pub struct EnvoyBuilder {
     extra_args: Vec<String>,
     envoy_binary: Option<PathBuf>,
     endpoints_from_file: bool,
+    dynamic_plugin_config: bool,
 }
 
 impl EnvoyBuilder {
@@ -254,6 +255,15 @@ impl EnvoyBuilder {
         self
     }
 
+    /// Delivers the downstream filter's configuration through file-based ECDS
+    /// (converting an inline filter if the file has one), so
+    /// [`Envoy::set_plugin_config`] can change it without a restart. A
+    /// configuration that already uses ECDS for the filter needs no call.
+    pub fn dynamic_plugin_config(mut self) -> Self {
+        self.dynamic_plugin_config = true;
+        self
+    }
+
     /// The configuration as it would be started, as YAML (files it refers to,
     /// such as EDS files, are not kept).
     pub fn render(self) -> anyhow::Result<String> {
@@ -277,7 +287,7 @@ impl EnvoyBuilder {
             (FilterMode::With, None) => Some(require_wasm()?),
         };
         let wasm = wasm.map(absolute).transpose()?;
-        render::standard_edits(
+        let rendered = render::standard_edits(
             &mut value,
             &render::StandardEdits {
                 filter: self.filter,
@@ -285,6 +295,8 @@ impl EnvoyBuilder {
                 plugin_config: self.plugin_config.as_deref(),
                 upstreams: self.upstreams.as_deref(),
                 eds_dir: self.endpoints_from_file.then_some(work_dir),
+                files_dir: Some(work_dir),
+                dynamic_plugin_config: self.dynamic_plugin_config,
             },
         )
         .with_context(|| format!("adapting {}", self.config.display()))?;
@@ -299,6 +311,7 @@ impl EnvoyBuilder {
             startup_timeout: self.startup_timeout,
             log_level: self.log_level,
             extra_args: self.extra_args,
+            rendered,
         };
         Ok((launch, value))
     }
@@ -336,6 +349,7 @@ struct Launch {
     startup_timeout: Duration,
     log_level: String,
     extra_args: Vec<String>,
+    rendered: render::Rendered,
 }
 
 impl Launch {
@@ -384,6 +398,7 @@ impl Launch {
             log_path,
             config_path,
             work_dir,
+            rendered: std::sync::Mutex::new(self.rendered),
         };
         match envoy.wait_ready(&admin_path, &self.listener, self.startup_timeout) {
             Ok(()) => Ok(envoy),
@@ -467,6 +482,8 @@ pub struct Envoy {
     log_path: PathBuf,
     config_path: PathBuf,
     work_dir: tempfile::TempDir,
+    /// Files Envoy watches, kept for updates.
+    rendered: std::sync::Mutex<render::Rendered>,
 }
 
 impl Envoy {
@@ -485,6 +502,7 @@ impl Envoy {
             extra_args: Vec::new(),
             envoy_binary: None,
             endpoints_from_file: false,
+            dynamic_plugin_config: false,
         }
     }
 
@@ -573,6 +591,110 @@ impl Envoy {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// Replaces the endpoints of every cluster fed from a file (started with
+    /// [`EnvoyBuilder::endpoints_from_file`]): all clusters that list the
+    /// instances (e.g. the Maglev and the least-request cluster) change together.
+    pub fn set_fleet(&self, addrs: &[SocketAddr]) -> anyhow::Result<()> {
+        let clusters = self.rendered_files().eds_clusters;
+        if clusters.is_empty() {
+            bail!("no cluster is fed from a file: start Envoy with endpoints_from_file()");
+        }
+        for cluster in &clusters {
+            self.set_endpoints(cluster, addrs)?;
+        }
+        Ok(())
+    }
+
+    /// Clusters fed from EDS files (see [`EnvoyBuilder::endpoints_from_file`]).
+    pub fn eds_clusters(&self) -> Vec<String> {
+        self.rendered_files().eds_clusters
+    }
+
+    /// The name of the downstream filter delivered by ECDS, if it is.
+    pub fn ecds_filter_name(&self) -> Option<String> {
+        self.rendered_files().ecds.map(|e| e.name)
+    }
+
+    /// Replaces the downstream filter's plugin configuration while Envoy runs
+    /// (the filter must be delivered by ECDS: the shipped configuration's
+    /// layout, or [`EnvoyBuilder::dynamic_plugin_config`]). Rewrites the ECDS
+    /// file atomically and waits, bounded, until Envoy applied it; an error if
+    /// Envoy rejected it (e.g. the plugin's `on_configure` refused it).
+    /// Replacing a configuration with an identical one is not an update.
+    pub fn set_plugin_config(&self, json: &str) -> anyhow::Result<()> {
+        let mut rendered = self
+            .rendered
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let Some(ecds) = rendered.ecds.as_mut() else {
+            bail!(
+                "the filter's configuration is inline: start Envoy with dynamic_plugin_config()                  to change it while Envoy runs"
+            );
+        };
+        let name = ecds.name.clone();
+        // Seen in Envoy 1.40: a refused update counts config_reload and
+        // config_fail, an applied one update_success.
+        let before_success = self.ecds_stat(&name, "update_success")?;
+        let before_fail =
+            self.ecds_stat(&name, "config_fail")? + self.ecds_stat(&name, "update_rejected")?;
+        let mut updated = ecds.clone();
+        render::set_ecds_plugin_config(&mut updated, json)?;
+        render::write_ecds_file(&updated)?;
+        let timeout = Duration::from_secs(10);
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.ecds_stat(&name, "update_success")? > before_success {
+                *ecds = updated;
+                return Ok(());
+            }
+            let fail =
+                self.ecds_stat(&name, "config_fail")? + self.ecds_stat(&name, "update_rejected")?;
+            if fail > before_fail {
+                // Put back the file Envoy still runs with.
+                render::write_ecds_file(ecds)?;
+                bail!(
+                    "Envoy rejected the plugin configuration {json}\n--- last lines of Envoy's log ---\n{}",
+                    tail_lines(&self.log(), 20)
+                );
+            }
+            if Instant::now() >= deadline {
+                bail!(
+                    "Envoy did not apply the plugin configuration within {timeout:?} \
+                     (no change of extension_config_discovery.*{name}.update_success)"
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// The sum of ECDS counters `<...>.<filter>.<counter>` (Envoy names them
+    /// `extension_config_discovery.<stat prefix><filter>.<counter>`).
+    fn ecds_stat(&self, filter: &str, counter: &str) -> anyhow::Result<u64> {
+        let text = admin_request_query(
+            "GET",
+            self.admin_addr,
+            "/stats",
+            &[("filter", "^extension_config_discovery\\.")],
+        )?;
+        let suffix = format!("{filter}.{counter}");
+        let mut total = 0;
+        for line in text.lines() {
+            if let Some((stat, value)) = line.split_once(": ") {
+                if stat.ends_with(&suffix) {
+                    total += value.trim().parse::<u64>().unwrap_or(0);
+                }
+            }
+        }
+        Ok(total)
+    }
+
+    fn rendered_files(&self) -> render::Rendered {
+        self.rendered
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
     }
 
     /// Envoy's log so far.

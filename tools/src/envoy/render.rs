@@ -31,9 +31,39 @@ pub(super) struct StandardEdits<'a> {
     pub upstreams: Option<&'a [SocketAddr]>,
     /// Serve endpoints from files in this directory (file-based EDS).
     pub eds_dir: Option<&'a Path>,
+    /// Where the run keeps the files Envoy watches (the downstream filter's ECDS
+    /// resource). Required when the configuration uses ECDS or
+    /// `dynamic_plugin_config` is set.
+    pub files_dir: Option<&'a Path>,
+    /// Deliver an inline downstream wasm filter through file-based ECDS instead,
+    /// so its configuration can change while Envoy runs.
+    pub dynamic_plugin_config: bool,
 }
 
-pub(super) fn standard_edits(config: &mut Value, edits: &StandardEdits<'_>) -> anyhow::Result<()> {
+/// The ECDS file holding the downstream filter's configuration, as written.
+#[derive(Debug, Clone)]
+pub(super) struct EcdsFile {
+    /// The filter's (and resource's) name.
+    pub name: String,
+    /// The file Envoy watches (replaced by rename).
+    pub path: PathBuf,
+    /// Its content: `{resources: [TypedExtensionConfig]}`.
+    pub document: Value,
+}
+
+/// What the rendered configuration refers to, for updates while Envoy runs.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Rendered {
+    pub ecds: Option<EcdsFile>,
+    /// Clusters fed from EDS files.
+    pub eds_clusters: Vec<String>,
+}
+
+pub(super) fn standard_edits(
+    config: &mut Value,
+    edits: &StandardEdits<'_>,
+) -> anyhow::Result<Rendered> {
+    let mut rendered = Rendered::default();
     if let Some(admin) = config.get_mut("admin") {
         set_loopback_ephemeral(admin.get_mut("address"), "admin")?;
     } else {
@@ -43,9 +73,16 @@ pub(super) fn standard_edits(config: &mut Value, edits: &StandardEdits<'_>) -> a
     for listener in listeners.iter_mut() {
         set_loopback_ephemeral(listener.get_mut("address"), "listener")?;
     }
-    let wasm_filters = edit_wasm_filters(listeners, edits)?;
+    let wasm_filters = edit_wasm_filters(listeners, edits, &mut rendered)?;
     if wasm_filters == 0 && edits.filter == FilterMode::With {
         bail!("no wasm HTTP filter ({WASM_FILTER_TYPE}) in any listener");
+    }
+    let clusters = seq_mut(config, &["static_resources", "clusters"])?;
+    for cluster in clusters.iter_mut() {
+        edit_upstream_wasm_filters(cluster, edits)?;
+    }
+    if rendered.ecds.is_some() {
+        add_node(config)?;
     }
     if let Some(upstreams) = edits.upstreams {
         let clusters = seq_mut(config, &["static_resources", "clusters"])?;
@@ -56,25 +93,73 @@ pub(super) fn standard_edits(config: &mut Value, edits: &StandardEdits<'_>) -> a
         }
     }
     if let Some(dir) = edits.eds_dir {
-        // Envoy requires a node identity for any xDS source, files included.
-        if config.get("node").is_none() {
-            let node: Value =
-                serde_yaml::from_str("{ id: prefix-router, cluster: prefix-router }")?;
-            config
-                .as_mapping_mut()
-                .ok_or_else(|| anyhow!("the configuration is not a mapping"))?
-                .insert("node".into(), node);
-        }
+        add_node(config)?;
         let clusters = seq_mut(config, &["static_resources", "clusters"])?;
         for cluster in clusters.iter_mut() {
             if cluster.get("load_assignment").is_some() {
-                endpoints_from_file(cluster, dir)?;
+                rendered
+                    .eds_clusters
+                    .push(endpoints_from_file(cluster, dir)?);
             }
         }
+    }
+    Ok(rendered)
+}
+
+/// Envoy requires a node identity for any xDS source, files included.
+fn add_node(config: &mut Value) -> anyhow::Result<()> {
+    if config.get("node").is_none() {
+        let node: Value = serde_yaml::from_str("{ id: prefix-router, cluster: prefix-router }")?;
+        config
+            .as_mapping_mut()
+            .ok_or_else(|| anyhow!("the configuration is not a mapping"))?
+            .insert("node".into(), node);
     }
     Ok(())
 }
 
+/// Writes an ECDS file aside and renames it into place (Envoy watches the
+/// directory for files moved into it).
+pub(super) fn write_ecds_file(ecds: &EcdsFile) -> anyhow::Result<()> {
+    let dir = ecds
+        .path
+        .parent()
+        .ok_or_else(|| anyhow!("ECDS file {} has no directory", ecds.path.display()))?;
+    // Staged outside the watched directory, so only the rename is seen there.
+    let staging_dir = dir.parent().unwrap_or(dir);
+    let staging = staging_dir.join(format!(".ecds-{}.yaml.tmp", ecds.name));
+    std::fs::write(&staging, serde_yaml::to_string(&ecds.document)?)?;
+    std::fs::rename(&staging, &ecds.path)?;
+    Ok(())
+}
+
+/// Sets the plugin configuration JSON in an ECDS document's resource.
+pub(super) fn set_ecds_plugin_config(ecds: &mut EcdsFile, json: &str) -> anyhow::Result<()> {
+    let plugin = ecds_plugin_mut(&mut ecds.document, &ecds.name)?;
+    set_plugin_configuration(plugin, json)
+}
+
+/// The wasm `config` of the named resource in an ECDS document.
+fn ecds_plugin_mut<'a>(document: &'a mut Value, name: &str) -> anyhow::Result<&'a mut Value> {
+    let resources = document
+        .get_mut("resources")
+        .and_then(Value::as_sequence_mut)
+        .ok_or_else(|| anyhow!("ECDS file without a `resources` list"))?;
+    let count = resources.len();
+    let resource = resources
+        .iter_mut()
+        .find(|r| r.get("name").and_then(Value::as_str) == Some(name) || count == 1)
+        .ok_or_else(|| anyhow!("ECDS file without a resource named {name}"))?;
+    let typed = resource
+        .get_mut("typed_config")
+        .ok_or_else(|| anyhow!("ECDS resource {name} without typed_config"))?;
+    if type_of(typed) != Some(WASM_FILTER_TYPE) {
+        bail!("ECDS resource {name} is not a wasm filter ({WASM_FILTER_TYPE})");
+    }
+    typed
+        .get_mut("config")
+        .ok_or_else(|| anyhow!("ECDS resource {name} without typed_config.config"))
+}
 /// The EDS file of a cluster served from files in `dir`.
 pub(super) fn eds_path(dir: &Path, cluster: &str) -> PathBuf {
     dir.join(format!("eds-{cluster}.yaml"))
@@ -107,7 +192,7 @@ pub(super) fn write_eds_file(
 }
 
 /// Turns a static cluster into one fed from an EDS file holding its current endpoints.
-fn endpoints_from_file(cluster: &mut Value, dir: &Path) -> anyhow::Result<()> {
+fn endpoints_from_file(cluster: &mut Value, dir: &Path) -> anyhow::Result<String> {
     let name = cluster
         .get("name")
         .and_then(Value::as_str)
@@ -126,7 +211,7 @@ fn endpoints_from_file(cluster: &mut Value, dir: &Path) -> anyhow::Result<()> {
         path.display()
     ))?;
     cluster.insert("eds_cluster_config".into(), eds);
-    Ok(())
+    Ok(name)
 }
 
 /// The addresses listed in a static cluster's load_assignment.
@@ -187,7 +272,11 @@ fn set_loopback_ephemeral(address: Option<&mut Value>, what: &str) -> anyhow::Re
 }
 
 /// Rewrites (or removes) every wasm filter; returns how many there were.
-fn edit_wasm_filters(listeners: &mut [Value], edits: &StandardEdits<'_>) -> anyhow::Result<usize> {
+fn edit_wasm_filters(
+    listeners: &mut [Value],
+    edits: &StandardEdits<'_>,
+    rendered: &mut Rendered,
+) -> anyhow::Result<usize> {
     let mut found = 0;
     for listener in listeners {
         let Some(chains) = listener
@@ -214,18 +303,176 @@ fn edit_wasm_filters(listeners: &mut [Value], edits: &StandardEdits<'_>) -> anyh
                 };
                 let before = http_filters.len();
                 if edits.filter == FilterMode::Without {
-                    http_filters.retain(|f| !is_wasm_filter(f));
+                    http_filters.retain(|f| !is_wasm_filter(f) && !is_ecds_wasm_filter(f));
                     found += before - http_filters.len();
                     continue;
                 }
-                for filter in http_filters.iter_mut().filter(|f| is_wasm_filter(f)) {
-                    found += 1;
-                    edit_plugin(filter, edits)?;
+                for filter in http_filters.iter_mut() {
+                    if is_wasm_filter(filter) {
+                        found += 1;
+                        edit_plugin(filter, edits)?;
+                        if edits.dynamic_plugin_config {
+                            let ecds = inline_to_ecds(filter, edits)?;
+                            keep_one_ecds(rendered, ecds)?;
+                        }
+                    } else if is_ecds_wasm_filter(filter) {
+                        found += 1;
+                        let ecds = relocate_ecds(filter, edits)?;
+                        keep_one_ecds(rendered, ecds)?;
+                    }
                 }
             }
         }
     }
     Ok(found)
+}
+
+fn keep_one_ecds(rendered: &mut Rendered, ecds: EcdsFile) -> anyhow::Result<()> {
+    if let Some(other) = &rendered.ecds {
+        bail!(
+            "two wasm filters delivered by ECDS ({} and {}): the launcher handles one",
+            other.name,
+            ecds.name
+        );
+    }
+    rendered.ecds = Some(ecds);
+    Ok(())
+}
+
+/// An HTTP filter whose configuration comes from ECDS and is the wasm filter.
+fn is_ecds_wasm_filter(filter: &Value) -> bool {
+    filter
+        .get("config_discovery")
+        .and_then(|d| d.get("type_urls"))
+        .and_then(Value::as_sequence)
+        .is_some_and(|urls| urls.iter().any(|u| u.as_str() == Some(WASM_FILTER_TYPE)))
+}
+
+fn filter_name(filter: &Value) -> anyhow::Result<String> {
+    filter
+        .get("name")
+        .and_then(Value::as_str)
+        .map(str::to_string)
+        .ok_or_else(|| anyhow!("HTTP filter without a name"))
+}
+
+fn files_dir<'a>(edits: &StandardEdits<'a>) -> anyhow::Result<&'a Path> {
+    edits
+        .files_dir
+        .ok_or_else(|| anyhow!("an ECDS-delivered filter needs a directory for its file"))
+}
+
+/// Points an HTTP filter's `config_discovery` at the run's copy of its file.
+fn discovery_from(filter: &mut Value, path: &Path, dir: &Path) -> anyhow::Result<()> {
+    let discovery: Value = serde_yaml::from_str(&format!(
+        "{{ config_source: {{ resource_api_version: V3, path_config_source: {{ path: '{}', watched_directory: {{ path: '{}' }} }} }}, type_urls: ['{WASM_FILTER_TYPE}'] }}",
+        path.display(),
+        dir.display()
+    ))?;
+    let filter = filter
+        .as_mapping_mut()
+        .ok_or_else(|| anyhow!("HTTP filter is not a mapping"))?;
+    filter.remove("typed_config");
+    filter.insert("config_discovery".into(), discovery);
+    Ok(())
+}
+
+/// Moves an inline wasm filter's configuration (already edited) into an ECDS file.
+fn inline_to_ecds(filter: &mut Value, edits: &StandardEdits<'_>) -> anyhow::Result<EcdsFile> {
+    let name = filter_name(filter)?;
+    let typed = filter
+        .get("typed_config")
+        .cloned()
+        .ok_or_else(|| anyhow!("wasm filter {name} without typed_config"))?;
+    let mut resource = Mapping::new();
+    resource.insert(
+        "@type".into(),
+        "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig".into(),
+    );
+    resource.insert("name".into(), name.clone().into());
+    resource.insert("typed_config".into(), typed);
+    let mut document = Mapping::new();
+    document.insert(
+        "resources".into(),
+        Value::Sequence(vec![Value::Mapping(resource)]),
+    );
+    let dir = files_dir(edits)?.join("ecds");
+    std::fs::create_dir_all(&dir)?;
+    let ecds = EcdsFile {
+        path: dir.join(format!("{name}.yaml")),
+        name,
+        document: Value::Mapping(document),
+    };
+    write_ecds_file(&ecds)?;
+    discovery_from(filter, &ecds.path, &dir)?;
+    Ok(ecds)
+}
+
+/// Copies an ECDS filter's resource file (path relative to the workspace root)
+/// into the run's directory, with the run's .wasm and plugin configuration.
+fn relocate_ecds(filter: &mut Value, edits: &StandardEdits<'_>) -> anyhow::Result<EcdsFile> {
+    let name = filter_name(filter)?;
+    let source = filter
+        .get("config_discovery")
+        .and_then(|d| d.get("config_source"))
+        .and_then(|s| s.get("path_config_source"))
+        .and_then(|p| p.get("path"))
+        .and_then(Value::as_str)
+        .ok_or_else(|| {
+            anyhow!("ECDS filter {name}: only config_source.path_config_source.path is supported")
+        })?;
+    let source = super::workspace_root().join(source);
+    let text = std::fs::read_to_string(&source)
+        .map_err(|e| anyhow!("reading the ECDS file {}: {e}", source.display()))?;
+    let mut document: Value = serde_yaml::from_str(&text)
+        .map_err(|e| anyhow!("parsing the ECDS file {}: {e}", source.display()))?;
+    let plugin = ecds_plugin_mut(&mut document, &name)?;
+    edit_plugin_config(plugin, edits)?;
+    let dir = files_dir(edits)?.join("ecds");
+    std::fs::create_dir_all(&dir)?;
+    let ecds = EcdsFile {
+        path: dir.join(format!("{name}.yaml")),
+        name,
+        document,
+    };
+    write_ecds_file(&ecds)?;
+    discovery_from(filter, &ecds.path, &dir)?;
+    Ok(ecds)
+}
+
+/// The wasm filters a cluster runs on its upstream requests
+/// (`typed_extension_protocol_options.*.http_filters`): the .wasm path is the
+/// run's; without the filter they are removed.
+fn edit_upstream_wasm_filters(
+    cluster: &mut Value,
+    edits: &StandardEdits<'_>,
+) -> anyhow::Result<()> {
+    let Some(options) = cluster
+        .get_mut("typed_extension_protocol_options")
+        .and_then(Value::as_mapping_mut)
+    else {
+        return Ok(());
+    };
+    for (_, option) in options.iter_mut() {
+        let Some(filters) = option
+            .get_mut("http_filters")
+            .and_then(Value::as_sequence_mut)
+        else {
+            continue;
+        };
+        if edits.filter == FilterMode::Without {
+            filters.retain(|f| !is_wasm_filter(f));
+            continue;
+        }
+        for filter in filters.iter_mut().filter(|f| is_wasm_filter(f)) {
+            let plugin = filter
+                .get_mut("typed_config")
+                .and_then(|c| c.get_mut("config"))
+                .ok_or_else(|| anyhow!("upstream wasm filter without typed_config.config"))?;
+            set_wasm_path(plugin, edits.wasm)?;
+        }
+    }
+    Ok(())
 }
 
 fn is_wasm_filter(filter: &Value) -> bool {
@@ -243,7 +490,20 @@ fn edit_plugin(filter: &mut Value, edits: &StandardEdits<'_>) -> anyhow::Result<
         .get_mut("typed_config")
         .and_then(|c| c.get_mut("config"))
         .ok_or_else(|| anyhow!("wasm filter without typed_config.config"))?;
-    if let Some(wasm) = edits.wasm {
+    edit_plugin_config(plugin, edits)
+}
+
+/// Sets the .wasm path and plugin configuration of a wasm filter's `config`.
+fn edit_plugin_config(plugin: &mut Value, edits: &StandardEdits<'_>) -> anyhow::Result<()> {
+    set_wasm_path(plugin, edits.wasm)?;
+    if let Some(json) = edits.plugin_config {
+        set_plugin_configuration(plugin, json)?;
+    }
+    Ok(())
+}
+
+fn set_wasm_path(plugin: &mut Value, wasm: Option<&Path>) -> anyhow::Result<()> {
+    if let Some(wasm) = wasm {
         let local = plugin
             .get_mut("vm_config")
             .and_then(|v| v.get_mut("code"))
@@ -256,18 +516,20 @@ fn edit_plugin(filter: &mut Value, edits: &StandardEdits<'_>) -> anyhow::Result<
             wasm.to_string_lossy().into_owned().into(),
         );
     }
-    if let Some(json) = edits.plugin_config {
-        let plugin = plugin
-            .as_mapping_mut()
-            .ok_or_else(|| anyhow!("wasm filter config is not a mapping"))?;
-        let mut configuration = Mapping::new();
-        configuration.insert(
-            "@type".into(),
-            "type.googleapis.com/google.protobuf.StringValue".into(),
-        );
-        configuration.insert("value".into(), json.into());
-        plugin.insert("configuration".into(), Value::Mapping(configuration));
-    }
+    Ok(())
+}
+
+fn set_plugin_configuration(plugin: &mut Value, json: &str) -> anyhow::Result<()> {
+    let plugin = plugin
+        .as_mapping_mut()
+        .ok_or_else(|| anyhow!("wasm filter config is not a mapping"))?;
+    let mut configuration = Mapping::new();
+    configuration.insert(
+        "@type".into(),
+        "type.googleapis.com/google.protobuf.StringValue".into(),
+    );
+    configuration.insert("value".into(), json.into());
+    plugin.insert("configuration".into(), Value::Mapping(configuration));
     Ok(())
 }
 
@@ -328,7 +590,10 @@ mod tests {
             for chain in listener["filter_chains"].as_sequence().unwrap() {
                 for f in chain["filters"].as_sequence().unwrap() {
                     if let Some(http) = f["typed_config"]["http_filters"].as_sequence() {
-                        count += http.iter().filter(|h| is_wasm_filter(h)).count();
+                        count += http
+                            .iter()
+                            .filter(|h| is_wasm_filter(h) || is_ecds_wasm_filter(h))
+                            .count();
                     }
                 }
             }
@@ -343,7 +608,8 @@ mod tests {
             "127.0.0.1:1111".parse().unwrap(),
             "127.0.0.1:2222".parse().unwrap(),
         ];
-        standard_edits(
+        let dir = tempfile::tempdir().unwrap();
+        let rendered = standard_edits(
             &mut config,
             &StandardEdits {
                 filter: FilterMode::With,
@@ -351,6 +617,8 @@ mod tests {
                 plugin_config: Some(r#"{"prefix_length":2048}"#),
                 upstreams: Some(&upstreams),
                 eds_dir: None,
+                files_dir: Some(dir.path()),
+                dynamic_plugin_config: false,
             },
         )
         .unwrap();
@@ -368,10 +636,67 @@ mod tests {
             endpoints[1]["endpoint"]["address"]["socket_address"]["port_value"],
             2222
         );
-        let text = serde_yaml::to_string(&config).unwrap();
+        // The downstream filter is inline or in its ECDS file, depending on the layout.
+        let mut text = serde_yaml::to_string(&config).unwrap();
+        if let Some(ecds) = &rendered.ecds {
+            text.push_str(&std::fs::read_to_string(&ecds.path).unwrap());
+        }
         assert!(text.contains("/abs/filter.wasm"));
         assert!(text.contains(r#"{"prefix_length":2048}"#));
+        assert!(
+            !text.contains("target/wasm32-wasip1"),
+            "a .wasm path was left as shipped"
+        );
         assert_eq!(wasm_filter_count(&config), 1);
+        // Every cluster listing instances got the run's endpoints.
+        for cluster in config["static_resources"]["clusters"]
+            .as_sequence()
+            .unwrap()
+        {
+            if let Some(assignment) = cluster.get("load_assignment") {
+                let lb = &assignment["endpoints"][0]["lb_endpoints"];
+                assert_eq!(lb.as_sequence().unwrap().len(), 2, "{cluster:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn dynamic_plugin_config_moves_the_filter_into_an_ecds_file() {
+        let mut config = shipped_config();
+        let dir = tempfile::tempdir().unwrap();
+        let rendered = standard_edits(
+            &mut config,
+            &StandardEdits {
+                filter: FilterMode::With,
+                wasm: Some(Path::new("/abs/filter.wasm")),
+                plugin_config: Some(r#"{"strategy":"RANDOM"}"#),
+                upstreams: None,
+                eds_dir: None,
+                files_dir: Some(dir.path()),
+                dynamic_plugin_config: true,
+            },
+        )
+        .unwrap();
+        let mut ecds = rendered.ecds.expect("an ECDS file");
+        assert!(config.get("node").is_some(), "ECDS needs a node identity");
+        let file = std::fs::read_to_string(&ecds.path).unwrap();
+        assert!(
+            file.contains("/abs/filter.wasm") && file.contains("RANDOM"),
+            "{file}"
+        );
+        let text = serde_yaml::to_string(&config).unwrap();
+        assert!(text.contains(&ecds.path.display().to_string()), "{text}");
+        assert!(
+            !text.contains("RANDOM"),
+            "the config stayed inline too: {text}"
+        );
+        set_ecds_plugin_config(&mut ecds, r#"{"strategy":"PREFIX_AWARE"}"#).unwrap();
+        write_ecds_file(&ecds).unwrap();
+        let file = std::fs::read_to_string(&ecds.path).unwrap();
+        assert!(
+            file.contains("PREFIX_AWARE") && !file.contains("RANDOM"),
+            "{file}"
+        );
     }
 
     #[test]
@@ -385,6 +710,8 @@ mod tests {
                 plugin_config: None,
                 upstreams: None,
                 eds_dir: None,
+                files_dir: None,
+                dynamic_plugin_config: false,
             },
         )
         .unwrap();
@@ -403,6 +730,8 @@ mod tests {
             plugin_config: None,
             upstreams: None,
             eds_dir: None,
+            files_dir: None,
+            dynamic_plugin_config: false,
         };
         standard_edits(&mut config, &edits).unwrap();
         let wanted = StandardEdits {
