@@ -89,9 +89,18 @@ struct Row {
 
 fn shared_prefixes() -> Vec<SharedPrefix> {
     let topics = [
-        ("contract", "This services agreement between the parties sets out"),
-        ("manual", "The operator's manual for the hydraulic press explains"),
-        ("codebase", "The repository contains a Rust workspace whose modules"),
+        (
+            "contract",
+            "This services agreement between the parties sets out",
+        ),
+        (
+            "manual",
+            "The operator's manual for the hydraulic press explains",
+        ),
+        (
+            "codebase",
+            "The repository contains a Rust workspace whose modules",
+        ),
     ];
     topics
         .iter()
@@ -151,7 +160,10 @@ fn send(base_url: &str, path: &str, request_id: &str, body: &str) -> anyhow::Res
     let response = match response {
         Ok(response) => response,
         Err(ureq::Error::Status(code, response)) => {
-            bail!("HTTP {code}: {}", response.into_string().unwrap_or_default())
+            bail!(
+                "HTTP {code}: {}",
+                response.into_string().unwrap_or_default()
+            )
         }
         Err(error) => bail!("{error}"),
     };
@@ -167,7 +179,10 @@ fn print_table(rows: &[Row]) {
         "| {:<9} | {:<6} | {:>7} | {:<11} | {:<16} |",
         "prefix", "api", "request", "served by", KEY_HEADER
     );
-    println!("|{:-<11}|{:-<8}|{:->9}|{:-<13}|{:-<18}|", "", "", "", "", "");
+    println!(
+        "|{:-<11}|{:-<8}|{:->9}|{:-<13}|{:-<18}|",
+        "", "", "", "", ""
+    );
     for row in rows {
         println!(
             "| {:<9} | {:<6} | {:>7} | {:<11} | {:<16} |",
@@ -192,10 +207,7 @@ fn print_summary(rows: &[Row], fleet: &UpstreamFleet) {
             "spread over several instances"
         };
         let list: Vec<&str> = instances.iter().copied().collect();
-        println!(
-            "{prefix:<9} {api:<6} -> {} ({verdict})",
-            list.join(", ")
-        );
+        println!("{prefix:<9} {api:<6} -> {} ({verdict})", list.join(", "));
     }
     println!();
     println!("requests per instance:");

@@ -6,9 +6,11 @@
 //! - `cargo xtask demo`: Envoy with the filter in front of 7 instances; shows
 //!   which instance served which prefix.
 //! - `cargo xtask setup`: only the prerequisites (used by `.ci/run`).
+//! - `cargo xtask release`: release .wasm, its sha256 and size, OCI build context.
 
 mod demo;
 mod prereqs;
+mod release;
 mod run;
 
 use std::process::ExitCode;
@@ -35,6 +37,8 @@ enum Task {
     Demo,
     /// Install the prerequisites (wasm32-wasip1 target, Envoy) and print where Envoy is.
     Setup,
+    /// Build the release .wasm, print its sha256 and size, prepare target/oci/.
+    Release,
 }
 
 fn main() -> ExitCode {
@@ -42,6 +46,7 @@ fn main() -> ExitCode {
     let outcome = match cli.command {
         Task::Test { cargo_test_args } => run::test(&cargo_test_args),
         Task::Demo => demo::run(),
+        Task::Release => release::run(),
         Task::Setup => prereqs::ensure_all().map(|p| {
             println!("ENVOY_BIN={}", p.envoy.display());
         }),

