@@ -673,9 +673,19 @@ fn istio_envoy_filter_adds_the_wasm_extension_config_and_the_http_filter() {
         "module not pinned by digest: {uri}"
     );
     assert_eq!(s(&remote["sha256"], "sha256").len(), 64);
-    let plugin = plugin_config_json(config);
-    let shipped =
+    let mut plugin = plugin_config_json(config);
+    let mut shipped =
         plugin_config_json(&wasm_filter(&yaml("envoy/envoy.yaml"))["typed_config"]["config"]);
+    // Istio relies on the listener's buffer limit (1 MiB by default): half of it at most.
+    let max_body = plugin["max_body_bytes"]
+        .as_u64()
+        .expect("Istio's max_body_bytes");
+    assert!(
+        max_body <= 512 * 1024,
+        "max_body_bytes {max_body} risks 413s under a 1 MiB listener limit"
+    );
+    plugin["max_body_bytes"] = json!(null);
+    shipped["max_body_bytes"] = json!(null);
     assert_eq!(
         plugin, shipped,
         "Istio's plugin configuration differs from envoy/envoy.yaml's"
@@ -1568,4 +1578,25 @@ fn client_examples_run_as_documented() {
         invokes, 3,
         "the rejected request must not reach an instance"
     );
+}
+
+/// The access-log snippet in docs/troubleshooting.md is accepted by Envoy
+/// where the page says to put it.
+#[test]
+fn troubleshooting_access_log_snippet_passes_envoy_validate() {
+    let doc = read("docs/troubleshooting.md");
+    let start = doc.find("```yaml\n").expect("no yaml block") + "```yaml\n".len();
+    let end = start + doc[start..].find("```").unwrap();
+    let snippet: Value = serde_yaml::from_str(&doc[start..end]).expect("snippet is not YAML");
+    assert!(doc[start..end].contains("%REQ(X-PREFIX-ROUTE-KEY)%"));
+    let mut config = yaml("envoy/envoy.yaml");
+    set_wasm_filename(&mut config, &built_wasm());
+    let hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+        ["typed_config"]
+        .as_mapping_mut()
+        .unwrap();
+    for (k, v) in snippet.as_mapping().unwrap() {
+        hcm.insert(k.clone(), v.clone());
+    }
+    assert_envoy_accepts(&config, "envoy/envoy.yaml with the access-log snippet");
 }
