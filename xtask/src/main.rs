@@ -7,7 +7,10 @@
 //!   which instance served which prefix.
 //! - `cargo xtask setup`: only the prerequisites (used by `.ci/run`).
 //! - `cargo xtask release`: release .wasm, its sha256 and size, OCI build context.
+//! - `cargo xtask bench-engine`: prefix-aware vs random routing in front of
+//!   three llama.cpp servers (needs llama-cpp-python; not in CI).
 
+mod bench_engine;
 mod demo;
 mod prereqs;
 mod release;
@@ -39,6 +42,8 @@ enum Task {
     Setup,
     /// Build the release .wasm, print its sha256 and size, prepare target/oci/.
     Release,
+    /// Prefix-aware vs random routing in front of three llama.cpp servers.
+    BenchEngine,
 }
 
 fn main() -> ExitCode {
@@ -47,6 +52,7 @@ fn main() -> ExitCode {
         Task::Test { cargo_test_args } => run::test(&cargo_test_args),
         Task::Demo => demo::run(),
         Task::Release => release::run(),
+        Task::BenchEngine => bench_engine::run(),
         Task::Setup => prereqs::ensure_all().map(|p| {
             println!("ENVOY_BIN={}", p.envoy.display());
         }),
