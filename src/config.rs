@@ -69,6 +69,15 @@ pub struct Config {
     pub include_model: bool,
     /// First matching suffix wins.
     pub path_rules: Vec<PathRule>,
+    /// Request header Envoy's `override_host` policy reads (`ip:port`): where
+    /// overflow nominates another instance. `None` (configured as `null`):
+    /// overflow re-keys with a salt instead.
+    pub host_header: Option<String>,
+    /// Response header carrying `<decision>; instance=<ip:port>` (debugging);
+    /// `None`: not sent.
+    pub decision_header: Option<String>,
+    /// How long an instance not seen serving stays an overflow candidate.
+    pub instance_ttl_ms: u64,
 }
 
 pub const PREFIX_LENGTH_RANGE: (u64, u64) = (1024, 65536);
@@ -78,6 +87,9 @@ pub const CONCURRENCY_THRESHOLD_RANGE: (u64, u64) = (1, 1024);
 pub const MAX_BODY_BYTES_RANGE: (u64, u64) = (1024, 64 * 1024 * 1024);
 /// Bounds the per-request classification work.
 pub const MAX_PATH_RULES: usize = 64;
+/// From a second (shorter would forget instances between requests of a quiet
+/// fleet) to an hour (longer keeps nominating instances long gone).
+pub const INSTANCE_TTL_MS_RANGE: (u64, u64) = (1_000, 3_600_000);
 /// Header names Envoy gives a meaning of its own (framing, hop-by-hop,
 /// authority): writing a routing key into one would break the request.
 const RESERVED_KEY_HEADERS: [&str; 9] = [
@@ -92,7 +104,11 @@ const RESERVED_KEY_HEADERS: [&str; 9] = [
     "expect",
 ];
 
-const FIELDS: [&str; 8] = [
+/// Request headers the filter owns internally (see `strategy::ROUTE_HEADER`
+/// and `load::COUNTED_HEADER`); no configured header may reuse them.
+const INTERNAL_HEADERS: [&str; 2] = [crate::strategy::ROUTE_HEADER, crate::load::COUNTED_HEADER];
+
+const FIELDS: [&str; 11] = [
     "strategy",
     "prefix_length",
     "concurrency_threshold",
@@ -101,7 +117,13 @@ const FIELDS: [&str; 8] = [
     "max_body_bytes",
     "include_model",
     "path_rules",
+    "host_header",
+    "decision_header",
+    "instance_ttl_ms",
 ];
+
+/// Default of `host_header`.
+pub const DEFAULT_HOST_HEADER: &str = "x-prefix-route-host";
 
 impl Default for Config {
     fn default() -> Self {
@@ -114,6 +136,9 @@ impl Default for Config {
             max_body_bytes: 1024 * 1024,
             include_model: true,
             path_rules: default_path_rules(),
+            host_header: Some(DEFAULT_HOST_HEADER.to_string()),
+            decision_header: None,
+            instance_ttl_ms: 60_000,
         }
     }
 }
@@ -234,6 +259,14 @@ fn header_name(field: &str, value: &Value) -> Result<String, ConfigError> {
         ));
     }
     Ok(name.to_ascii_lowercase())
+}
+
+/// A header name, or `null` for "none".
+fn optional_header_name(field: &str, value: &Value) -> Result<Option<String>, ConfigError> {
+    match value {
+        Value::Null => Ok(None),
+        _ => header_name(field, value).map(Some),
+    }
 }
 
 fn api_kind(field: &str, value: &Value) -> Result<ApiKind, ConfigError> {
@@ -378,6 +411,11 @@ impl Config {
                     .ok_or_else(|| wrong_type(name, "true or false", value))?
             }
             "path_rules" => self.path_rules = path_rules(value)?,
+            "host_header" => self.host_header = optional_header_name(name, value)?,
+            "decision_header" => self.decision_header = optional_header_name(name, value)?,
+            "instance_ttl_ms" => {
+                self.instance_ttl_ms = integer_in(name, value, INSTANCE_TTL_MS_RANGE)?
+            }
             // `reject_unknown` ran first; kept total so a field listed in
             // FIELDS but not handled here is still an error, not a no-op.
             _ => return Err(error(name, "unknown field")),
@@ -405,15 +443,41 @@ impl Config {
                 ),
             ));
         }
-        if RESERVED_KEY_HEADERS.contains(&self.key_header.as_str()) {
-            return Err(error(
-                "key_header",
-                format!(
-                    "\"{}\" is a header Envoy itself relies on; choose another (not one of {})",
-                    self.key_header,
-                    RESERVED_KEY_HEADERS.join(", ")
-                ),
-            ));
+        let written = [
+            ("key_header", Some(&self.key_header)),
+            ("host_header", self.host_header.as_ref()),
+            ("decision_header", self.decision_header.as_ref()),
+        ];
+        for (field, name) in written {
+            let Some(name) = name else { continue };
+            if RESERVED_KEY_HEADERS.contains(&name.as_str()) {
+                return Err(error(
+                    field,
+                    format!(
+                        "\"{name}\" is a header Envoy itself relies on; choose another (not one of {})",
+                        RESERVED_KEY_HEADERS.join(", ")
+                    ),
+                ));
+            }
+            if INTERNAL_HEADERS.contains(&name.as_str()) {
+                return Err(error(
+                    field,
+                    format!("\"{name}\" is used by the filter internally; choose another"),
+                ));
+            }
+        }
+        if let Some(host) = &self.host_header {
+            for (other, name) in [
+                ("key_header", &self.key_header),
+                ("tenant_header", &self.tenant_header),
+            ] {
+                if host == name {
+                    return Err(error(
+                        "host_header",
+                        format!("\"{host}\" is also the {other}; they must differ"),
+                    ));
+                }
+            }
         }
         Ok(())
     }
@@ -463,6 +527,9 @@ mod tests {
                     api: ApiKind::Responses,
                 },
             ],
+            host_header: Some("x-prefix-route-host".into()),
+            decision_header: None,
+            instance_ttl_ms: 60_000,
         };
         assert_eq!(parse(""), Ok(defaults.clone()));
         assert_eq!(parse(" \n"), Ok(defaults.clone()));
@@ -660,6 +727,67 @@ mod tests {
             err(&format!(r#"{{"path_rules":[{many}]}}"#)),
             "path_rules: 65 rules is out of range 0..=64"
         );
+    }
+
+    #[test]
+    fn overload_fields_are_read() {
+        let c = parse(
+            r#"{"host_header":"X-Host","decision_header":"X-Decision","instance_ttl_ms":5000}"#,
+        )
+        .unwrap();
+        assert_eq!(c.host_header.as_deref(), Some("x-host"));
+        assert_eq!(c.decision_header.as_deref(), Some("x-decision"));
+        assert_eq!(c.instance_ttl_ms, 5000);
+        // null turns the host header off (overflow re-keys) and keeps the
+        // decision header off.
+        let c = parse(r#"{"host_header":null,"decision_header":null}"#).unwrap();
+        assert_eq!((c.host_header, c.decision_header), (None, None));
+    }
+
+    #[test]
+    fn overload_fields_are_validated() {
+        assert_eq!(
+            err(r#"{"instance_ttl_ms":999}"#),
+            "instance_ttl_ms: 999 is out of range 1000..=3600000"
+        );
+        assert_eq!(
+            err(r#"{"instance_ttl_ms":3600001}"#),
+            "instance_ttl_ms: 3600001 is out of range 1000..=3600000"
+        );
+        assert_eq!(
+            parse(r#"{"instance_ttl_ms":3600000}"#)
+                .unwrap()
+                .instance_ttl_ms,
+            3_600_000
+        );
+        assert_eq!(
+            err(r#"{"host_header":true}"#),
+            "host_header: expected a string, got a boolean (true)"
+        );
+        assert!(err(r#"{"decision_header":"a b"}"#)
+            .starts_with(r#"decision_header: "a b" is not an HTTP header name"#));
+        assert_eq!(
+            err(r#"{"host_header":"X-Prefix-Route-Key"}"#),
+            "host_header: \"x-prefix-route-key\" is also the key_header; they must differ"
+        );
+        assert_eq!(
+            err(r#"{"host_header":"x-amzn-sagemaker-prefix-aware-id"}"#),
+            "host_header: \"x-amzn-sagemaker-prefix-aware-id\" is also the tenant_header; they must differ"
+        );
+        assert!(err(r#"{"host_header":"host"}"#)
+            .starts_with("host_header: \"host\" is a header Envoy itself relies on"));
+        assert!(err(r#"{"decision_header":"Content-Length"}"#)
+            .starts_with("decision_header: \"content-length\" is a header Envoy itself relies on"));
+        for internal in ["x-prefix-router-lb", "x-prefix-router-counted"] {
+            for field in ["key_header", "host_header", "decision_header"] {
+                assert_eq!(
+                    err(&format!(r#"{{"{field}":"{internal}"}}"#)),
+                    format!(
+                        "{field}: \"{internal}\" is used by the filter internally; choose another"
+                    )
+                );
+            }
+        }
     }
 
     #[test]

@@ -34,11 +34,21 @@ impl std::fmt::Display for HostStatus {
 const STATUS_OK: u32 = 0;
 const STATUS_NOT_FOUND: u32 = 1;
 
-const MAP_HTTP_REQUEST_HEADERS: u32 = 0;
+const STATUS_CAS_MISMATCH: u32 = 8;
+
+pub const MAP_HTTP_REQUEST_HEADERS: u32 = 0;
+pub const MAP_HTTP_RESPONSE_HEADERS: u32 = 2;
 pub const BUFFER_HTTP_REQUEST_BODY: u32 = 0;
 pub const BUFFER_PLUGIN_CONFIGURATION: u32 = 7;
 pub const METRIC_COUNTER: u32 = 0;
+pub const METRIC_GAUGE: u32 = 1;
 pub const METRIC_HISTOGRAM: u32 = 2;
+
+/// A property path in the ABI's encoding: segments separated by NUL (as
+/// the proxy-wasm SDK sends it).
+pub fn serialize_property_path(path: &[&str]) -> Vec<u8> {
+    path.join("\0").into_bytes()
+}
 
 /// Header pairs in the ABI's map encoding: count, then (name length, value
 /// length) per pair as u32 little-endian, then each name and value followed
@@ -62,7 +72,8 @@ pub fn serialize_pairs(pairs: &[(String, String)]) -> Vec<u8> {
 
 #[cfg(target_arch = "wasm32")]
 mod abi {
-    use super::{HostStatus, STATUS_NOT_FOUND, STATUS_OK};
+    use super::{HostStatus, STATUS_CAS_MISMATCH, STATUS_NOT_FOUND, STATUS_OK};
+    use crate::shared::{SetError, SharedStore};
     use std::ptr::{null, null_mut};
 
     #[link(wasm_import_module = "env")]
@@ -112,6 +123,28 @@ mod abi {
         ) -> u32;
         fn proxy_increment_metric(metric_id: u32, offset: i64) -> u32;
         fn proxy_record_metric(metric_id: u32, value: u64) -> u32;
+        fn proxy_get_shared_data(
+            key_data: *const u8,
+            key_size: usize,
+            return_value_data: *mut *mut u8,
+            return_value_size: *mut usize,
+            return_cas: *mut u32,
+        ) -> u32;
+        fn proxy_set_shared_data(
+            key_data: *const u8,
+            key_size: usize,
+            value_data: *const u8,
+            value_size: usize,
+            cas: u32,
+        ) -> u32;
+        fn proxy_get_property(
+            path_data: *const u8,
+            path_size: usize,
+            return_value_data: *mut *mut u8,
+            return_value_size: *mut usize,
+        ) -> u32;
+        fn proxy_get_current_time_nanoseconds(return_time: *mut u64) -> u32;
+        fn proxy_set_tick_period_milliseconds(period: u32) -> u32;
     }
 
     fn check(status: u32) -> Result<(), HostStatus> {
@@ -136,18 +169,16 @@ mod abi {
     }
 
     pub fn get_request_header(name: &str) -> Result<Option<Vec<u8>>, HostStatus> {
+        get_header(super::MAP_HTTP_REQUEST_HEADERS, name)
+    }
+
+    pub fn get_header(map: u32, name: &str) -> Result<Option<Vec<u8>>, HostStatus> {
         let mut data: *mut u8 = null_mut();
         let mut size: usize = 0;
         // SAFETY: pointers are valid for the call; the host writes a buffer
         // it allocated through our allocator.
         let status = unsafe {
-            proxy_get_header_map_value(
-                super::MAP_HTTP_REQUEST_HEADERS,
-                name.as_ptr(),
-                name.len(),
-                &mut data,
-                &mut size,
-            )
+            proxy_get_header_map_value(map, name.as_ptr(), name.len(), &mut data, &mut size)
         };
         match status {
             // SAFETY: see `take`.
@@ -158,10 +189,14 @@ mod abi {
     }
 
     pub fn replace_request_header(name: &str, value: &[u8]) -> Result<(), HostStatus> {
+        replace_header(super::MAP_HTTP_REQUEST_HEADERS, name, value)
+    }
+
+    pub fn replace_header(map: u32, name: &str, value: &[u8]) -> Result<(), HostStatus> {
         // SAFETY: pointers valid for the call.
         check(unsafe {
             proxy_replace_header_map_value(
-                super::MAP_HTTP_REQUEST_HEADERS,
+                map,
                 name.as_ptr(),
                 name.len(),
                 value.as_ptr(),
@@ -241,6 +276,74 @@ mod abi {
         // SAFETY: no pointers.
         check(unsafe { proxy_record_metric(id, value) })
     }
+
+    /// A property (e.g. `["upstream", "address"]`); `None` if not available.
+    pub fn get_property(path: &[&str]) -> Result<Option<Vec<u8>>, HostStatus> {
+        let path = super::serialize_property_path(path);
+        let mut data: *mut u8 = null_mut();
+        let mut size: usize = 0;
+        // SAFETY: as in `get_request_header`.
+        let status = unsafe { proxy_get_property(path.as_ptr(), path.len(), &mut data, &mut size) };
+        match status {
+            // SAFETY: see `take`.
+            STATUS_OK => Ok(Some(unsafe { take(data, size) })),
+            STATUS_NOT_FOUND => Ok(None),
+            other => Err(HostStatus(other)),
+        }
+    }
+
+    /// Host clock, milliseconds since the Unix epoch.
+    pub fn now_ms() -> Result<u64, HostStatus> {
+        let mut nanos: u64 = 0;
+        // SAFETY: pointer valid for the call.
+        check(unsafe { proxy_get_current_time_nanoseconds(&mut nanos) })?;
+        Ok(nanos / 1_000_000)
+    }
+
+    pub fn set_tick_period_ms(period: u32) -> Result<(), HostStatus> {
+        // SAFETY: no pointers.
+        check(unsafe { proxy_set_tick_period_milliseconds(period) })
+    }
+
+    /// Envoy's shared data (one map per `vm_id`, shared by all workers).
+    #[derive(Debug, Clone, Copy, Default)]
+    pub struct HostStore;
+
+    impl SharedStore for HostStore {
+        fn get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
+            let mut data: *mut u8 = null_mut();
+            let mut size: usize = 0;
+            let mut cas: u32 = 0;
+            // SAFETY: as in `get_request_header`.
+            let status = unsafe {
+                proxy_get_shared_data(key.as_ptr(), key.len(), &mut data, &mut size, &mut cas)
+            };
+            match status {
+                // SAFETY: see `take`.
+                STATUS_OK => (Some(unsafe { take(data, size) }), Some(cas)),
+                // Not found, or a failure: both read as "never set".
+                _ => (None, None),
+            }
+        }
+
+        fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), SetError> {
+            // SAFETY: pointers valid for the call.
+            let status = unsafe {
+                proxy_set_shared_data(
+                    key.as_ptr(),
+                    key.len(),
+                    value.as_ptr(),
+                    value.len(),
+                    cas.unwrap_or(0),
+                )
+            };
+            match status {
+                STATUS_OK => Ok(()),
+                STATUS_CAS_MISMATCH => Err(SetError::CasMismatch),
+                _ => Err(SetError::Failed),
+            }
+        }
+    }
 }
 
 #[cfg(target_arch = "wasm32")]
@@ -260,5 +363,14 @@ mod tests {
         expected.extend_from_slice(b"content-type\0application/json\0x\0\0");
         assert_eq!(serialize_pairs(&pairs), expected);
         assert_eq!(serialize_pairs(&[]), vec![0, 0, 0, 0]);
+    }
+
+    #[test]
+    fn property_paths_end_each_segment_with_nul() {
+        assert_eq!(
+            serialize_property_path(&["upstream", "address"]),
+            b"upstream\0address".to_vec()
+        );
+        assert_eq!(serialize_property_path(&[]), Vec::<u8>::new());
     }
 }

@@ -11,6 +11,11 @@
 //! - [`key`]: the framed xxh3 routing key.
 //! - [`request`]: the per-request state machine that ties them together.
 //! - [`metrics`]: the names of the stats the filter exports.
+//! - [`shared`]: the proxy-wasm shared-data contract, with an in-memory store.
+//! - [`load`]: in-flight accounting and learned tables in shared data.
+//! - [`steering`]: from a routing decision to the headers the glue writes.
+//! - [`strategy`]: the routing policies (prefix-aware with overflow, least
+//!   outstanding, random).
 //!
 //! The proxy-wasm glue (`wasm`, over the panic-free host calls in `host`)
 //! is compiled only into the `.wasm` itself.
@@ -22,8 +27,12 @@ pub mod extract;
 #[cfg_attr(not(target_arch = "wasm32"), allow(dead_code))]
 mod host;
 pub mod key;
+pub mod load;
 pub mod metrics;
 pub mod request;
+pub mod shared;
+pub mod steering;
+pub mod strategy;
 pub mod tenant;
 
 #[cfg(all(target_arch = "wasm32", not(test)))]

@@ -13,6 +13,47 @@
 
 use crate::classify::ApiKind;
 use crate::request::Decision;
+use crate::strategy::DecisionKind;
+
+/// Every routing decision kind, in a fixed order (one counter each).
+pub const DECISION_KINDS: [DecisionKind; 5] = [
+    DecisionKind::Prefix,
+    DecisionKind::Overflow,
+    DecisionKind::LeastOutstanding,
+    DecisionKind::Random,
+    DecisionKind::NoKey,
+];
+
+/// Counter of routing decisions of one kind:
+/// `prefix_router.decision.<kind>` (Prometheus `prefix_router_decision_<kind>`).
+pub fn decision_counter_name(kind: DecisionKind) -> String {
+    format!("prefix_router.decision.{}", kind.as_str())
+}
+
+/// Position of `kind` in [`DECISION_KINDS`].
+pub fn decision_index(kind: DecisionKind) -> usize {
+    DECISION_KINDS
+        .iter()
+        .position(|k| *k == kind)
+        .unwrap_or_default()
+}
+
+/// Gauge of requests in flight from this Envoy on one instance:
+/// `prefix_router.in_flight.<address>` with every character outside
+/// `[a-zA-Z0-9]` turned into `_`, so `127.0.0.1:8001` becomes
+/// `prefix_router.in_flight.127_0_0_1_8001` on `/stats` and
+/// `prefix_router_in_flight_127_0_0_1_8001` on `/stats/prometheus` (a dot
+/// would be an extra stat-name level; Prometheus would turn `.`/`:` into `_`
+/// anyway). Distinct addresses can only collide across IPv4/IPv6 spellings.
+pub fn in_flight_gauge_name(address: &str) -> String {
+    let mut name = String::from("prefix_router.in_flight.");
+    name.extend(
+        address
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }),
+    );
+    name
+}
 
 /// The counters, one Envoy stat each.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -135,6 +176,35 @@ mod tests {
             );
             assert!(!name.contains("_rq_"), "{name}");
         }
+    }
+
+    #[test]
+    fn decision_and_gauge_names_are_prometheus_safe() {
+        let names: Vec<String> = DECISION_KINDS
+            .iter()
+            .map(|k| decision_counter_name(*k))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "prefix_router.decision.prefix",
+                "prefix_router.decision.overflow",
+                "prefix_router.decision.least_outstanding",
+                "prefix_router.decision.random",
+                "prefix_router.decision.no_key",
+            ]
+        );
+        for (i, kind) in DECISION_KINDS.iter().enumerate() {
+            assert_eq!(decision_index(*kind), i);
+        }
+        assert_eq!(
+            in_flight_gauge_name("127.0.0.1:8001"),
+            "prefix_router.in_flight.127_0_0_1_8001"
+        );
+        assert_eq!(
+            in_flight_gauge_name("[::1]:80"),
+            "prefix_router.in_flight.___1__80"
+        );
     }
 
     #[test]

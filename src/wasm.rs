@@ -1,35 +1,100 @@
-//! The proxy-wasm glue: one root context per plugin (configuration,
-//! metric ids) and one HTTP context per request, which feeds the sans-IO
-//! [`RequestRouter`] and carries out its verdicts. Every decision is made in
-//! `request`; this file only moves bytes between Envoy and it.
+//! The proxy-wasm glue: one root context per plugin (configuration, policy,
+//! metric ids, the 1 s tick) and one HTTP context per request, which feeds
+//! the sans-IO [`RequestRouter`] and carries out its verdicts. Every decision
+//! is made in `request`, `steering`, `strategy` and `load`; this file only
+//! moves bytes between Envoy and them.
+//!
+//! The same module runs in two roles, told apart per stream: as the
+//! listener's HTTP filter it decides (downstream); as the cluster's upstream
+//! HTTP filter, where `upstream.address` is readable at request headers, it
+//! counts the request on the instance Envoy chose and learns the key's target.
+//! Both roles of a worker VM share one [`LoadTracker`] (a VM-global), and all
+//! VMs with the same `vm_id` share its tables through shared data.
 
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::hash::BuildHasher;
 use std::rc::Rc;
 
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel};
 
 use crate::config::Config;
-use crate::host::{self, HostStatus};
-use crate::metrics::{recording_for, Counter, BYTES_INSPECTED};
+use crate::host::{self, HostStatus, HostStore};
+use crate::load::{LoadTracker, Ticket, COUNTED_HEADER};
+use crate::metrics::{
+    decision_counter_name, decision_index, in_flight_gauge_name, recording_for, Counter,
+    BYTES_INSPECTED, DECISION_KINDS,
+};
 use crate::request::{
     BodyVerdict, Decision, HeadersVerdict, LocalReply, RequestHead, RequestRouter,
 };
+use crate::steering::{self, HeaderOp};
+use crate::strategy::{DecisionKind, Policy};
+
+/// Root tick: heartbeat, count repair, gauges.
+const TICK_PERIOD_MS: u32 = 1_000;
+
+/// Most in-flight gauges one VM defines (Envoy never deletes a stat); the
+/// registry holds at most this many instances anyway.
+const MAX_GAUGES: usize = 64;
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(LogLevel::Info);
     proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> {
+        let config = Config::default();
         Box::new(PrefixRouterRoot {
-            config: Rc::new(Config::default()),
+            policy: Rc::new(steering::policy_for(&config)),
+            config: Rc::new(config),
             metrics: Rc::new(MetricIds::default()),
         })
     });
 }}
+
+thread_local! {
+    /// This worker VM's handle on the shared load tables: created once, kept
+    /// across configuration updates (Envoy reuses the VM for them).
+    static TRACKER: RefCell<Option<LoadTracker<HostStore>>> = const { RefCell::new(None) };
+    /// When this VM last ran the tick's work.
+    static LAST_TICK_MS: Cell<u64> = const { Cell::new(0) };
+    /// In-flight gauge ids by instance address.
+    static GAUGES: RefCell<HashMap<String, u32>> = RefCell::new(HashMap::new());
+}
+
+fn now_ms() -> u64 {
+    host::now_ms().unwrap_or_else(|status| {
+        log::warn!("prefix-router: cannot read the clock: {status}");
+        0
+    })
+}
+
+fn random_u64(salt: u64) -> u64 {
+    // WASI random_get seeds RandomState (seen working in Envoy).
+    std::collections::hash_map::RandomState::new().hash_one(salt)
+}
+
+/// Runs `f` on this VM's tracker, creating it on first use. The tracker is
+/// shared by every plugin of the VM (listener and upstream filters, old and
+/// new configurations), so each call applies the caller's own
+/// `instance_ttl_ms` rather than whichever plugin configured last.
+fn with_tracker<R>(config: &Config, f: impl FnOnce(&mut LoadTracker<HostStore>) -> R) -> R {
+    TRACKER.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        let tracker = slot.get_or_insert_with(|| {
+            let nonce = random_u64(now_ms());
+            LoadTracker::new(HostStore, steering::load_config(config), nonce)
+        });
+        tracker.set_instance_ttl_ms(config.instance_ttl_ms);
+        f(tracker)
+    })
+}
 
 /// Envoy's ids for the filter's metrics; `None` where defining failed (the
 /// filter then routes without counting rather than failing requests).
 #[derive(Debug, Default)]
 struct MetricIds {
     counters: [Option<u32>; Counter::ALL.len()],
+    decisions: [Option<u32>; DECISION_KINDS.len()],
     bytes_inspected: Option<u32>,
 }
 
@@ -41,8 +106,17 @@ impl MetricIds {
                 *slot = defined(host::METRIC_COUNTER, counter.name());
             }
         }
+        for (slot, kind) in ids.decisions.iter_mut().zip(DECISION_KINDS) {
+            *slot = defined(host::METRIC_COUNTER, &decision_counter_name(kind));
+        }
         ids.bytes_inspected = defined(host::METRIC_HISTOGRAM, BYTES_INSPECTED);
         ids
+    }
+
+    fn is_empty(&self) -> bool {
+        self.bytes_inspected.is_none()
+            && self.counters.iter().all(Option::is_none)
+            && self.decisions.iter().all(Option::is_none)
     }
 
     fn increment(&self, counter: Counter) {
@@ -50,6 +124,16 @@ impl MetricIds {
             warn_on_error(
                 "increment metric",
                 counter.name(),
+                host::increment_metric(*id, 1),
+            );
+        }
+    }
+
+    fn increment_decision(&self, kind: DecisionKind) {
+        if let Some(Some(id)) = self.decisions.get(decision_index(kind)) {
+            warn_on_error(
+                "increment metric",
+                kind.as_str(),
                 host::increment_metric(*id, 1),
             );
         }
@@ -86,8 +170,43 @@ fn warn_on_error(what: &str, subject: &str, result: Result<(), HostStatus>) {
     }
 }
 
+/// Sets every known instance's in-flight gauge (each VM computes the same
+/// totals from shared data; same-named gauges are one Envoy stat). Gauges of
+/// instances no longer registered drop to 0.
+fn publish_gauges(loads: &[crate::load::InstanceLoad]) {
+    GAUGES.with(|cell| {
+        let mut gauges = cell.borrow_mut();
+        for (address, id) in gauges.iter() {
+            if !loads.iter().any(|l| &l.address == address) {
+                warn_on_error("set gauge", address, host::record_metric(*id, 0));
+            }
+        }
+        for load in loads {
+            let id = match gauges.get(&load.address) {
+                Some(id) => Some(*id),
+                None if gauges.len() < MAX_GAUGES => {
+                    let id = defined(host::METRIC_GAUGE, &in_flight_gauge_name(&load.address));
+                    if let Some(id) = id {
+                        gauges.insert(load.address.clone(), id);
+                    }
+                    id
+                }
+                None => None,
+            };
+            if let Some(id) = id {
+                warn_on_error(
+                    "set gauge",
+                    &load.address,
+                    host::record_metric(id, u64::from(load.in_flight)),
+                );
+            }
+        }
+    });
+}
+
 struct PrefixRouterRoot {
     config: Rc<Config>,
+    policy: Rc<Policy>,
     metrics: Rc<MetricIds>,
 }
 
@@ -114,22 +233,30 @@ impl RootContext for PrefixRouterRoot {
         match Config::parse(&bytes) {
             Ok(config) => {
                 log::info!(
-                    "prefix-router: configured: strategy {}, prefix_length {}, max_body_bytes {}, key_header {}, tenant_header {}, include_model {}, {} path rules",
+                    "prefix-router: configured: strategy {}, prefix_length {}, concurrency_threshold {}, max_body_bytes {}, key_header {}, host_header {}, tenant_header {}, decision_header {}, instance_ttl_ms {}, include_model {}, {} path rules",
                     config.strategy.as_str(),
                     config.prefix_length,
+                    config.concurrency_threshold,
                     config.max_body_bytes,
                     config.key_header,
+                    config.host_header.as_deref().unwrap_or("(none: overflow re-keys)"),
                     config.tenant_header,
+                    config.decision_header.as_deref().unwrap_or("(none)"),
+                    config.instance_ttl_ms,
                     config.include_model,
                     config.path_rules.len()
                 );
+                self.policy = Rc::new(steering::policy_for(&config));
                 self.config = Rc::new(config);
                 // Once per root context: on_configure runs again on updates.
-                if self.metrics.bytes_inspected.is_none()
-                    && self.metrics.counters.iter().all(Option::is_none)
-                {
+                if self.metrics.is_empty() {
                     self.metrics = Rc::new(MetricIds::define());
                 }
+                warn_on_error(
+                    "set tick period",
+                    "root",
+                    host::set_tick_period_ms(TICK_PERIOD_MS),
+                );
                 true
             }
             Err(error) => {
@@ -139,11 +266,37 @@ impl RootContext for PrefixRouterRoot {
         }
     }
 
-    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+    fn on_tick(&mut self) {
+        let now = now_ms();
+        // Every plugin of the VM (listener filter, each cluster's upstream
+        // filter) has a root that ticks; one tick per period does the work.
+        let due = LAST_TICK_MS.with(|last| {
+            let due = now.saturating_sub(last.get()) >= u64::from(TICK_PERIOD_MS / 2);
+            if due {
+                last.set(now);
+            }
+            due
+        });
+        if !due {
+            return;
+        }
+        let loads = with_tracker(&self.config, |t| {
+            t.tick(now);
+            t.snapshot(now)
+        });
+        publish_gauges(&loads);
+    }
+
+    fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
         Some(Box::new(PrefixRouterHttp {
+            context_id,
             config: Rc::clone(&self.config),
+            policy: Rc::clone(&self.policy),
             router: RequestRouter::new(Rc::clone(&self.config)),
             metrics: Rc::clone(&self.metrics),
+            upstream: false,
+            ticket: None,
+            decided: None,
         }))
     }
 
@@ -153,10 +306,18 @@ impl RootContext for PrefixRouterRoot {
 }
 
 struct PrefixRouterHttp {
-    /// The configuration this request started with (header names).
+    context_id: u32,
+    /// The configuration and policy this request started with.
     config: Rc<Config>,
+    policy: Rc<Policy>,
     router: RequestRouter,
     metrics: Rc<MetricIds>,
+    /// Runs as the cluster's upstream filter (counts, does not decide).
+    upstream: bool,
+    /// The in-flight count this stream holds; released once, in `on_done`.
+    ticket: Option<Ticket>,
+    /// The routing decision's kind, for the debug response header.
+    decided: Option<DecisionKind>,
 }
 
 impl PrefixRouterHttp {
@@ -164,16 +325,30 @@ impl PrefixRouterHttp {
         &self.config
     }
 
-    fn write_key(&self, decision: &Decision) {
-        if let Some(key) = &decision.key {
-            let header = &self.config().key_header;
-            warn_on_error(
-                "write header",
-                header,
-                host::replace_request_header(header, key.as_bytes()),
-            );
-        }
+    /// Runs the policy and writes every header it governs.
+    fn route(&mut self, decision: &Decision) {
         self.metrics.record_decision(decision);
+        let now = now_ms();
+        let random = random_u64(now ^ u64::from(self.context_id));
+        let policy = Rc::clone(&self.policy);
+        let routed = with_tracker(&self.config, |t| {
+            steering::route(&policy, decision.key.as_deref(), t, random, now)
+        });
+        for op in steering::header_ops(&self.config, &routed.decision) {
+            match op {
+                HeaderOp::Set(name, value) => warn_on_error(
+                    "write header",
+                    name,
+                    host::replace_request_header(name, value.as_bytes()),
+                ),
+                HeaderOp::Remove(name) => {
+                    warn_on_error("remove header", name, host::remove_request_header(name))
+                }
+            }
+        }
+        self.metrics.increment_decision(routed.decision.kind);
+        self.decided = Some(routed.decision.kind);
+        self.ticket = routed.ticket;
     }
 
     fn reject(&self, reply: &LocalReply) -> Action {
@@ -192,30 +367,62 @@ impl PrefixRouterHttp {
         Action::Pause
     }
 
-    fn body_action(&self, verdict: BodyVerdict) -> Action {
+    fn body_action(&mut self, verdict: BodyVerdict) -> Action {
         match verdict {
             BodyVerdict::Pause => Action::Pause,
             BodyVerdict::Continue(decision) => {
                 // Before Continue: once the headers leave, writes are lost.
-                self.write_key(&decision);
+                self.route(&decision);
                 Action::Continue
             }
             BodyVerdict::AlreadyDecided => Action::Continue,
         }
     }
+
+    /// Upstream role: count the request on the chosen instance, learn the
+    /// key's target, and keep the internal headers from the instance.
+    fn start_upstream(&mut self, address: &str) -> Action {
+        let key = read_header_text(&self.config().key_header);
+        let overridden = self
+            .config()
+            .host_header
+            .as_deref()
+            .is_some_and(|h| read_header(h).is_some());
+        let counted = read_header_text(COUNTED_HEADER);
+        let start =
+            steering::upstream_start(address, key.as_deref(), overridden, counted.as_deref());
+        let now = now_ms();
+        self.ticket = with_tracker(&self.config, |t| t.upstream_started(start, now));
+        for name in steering::UPSTREAM_STRIPPED {
+            warn_on_error("remove header", name, host::remove_request_header(name));
+        }
+        Action::Continue
+    }
 }
 
-impl Context for PrefixRouterHttp {}
+impl Context for PrefixRouterHttp {
+    fn on_done(&mut self) -> bool {
+        // Every stream end (completed, aborted, reset, timed out, local
+        // reply) comes here once: the count is given back exactly once.
+        if let Some(ticket) = self.ticket.take() {
+            let now = now_ms();
+            with_tracker(&self.config, |t| t.release(ticket, now));
+        }
+        true
+    }
+}
 
 impl HttpContext for PrefixRouterHttp {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
-        // First, whatever happens next: a client must never choose the key.
-        let key_header = self.config().key_header.clone();
-        warn_on_error(
-            "remove header",
-            &key_header,
-            host::remove_request_header(&key_header),
-        );
+        if let Some(address) = upstream_address() {
+            self.upstream = true;
+            return self.start_upstream(&address);
+        }
+        // First, whatever happens next: a client must never choose the key,
+        // the instance, the route or the counts.
+        for name in steering::owned_request_headers(&self.config) {
+            warn_on_error("remove header", name, host::remove_request_header(name));
+        }
         let path = read_header(":path");
         let tenant = read_header(&self.config().tenant_header);
         let verdict = self.router.on_request_headers(RequestHead {
@@ -225,7 +432,7 @@ impl HttpContext for PrefixRouterHttp {
         });
         match verdict {
             HeadersVerdict::Continue(decision) => {
-                self.write_key(&decision);
+                self.route(&decision);
                 Action::Continue
             }
             HeadersVerdict::PauseForBody => Action::Pause,
@@ -234,6 +441,9 @@ impl HttpContext for PrefixRouterHttp {
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        if self.upstream {
+            return Action::Continue;
+        }
         let verdict = self
             .router
             .on_request_body(
@@ -252,8 +462,40 @@ impl HttpContext for PrefixRouterHttp {
     }
 
     fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
+        if self.upstream {
+            return Action::Continue;
+        }
         let verdict = self.router.on_request_trailers();
         self.body_action(verdict)
+    }
+
+    fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+        if self.upstream {
+            return Action::Continue;
+        }
+        if let (Some(header), Some(kind)) = (&self.config.decision_header, self.decided) {
+            let instance = upstream_address();
+            let value = steering::decision_header_value(kind, instance.as_deref());
+            warn_on_error(
+                "write response header",
+                header,
+                host::replace_header(host::MAP_HTTP_RESPONSE_HEADERS, header, value.as_bytes()),
+            );
+        }
+        Action::Continue
+    }
+}
+
+/// `upstream.address` (`ip:port`): readable in the upstream filter from the
+/// request headers on, and downstream once a response came from upstream.
+fn upstream_address() -> Option<String> {
+    match host::get_property(&["upstream", "address"]) {
+        Ok(Some(bytes)) if !bytes.is_empty() => String::from_utf8(bytes).ok(),
+        Ok(_) => None,
+        Err(status) => {
+            log::debug!("prefix-router: upstream.address unavailable: {status}");
+            None
+        }
     }
 }
 
@@ -265,4 +507,8 @@ fn read_header(name: &str) -> Option<Vec<u8>> {
             None
         }
     }
+}
+
+fn read_header_text(name: &str) -> Option<String> {
+    read_header(name).and_then(|bytes| String::from_utf8(bytes).ok())
 }

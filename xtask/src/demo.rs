@@ -25,12 +25,16 @@ struct SharedPrefix {
 
 pub fn run() -> anyhow::Result<()> {
     let found = prereqs::ensure_all()?;
-    let wasm = build_wasm()?;
-    // The launcher reads ENVOY_BIN; point it at what setup found or installed.
-    std::env::set_var("ENVOY_BIN", &found.envoy);
+    let built = build_wasm()?;
+    // PREFIX_ROUTER_WASM runs the demo with another build of the filter.
+    let wasm = match std::env::var_os("PREFIX_ROUTER_WASM").filter(|p| !p.is_empty()) {
+        Some(path) => std::path::PathBuf::from(path),
+        None => built,
+    };
 
     let fleet = UpstreamFleet::start(INSTANCES)?;
     let envoy = Envoy::builder()
+        .envoy_binary(&found.envoy)
         .wasm(&wasm)
         .upstreams(fleet.addrs())
         .start()?;
@@ -176,16 +180,16 @@ fn send(base_url: &str, path: &str, request_id: &str, body: &str) -> anyhow::Res
 fn print_table(rows: &[Row]) {
     println!();
     println!(
-        "| {:<9} | {:<6} | {:>7} | {:<11} | {:<16} |",
+        "| {:<9} | {:<6} | {:>7} | {:<11} | {:<18} |",
         "prefix", "api", "request", "served by", KEY_HEADER
     );
     println!(
-        "|{:-<11}|{:-<8}|{:->9}|{:-<13}|{:-<18}|",
+        "|{:-<11}|{:-<8}|{:->9}|{:-<13}|{:-<20}|",
         "", "", "", "", ""
     );
     for row in rows {
         println!(
-            "| {:<9} | {:<6} | {:>7} | {:<11} | {:<16} |",
+            "| {:<9} | {:<6} | {:>7} | {:<11} | {:<18} |",
             row.prefix, row.api, row.request, row.served_by, row.key
         );
     }

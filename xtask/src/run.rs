@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::Context as _;
+use anyhow::{bail, Context as _};
 use prefix_router_tools::envoy;
 
 use crate::prereqs::{self, cargo, run};
@@ -30,19 +30,34 @@ pub fn test(cargo_test_args: &[String]) -> anyhow::Result<()> {
     let found = prereqs::ensure_all()?;
     prereqs::ensure_node()?;
     let wasm = build_wasm()?;
-    run(cargo()
-        .args(["test", "--workspace"])
+    // Both suites run even if the first fails, so one run shows every failure.
+    let native = run(cargo()
+        .args(["test", "--workspace", "--no-fail-fast"])
         .args(cargo_test_args)
         .env("PREFIX_ROUTER_WASM", &wasm)
-        .env("ENVOY_BIN", &found.envoy))?;
-    run(cargo().args([
+        .env("ENVOY_BIN", &found.envoy));
+    let wasm32 = run(cargo().args([
         "test",
         "--target",
         "wasm32-wasip1",
         "-p",
         "prefix-router",
         "--lib",
-    ]))?;
-    eprintln!("xtask: all tests passed");
-    Ok(())
+    ]));
+    match (native, wasm32) {
+        (Ok(()), Ok(())) => {
+            eprintln!("xtask: all tests passed");
+            Ok(())
+        }
+        (native, wasm32) => {
+            let failed: Vec<String> = [
+                ("native and integration tests", native),
+                ("wasm32-wasip1 unit tests", wasm32),
+            ]
+            .into_iter()
+            .filter_map(|(what, outcome)| outcome.err().map(|e| format!("{what}: {e:#}")))
+            .collect();
+            bail!("tests failed:\n  {}", failed.join("\n  "))
+        }
+    }
 }

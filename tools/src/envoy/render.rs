@@ -4,7 +4,7 @@
 //! expected, so a change to `envoy/envoy.yaml` cannot silently escape the tests.
 
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail};
 use serde_yaml::{Mapping, Value};
@@ -29,6 +29,8 @@ pub(super) struct StandardEdits<'a> {
     pub wasm: Option<&'a Path>,
     pub plugin_config: Option<&'a str>,
     pub upstreams: Option<&'a [SocketAddr]>,
+    /// Serve endpoints from files in this directory (file-based EDS).
+    pub eds_dir: Option<&'a Path>,
 }
 
 pub(super) fn standard_edits(config: &mut Value, edits: &StandardEdits<'_>) -> anyhow::Result<()> {
@@ -53,7 +55,113 @@ pub(super) fn standard_edits(config: &mut Value, edits: &StandardEdits<'_>) -> a
             }
         }
     }
+    if let Some(dir) = edits.eds_dir {
+        // Envoy requires a node identity for any xDS source, files included.
+        if config.get("node").is_none() {
+            let node: Value =
+                serde_yaml::from_str("{ id: prefix-router, cluster: prefix-router }")?;
+            config
+                .as_mapping_mut()
+                .ok_or_else(|| anyhow!("the configuration is not a mapping"))?
+                .insert("node".into(), node);
+        }
+        let clusters = seq_mut(config, &["static_resources", "clusters"])?;
+        for cluster in clusters.iter_mut() {
+            if cluster.get("load_assignment").is_some() {
+                endpoints_from_file(cluster, dir)?;
+            }
+        }
+    }
     Ok(())
+}
+
+/// The EDS file of a cluster served from files in `dir`.
+pub(super) fn eds_path(dir: &Path, cluster: &str) -> PathBuf {
+    dir.join(format!("eds-{cluster}.yaml"))
+}
+
+/// Writes a cluster's endpoints for file-based EDS. Envoy watches for the file
+/// being moved into place, so it is written aside and renamed.
+pub(super) fn write_eds_file(
+    dir: &Path,
+    cluster: &str,
+    addrs: &[SocketAddr],
+) -> anyhow::Result<()> {
+    let mut assignment = Mapping::new();
+    assignment.insert(
+        "@type".into(),
+        "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment".into(),
+    );
+    assignment.insert("cluster_name".into(), cluster.into());
+    assignment.insert("endpoints".into(), locality_endpoints(addrs)?);
+    let mut response = Mapping::new();
+    response.insert(
+        "resources".into(),
+        Value::Sequence(vec![Value::Mapping(assignment)]),
+    );
+    let final_path = eds_path(dir, cluster);
+    let staging = dir.join(format!(".eds-{cluster}.yaml.tmp"));
+    std::fs::write(&staging, serde_yaml::to_string(&Value::Mapping(response))?)?;
+    std::fs::rename(&staging, &final_path)?;
+    Ok(())
+}
+
+/// Turns a static cluster into one fed from an EDS file holding its current endpoints.
+fn endpoints_from_file(cluster: &mut Value, dir: &Path) -> anyhow::Result<()> {
+    let name = cluster
+        .get("name")
+        .and_then(Value::as_str)
+        .ok_or_else(|| anyhow!("cluster without a name"))?
+        .to_string();
+    let addrs = static_endpoints(cluster)?;
+    write_eds_file(dir, &name, &addrs)?;
+    let path = eds_path(dir, &name);
+    let cluster = cluster
+        .as_mapping_mut()
+        .ok_or_else(|| anyhow!("cluster {name} is not a mapping"))?;
+    cluster.remove("load_assignment");
+    cluster.insert("type".into(), "EDS".into());
+    let eds: Value = serde_yaml::from_str(&format!(
+        "{{ service_name: '{name}', eds_config: {{ resource_api_version: V3, path_config_source: {{ path: '{}' }} }} }}",
+        path.display()
+    ))?;
+    cluster.insert("eds_cluster_config".into(), eds);
+    Ok(())
+}
+
+/// The addresses listed in a static cluster's load_assignment.
+fn static_endpoints(cluster: &Value) -> anyhow::Result<Vec<SocketAddr>> {
+    let mut addrs = Vec::new();
+    let localities = cluster
+        .get("load_assignment")
+        .and_then(|a| a.get("endpoints"))
+        .and_then(Value::as_sequence)
+        .ok_or_else(|| anyhow!("cluster without load_assignment.endpoints"))?;
+    for locality in localities {
+        for endpoint in locality
+            .get("lb_endpoints")
+            .and_then(Value::as_sequence)
+            .into_iter()
+            .flatten()
+        {
+            let socket = endpoint
+                .get("endpoint")
+                .and_then(|e| e.get("address"))
+                .and_then(|a| a.get("socket_address"))
+                .ok_or_else(|| anyhow!("endpoint without address.socket_address"))?;
+            let ip = socket
+                .get("address")
+                .and_then(Value::as_str)
+                .ok_or_else(|| anyhow!("endpoint without an address"))?;
+            let port = socket
+                .get("port_value")
+                .and_then(Value::as_u64)
+                .and_then(|p| u16::try_from(p).ok())
+                .ok_or_else(|| anyhow!("endpoint without a port"))?;
+            addrs.push(SocketAddr::new(ip.parse()?, port));
+        }
+    }
+    Ok(addrs)
 }
 
 /// The name of the first static listener (the one clients use).
@@ -99,7 +207,8 @@ fn edit_wasm_filters(listeners: &mut [Value], edits: &StandardEdits<'_>) -> anyh
                 if type_of(hcm) != Some(HCM_TYPE) {
                     continue;
                 }
-                let Some(http_filters) = hcm.get_mut("http_filters").and_then(Value::as_sequence_mut)
+                let Some(http_filters) =
+                    hcm.get_mut("http_filters").and_then(Value::as_sequence_mut)
                 else {
                     continue;
                 };
@@ -142,7 +251,10 @@ fn edit_plugin(filter: &mut Value, edits: &StandardEdits<'_>) -> anyhow::Result<
             .and_then(Value::as_mapping_mut)
             .ok_or_else(|| anyhow!("wasm filter without vm_config.code.local"))?;
         local.clear();
-        local.insert("filename".into(), wasm.to_string_lossy().into_owned().into());
+        local.insert(
+            "filename".into(),
+            wasm.to_string_lossy().into_owned().into(),
+        );
     }
     if let Some(json) = edits.plugin_config {
         let plugin = plugin
@@ -160,6 +272,17 @@ fn edit_plugin(filter: &mut Value, edits: &StandardEdits<'_>) -> anyhow::Result<
 }
 
 fn set_endpoints(cluster: &mut Value, upstreams: &[SocketAddr]) -> anyhow::Result<()> {
+    let endpoints = locality_endpoints(upstreams)?;
+    let assignment = cluster
+        .get_mut("load_assignment")
+        .and_then(Value::as_mapping_mut)
+        .ok_or_else(|| anyhow!("cluster load_assignment is not a mapping"))?;
+    assignment.insert("endpoints".into(), endpoints);
+    Ok(())
+}
+
+/// `[{lb_endpoints: [...]}]`: one locality holding the given addresses.
+fn locality_endpoints(upstreams: &[SocketAddr]) -> anyhow::Result<Value> {
     let endpoints: Vec<Value> = upstreams
         .iter()
         .map(|addr| {
@@ -173,15 +296,7 @@ fn set_endpoints(cluster: &mut Value, upstreams: &[SocketAddr]) -> anyhow::Resul
         .collect::<Result<_, _>>()?;
     let mut locality = Mapping::new();
     locality.insert("lb_endpoints".into(), Value::Sequence(endpoints));
-    let assignment = cluster
-        .get_mut("load_assignment")
-        .and_then(Value::as_mapping_mut)
-        .ok_or_else(|| anyhow!("cluster load_assignment is not a mapping"))?;
-    assignment.insert(
-        "endpoints".into(),
-        Value::Sequence(vec![Value::Mapping(locality)]),
-    );
-    Ok(())
+    Ok(Value::Sequence(vec![Value::Mapping(locality)]))
 }
 
 fn seq_mut<'a>(config: &'a mut Value, path: &[&str]) -> anyhow::Result<&'a mut Vec<Value>> {
@@ -206,7 +321,9 @@ mod tests {
 
     fn wasm_filter_count(config: &Value) -> usize {
         let mut count = 0;
-        let listeners = config["static_resources"]["listeners"].as_sequence().unwrap();
+        let listeners = config["static_resources"]["listeners"]
+            .as_sequence()
+            .unwrap();
         for listener in listeners {
             for chain in listener["filter_chains"].as_sequence().unwrap() {
                 for f in chain["filters"].as_sequence().unwrap() {
@@ -222,7 +339,10 @@ mod tests {
     #[test]
     fn rewrites_ports_endpoints_wasm_and_plugin_config() {
         let mut config = shipped_config();
-        let upstreams: Vec<SocketAddr> = vec!["127.0.0.1:1111".parse().unwrap(), "127.0.0.1:2222".parse().unwrap()];
+        let upstreams: Vec<SocketAddr> = vec![
+            "127.0.0.1:1111".parse().unwrap(),
+            "127.0.0.1:2222".parse().unwrap(),
+        ];
         standard_edits(
             &mut config,
             &StandardEdits {
@@ -230,16 +350,24 @@ mod tests {
                 wasm: Some(Path::new("/abs/filter.wasm")),
                 plugin_config: Some(r#"{"prefix_length":2048}"#),
                 upstreams: Some(&upstreams),
+                eds_dir: None,
             },
         )
         .unwrap();
         let listener = &config["static_resources"]["listeners"][0]["address"]["socket_address"];
         assert_eq!(listener["address"], "127.0.0.1");
         assert_eq!(listener["port_value"], 0);
-        assert_eq!(config["admin"]["address"]["socket_address"]["port_value"], 0);
-        let endpoints = &config["static_resources"]["clusters"][0]["load_assignment"]["endpoints"][0]["lb_endpoints"];
+        assert_eq!(
+            config["admin"]["address"]["socket_address"]["port_value"],
+            0
+        );
+        let endpoints = &config["static_resources"]["clusters"][0]["load_assignment"]["endpoints"]
+            [0]["lb_endpoints"];
         assert_eq!(endpoints.as_sequence().unwrap().len(), 2);
-        assert_eq!(endpoints[1]["endpoint"]["address"]["socket_address"]["port_value"], 2222);
+        assert_eq!(
+            endpoints[1]["endpoint"]["address"]["socket_address"]["port_value"],
+            2222
+        );
         let text = serde_yaml::to_string(&config).unwrap();
         assert!(text.contains("/abs/filter.wasm"));
         assert!(text.contains(r#"{"prefix_length":2048}"#));
@@ -256,11 +384,14 @@ mod tests {
                 wasm: None,
                 plugin_config: None,
                 upstreams: None,
+                eds_dir: None,
             },
         )
         .unwrap();
         assert_eq!(wasm_filter_count(&config), 0);
-        assert!(serde_yaml::to_string(&config).unwrap().contains("envoy.filters.http.router"));
+        assert!(serde_yaml::to_string(&config)
+            .unwrap()
+            .contains("envoy.filters.http.router"));
     }
 
     #[test]
@@ -271,9 +402,13 @@ mod tests {
             wasm: None,
             plugin_config: None,
             upstreams: None,
+            eds_dir: None,
         };
         standard_edits(&mut config, &edits).unwrap();
-        let wanted = StandardEdits { filter: FilterMode::With, ..edits };
+        let wanted = StandardEdits {
+            filter: FilterMode::With,
+            ..edits
+        };
         assert!(standard_edits(&mut config, &wanted).is_err());
     }
 }

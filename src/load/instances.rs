@@ -1,0 +1,181 @@
+//! One shared record per known instance: its address, when it was last seen
+//! serving, and one in-flight cell per worker-VM column. A VM only ever changes
+//! its own cell, and always to its own exact local count, so concurrent writers
+//! never lose each other's counts (compare-and-swap on the whole record) and a
+//! write that failed is simply repeated later with the then-current truth.
+
+use super::codec::{Reader, Writer};
+
+const RECORD_VERSION: u8 = 1;
+
+/// The longest address tracked (`ip:port` is far shorter; longer is refused).
+pub(crate) const MAX_ADDRESS_LEN: usize = 255;
+
+/// One VM column: whose count it is (the VM's nonce) and the count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct CountCell {
+    pub(crate) tag: u64,
+    pub(crate) count: u32,
+}
+
+/// An instance slot. An empty `address` means the slot is free.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub(crate) struct InstanceRecord {
+    pub(crate) address: String,
+    pub(crate) last_seen_ms: u64,
+    /// Envoy did not use this instance when it was nominated: probably gone.
+    /// Cleared the next time it is seen serving.
+    pub(crate) suspect: bool,
+    pub(crate) cells: Vec<CountCell>,
+}
+
+impl InstanceRecord {
+    pub(crate) fn new(address: &str, now_ms: u64) -> Self {
+        Self {
+            address: address.to_string(),
+            last_seen_ms: now_ms,
+            suspect: false,
+            cells: Vec::new(),
+        }
+    }
+
+    pub(crate) fn is_free(&self) -> bool {
+        self.address.is_empty()
+    }
+
+    /// Seen serving within `ttl_ms`, and not suspected gone.
+    pub(crate) fn is_fresh(&self, now_ms: u64, ttl_ms: u64) -> bool {
+        !self.is_free() && !self.suspect && now_ms.saturating_sub(self.last_seen_ms) <= ttl_ms
+    }
+
+    /// Seen serving at `now_ms`.
+    pub(crate) fn seen(&mut self, now_ms: u64) {
+        self.last_seen_ms = self.last_seen_ms.max(now_ms);
+        self.suspect = false;
+    }
+
+    pub(crate) fn cell(&self, column: u16) -> CountCell {
+        self.cells
+            .get(usize::from(column))
+            .copied()
+            .unwrap_or_default()
+    }
+
+    /// Sets one column, growing the cell list if needed; trailing empty cells
+    /// are trimmed so records stay as short as the highest column in use.
+    pub(crate) fn set_cell(&mut self, column: u16, cell: CountCell) {
+        let index = usize::from(column);
+        if self.cells.len() <= index {
+            self.cells.resize(index + 1, CountCell::default());
+        }
+        if let Some(slot) = self.cells.get_mut(index) {
+            *slot = cell;
+        }
+        while self.cells.last().is_some_and(|c| c.count == 0) {
+            self.cells.pop();
+        }
+    }
+
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let address = self.address.as_bytes();
+        let address = address.get(..MAX_ADDRESS_LEN).unwrap_or(address);
+        let cells = self.cells.get(..255).unwrap_or(&self.cells);
+        let mut w = Writer::with_capacity(12 + address.len() + 12 * cells.len());
+        w.u8(RECORD_VERSION)
+            .u8(u8::from(self.suspect))
+            // Both lengths are capped at 255 just above.
+            .u8(address.len() as u8)
+            .bytes(address)
+            .u64(self.last_seen_ms)
+            .u8(cells.len() as u8);
+        for cell in cells {
+            w.u64(cell.tag).u32(cell.count);
+        }
+        w.finish()
+    }
+
+    /// A foreign or corrupt value decodes as `None`.
+    pub(crate) fn decode(buf: &[u8]) -> Option<Self> {
+        let mut r = Reader::new(buf);
+        if r.u8()? != RECORD_VERSION {
+            return None;
+        }
+        let suspect = match r.u8()? {
+            0 => false,
+            1 => true,
+            _ => return None,
+        };
+        let address_len = usize::from(r.u8()?);
+        let address = std::str::from_utf8(r.bytes(address_len)?).ok()?.to_string();
+        let last_seen_ms = r.u64()?;
+        let cell_count = usize::from(r.u8()?);
+        let mut cells = Vec::with_capacity(cell_count);
+        for _ in 0..cell_count {
+            cells.push(CountCell {
+                tag: r.u64()?,
+                count: r.u32()?,
+            });
+        }
+        r.is_empty().then_some(Self {
+            address,
+            last_seen_ms,
+            suspect,
+            cells,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_with_cells() {
+        let mut rec = InstanceRecord::new("10.0.0.1:8000", 77);
+        rec.set_cell(3, CountCell { tag: 9, count: 2 });
+        rec.set_cell(0, CountCell { tag: 5, count: 1 });
+        assert_eq!(rec.cells.len(), 4);
+        assert_eq!(InstanceRecord::decode(&rec.encode()), Some(rec.clone()));
+        assert_eq!(rec.cell(3), CountCell { tag: 9, count: 2 });
+        assert_eq!(rec.cell(200), CountCell::default());
+    }
+
+    #[test]
+    fn zeroed_trailing_cells_are_trimmed() {
+        let mut rec = InstanceRecord::new("a:1", 0);
+        rec.set_cell(0, CountCell { tag: 5, count: 1 });
+        rec.set_cell(4, CountCell { tag: 9, count: 2 });
+        rec.set_cell(4, CountCell { tag: 9, count: 0 });
+        assert_eq!(rec.cells.len(), 1);
+    }
+
+    #[test]
+    fn garbage_and_truncation_decode_as_none() {
+        let rec = InstanceRecord::new("10.0.0.1:8000", 77).encode();
+        for cut in 0..rec.len() {
+            assert_eq!(
+                InstanceRecord::decode(rec.get(..cut).unwrap()),
+                None,
+                "cut {cut}"
+            );
+        }
+        assert_eq!(InstanceRecord::decode(&[1, 2, 0xff, 0xfe]), None);
+        assert_eq!(InstanceRecord::decode(&[0; 40]), None);
+    }
+
+    #[test]
+    fn freshness_and_free_slots() {
+        let mut rec = InstanceRecord::new("a:1", 1_000);
+        assert!(rec.is_fresh(1_500, 500));
+        assert!(!rec.is_fresh(1_501, 500));
+        rec.suspect = true;
+        assert!(!rec.is_fresh(1_000, 500));
+        assert_eq!(InstanceRecord::decode(&rec.encode()), Some(rec.clone()));
+        rec.seen(1_200);
+        assert!(rec.is_fresh(1_500, 500));
+        rec.seen(900);
+        assert_eq!(rec.last_seen_ms, 1_200, "time never goes back");
+        assert!(InstanceRecord::default().is_free());
+        assert!(!InstanceRecord::default().is_fresh(0, u64::MAX));
+    }
+}

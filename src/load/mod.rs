@@ -1,0 +1,189 @@
+//! In-flight accounting across worker VMs, kept in proxy-wasm shared data, and
+//! what the filter has learned about the fleet: which instances exist and which
+//! instance Maglev sends each key to.
+//!
+//! Why this shape (see `docs/overload-design.md` for the Envoy evidence):
+//! - The same `.wasm` also runs as an *upstream* HTTP filter on the cluster,
+//!   where `upstream.address` names the chosen host at request start. It calls
+//!   [`LoadTracker::upstream_started`]: the instance is registered, the key's
+//!   target learned, and the request counted exactly, with no learning lag.
+//! - The downstream decision *claims* a slot on a known target atomically
+//!   ([`LoadView::claim`] with the cap), so two workers cannot both take the
+//!   last slot; the upstream filter then skips counting it again (the
+//!   `COUNTED_HEADER` names the instance already counted).
+//! - Every count is held by a [`Ticket`] that the stream owns and gives back to
+//!   [`LoadTracker::release`] exactly once, in `on_done`.
+//! - Each worker VM writes only its own column of each count record and keeps
+//!   the exact truth locally, so failed writes are repaired on the next
+//!   [`LoadTracker::tick`]; a dead VM's column stops counting when its lease
+//!   expires (healing after a VM restart).
+//! - Every table has a fixed size ([`LoadConfig`]); time is a parameter.
+
+mod codec;
+mod instances;
+mod lease;
+mod pending;
+mod routes;
+mod tracker;
+
+#[cfg(test)]
+mod tests;
+
+pub use tracker::LoadTracker;
+
+/// Request header naming the instance the downstream decision already counted
+/// (the upstream filter then does not count the request again). Internal: the
+/// filter removes any client-sent value before deciding.
+pub const COUNTED_HEADER: &str = "x-prefix-router-counted";
+
+/// [`COUNTED_HEADER`] value for a request routed before its key's target was
+/// known: the upstream filter counts it and clears its pending mark.
+pub const PENDING_MARK: &str = "pending";
+
+/// Sizes, times and namespace of the shared tables.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoadConfig {
+    /// Prefix of every shared-data key, so several filters (or Istio, which sets
+    /// no `vm_id`) never collide. Keys are `prefix-router/<namespace>/v1/...`.
+    pub namespace: String,
+    /// Instance slots (bound of the registry). 1..=4096.
+    pub max_instances: u16,
+    /// Worker-VM columns (bound of concurrent VMs counted). 1..=255.
+    pub vm_slots: u16,
+    /// Buckets of the key -> instance table (4 keys each). 1..=65536.
+    pub route_buckets: u32,
+    /// A VM whose heartbeat is older than this stops counting.
+    pub vm_lease_ms: u64,
+    /// An instance not seen serving for this long is forgotten (no overflow
+    /// goes to it; its slot can be reused once nothing is in flight there).
+    pub instance_ttl_ms: u64,
+    /// A learned key -> instance mapping older than this is ignored.
+    pub route_ttl_ms: u64,
+    /// A request routed before its key's target was known stops counting as
+    /// pending after this long if no upstream filter took it over (client gone).
+    pub pending_ttl_ms: u64,
+    /// Bound of every compare-and-swap retry loop.
+    pub cas_attempts: u32,
+}
+
+impl Default for LoadConfig {
+    fn default() -> Self {
+        Self {
+            namespace: "default".to_string(),
+            max_instances: 64,
+            vm_slots: 64,
+            route_buckets: 4096,
+            vm_lease_ms: 10_000,
+            instance_ttl_ms: 60_000,
+            route_ttl_ms: 600_000,
+            pending_ttl_ms: 1_000,
+            cas_attempts: 16,
+        }
+    }
+}
+
+impl LoadConfig {
+    /// The same configuration with every size clamped into its allowed range.
+    pub fn clamped(mut self) -> Self {
+        self.max_instances = self.max_instances.clamp(1, 4096);
+        self.vm_slots = self.vm_slots.clamp(1, 255);
+        self.route_buckets = self.route_buckets.clamp(1, 65_536);
+        self.cas_attempts = self.cas_attempts.clamp(1, 1_000);
+        self
+    }
+}
+
+/// An instance as the tables know it: its registry slot and `ip:port` address
+/// (what the host-override header takes).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct InstanceRef {
+    pub slot: u16,
+    pub address: String,
+}
+
+/// Proof that one request is counted on one instance. Not `Clone`: give it
+/// back to [`LoadTracker::release`] exactly once, when the stream ends.
+#[derive(Debug, PartialEq, Eq)]
+#[must_use = "a ticket left unreleased keeps its instance counted until the VM's lease expires"]
+pub struct Ticket {
+    pub(crate) slot: u16,
+    pub(crate) addr_hash: u64,
+    pub(crate) owner: u64,
+}
+
+impl Ticket {
+    /// Registry slot of the counted instance (for logs and tests).
+    pub fn slot(&self) -> u16 {
+        self.slot
+    }
+}
+
+/// Result of trying to count a request on an instance.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Claim {
+    /// Counted; the caller holds the ticket.
+    Claimed(Ticket),
+    /// The instance already has `in_flight >= cap`; nothing counted.
+    Full { in_flight: u32 },
+    /// Too much write contention to claim atomically; nothing counted (let the
+    /// upstream filter count the request instead).
+    Contended,
+    /// The instance is no longer in the registry (forgotten or slot reused).
+    Gone,
+}
+
+/// What the upstream filter knows when the upstream request starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UpstreamStart<'a> {
+    /// `upstream.address`: the host Envoy chose.
+    pub address: &'a str,
+    /// The routing key header, if the request carries one.
+    pub key: Option<&'a str>,
+    /// True if the request carried a host-override header (then the host was
+    /// not Maglev's choice for the key, and nothing is learned about the key).
+    pub overridden: bool,
+    /// The `COUNTED_HEADER` value, if any.
+    pub counted: Option<&'a str>,
+}
+
+/// One instance's load, for the in-flight gauge.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InstanceLoad {
+    pub address: String,
+    pub in_flight: u32,
+    /// Seen serving within `instance_ttl_ms`.
+    pub fresh: bool,
+}
+
+/// What routing policies may ask of the load tables (implemented by
+/// [`LoadTracker`]; policies stay testable against any implementation).
+pub trait LoadView {
+    /// The learned target of `key`, if known, fresh, and still registered.
+    fn target_of(&mut self, key: &str, now_ms: u64) -> Option<InstanceRef>;
+    /// Requests in flight on `instance` across all live worker VMs.
+    fn in_flight(&mut self, instance: &InstanceRef, now_ms: u64) -> Option<u32>;
+    /// Marks one request of `key` as pending (about to be routed before its
+    /// target is known), then looks the target up again: if another worker
+    /// learned it meanwhile, withdraws the mark and returns the target (claim
+    /// it as usual); otherwise returns None and the request goes out with
+    /// [`PENDING_MARK`] in [`COUNTED_HEADER`].
+    fn route_blind(&mut self, key: &str, now_ms: u64) -> Option<InstanceRef>;
+    /// Counts one request on `instance` if its in-flight count, plus the
+    /// pending requests of `key` (which are on their way to it), is below
+    /// `cap` (always, with `cap: None`), atomically across workers.
+    fn claim(
+        &mut self,
+        instance: &InstanceRef,
+        key: Option<&str>,
+        cap: Option<u32>,
+        now_ms: u64,
+    ) -> Claim;
+    /// The fresh instance other than `exclude` with the fewest requests in
+    /// flight (ties broken by `random`), with that count.
+    fn least_busy_other(
+        &mut self,
+        exclude: &InstanceRef,
+        random: u64,
+        now_ms: u64,
+    ) -> Option<(InstanceRef, u32)>;
+}

@@ -1,0 +1,158 @@
+//! The learned key -> instance table: which instance Maglev sends a key to,
+//! as seen by the upstream filter. Direct-mapped buckets of a few ways each,
+//! so the table has a fixed size however many keys pass; within a bucket the
+//! oldest (or expired) entry gives way.
+
+use super::codec::{Reader, Writer};
+
+const BUCKET_VERSION: u8 = 1;
+
+/// Entries per bucket.
+pub(crate) const WAYS: usize = 4;
+
+/// One learned mapping. `addr_hash` guards against the instance slot having
+/// been reused for another address since.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RouteEntry {
+    pub(crate) key_hash: u64,
+    pub(crate) slot: u16,
+    pub(crate) addr_hash: u64,
+    pub(crate) learned_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub(crate) struct RouteBucket {
+    pub(crate) entries: Vec<RouteEntry>,
+}
+
+impl RouteBucket {
+    /// The entry for `key_hash` if learned within `ttl_ms`.
+    pub(crate) fn lookup(&self, key_hash: u64, now_ms: u64, ttl_ms: u64) -> Option<RouteEntry> {
+        self.entries
+            .iter()
+            .find(|e| e.key_hash == key_hash && now_ms.saturating_sub(e.learned_ms) <= ttl_ms)
+            .copied()
+    }
+
+    /// Inserts or refreshes `entry`. Returns false if nothing needed writing
+    /// (same mapping learned less than `refresh_ms` ago), to spare shared writes.
+    pub(crate) fn upsert(&mut self, entry: RouteEntry, refresh_ms: u64) -> bool {
+        if let Some(existing) = self
+            .entries
+            .iter_mut()
+            .find(|e| e.key_hash == entry.key_hash)
+        {
+            let same = existing.slot == entry.slot && existing.addr_hash == entry.addr_hash;
+            if same && entry.learned_ms.saturating_sub(existing.learned_ms) < refresh_ms {
+                return false;
+            }
+            *existing = entry;
+            return true;
+        }
+        if self.entries.len() < WAYS {
+            self.entries.push(entry);
+            return true;
+        }
+        if let Some(oldest) = self.entries.iter_mut().min_by_key(|e| e.learned_ms) {
+            *oldest = entry;
+        }
+        true
+    }
+
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let entries = self.entries.get(..WAYS).unwrap_or(&self.entries);
+        let mut w = Writer::with_capacity(2 + 26 * entries.len());
+        // At most WAYS entries, well below 256.
+        w.u8(BUCKET_VERSION).u8(entries.len() as u8);
+        for e in entries {
+            w.u64(e.key_hash)
+                .u16(e.slot)
+                .u64(e.addr_hash)
+                .u64(e.learned_ms);
+        }
+        w.finish()
+    }
+
+    pub(crate) fn decode(buf: &[u8]) -> Option<Self> {
+        let mut r = Reader::new(buf);
+        if r.u8()? != BUCKET_VERSION {
+            return None;
+        }
+        let count = usize::from(r.u8()?);
+        if count > WAYS {
+            return None;
+        }
+        let mut entries = Vec::with_capacity(count);
+        for _ in 0..count {
+            entries.push(RouteEntry {
+                key_hash: r.u64()?,
+                slot: r.u16()?,
+                addr_hash: r.u64()?,
+                learned_ms: r.u64()?,
+            });
+        }
+        r.is_empty().then_some(Self { entries })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(key_hash: u64, slot: u16, learned_ms: u64) -> RouteEntry {
+        RouteEntry {
+            key_hash,
+            slot,
+            addr_hash: u64::from(slot) * 31,
+            learned_ms,
+        }
+    }
+
+    #[test]
+    fn lookup_respects_ttl() {
+        let mut bucket = RouteBucket::default();
+        assert!(bucket.upsert(entry(1, 3, 100), 10));
+        assert_eq!(bucket.lookup(1, 150, 50).map(|e| e.slot), Some(3));
+        assert_eq!(bucket.lookup(1, 151, 50), None);
+        assert_eq!(bucket.lookup(2, 100, 50), None);
+    }
+
+    #[test]
+    fn same_mapping_is_not_rewritten_until_refresh_is_due() {
+        let mut bucket = RouteBucket::default();
+        assert!(bucket.upsert(entry(1, 3, 100), 10));
+        assert!(!bucket.upsert(entry(1, 3, 105), 10));
+        assert!(bucket.upsert(entry(1, 3, 110), 10));
+        assert!(
+            bucket.upsert(entry(1, 4, 111), 10),
+            "a moved key is rewritten at once"
+        );
+        assert_eq!(bucket.lookup(1, 111, 50).map(|e| e.slot), Some(4));
+    }
+
+    #[test]
+    fn full_bucket_evicts_the_oldest() {
+        let mut bucket = RouteBucket::default();
+        for key in 0..WAYS as u64 {
+            bucket.upsert(entry(key, 1, 100 + key), 0);
+        }
+        bucket.upsert(entry(99, 2, 500), 0);
+        assert_eq!(bucket.entries.len(), WAYS);
+        assert_eq!(bucket.lookup(0, 500, 1_000), None, "oldest evicted");
+        assert!(bucket.lookup(99, 500, 1_000).is_some());
+        assert!(bucket.lookup(1, 500, 1_000).is_some());
+    }
+
+    #[test]
+    fn round_trip_and_garbage() {
+        let mut bucket = RouteBucket::default();
+        bucket.upsert(entry(5, 1, 9), 0);
+        bucket.upsert(entry(6, 2, 10), 0);
+        assert_eq!(RouteBucket::decode(&bucket.encode()), Some(bucket.clone()));
+        let bytes = bucket.encode();
+        for cut in 0..bytes.len() {
+            assert_eq!(RouteBucket::decode(bytes.get(..cut).unwrap()), None);
+        }
+        assert_eq!(RouteBucket::decode(&[1, 200]), None);
+    }
+}

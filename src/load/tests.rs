@@ -1,0 +1,641 @@
+//! Tests of the load tables through the tracker's public surface, with two (or
+//! more) simulated worker VMs sharing one in-memory store.
+
+use std::cell::Cell;
+use std::rc::Rc;
+
+use super::*;
+use crate::shared::{MemoryStore, SetError, SharedStore};
+
+const A: &str = "10.0.0.1:8000";
+const B: &str = "10.0.0.2:8000";
+const C: &str = "10.0.0.3:8000";
+
+fn config() -> LoadConfig {
+    LoadConfig {
+        vm_lease_ms: 1_000,
+        instance_ttl_ms: 5_000,
+        route_ttl_ms: 60_000,
+        ..LoadConfig::default()
+    }
+}
+
+fn worker(store: &Rc<MemoryStore>, nonce: u64) -> LoadTracker<Rc<MemoryStore>> {
+    let mut tracker = LoadTracker::new(Rc::clone(store), config(), nonce);
+    tracker.tick(0);
+    tracker
+}
+
+fn start<'a>(address: &'a str, key: Option<&'a str>) -> UpstreamStart<'a> {
+    UpstreamStart {
+        address,
+        key,
+        overridden: false,
+        counted: None,
+    }
+}
+
+/// A request that starts and completes at `now`.
+fn serve<S: SharedStore>(tracker: &mut LoadTracker<S>, start: UpstreamStart<'_>, now: u64) {
+    if let Some(ticket) = tracker.upstream_started(start, now) {
+        tracker.release(ticket, now);
+    }
+}
+
+fn load_of(tracker: &mut LoadTracker<Rc<MemoryStore>>, address: &str, now: u64) -> u32 {
+    tracker
+        .snapshot(now)
+        .into_iter()
+        .find(|l| l.address == address)
+        .map_or(0, |l| l.in_flight)
+}
+
+fn instance(tracker: &mut LoadTracker<Rc<MemoryStore>>, key: &str, now: u64) -> InstanceRef {
+    tracker.target_of(key, now).expect("target learned")
+}
+
+#[test]
+fn two_workers_take_different_columns() {
+    let store = Rc::new(MemoryStore::new());
+    let (w1, w2) = (worker(&store, 1), worker(&store, 2));
+    assert!(w1.column().is_some());
+    assert!(w2.column().is_some());
+    assert_ne!(w1.column(), w2.column());
+}
+
+#[test]
+fn counts_from_two_workers_add_up_and_release_to_zero() {
+    let store = Rc::new(MemoryStore::new());
+    let (mut w1, mut w2) = (worker(&store, 1), worker(&store, 2));
+    let t1 = w1
+        .upstream_started(start(A, Some("k")), 10)
+        .expect("counted");
+    let t2 = w2
+        .upstream_started(start(A, Some("k")), 11)
+        .expect("counted");
+    let t3 = w2.upstream_started(start(B, None), 12).expect("counted");
+    assert_eq!(load_of(&mut w1, A, 12), 2);
+    assert_eq!(load_of(&mut w2, A, 12), 2);
+    assert_eq!(load_of(&mut w1, B, 12), 1);
+    w1.release(t1, 13);
+    assert_eq!(load_of(&mut w2, A, 13), 1);
+    w2.release(t2, 14);
+    w2.release(t3, 14);
+    assert_eq!(load_of(&mut w1, A, 14), 0);
+    assert_eq!(load_of(&mut w1, B, 14), 0);
+    assert_eq!(w1.local_in_flight() + w2.local_in_flight(), 0);
+}
+
+#[test]
+fn a_request_counted_by_the_decision_is_not_counted_again() {
+    let store = Rc::new(MemoryStore::new());
+    let mut w = worker(&store, 1);
+    let first = w.upstream_started(start(A, Some("k")), 10);
+    let target = instance(&mut w, "k", 10);
+    let claimed = match w.claim(&target, None, Some(5), 11) {
+        Claim::Claimed(ticket) => ticket,
+        other => panic!("expected a claim, got {other:?}"),
+    };
+    let again = w.upstream_started(
+        UpstreamStart {
+            counted: Some(A),
+            ..start(A, Some("k"))
+        },
+        11,
+    );
+    assert_eq!(again, None);
+    assert_eq!(load_of(&mut w, A, 11), 2);
+    w.release(claimed, 12);
+    w.release(first.expect("counted"), 12);
+    assert_eq!(load_of(&mut w, A, 12), 0);
+}
+
+#[test]
+fn counted_elsewhere_still_counts_where_it_really_went() {
+    let store = Rc::new(MemoryStore::new());
+    let mut w = worker(&store, 1);
+    serve(&mut w, start(A, None), 1);
+    let ticket = w.upstream_started(
+        UpstreamStart {
+            counted: Some(A),
+            ..start(B, Some("k"))
+        },
+        2,
+    );
+    assert!(ticket.is_some(), "served by B although counted on A");
+    assert_eq!(load_of(&mut w, B, 2), 1);
+}
+
+#[test]
+fn claim_with_cap_stops_at_the_cap_across_workers() {
+    let store = Rc::new(MemoryStore::new());
+    let (mut w1, mut w2) = (worker(&store, 1), worker(&store, 2));
+    serve(&mut w1, start(A, Some("k")), 1);
+    let target = instance(&mut w1, "k", 2);
+    let mut tickets = Vec::new();
+    let mut full = 0;
+    for i in 0..10 {
+        let w = if i % 2 == 0 { &mut w1 } else { &mut w2 };
+        match w.claim(&target, None, Some(3), 3) {
+            Claim::Claimed(t) => tickets.push((i % 2, t)),
+            Claim::Full { in_flight } => {
+                assert_eq!(in_flight, 3);
+                full += 1;
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(tickets.len(), 3);
+    assert_eq!(full, 7);
+    for (owner, t) in tickets {
+        if owner == 0 {
+            w1.release(t, 4)
+        } else {
+            w2.release(t, 4)
+        }
+    }
+    assert!(matches!(
+        w2.claim(&target, None, Some(3), 5),
+        Claim::Claimed(_)
+    ));
+}
+
+#[test]
+fn learning_only_from_maglev_choices() {
+    let store = Rc::new(MemoryStore::new());
+    let mut w = worker(&store, 1);
+    let overridden = UpstreamStart {
+        overridden: true,
+        ..start(B, Some("k"))
+    };
+    serve(&mut w, overridden, 1);
+    assert_eq!(
+        w.target_of("k", 1),
+        None,
+        "an overridden request teaches nothing"
+    );
+    serve(&mut w, start(A, Some("k")), 2);
+    assert_eq!(w.target_of("k", 2).map(|i| i.address), Some(A.to_string()));
+    serve(&mut w, start(C, Some("k")), 3);
+    assert_eq!(
+        w.target_of("k", 3).map(|i| i.address),
+        Some(C.to_string()),
+        "a key that moved (fleet change) is relearned at once"
+    );
+}
+
+#[test]
+fn learned_targets_expire_and_forgotten_instances_are_not_targets() {
+    let store = Rc::new(MemoryStore::new());
+    let mut w = worker(&store, 1);
+    serve(&mut w, start(A, Some("k")), 0);
+    assert!(w.target_of("k", 5_000).is_some());
+    assert_eq!(
+        w.target_of("k", 5_001),
+        None,
+        "instance unseen for instance_ttl"
+    );
+    serve(&mut w, start(A, Some("other")), 5_002);
+    assert!(w.target_of("k", 5_002).is_some(), "seen again: known again");
+    assert_eq!(w.target_of("k", 60_001), None, "route_ttl passed");
+}
+
+#[test]
+fn least_busy_other_picks_the_emptiest_fresh_instance() {
+    let store = Rc::new(MemoryStore::new());
+    let (mut w1, mut w2) = (worker(&store, 1), worker(&store, 2));
+    for addr in [A, B, C] {
+        serve(&mut w1, start(addr, Some(addr)), 1);
+    }
+    let target = instance(&mut w1, A, 1);
+    let _b1 = w2.upstream_started(start(B, None), 2);
+    let _b2 = w2.upstream_started(start(B, None), 2);
+    let _c1 = w1.upstream_started(start(C, None), 2);
+    // w2 learns the instances w1 registered without waiting for a tick.
+    let (other, load) = w2.least_busy_other(&target, 0, 3).expect("a candidate");
+    assert_eq!((other.address.as_str(), load), (C, 1));
+    // C unseen for instance_ttl while B was just seen: B is the only candidate.
+    serve(&mut w1, start(B, None), 5_002);
+    let (other, _) = w1.least_busy_other(&target, 0, 5_003).expect("a candidate");
+    assert_eq!(other.address, B);
+}
+
+#[test]
+fn ties_are_broken_by_the_random_argument() {
+    let store = Rc::new(MemoryStore::new());
+    let mut w = worker(&store, 1);
+    let addrs: Vec<String> = (0..6).map(|i| format!("10.0.1.{i}:80")).collect();
+    for addr in &addrs {
+        serve(&mut w, start(addr, Some(addr)), 1);
+    }
+    let target = instance(&mut w, &addrs[0], 1);
+    let picked: std::collections::BTreeSet<String> = (0..64)
+        .filter_map(|r| w.least_busy_other(&target, r, 2).map(|(i, _)| i.address))
+        .collect();
+    assert!(picked.len() >= 3, "ties spread over candidates: {picked:?}");
+    assert!(!picked.contains(&addrs[0]));
+}
+
+#[test]
+fn a_nominated_host_envoy_did_not_use_stops_being_a_candidate() {
+    let store = Rc::new(MemoryStore::new());
+    let mut w = worker(&store, 1);
+    for addr in [A, B] {
+        serve(&mut w, start(addr, Some(addr)), 1);
+    }
+    let target = instance(&mut w, A, 1);
+    assert_eq!(
+        w.least_busy_other(&target, 0, 2).map(|(i, _)| i.address),
+        Some(B.into())
+    );
+    // The decision nominated B, but Envoy fell back to A: B is gone.
+    let gone = UpstreamStart {
+        address: A,
+        key: Some(A),
+        overridden: true,
+        counted: Some(B),
+    };
+    serve(&mut w, gone, 3);
+    assert_eq!(w.least_busy_other(&target, 0, 4), None);
+}
+
+#[test]
+fn a_crashed_vm_stops_counting_when_its_lease_expires() {
+    let store = Rc::new(MemoryStore::new());
+    let mut survivor = worker(&store, 2);
+    {
+        let mut doomed = worker(&store, 1);
+        for _ in 0..3 {
+            // Tickets lost with the VM: never released.
+            let _leaked = doomed.upstream_started(start(A, Some("k")), 10);
+        }
+    }
+    assert_eq!(load_of(&mut survivor, A, 900), 3, "still leased");
+    survivor.tick(900);
+    assert_eq!(
+        load_of(&mut survivor, A, 1_001),
+        0,
+        "lease of the dead VM expired"
+    );
+    // A replacement VM takes the dead VM's column and starts from zero.
+    let mut replacement = LoadTracker::new(Rc::clone(&store), config(), 3);
+    replacement.tick(1_100);
+    assert!(replacement.column().is_some());
+    let t = replacement
+        .upstream_started(start(A, Some("k")), 1_100)
+        .expect("counted");
+    assert_eq!(load_of(&mut survivor, A, 1_100), 1);
+    replacement.release(t, 1_101);
+    assert_eq!(load_of(&mut survivor, A, 1_101), 0);
+}
+
+#[test]
+fn dead_cells_are_cleared_by_the_tick() {
+    let store = Rc::new(MemoryStore::new());
+    let mut survivor = worker(&store, 2);
+    {
+        let mut doomed = worker(&store, 1);
+        let _leaked = doomed.upstream_started(start(A, None), 10);
+    }
+    let record_of_a = || {
+        store
+            .keys()
+            .iter()
+            .filter(|k| k.contains("/inst/"))
+            .filter_map(|k| store.get(k).0)
+            .filter_map(|v| instances::InstanceRecord::decode(&v))
+            .find(|r| r.address == A)
+            .expect("A registered")
+    };
+    assert!(record_of_a().cells.iter().any(|c| c.count == 1));
+    survivor.tick(2_000);
+    assert!(
+        record_of_a().cells.iter().all(|c| c.count == 0),
+        "{:?}",
+        record_of_a()
+    );
+    assert_eq!(load_of(&mut survivor, A, 2_000), 0);
+}
+
+#[test]
+fn a_vm_that_lost_its_lease_moves_its_counts_to_a_new_column() {
+    let store = Rc::new(MemoryStore::new());
+    let mut slow = worker(&store, 1);
+    let ticket = slow.upstream_started(start(A, None), 0).expect("counted");
+    // `slow` misses its heartbeats; another VM takes its column.
+    let mut other = LoadTracker::new(Rc::clone(&store), config(), 2);
+    other.tick(1_500);
+    assert_eq!(other.column(), Some(0), "expired column reused");
+    assert_eq!(load_of(&mut other, A, 1_500), 0);
+    slow.tick(1_600);
+    assert!(slow.column().is_some());
+    assert_ne!(slow.column(), Some(0));
+    assert_eq!(
+        load_of(&mut other, A, 1_600),
+        1,
+        "republished in the new column"
+    );
+    slow.release(ticket, 1_700);
+    assert_eq!(load_of(&mut other, A, 1_700), 0);
+}
+
+/// A store that answers `CasMismatch` to the next `failures` conditional writes
+/// (as if another worker had written in between).
+struct Contended {
+    inner: MemoryStore,
+    failures: Cell<u32>,
+}
+
+impl SharedStore for Contended {
+    fn get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
+        self.inner.get(key)
+    }
+    fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), SetError> {
+        if cas.is_some() && self.failures.get() > 0 {
+            self.failures.set(self.failures.get() - 1);
+            return Err(SetError::CasMismatch);
+        }
+        self.inner.set(key, value, cas)
+    }
+}
+
+#[test]
+fn cas_retries_are_bounded_and_a_lost_release_is_repaired_by_the_tick() {
+    let store = Contended {
+        inner: MemoryStore::new(),
+        failures: Cell::new(0),
+    };
+    let mut w = LoadTracker::new(&store, config(), 1);
+    w.tick(0);
+    let ticket = w.upstream_started(start(A, Some("k")), 1).expect("counted");
+    let target = w.target_of("k", 1).expect("learned");
+    // Contention beyond the bound: a capped claim gives up instead of spinning.
+    store.failures.set(1_000);
+    assert_eq!(w.claim(&target, None, Some(5), 2), Claim::Contended);
+    assert!(store.failures.get() >= 1_000 - config().cas_attempts);
+    // A release under contention still takes effect locally at once...
+    store.failures.set(1_000);
+    w.release(ticket, 3);
+    assert_eq!(w.local_in_flight(), 0);
+    assert_eq!(w.in_flight(&target, 3), Some(0));
+    // ...and the shared copy is corrected by the next tick.
+    store.failures.set(0);
+    w.tick(4);
+    let mut reader = LoadTracker::new(&store, config(), 9);
+    reader.tick(5);
+    assert_eq!(reader.in_flight(&target, 5), Some(0));
+}
+
+#[test]
+fn an_unconditional_count_under_contention_is_published_by_the_tick() {
+    let store = Contended {
+        inner: MemoryStore::new(),
+        failures: Cell::new(0),
+    };
+    let mut w = LoadTracker::new(&store, config(), 1);
+    w.tick(0);
+    serve(&mut w, start(A, Some("k")), 1);
+    store.failures.set(1_000);
+    let ticket = w
+        .upstream_started(start(A, Some("k")), 2)
+        .expect("counted locally");
+    store.failures.set(0);
+    let mut reader = LoadTracker::new(&store, config(), 9);
+    reader.tick(3);
+    let target = reader.target_of("k", 3).expect("learned");
+    assert_eq!(reader.in_flight(&target, 3), Some(0), "not yet published");
+    w.tick(4);
+    assert_eq!(reader.in_flight(&target, 4), Some(1));
+    w.release(ticket, 5);
+    assert_eq!(reader.in_flight(&target, 5), Some(0));
+}
+
+#[test]
+fn a_ticket_is_only_honoured_by_the_vm_that_issued_it() {
+    let store = Rc::new(MemoryStore::new());
+    let (mut w1, mut w2) = (worker(&store, 1), worker(&store, 2));
+    let t = w1.upstream_started(start(A, None), 1).expect("counted");
+    w2.release(t, 2);
+    assert_eq!(load_of(&mut w1, A, 2), 1);
+}
+
+#[test]
+fn every_table_is_bounded() {
+    let store = Rc::new(MemoryStore::new());
+    let small = LoadConfig {
+        max_instances: 16,
+        vm_slots: 4,
+        route_buckets: 32,
+        ..config()
+    };
+    let mut workers: Vec<_> = (1..=6)
+        .map(|n| {
+            let mut w = LoadTracker::new(Rc::clone(&store), small.clone(), n);
+            w.tick(0);
+            w
+        })
+        .collect();
+    for i in 0..2_000u32 {
+        let addr = format!("10.1.{}.{}:8000", i / 250, i % 250);
+        let key = format!("{i:016x}");
+        let w = &mut workers[i as usize % 6];
+        let _ = w.route_blind(&key, u64::from(i));
+        if let Some(t) = w.upstream_started(start(&addr, Some(&key)), u64::from(i)) {
+            w.release(t, u64::from(i));
+        }
+    }
+    let keys = store.keys();
+    let count = |part: &str| keys.iter().filter(|k| k.contains(part)).count();
+    assert!(count("/inst/") <= 16, "{}", count("/inst/"));
+    assert!(count("/vm/") <= 4);
+    assert!(count("/route/") <= 32);
+    assert_eq!(count("/epoch"), 1);
+    assert!(count("/pend/") <= 32);
+    assert_eq!(
+        keys.len(),
+        count("/inst/") + count("/vm/") + count("/route/") + count("/pend/") + count("/epoch"),
+        "no other keys: {keys:?}"
+    );
+    // Two VMs found no column: their counts stay local but still work.
+    assert_eq!(workers.iter().filter(|w| w.column().is_none()).count(), 2);
+}
+
+#[test]
+fn namespaces_do_not_see_each_other() {
+    let store = Rc::new(MemoryStore::new());
+    let mut one = LoadTracker::new(
+        Rc::clone(&store),
+        LoadConfig {
+            namespace: "a".into(),
+            ..config()
+        },
+        1,
+    );
+    let mut two = LoadTracker::new(
+        Rc::clone(&store),
+        LoadConfig {
+            namespace: "b".into(),
+            ..config()
+        },
+        2,
+    );
+    let _t = one.upstream_started(start(A, Some("k")), 1);
+    assert_eq!(two.target_of("k", 1), None);
+    assert!(two.snapshot(1).is_empty());
+    assert!(store
+        .keys()
+        .iter()
+        .all(|k| k.starts_with("prefix-router/a/v1/") || k.starts_with("prefix-router/b/v1/")));
+}
+
+#[test]
+fn garbage_in_every_shared_value_breaks_nothing() {
+    let store = Rc::new(MemoryStore::new());
+    let mut w = worker(&store, 1);
+    serve(&mut w, start(A, Some("k")), 1);
+    let mut seed = 0x1234_5678_u64;
+    for key in store.keys() {
+        for _ in 0..3 {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+            let len = (seed >> 59) as usize;
+            let junk: Vec<u8> = (0..len).map(|i| (seed >> (i % 8)) as u8).collect();
+            store.set(&key, &junk, None).unwrap();
+            let _ = w.target_of("k", 2);
+            let _ = w.snapshot(2);
+            w.tick(3);
+            if let Some(t) = w.upstream_started(start(A, Some("k")), 4) {
+                w.release(t, 5);
+            }
+        }
+    }
+    assert_eq!(load_of(&mut w, A, 6), 0);
+}
+
+#[test]
+fn oversized_or_empty_addresses_are_not_tracked() {
+    let store = Rc::new(MemoryStore::new());
+    let mut w = worker(&store, 1);
+    assert_eq!(w.upstream_started(start("", None), 1), None);
+    let long = "x".repeat(300);
+    assert_eq!(w.upstream_started(start(&long, None), 1), None);
+    assert!(w.snapshot(1).is_empty());
+}
+
+#[test]
+fn a_forgotten_idle_instance_gives_its_slot_to_a_new_one() {
+    let store = Rc::new(MemoryStore::new());
+    let tiny = LoadConfig {
+        max_instances: 1,
+        ..config()
+    };
+    let mut w = LoadTracker::new(Rc::clone(&store), tiny, 1);
+    w.tick(0);
+    let busy = w.upstream_started(start(A, None), 0).expect("counted");
+    assert_eq!(
+        w.upstream_started(start(B, None), 10_000),
+        None,
+        "A busy: no reuse"
+    );
+    w.release(busy, 10_001);
+    let t = w
+        .upstream_started(start(B, None), 10_002)
+        .expect("A idle and stale: reused");
+    let snapshot = w.snapshot(10_002);
+    assert_eq!(snapshot.len(), 1);
+    assert_eq!(
+        (snapshot[0].address.as_str(), snapshot[0].in_flight),
+        (B, 1)
+    );
+    w.release(t, 10_003);
+}
+
+fn blind<'a>(address: &'a str, key: &'a str) -> UpstreamStart<'a> {
+    UpstreamStart {
+        counted: Some(PENDING_MARK),
+        ..start(address, Some(key))
+    }
+}
+
+#[test]
+fn a_blind_request_counts_against_the_cap_until_its_upstream_filter_takes_over() {
+    let store = Rc::new(MemoryStore::new());
+    let (mut w1, mut w2) = (worker(&store, 1), worker(&store, 2));
+    // Both workers route a first request of "k" before anyone knows its target.
+    assert_eq!(w2.route_blind("k", 1), None);
+    assert_eq!(w1.route_blind("k", 1), None);
+    let t1 = w1.upstream_started(blind(A, "k"), 1).expect("counted");
+    // w1 now knows the target; w2's request is still on its way to it.
+    let target = instance(&mut w1, "k", 2);
+    let t2 = match w1.claim(&target, Some("k"), Some(3), 2) {
+        Claim::Claimed(t) => t,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        w1.claim(&target, Some("k"), Some(3), 2),
+        Claim::Full { in_flight: 3 },
+        "1 counted + 1 claimed + 1 pending"
+    );
+    let t3 = w2.upstream_started(blind(A, "k"), 3).expect("counted");
+    assert_eq!(
+        w2.claim(&target, Some("k"), Some(3), 3),
+        Claim::Full { in_flight: 3 },
+        "taken over: counted once, no longer pending"
+    );
+    w1.release(t1, 4);
+    w1.release(t2, 4);
+    w2.release(t3, 4);
+    assert!(matches!(
+        w2.claim(&target, Some("k"), Some(1), 5),
+        Claim::Claimed(_)
+    ));
+}
+
+#[test]
+fn route_blind_withdraws_its_mark_when_the_target_was_learned_meanwhile() {
+    let store = Rc::new(MemoryStore::new());
+    let (mut w1, mut w2) = (worker(&store, 1), worker(&store, 2));
+    serve(&mut w1, start(A, Some("k")), 1);
+    let target = w2.route_blind("k", 2).expect("learned by w1");
+    assert_eq!(target.address, A);
+    assert!(
+        matches!(w2.claim(&target, Some("k"), Some(1), 2), Claim::Claimed(_)),
+        "no pending mark left behind"
+    );
+}
+
+#[test]
+fn a_lost_blind_request_stops_counting_after_the_pending_ttl() {
+    let store = Rc::new(MemoryStore::new());
+    let mut w = worker(&store, 1);
+    assert_eq!(w.route_blind("k", 0), None); // the client leaves before upstream
+    serve(&mut w, start(A, Some("k")), 1);
+    let target = instance(&mut w, "k", 1);
+    assert_eq!(
+        w.claim(&target, Some("k"), Some(1), 2),
+        Claim::Full { in_flight: 1 }
+    );
+    assert!(matches!(
+        w.claim(&target, Some("k"), Some(1), config().pending_ttl_ms + 1),
+        Claim::Claimed(_)
+    ));
+}
+
+#[test]
+fn a_new_instance_ttl_applies_to_the_kept_tables() {
+    let store = Rc::new(MemoryStore::new());
+    let mut w = worker(&store, 1);
+    serve(&mut w, start(A, Some("k")), 0);
+    assert!(w.target_of("k", 4_000).is_some());
+    w.set_instance_ttl_ms(2_000);
+    assert_eq!(w.config().instance_ttl_ms, 2_000);
+    assert_eq!(
+        w.target_of("k", 4_000),
+        None,
+        "unseen longer than the new ttl"
+    );
+    w.set_instance_ttl_ms(10_000);
+    assert!(
+        w.target_of("k", 4_000).is_some(),
+        "the entry itself was kept"
+    );
+}

@@ -1,0 +1,91 @@
+//! What the upstream filter teaches: key -> instance mappings, and the
+//! pending marks of requests routed before their key's target was known.
+
+use super::*;
+
+impl<S: SharedStore> LoadTracker<S> {
+    pub(super) fn pending_key(&self, bucket: u32) -> String {
+        format!("{}/pend/{bucket}", self.prefix)
+    }
+
+    pub(super) fn pending_of(&self, key: &str, now_ms: u64) -> u32 {
+        let hash = key_hash(key);
+        let (value, _) = self.store.get(&self.pending_key(self.bucket_of(hash)));
+        value
+            .as_deref()
+            .and_then(PendingBucket::decode)
+            .map_or(0, |b| b.count(hash, now_ms, self.config.pending_ttl_ms))
+    }
+
+    /// Adds or removes one pending request of `key`. A missing bucket is
+    /// created empty first (a write on a missing key cannot be conditional).
+    pub(super) fn update_pending(&mut self, key: &str, add: bool, now_ms: u64) {
+        let hash = key_hash(key);
+        let name = self.pending_key(self.bucket_of(hash));
+        let ttl = self.config.pending_ttl_ms;
+        for _ in 0..self.config.cas_attempts {
+            let (value, cas) = self.store.get(&name);
+            if cas.is_none() {
+                if !add {
+                    return;
+                }
+                if self
+                    .store
+                    .set(&name, &PendingBucket::default().encode(), None)
+                    .is_err()
+                {
+                    return;
+                }
+                continue;
+            }
+            let mut bucket = value
+                .as_deref()
+                .and_then(PendingBucket::decode)
+                .unwrap_or_default();
+            if add {
+                bucket.add(hash, now_ms, ttl);
+            } else if !bucket.remove(hash, now_ms, ttl) {
+                return;
+            }
+            match self.store.set(&name, &bucket.encode(), cas) {
+                Err(SetError::CasMismatch) => continue,
+                _ => return,
+            }
+        }
+    }
+
+    pub(super) fn bucket_of(&self, key_hash: u64) -> u32 {
+        // route_buckets <= 65536, so the remainder fits in u32.
+        (key_hash % u64::from(self.config.route_buckets)) as u32
+    }
+
+    pub(super) fn route_key(&self, bucket: u32) -> String {
+        format!("{}/route/{bucket}", self.prefix)
+    }
+
+    pub(super) fn learn(&mut self, key: &str, slot: u16, address: &str, now_ms: u64) {
+        let hash = key_hash(key);
+        let key_name = self.route_key(self.bucket_of(hash));
+        let entry = RouteEntry {
+            key_hash: hash,
+            slot,
+            addr_hash: addr_hash(address),
+            learned_ms: now_ms,
+        };
+        let refresh_ms = self.config.route_ttl_ms / 8;
+        for _ in 0..self.config.cas_attempts {
+            let (value, cas) = self.store.get(&key_name);
+            let mut bucket = value
+                .as_deref()
+                .and_then(RouteBucket::decode)
+                .unwrap_or_default();
+            if !bucket.upsert(entry, refresh_ms) {
+                return;
+            }
+            match self.store.set(&key_name, &bucket.encode(), cas) {
+                Err(SetError::CasMismatch) => continue,
+                _ => return,
+            }
+        }
+    }
+}

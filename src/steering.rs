@@ -1,0 +1,304 @@
+//! From configuration and routing decision to what the glue does with Envoy's
+//! headers: which client-sent headers to strip, which headers a
+//! [`strategy::Decision`] sets or removes, what the upstream filter reads, and
+//! the debug response header. Kept out of the glue so every rule (spoofing,
+//! header ownership, the policy a configuration selects) is tested natively.
+
+use crate::config::{Config, Strategy, DEFAULT_HOST_HEADER};
+use crate::load::{LoadConfig, LoadView, UpstreamStart, COUNTED_HEADER};
+use crate::strategy::{
+    self, DecisionKind, LeastOutstanding, Policy, PrefixAware, RandomPolicy, Routed, RoutingPolicy,
+    ROUTE_HEADER,
+};
+
+/// One request-header change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HeaderOp<'a> {
+    Set(&'a str, String),
+    Remove(&'a str),
+}
+
+/// The routing policy a configuration selects (rebuilt on every configure).
+pub fn policy_for(config: &Config) -> Policy {
+    match config.strategy {
+        Strategy::PrefixAware => Policy::PrefixAware(PrefixAware::new(
+            config.concurrency_threshold,
+            config.host_header.is_some(),
+        )),
+        Strategy::LeastOutstandingRequests => Policy::LeastOutstanding(LeastOutstanding),
+        Strategy::Random => Policy::Random(RandomPolicy),
+    }
+}
+
+/// Namespace of the shared tables. One for every plugin of the VM: the
+/// downstream and the upstream filter must share tables, whatever their
+/// names or root ids.
+pub const LOAD_NAMESPACE: &str = "default";
+
+/// The load tables' settings (the parts the plugin configuration controls).
+pub fn load_config(config: &Config) -> LoadConfig {
+    LoadConfig {
+        namespace: LOAD_NAMESPACE.to_string(),
+        instance_ttl_ms: config.instance_ttl_ms,
+        ..LoadConfig::default()
+    }
+}
+
+/// Request headers a client may not send: the filter owns them, and any of
+/// them would let a client pin an instance or skew the counts. Removed from
+/// every request before anything is decided. With `host_header` off, the
+/// default host header is still removed: a cluster left with the shipped
+/// `override_host` policy would otherwise obey a client-sent one.
+pub fn owned_request_headers(config: &Config) -> Vec<&str> {
+    let mut names = vec![config.key_header.as_str()];
+    names.push(config.host_header.as_deref().unwrap_or(DEFAULT_HOST_HEADER));
+    names.push(ROUTE_HEADER);
+    names.push(COUNTED_HEADER);
+    names
+}
+
+/// Runs the policy for a request whose key (if any) is known.
+pub fn route(
+    policy: &Policy,
+    key: Option<&str>,
+    load: &mut dyn LoadView,
+    random: u64,
+    now_ms: u64,
+) -> Routed {
+    policy.decide(key, load, random, now_ms)
+}
+
+/// The header writes carrying out `decision`: each header the decision
+/// governs is set to its value or removed.
+pub fn header_ops<'c>(config: &'c Config, decision: &strategy::Decision) -> Vec<HeaderOp<'c>> {
+    let mut ops = Vec::with_capacity(4);
+    let mut put = |name: &'c str, value: Option<&str>| {
+        ops.push(match value {
+            Some(v) => HeaderOp::Set(name, v.to_string()),
+            None => HeaderOp::Remove(name),
+        })
+    };
+    put(config.key_header.as_str(), decision.key.as_deref());
+    if let Some(host) = &config.host_header {
+        put(host.as_str(), decision.host_override.as_deref());
+    }
+    put(ROUTE_HEADER, decision.route);
+    put(COUNTED_HEADER, decision.counted.as_deref());
+    ops
+}
+
+/// What the upstream filter hands the tracker, from the request headers the
+/// downstream filter left (and the chosen host's address).
+pub fn upstream_start<'a>(
+    address: &'a str,
+    key: Option<&'a str>,
+    host_header_present: bool,
+    counted: Option<&'a str>,
+) -> UpstreamStart<'a> {
+    UpstreamStart {
+        address,
+        key,
+        overridden: host_header_present,
+        counted,
+    }
+}
+
+/// Internal headers the upstream filter removes before the request reaches
+/// the instance.
+pub const UPSTREAM_STRIPPED: [&str; 2] = [COUNTED_HEADER, ROUTE_HEADER];
+
+/// Value of the debug `decision_header`: `<kind>; instance=<ip:port>`, or
+/// just the kind when no upstream host was chosen.
+pub fn decision_header_value(kind: DecisionKind, instance: Option<&str>) -> String {
+    match instance {
+        Some(address) => format!("{}; instance={address}", kind.as_str()),
+        None => kind.as_str().to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::load::{LoadTracker, PENDING_MARK};
+    use crate::shared::MemoryStore;
+    use crate::strategy::LEAST_REQUEST_ROUTE;
+
+    fn config(json: &str) -> Config {
+        Config::parse(json.as_bytes()).unwrap()
+    }
+
+    const KEY: &str = "0123456789abcdef";
+
+    #[test]
+    fn every_header_a_client_could_pin_with_is_stripped() {
+        let c = config(r#"{"key_header":"x-k","host_header":"x-h"}"#);
+        assert_eq!(
+            owned_request_headers(&c),
+            vec![
+                "x-k",
+                "x-h",
+                "x-prefix-router-lb",
+                "x-prefix-router-counted"
+            ]
+        );
+        // Host header off: the shipped override_host header is still removed.
+        let c = config(r#"{"host_header":null}"#);
+        assert_eq!(
+            owned_request_headers(&c),
+            vec![
+                "x-prefix-route-key",
+                "x-prefix-route-host",
+                "x-prefix-router-lb",
+                "x-prefix-router-counted"
+            ]
+        );
+    }
+
+    #[test]
+    fn the_configured_strategy_selects_the_policy() {
+        let c = config(r#"{"concurrency_threshold":3}"#);
+        assert_eq!(
+            policy_for(&c),
+            Policy::PrefixAware(PrefixAware::new(3, true))
+        );
+        let c = config(r#"{"concurrency_threshold":5,"host_header":null}"#);
+        assert_eq!(
+            policy_for(&c),
+            Policy::PrefixAware(PrefixAware::new(5, false))
+        );
+        assert_eq!(
+            policy_for(&config(r#"{"strategy":"LEAST_OUTSTANDING_REQUESTS"}"#)),
+            Policy::LeastOutstanding(LeastOutstanding)
+        );
+        assert_eq!(
+            policy_for(&config(r#"{"strategy":"RANDOM"}"#)),
+            Policy::Random(RandomPolicy)
+        );
+    }
+
+    #[test]
+    fn instance_ttl_reaches_the_load_tables() {
+        let l = load_config(&config(r#"{"instance_ttl_ms":7000}"#));
+        assert_eq!(l.instance_ttl_ms, 7000);
+        assert_eq!(l.namespace, LOAD_NAMESPACE);
+        assert_eq!(l.max_instances, LoadConfig::default().max_instances);
+    }
+
+    #[test]
+    fn a_decision_sets_or_removes_each_header_it_governs() {
+        let c = config("{}");
+        let decision = strategy::Decision {
+            key: Some(KEY.into()),
+            host_override: Some("10.0.0.2:8000".into()),
+            counted: Some("10.0.0.2:8000".into()),
+            ..strategy::Decision::bare(DecisionKind::Overflow)
+        };
+        assert_eq!(
+            header_ops(&c, &decision),
+            vec![
+                HeaderOp::Set("x-prefix-route-key", KEY.into()),
+                HeaderOp::Set("x-prefix-route-host", "10.0.0.2:8000".into()),
+                HeaderOp::Remove("x-prefix-router-lb"),
+                HeaderOp::Set("x-prefix-router-counted", "10.0.0.2:8000".into()),
+            ]
+        );
+        let bare = strategy::Decision::bare(DecisionKind::Random);
+        assert_eq!(
+            header_ops(&config(r#"{"host_header":null}"#), &bare),
+            vec![
+                HeaderOp::Remove("x-prefix-route-key"),
+                HeaderOp::Remove("x-prefix-router-lb"),
+                HeaderOp::Remove("x-prefix-router-counted"),
+            ]
+        );
+    }
+
+    /// The whole downstream -> upstream path on one store: the first request
+    /// of a key goes out pending, the upstream filter counts it and learns the
+    /// target, the next ones are claimed on the target until the threshold,
+    /// then overflow nominates another known instance; releases bring every
+    /// count back to zero.
+    #[test]
+    fn decisions_and_upstream_starts_cap_a_burst_and_release_to_zero() {
+        let c = config(r#"{"concurrency_threshold":2}"#);
+        let policy = policy_for(&c);
+        let store = MemoryStore::new();
+        let mut load = LoadTracker::new(&store, load_config(&c), 42);
+        // Another instance becomes known through an unrelated request.
+        let other = load.upstream_started(upstream_start("10.0.0.9:80", None, false, None), 0);
+        let mut tickets = Vec::new();
+        tickets.extend(other);
+
+        let first = route(&policy, Some(KEY), &mut load, 1, 10);
+        assert_eq!(first.decision.kind, DecisionKind::Prefix);
+        assert_eq!(first.decision.counted.as_deref(), Some(PENDING_MARK));
+        let t = load.upstream_started(
+            upstream_start("10.0.0.1:80", Some(KEY), false, Some(PENDING_MARK)),
+            11,
+        );
+        tickets.extend(t);
+
+        let second = route(&policy, Some(KEY), &mut load, 2, 12);
+        assert_eq!(second.decision.kind, DecisionKind::Prefix);
+        assert_eq!(second.decision.counted.as_deref(), Some("10.0.0.1:80"));
+        assert_eq!(second.decision.host_override, None);
+        // Counted by the decision: the upstream filter does not count again.
+        assert_eq!(
+            load.upstream_started(
+                upstream_start("10.0.0.1:80", Some(KEY), false, Some("10.0.0.1:80")),
+                13
+            ),
+            None
+        );
+        tickets.extend(second.ticket);
+
+        let third = route(&policy, Some(KEY), &mut load, 3, 14);
+        assert_eq!(third.decision.kind, DecisionKind::Overflow);
+        assert_eq!(third.decision.host_override.as_deref(), Some("10.0.0.9:80"));
+        assert_eq!(
+            header_ops(&c, &third.decision).get(1),
+            Some(&HeaderOp::Set("x-prefix-route-host", "10.0.0.9:80".into()))
+        );
+        tickets.extend(third.ticket);
+
+        let loads = load.snapshot(15);
+        let in_flight = |addr: &str| {
+            loads
+                .iter()
+                .find(|l| l.address == addr)
+                .map(|l| l.in_flight)
+        };
+        assert_eq!(in_flight("10.0.0.1:80"), Some(2));
+        assert_eq!(in_flight("10.0.0.9:80"), Some(2));
+        for t in tickets {
+            load.release(t, 16);
+        }
+        assert!(load.snapshot(17).iter().all(|l| l.in_flight == 0));
+    }
+
+    #[test]
+    fn least_outstanding_selects_the_least_request_route() {
+        let c = config(r#"{"strategy":"LEAST_OUTSTANDING_REQUESTS"}"#);
+        let store = MemoryStore::new();
+        let mut load = LoadTracker::new(&store, load_config(&c), 1);
+        let routed = route(&policy_for(&c), None, &mut load, 0, 0);
+        assert_eq!(
+            header_ops(&c, &routed.decision),
+            vec![
+                HeaderOp::Remove("x-prefix-route-key"),
+                HeaderOp::Remove("x-prefix-route-host"),
+                HeaderOp::Set("x-prefix-router-lb", LEAST_REQUEST_ROUTE.into()),
+                HeaderOp::Remove("x-prefix-router-counted"),
+            ]
+        );
+    }
+
+    #[test]
+    fn decision_header_names_kind_and_instance() {
+        assert_eq!(
+            decision_header_value(DecisionKind::Overflow, Some("10.0.0.2:8000")),
+            "overflow; instance=10.0.0.2:8000"
+        );
+        assert_eq!(decision_header_value(DecisionKind::NoKey, None), "no_key");
+    }
+}

@@ -1,0 +1,140 @@
+//! Routing policies: given the routing key the request state machine computed,
+//! decide which headers steer Envoy (key header for Maglev, host-override
+//! header, route-selection header) and claim the in-flight slot the request
+//! will use. One file per policy behind one trait, like SGLang router's
+//! `policies/`; [`Policy`] dispatches on the configured strategy.
+//!
+//! The glue applies a [`Decision`] by writing or removing each header (after
+//! removing whatever the client sent in them), and keeps the [`Routed::ticket`]
+//! until the stream's `on_done`.
+
+mod least_outstanding;
+mod prefix_aware;
+mod random;
+
+#[cfg(test)]
+mod sim;
+
+pub use least_outstanding::LeastOutstanding;
+pub use prefix_aware::{salted_key, PrefixAware};
+pub use random::RandomPolicy;
+
+use crate::load::{LoadView, Ticket};
+
+/// Request header that selects the Envoy route (and so the cluster) for
+/// strategies Envoy's own load balancers implement. Internal: the filter
+/// removes any client-sent value before deciding.
+pub const ROUTE_HEADER: &str = "x-prefix-router-lb";
+
+/// [`ROUTE_HEADER`] value routed to the `least_request` (FULL_SCAN) cluster.
+pub const LEAST_REQUEST_ROUTE: &str = "least_request";
+
+/// Why a request went where it went (one metric per kind).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DecisionKind {
+    /// To the key's target (Maglev on the key).
+    Prefix,
+    /// The target was at the concurrency threshold: elsewhere.
+    Overflow,
+    /// Least outstanding requests (Envoy's least_request cluster).
+    LeastOutstanding,
+    /// Uniformly random (Maglev without a key).
+    Random,
+    /// Prefix-aware, but the request has no key (no body).
+    NoKey,
+}
+
+impl DecisionKind {
+    /// Lowercase name for metrics and the debug header.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DecisionKind::Prefix => "prefix",
+            DecisionKind::Overflow => "overflow",
+            DecisionKind::LeastOutstanding => "least_outstanding",
+            DecisionKind::Random => "random",
+            DecisionKind::NoKey => "no_key",
+        }
+    }
+}
+
+/// The headers to set on the request; `None` means remove the header.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    pub kind: DecisionKind,
+    /// Value of the key header (Maglev hashes it); may be a salted key.
+    pub key: Option<String>,
+    /// Value of the configured host header (`ip:port`, for `override_host`).
+    pub host_override: Option<String>,
+    /// Value of [`ROUTE_HEADER`].
+    pub route: Option<&'static str>,
+    /// Value of [`crate::load::COUNTED_HEADER`]: the instance this decision
+    /// already counted the request on.
+    pub counted: Option<String>,
+}
+
+impl Decision {
+    /// A decision of `kind` that sets nothing.
+    pub fn bare(kind: DecisionKind) -> Self {
+        Self {
+            kind,
+            key: None,
+            host_override: None,
+            route: None,
+            counted: None,
+        }
+    }
+}
+
+/// A decision plus the count it took, if any.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Routed {
+    pub decision: Decision,
+    /// Hold it in the stream; give it to `LoadTracker::release` in `on_done`.
+    pub ticket: Option<Ticket>,
+}
+
+impl Routed {
+    fn untracked(decision: Decision) -> Self {
+        Self {
+            decision,
+            ticket: None,
+        }
+    }
+}
+
+/// A routing strategy.
+pub trait RoutingPolicy {
+    /// Decides for one request. `key` is the computed routing key (None: no
+    /// body); `random` is a fresh random number; `now_ms` the current time.
+    fn decide(
+        &self,
+        key: Option<&str>,
+        load: &mut dyn LoadView,
+        random: u64,
+        now_ms: u64,
+    ) -> Routed;
+}
+
+/// The configured strategy (enum dispatch; build it in `on_configure`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Policy {
+    PrefixAware(PrefixAware),
+    LeastOutstanding(LeastOutstanding),
+    Random(RandomPolicy),
+}
+
+impl RoutingPolicy for Policy {
+    fn decide(
+        &self,
+        key: Option<&str>,
+        load: &mut dyn LoadView,
+        random: u64,
+        now_ms: u64,
+    ) -> Routed {
+        match self {
+            Policy::PrefixAware(p) => p.decide(key, load, random, now_ms),
+            Policy::LeastOutstanding(p) => p.decide(key, load, random, now_ms),
+            Policy::Random(p) => p.decide(key, load, random, now_ms),
+        }
+    }
+}

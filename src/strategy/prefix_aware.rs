@@ -1,0 +1,408 @@
+//! PREFIX_AWARE: send each key to its target (Maglev on the key header) while
+//! the target has fewer than `concurrency_threshold` requests in flight from
+//! this Envoy; at the threshold, overflow to the least busy other instance
+//! (host-override header), and come back as soon as the target drops below it.
+//!
+//! The target is never nominated through the override header: Maglev routes
+//! to it. So a stale learned mapping can cause at most an unneeded overflow,
+//! never pin a key to an instance Maglev no longer chooses.
+//!
+//! Without a host header (or when no other instance is known yet) overflow
+//! re-keys with a salt: Maglev sends the salted key elsewhere. Salted keys are
+//! learned like any key, so a salt whose target is known, not the target and
+//! not busy is preferred; an unknown salt is explored only when none is.
+
+use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+use super::{Decision, DecisionKind, Routed, RoutingPolicy};
+use crate::load::{Claim, InstanceRef, LoadView, PENDING_MARK};
+
+/// Salts tried for one overflow (bounds the lookups per request).
+const DEFAULT_MAX_SALTS: u8 = 8;
+
+/// The key Maglev sees for overflow salt `salt`: 16 lowercase hex digits,
+/// like every key (xxh3 of the key, seeded with the salt).
+pub fn salted_key(key: &str, salt: u8) -> String {
+    format!(
+        "{:016x}",
+        xxh3_64_with_seed(key.as_bytes(), u64::from(salt))
+    )
+}
+
+/// See the module documentation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrefixAware {
+    /// Requests in flight on a target at which its keys overflow (1..=1024).
+    pub concurrency_threshold: u32,
+    /// True if the `host_header` is configured (and read by Envoy's
+    /// `override_host` policy); false: overflow re-keys with a salt.
+    pub host_override: bool,
+    /// Salts tried per overflow.
+    pub max_salts: u8,
+}
+
+impl PrefixAware {
+    pub fn new(concurrency_threshold: u32, host_override: bool) -> Self {
+        Self {
+            concurrency_threshold: concurrency_threshold.max(1),
+            host_override,
+            max_salts: DEFAULT_MAX_SALTS,
+        }
+    }
+
+    fn to_target(
+        key: &str,
+        counted: Option<&InstanceRef>,
+        ticket: Option<crate::load::Ticket>,
+    ) -> Routed {
+        Routed {
+            decision: Decision {
+                key: Some(key.to_string()),
+                counted: counted.map(|t| t.address.clone()),
+                ..Decision::bare(DecisionKind::Prefix)
+            },
+            ticket,
+        }
+    }
+
+    /// All instances are at least as busy as the target: stay (cache affinity
+    /// is worth more than moving to an equally or more loaded instance).
+    fn stay(key: &str, target: &InstanceRef, load: &mut dyn LoadView, now_ms: u64) -> Routed {
+        match load.claim(target, None, None, now_ms) {
+            Claim::Claimed(ticket) => Self::to_target(key, Some(target), Some(ticket)),
+            _ => Self::to_target(key, None, None),
+        }
+    }
+
+    fn overflow_to(
+        key: String,
+        host_override: Option<String>,
+        instance: Option<&InstanceRef>,
+        load: &mut dyn LoadView,
+        now_ms: u64,
+    ) -> Routed {
+        let ticket = match instance.map(|i| load.claim(i, None, None, now_ms)) {
+            Some(Claim::Claimed(ticket)) => Some(ticket),
+            _ => None,
+        };
+        let counted = ticket.as_ref().and(instance).map(|i| i.address.clone());
+        Routed {
+            decision: Decision {
+                key: Some(key),
+                host_override,
+                counted,
+                ..Decision::bare(DecisionKind::Overflow)
+            },
+            ticket,
+        }
+    }
+
+    fn overflow(
+        &self,
+        key: &str,
+        target: &InstanceRef,
+        target_load: u32,
+        load: &mut dyn LoadView,
+        random: u64,
+        now_ms: u64,
+    ) -> Routed {
+        if self.host_override {
+            if let Some((other, other_load)) = load.least_busy_other(target, random, now_ms) {
+                if other_load >= target_load {
+                    return Self::stay(key, target, load, now_ms);
+                }
+                let host = Some(other.address.clone());
+                return Self::overflow_to(key.to_string(), host, Some(&other), load, now_ms);
+            }
+        }
+        self.salted(key, target, target_load, load, now_ms)
+    }
+
+    fn salted(
+        &self,
+        key: &str,
+        target: &InstanceRef,
+        target_load: u32,
+        load: &mut dyn LoadView,
+        now_ms: u64,
+    ) -> Routed {
+        let mut best: Option<(String, InstanceRef, u32)> = None;
+        let mut unexplored: Option<String> = None;
+        for salt in 1..=self.max_salts {
+            let salted = salted_key(key, salt);
+            match load.target_of(&salted, now_ms) {
+                Some(instance) if instance.slot != target.slot => {
+                    let Some(in_flight) = load.in_flight(&instance, now_ms) else {
+                        continue;
+                    };
+                    if best.as_ref().is_none_or(|(_, _, b)| in_flight < *b) {
+                        best = Some((salted, instance, in_flight));
+                    }
+                }
+                Some(_) => {}
+                None => {
+                    if unexplored.is_none() {
+                        unexplored = Some(salted);
+                    }
+                }
+            }
+        }
+        match (best, unexplored) {
+            (Some((salted, instance, in_flight)), _) if in_flight < self.concurrency_threshold => {
+                Self::overflow_to(salted, None, Some(&instance), load, now_ms)
+            }
+            // Explore: Maglev picks the salted key's instance; the upstream
+            // filter counts the request and learns where it went.
+            (_, Some(salted)) => Self::overflow_to(salted, None, None, load, now_ms),
+            (Some((salted, instance, in_flight)), None) if in_flight < target_load => {
+                Self::overflow_to(salted, None, Some(&instance), load, now_ms)
+            }
+            _ => Self::stay(key, target, load, now_ms),
+        }
+    }
+}
+
+impl RoutingPolicy for PrefixAware {
+    fn decide(
+        &self,
+        key: Option<&str>,
+        load: &mut dyn LoadView,
+        random: u64,
+        now_ms: u64,
+    ) -> Routed {
+        let Some(key) = key else {
+            return Routed::untracked(Decision::bare(DecisionKind::NoKey));
+        };
+        let known = load.target_of(key, now_ms);
+        let Some(target) = known.or_else(|| load.route_blind(key, now_ms)) else {
+            // Not learned yet: Maglev routes; the request is pending for its
+            // key until the upstream filter counts it and learns the target
+            // (before this worker decides again: it runs right after us).
+            return Routed::untracked(Decision {
+                key: Some(key.to_string()),
+                counted: Some(PENDING_MARK.to_string()),
+                ..Decision::bare(DecisionKind::Prefix)
+            });
+        };
+        match load.claim(&target, Some(key), Some(self.concurrency_threshold), now_ms) {
+            Claim::Claimed(ticket) => Self::to_target(key, Some(&target), Some(ticket)),
+            Claim::Full { in_flight } => {
+                self.overflow(key, &target, in_flight, load, random, now_ms)
+            }
+            // Could not claim atomically, or the target is gone: let Maglev
+            // route and the upstream filter count.
+            Claim::Contended | Claim::Gone => Self::to_target(key, None, None),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+    use crate::load::Ticket;
+
+    const KEY: &str = "0123456789abcdef";
+
+    fn instance(slot: u16) -> InstanceRef {
+        InstanceRef {
+            slot,
+            address: format!("10.0.0.{slot}:8000"),
+        }
+    }
+
+    fn ticket(slot: u16) -> Ticket {
+        Ticket {
+            slot,
+            addr_hash: 0,
+            owner: 1,
+        }
+    }
+
+    /// A scripted load view: fixed targets and loads, claims as configured.
+    #[derive(Default)]
+    struct Script {
+        targets: HashMap<String, InstanceRef>,
+        loads: HashMap<u16, u32>,
+        contended: bool,
+        other: Option<(InstanceRef, u32)>,
+        claims: Vec<(u16, Option<u32>)>,
+        blind: Vec<String>,
+    }
+
+    impl LoadView for Script {
+        fn target_of(&mut self, key: &str, _now_ms: u64) -> Option<InstanceRef> {
+            self.targets.get(key).cloned()
+        }
+        fn in_flight(&mut self, instance: &InstanceRef, _now_ms: u64) -> Option<u32> {
+            Some(self.loads.get(&instance.slot).copied().unwrap_or(0))
+        }
+        fn route_blind(&mut self, key: &str, _now_ms: u64) -> Option<InstanceRef> {
+            self.blind.push(key.to_string());
+            self.targets.get(key).cloned()
+        }
+        fn claim(
+            &mut self,
+            instance: &InstanceRef,
+            _key: Option<&str>,
+            cap: Option<u32>,
+            _now_ms: u64,
+        ) -> Claim {
+            self.claims.push((instance.slot, cap));
+            if self.contended {
+                return Claim::Contended;
+            }
+            let load = self.loads.entry(instance.slot).or_insert(0);
+            match cap {
+                Some(cap) if *load >= cap => Claim::Full { in_flight: *load },
+                _ => {
+                    *load += 1;
+                    Claim::Claimed(ticket(instance.slot))
+                }
+            }
+        }
+        fn least_busy_other(
+            &mut self,
+            _exclude: &InstanceRef,
+            _random: u64,
+            _now_ms: u64,
+        ) -> Option<(InstanceRef, u32)> {
+            self.other.clone()
+        }
+    }
+
+    fn script_with_full_target(load: u32) -> Script {
+        let mut script = Script::default();
+        script.targets.insert(KEY.to_string(), instance(1));
+        script.loads.insert(1, load);
+        script
+    }
+
+    #[test]
+    fn salted_keys_are_hex_keys_that_differ_per_salt_and_key() {
+        let one = salted_key(KEY, 1);
+        assert_eq!(one.len(), 16);
+        assert!(one
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+        assert_eq!(one, salted_key(KEY, 1));
+        assert_ne!(one, salted_key(KEY, 2));
+        assert_ne!(one, salted_key("fedcba9876543210", 1));
+        assert_ne!(one, KEY);
+    }
+
+    #[test]
+    fn known_target_under_the_cap_is_claimed_with_the_cap() {
+        let mut script = script_with_full_target(2);
+        let routed = PrefixAware::new(3, true).decide(Some(KEY), &mut script, 0, 0);
+        assert_eq!(routed.decision.kind, DecisionKind::Prefix);
+        assert_eq!(routed.decision.counted, Some(instance(1).address));
+        assert_eq!(routed.ticket, Some(ticket(1)));
+        assert_eq!(script.claims, vec![(1, Some(3))]);
+    }
+
+    #[test]
+    fn full_target_overflows_to_a_less_busy_instance_with_the_host_header() {
+        let mut script = script_with_full_target(3);
+        script.other = Some((instance(2), 1));
+        let routed = PrefixAware::new(3, true).decide(Some(KEY), &mut script, 0, 0);
+        let d = &routed.decision;
+        assert_eq!(d.kind, DecisionKind::Overflow);
+        assert_eq!(d.host_override, Some(instance(2).address));
+        assert_eq!(d.counted, Some(instance(2).address));
+        assert_eq!(
+            d.key.as_deref(),
+            Some(KEY),
+            "the key stays for Maglev's fallback"
+        );
+        assert_eq!(routed.ticket, Some(ticket(2)));
+    }
+
+    #[test]
+    fn stays_on_the_target_when_every_other_instance_is_as_busy() {
+        let mut script = script_with_full_target(3);
+        script.other = Some((instance(2), 3));
+        let routed = PrefixAware::new(3, true).decide(Some(KEY), &mut script, 0, 0);
+        assert_eq!(routed.decision.kind, DecisionKind::Prefix);
+        assert_eq!(routed.decision.host_override, None);
+        assert_eq!(routed.ticket, Some(ticket(1)));
+        assert_eq!(script.claims.last(), Some(&(1, None)));
+    }
+
+    #[test]
+    fn contention_or_a_vanished_target_routes_uncounted_to_maglev() {
+        let mut script = script_with_full_target(0);
+        script.contended = true;
+        let routed = PrefixAware::new(3, true).decide(Some(KEY), &mut script, 0, 0);
+        assert_eq!(routed.decision.kind, DecisionKind::Prefix);
+        assert_eq!(
+            routed.decision.counted, None,
+            "the upstream filter will count it"
+        );
+        assert_eq!(routed.ticket, None);
+    }
+
+    #[test]
+    fn an_unknown_target_is_left_to_maglev_marked_pending() {
+        let mut script = Script::default();
+        let routed = PrefixAware::new(3, true).decide(Some(KEY), &mut script, 0, 0);
+        assert_eq!(routed.decision.kind, DecisionKind::Prefix);
+        assert_eq!(routed.decision.key.as_deref(), Some(KEY));
+        assert_eq!(routed.decision.counted.as_deref(), Some(PENDING_MARK));
+        assert_eq!(routed.ticket, None);
+        assert_eq!(script.blind, vec![KEY.to_string()]);
+        assert!(script.claims.is_empty());
+    }
+
+    #[test]
+    fn salted_overflow_prefers_a_known_salt_under_the_cap_to_exploring() {
+        let mut script = script_with_full_target(3);
+        // Salt 1 maps to the target, salt 2 is unknown, salt 3 is known and idle.
+        script.targets.insert(salted_key(KEY, 1), instance(1));
+        script.targets.insert(salted_key(KEY, 3), instance(5));
+        let routed = PrefixAware::new(3, false).decide(Some(KEY), &mut script, 0, 0);
+        assert_eq!(routed.decision.kind, DecisionKind::Overflow);
+        assert_eq!(routed.decision.key, Some(salted_key(KEY, 3)));
+        assert_eq!(routed.decision.host_override, None);
+        assert_eq!(routed.decision.counted, Some(instance(5).address));
+    }
+
+    #[test]
+    fn salted_overflow_explores_when_known_salts_are_busy() {
+        let mut script = script_with_full_target(3);
+        script.targets.insert(salted_key(KEY, 1), instance(5));
+        script.loads.insert(5, 3);
+        let routed = PrefixAware::new(3, false).decide(Some(KEY), &mut script, 0, 0);
+        assert_eq!(routed.decision.key, Some(salted_key(KEY, 2)));
+        assert_eq!(
+            routed.decision.counted, None,
+            "unknown instance: upstream counts"
+        );
+        assert_eq!(routed.ticket, None);
+    }
+
+    #[test]
+    fn when_every_salt_maps_to_the_target_the_request_stays() {
+        let mut script = script_with_full_target(3);
+        for salt in 1..=DEFAULT_MAX_SALTS {
+            script.targets.insert(salted_key(KEY, salt), instance(1));
+        }
+        let routed = PrefixAware::new(3, false).decide(Some(KEY), &mut script, 0, 0);
+        assert_eq!(routed.decision.kind, DecisionKind::Prefix);
+        assert_eq!(routed.decision.key.as_deref(), Some(KEY));
+    }
+
+    #[test]
+    fn no_key_sets_nothing() {
+        let mut script = Script::default();
+        let routed = PrefixAware::new(3, true).decide(None, &mut script, 0, 0);
+        assert_eq!(routed.decision, Decision::bare(DecisionKind::NoKey));
+        assert_eq!(routed.ticket, None);
+    }
+
+    #[test]
+    fn threshold_zero_is_treated_as_one() {
+        assert_eq!(PrefixAware::new(0, true).concurrency_threshold, 1);
+    }
+}
