@@ -34,7 +34,7 @@ use serde_yaml::{Mapping, Value};
 const KEY_HEADER: &str = "x-prefix-route-key";
 const TENANT_HEADER: &str = "x-amzn-sagemaker-prefix-aware-id";
 /// The overload design's `host_header`, read by Envoy's override_host policy.
-const HOST_HEADER: &str = "x-prefix-router-host";
+const HOST_HEADER: &str = "x-prefix-route-host";
 const WASM_TYPE: &str = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm";
 /// Where `cargo build --release --target wasm32-wasip1 -p prefix-router` writes the filter.
 const WASM_BUILD_OUTPUT: &str = "target/wasm32-wasip1/release/prefix_router.wasm";
@@ -108,17 +108,36 @@ fn plugin_config_json(plugin: &Value) -> serde_json::Value {
     serde_json::from_str(text).expect("plugin configuration is not JSON")
 }
 
+/// Points every wasm filter (listener and clusters' upstream filters) at `filename`.
 fn set_wasm_filename(config: &mut Value, filename: &str) {
-    let filters = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
-        ["typed_config"]["http_filters"]
-        .as_sequence_mut()
-        .expect("http_filters");
-    let filter = filters
-        .iter_mut()
-        .find(|f| f["typed_config"]["@type"] == WASM_TYPE)
-        .expect("no wasm HTTP filter");
-    filter["typed_config"]["config"]["vm_config"]["code"] =
-        serde_yaml::from_str(&format!("local: {{ filename: '{filename}' }}")).unwrap();
+    let mut count = 0;
+    replace_wasm_filenames(config, filename, &mut count);
+    assert!(count > 0, "no wasm module path in the configuration");
+}
+
+fn replace_wasm_filenames(node: &mut Value, filename: &str, count: &mut usize) {
+    match node {
+        Value::Mapping(map) => {
+            for (key, value) in map.iter_mut() {
+                let is_module = key == "filename"
+                    && value
+                        .as_str()
+                        .is_some_and(|f| f.ends_with("prefix_router.wasm"));
+                if is_module {
+                    *value = Value::String(filename.to_string());
+                    *count += 1;
+                } else {
+                    replace_wasm_filenames(value, filename, count);
+                }
+            }
+        }
+        Value::Sequence(items) => {
+            for item in items {
+                replace_wasm_filenames(item, filename, count);
+            }
+        }
+        _ => {}
+    }
 }
 
 fn port(socket_address: &Value, what: &str) -> u16 {
@@ -160,6 +179,12 @@ fn remove(value: &mut Value, path: &[&str]) {
 
 fn first_cluster(config: &mut Value) -> &mut Value {
     &mut config["static_resources"]["clusters"][0]
+}
+
+fn clusters_mut(config: &mut Value) -> &mut Vec<Value> {
+    config["static_resources"]["clusters"]
+        .as_sequence_mut()
+        .expect("no static clusters")
 }
 
 /// Runs `envoy --mode validate` on `config` (written to a temp file) and fails
@@ -511,13 +536,15 @@ fn the_compose_envoy_config_differs_from_envoy_yaml_only_where_containers_need_i
     for config in [&mut docker, &mut shipped] {
         remove(config, &["admin", "address"]);
         set_wasm_filename(config, "WASM");
-        let cluster = first_cluster(config);
-        remove(cluster, &["type"]);
-        remove(cluster, &["load_assignment"]);
+        for cluster in clusters_mut(config) {
+            remove(cluster, &["type"]);
+            remove(cluster, &["load_assignment"]);
+        }
     }
-    let cluster = first_cluster(&mut docker);
-    remove(cluster, &["dns_lookup_family"]);
-    remove(cluster, &["health_checks"]);
+    for cluster in clusters_mut(&mut docker) {
+        remove(cluster, &["dns_lookup_family"]);
+        remove(cluster, &["health_checks"]);
+    }
     // Mapping equality ignores key order, so reordering a file is not drift.
     assert!(
         docker == shipped,
@@ -560,11 +587,20 @@ fn ports_and_names_agree_between_compose_envoy_and_prometheus() {
         "admin published beyond loopback: {admin_mapping}"
     );
 
-    let cluster = &config["static_resources"]["clusters"][0];
-    assert_eq!(cluster["type"], "STRICT_DNS");
-    let cluster_endpoints: BTreeMap<String, u16> =
-        endpoints(&cluster["load_assignment"]).into_iter().collect();
+    let clusters = seq(&config["static_resources"]["clusters"], "clusters");
+    let cluster_endpoints: BTreeMap<String, u16> = endpoints(&clusters[0]["load_assignment"])
+        .into_iter()
+        .collect();
     assert_eq!(cluster_endpoints.len(), 3);
+    for cluster in clusters {
+        assert_eq!(cluster["type"], "STRICT_DNS", "{:?}", cluster["name"]);
+        let these: BTreeMap<String, u16> =
+            endpoints(&cluster["load_assignment"]).into_iter().collect();
+        assert_eq!(
+            these, cluster_endpoints,
+            "clusters must list the same instances"
+        );
+    }
     for profile in ["gpu", "cpu"] {
         let instances = compose::instances_in_profile(&compose, profile);
         assert_eq!(
@@ -876,12 +912,17 @@ fn post(envoy: &Envoy, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Str
 fn eds_example_differs_from_envoy_yaml_only_in_where_endpoints_come_from() {
     let mut eds = yaml("examples/envoy-eds/envoy.yaml");
     let mut shipped = yaml("envoy/envoy.yaml");
-    remove(&mut eds, &["node"]);
     for config in [&mut eds, &mut shipped] {
-        remove(first_cluster(config), &["type"]);
+        for cluster in clusters_mut(config) {
+            remove(cluster, &["type"]);
+        }
     }
-    remove(first_cluster(&mut eds), &["eds_cluster_config"]);
-    remove(first_cluster(&mut shipped), &["load_assignment"]);
+    for cluster in clusters_mut(&mut eds) {
+        remove(cluster, &["eds_cluster_config"]);
+    }
+    for cluster in clusters_mut(&mut shipped) {
+        remove(cluster, &["load_assignment"]);
+    }
     assert!(
         eds == shipped,
         "examples/envoy-eds/envoy.yaml drifted from envoy/envoy.yaml beyond the EDS cluster:\n{}\n---\n{}",
@@ -901,10 +942,12 @@ fn eds_example_passes_envoy_validate() {
         assignment["@type"],
         "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
     );
-    assert_eq!(
-        assignment["cluster_name"],
-        config["static_resources"]["clusters"][0]["name"]
-    );
+    for cluster in seq(&config["static_resources"]["clusters"], "clusters") {
+        assert_eq!(
+            assignment["cluster_name"], cluster["eds_cluster_config"]["service_name"],
+            "every cluster must read the file's assignment"
+        );
+    }
     assert_eq!(endpoints(assignment).len(), 3);
 }
 
@@ -982,10 +1025,11 @@ fn eds_example_loads_endpoints_from_the_file_and_follows_updates() {
     let envoy = Envoy::builder()
         .config_file(root().join("examples/envoy-eds/envoy.yaml"))
         .edit(move |config| {
-            let source = &mut config["static_resources"]["clusters"][0]["eds_cluster_config"]
-                ["eds_config"]["path_config_source"];
-            source["path"] = Value::String(format!("{dir_path}/endpoints.yaml"));
-            source["watched_directory"]["path"] = Value::String(dir_path);
+            for cluster in clusters_mut(config) {
+                let source = &mut cluster["eds_cluster_config"]["eds_config"]["path_config_source"];
+                source["path"] = Value::String(format!("{dir_path}/endpoints.yaml"));
+                source["watched_directory"]["path"] = Value::String(dir_path.clone());
+            }
             Ok(())
         })
         .start()
