@@ -1160,9 +1160,8 @@ fn metrics_doc_and_dashboards_name_every_stat_the_filter_defines() {
 /// `x-served-by`, and the routing key they received echoed back as
 /// `x-received-route-key`, so the client can see it.
 ///
-/// TODO(vllm-sim): once `vllm-sim` is on main, start it instead
-/// (`prefix_router_tools::sim::fleet::SimProcess`), keeping this only for the
-/// key echo, or read the key from Envoy's access log.
+/// Kept next to `openai_sdk_through_envoy_to_vllm_sim` because it echoes the
+/// key, which vllm-sim does not.
 struct OpenAiFleet {
     runtime: Option<tokio::runtime::Runtime>,
     addrs: Vec<SocketAddr>,
@@ -1643,4 +1642,104 @@ fn troubleshooting_access_log_snippet_passes_envoy_validate() {
         hcm.insert(k.clone(), v.clone());
     }
     assert_envoy_accepts(&config, "envoy/envoy.yaml with the access-log snippet");
+}
+
+/// The same SDK run against the project's simulated vLLM (`vllm-sim`'s
+/// server, in process): the API shapes a real vLLM answers with, streaming
+/// included. vllm-sim does not echo the key, so this checks instances only.
+#[test]
+fn openai_sdk_through_envoy_to_vllm_sim() {
+    use prefix_router_tools::sim::{SimConfig, SimServer};
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let servers: Vec<SimServer> = (1..=3)
+        .map(|i| {
+            let cfg = SimConfig {
+                name: format!("vllm-{i}"),
+                model: "Qwen/Qwen2.5-0.5B-Instruct".to_string(),
+                time_scale: 10.0,
+                ..SimConfig::default()
+            };
+            runtime
+                .block_on(SimServer::start(cfg, "127.0.0.1:0".parse().unwrap()))
+                .unwrap()
+        })
+        .collect();
+    let envoy = Envoy::builder()
+        .upstreams(servers.iter().map(SimServer::addr))
+        .start()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let conversation = long_conversation(2);
+    let mut plan = Vec::new();
+    for i in 0..2 {
+        plan.push(chat(
+            &format!("plain-{i}"),
+            "chat",
+            &conversation,
+            Some("t"),
+        ));
+        plan.push(chat(
+            &format!("stream-{i}"),
+            "chat_stream",
+            &conversation,
+            Some("t"),
+        ));
+        plan.push(
+            json!({"id": format!("completion-{i}"), "api": "completions",
+            "prompt": "Once upon a time", "max_tokens": 8}),
+        );
+    }
+    for i in 0..12 {
+        plan.push(chat(
+            &format!("tenant-{i}"),
+            "chat",
+            &conversation,
+            Some(&format!("tenant-{i}")),
+        ));
+    }
+    let stdout = run_python(
+        "tests/python/openai_client.py",
+        &json!({"base_url": format!("{}/v1", envoy.base_url()),
+            "model": "Qwen/Qwen2.5-0.5B-Instruct", "requests": plan})
+        .to_string(),
+        &[],
+    );
+    let output: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let served: BTreeMap<String, String> = output["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            assert!(
+                r["chunks"].as_u64().unwrap_or(0) >= 1 && r["text"].is_string(),
+                "{r}"
+            );
+            (
+                r["id"].as_str().unwrap().to_string(),
+                r["served_by"]
+                    .as_str()
+                    .expect("vllm-sim sends x-served-by")
+                    .to_string(),
+            )
+        })
+        .collect();
+    let conversation_instances: BTreeSet<&String> = served
+        .iter()
+        .filter(|(id, _)| id.starts_with("plain-") || id.starts_with("stream-"))
+        .map(|(_, s)| s)
+        .collect();
+    assert_eq!(
+        conversation_instances.len(),
+        1,
+        "one conversation, several instances: {served:?}"
+    );
+    assert_eq!(served["completion-0"], served["completion-1"]);
+    let tenants: BTreeSet<&String> = (0..12).map(|i| &served[&format!("tenant-{i}")]).collect();
+    assert!(tenants.len() >= 2, "12 tenants all went to {tenants:?}");
+    drop(envoy);
+    drop(servers);
+    runtime.shutdown_background();
 }
