@@ -6,8 +6,8 @@
 //! Workload: a scaled-down `long-shared-prefix` (groups of chat requests that
 //! share a ~1,200-token system prompt, each with its own ~300-token question,
 //! 8 output tokens). Reported per strategy: TTFT p50/p90 (first streamed
-//! content chunk, measured at the client) and the servers' prefix-cache hits
-//! (llama.cpp logs "cache hit" / "prefix-match hit" per request).
+//! content chunk, measured at the client) and the prompt tokens each request
+//! reused from the server's cache (llama.cpp logs "N prefix-match hit").
 //!
 //! Not part of CI: it needs a llama.cpp build (about 4 minutes on 2 cores), see
 //! [`INSTALL`]. Servers and Envoy are killed when the run ends.
@@ -76,8 +76,8 @@ pub fn run() -> anyhow::Result<()> {
             .map_err(|e| anyhow!("{e}"))?;
         let results = drive(&envoy.base_url(), &workload)?;
         drop(envoy);
-        let hits: usize = servers.iter().map(Server::cache_hits).sum();
-        rows.push(summarise(strategy, &results, hits, &addrs));
+        let reused: Vec<(u64, u64)> = servers.iter().flat_map(Server::reused_tokens).collect();
+        rows.push(summarise(strategy, &results, &reused, &addrs));
     }
     print_table(&rows);
     let json = serde_json::to_string_pretty(&rows_json(&rows))?;
@@ -134,14 +134,23 @@ struct Server {
 }
 
 impl Server {
-    /// Requests that reused cached prompt tokens, from the server's log.
-    fn cache_hits(&self) -> usize {
+    /// Prompt tokens reused from the cache, per request, from llama.cpp's
+    /// "Llama.generate: N prefix-match hit, remaining M prompt tokens" lines.
+    fn reused_tokens(&self) -> Vec<(u64, u64)> {
         fs::read_to_string(&self.log)
             .unwrap_or_default()
             .lines()
-            .filter(|l| l.contains("cache hit") || l.contains("prefix-match hit"))
-            .count()
+            .filter_map(parse_prefix_match)
+            .collect()
     }
+}
+
+/// `(reused, remaining)` prompt tokens from one llama.cpp log line.
+fn parse_prefix_match(line: &str) -> Option<(u64, u64)> {
+    let rest = line.split("Llama.generate: ").nth(1)?;
+    let (reused, rest) = rest.split_once(" prefix-match hit, remaining ")?;
+    let remaining = rest.split_whitespace().next()?;
+    Some((reused.trim().parse().ok()?, remaining.parse().ok()?))
 }
 
 impl Drop for Server {
@@ -369,14 +378,26 @@ struct Row {
     strategy: String,
     ttft_p50_ms: f64,
     ttft_p90_ms: f64,
+    /// Requests that reused at least one 64-token chunk of cached prompt
+    /// (the chat template's first few tokens match on every request).
     cache_hits: usize,
+    /// Share of prompt tokens served from the cache.
+    cached_token_share: f64,
     requests: usize,
     /// Instances each group was served by.
     instances_per_group: f64,
     share: Vec<usize>,
 }
 
-fn summarise(strategy: &str, samples: &[Sample], hits: usize, addrs: &[SocketAddr]) -> Row {
+fn summarise(
+    strategy: &str,
+    samples: &[Sample],
+    reused: &[(u64, u64)],
+    addrs: &[SocketAddr],
+) -> Row {
+    let hits = reused.iter().filter(|(r, _)| *r >= 64).count();
+    let reused_total: u64 = reused.iter().map(|(r, _)| r).sum();
+    let prompt_total: u64 = reused.iter().map(|(r, m)| r + m).sum();
     let mut ttfts: Vec<f64> = samples
         .iter()
         .map(|s| s.ttft.as_secs_f64() * 1000.0)
@@ -407,6 +428,7 @@ fn summarise(strategy: &str, samples: &[Sample], hits: usize, addrs: &[SocketAdd
         ttft_p50_ms: quantile(0.5),
         ttft_p90_ms: quantile(0.9),
         cache_hits: hits,
+        cached_token_share: reused_total as f64 / prompt_total.max(1) as f64,
         requests: samples.len(),
         instances_per_group,
         share,
@@ -414,16 +436,17 @@ fn summarise(strategy: &str, samples: &[Sample], hits: usize, addrs: &[SocketAdd
 }
 
 fn print_table(rows: &[Row]) {
-    println!("\n| strategy | TTFT p50 (ms) | TTFT p90 (ms) | requests with a cache hit | instances per group | requests per server |");
-    println!("|---|---|---|---|---|---|");
+    println!("\n| strategy | TTFT p50 (ms) | TTFT p90 (ms) | requests reusing cached prefix | prompt tokens from cache | instances per group | requests per server |");
+    println!("|---|---|---|---|---|---|---|");
     for r in rows {
         println!(
-            "| {} | {:.0} | {:.0} | {}/{} | {:.2} | {:?} |",
+            "| {} | {:.0} | {:.0} | {}/{} | {:.0}% | {:.2} | {:?} |",
             r.strategy,
             r.ttft_p50_ms,
             r.ttft_p90_ms,
             r.cache_hits,
             r.requests,
+            r.cached_token_share * 100.0,
             r.instances_per_group,
             r.share
         );
@@ -439,6 +462,7 @@ fn rows_json(rows: &[Row]) -> serde_json::Value {
                     "ttft_p50_ms": r.ttft_p50_ms,
                     "ttft_p90_ms": r.ttft_p90_ms,
                     "cache_hits": r.cache_hits,
+                    "cached_token_share": r.cached_token_share,
                     "requests": r.requests,
                     "instances_per_group": r.instances_per_group,
                     "requests_per_server": r.share,
@@ -446,4 +470,19 @@ fn rows_json(rows: &[Row]) -> serde_json::Value {
             })
             .collect(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_llama_cpp_prefix_match_lines() {
+        let line = "Llama.generate: 1080 prefix-match hit, remaining 273 prompt tokens to eval";
+        assert_eq!(parse_prefix_match(line), Some((1080, 273)));
+        assert_eq!(
+            parse_prefix_match("Llama._create_completion: cache hit"),
+            None
+        );
+    }
 }
