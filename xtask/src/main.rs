@@ -6,9 +6,14 @@
 //! - `cargo xtask demo`: Envoy with the filter in front of 7 instances; shows
 //!   which instance served which prefix.
 //! - `cargo xtask setup`: only the prerequisites (used by `.ci/run`).
+//! - `cargo xtask release`: release .wasm, its sha256 and size, OCI build context.
+//! - `cargo xtask bench-engine`: prefix-aware vs random routing in front of
+//!   three llama.cpp servers (needs llama-cpp-python; not in CI).
 
+mod bench_engine;
 mod demo;
 mod prereqs;
+mod release;
 mod run;
 
 use std::process::ExitCode;
@@ -35,6 +40,10 @@ enum Task {
     Demo,
     /// Install the prerequisites (wasm32-wasip1 target, Envoy) and print where Envoy is.
     Setup,
+    /// Build the release .wasm, print its sha256 and size, prepare target/oci/.
+    Release,
+    /// Prefix-aware vs random routing in front of three llama.cpp servers.
+    BenchEngine,
 }
 
 fn main() -> ExitCode {
@@ -42,6 +51,8 @@ fn main() -> ExitCode {
     let outcome = match cli.command {
         Task::Test { cargo_test_args } => run::test(&cargo_test_args),
         Task::Demo => demo::run(),
+        Task::Release => release::run(),
+        Task::BenchEngine => bench_engine::run(),
         Task::Setup => prereqs::ensure_all().map(|p| {
             println!("ENVOY_BIN={}", p.envoy.display());
         }),

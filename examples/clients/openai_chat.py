@@ -1,0 +1,62 @@
+#!/usr/bin/env python3
+"""OpenAI Python SDK through Envoy + prefix-router (pip install openai).
+
+    OPENAI_BASE_URL=http://localhost:10000/v1 python3 examples/clients/openai_chat.py
+
+Requests of one conversation begin alike, so the filter gives them the same
+routing key (once the common beginning is at least `prefix_length` characters
+long) and Envoy sends them to the same instance, whose prefix cache already
+holds the conversation so far. prompt_cache_key separates tenants:
+the same prompt with another key goes through another routing key (and is never
+served from another tenant's cache entry by routing). It goes through
+extra_body, which every SDK version accepts. x-served-by names the instance
+(vLLM itself does not send it; vllm-sim and the test upstreams do).
+"""
+
+import os
+
+import openai
+
+client = openai.OpenAI(
+    base_url=os.environ.get("OPENAI_BASE_URL", "http://localhost:10000/v1"),
+    api_key=os.environ.get("OPENAI_API_KEY", "not-needed"),
+)
+model = os.environ.get("MODEL", "Qwen/Qwen2.5-0.5B-Instruct")
+
+# The key covers the first `prefix_length` characters (4,096 by default) of the
+# conversation, so turns share an instance once their common beginning is that
+# long: here a system prompt carrying a policy manual, as real assistants have.
+system_prompt = "You are the support assistant of ACME. Follow the policy manual.\n" + "\n".join(
+    f"Rule {i}: answer accurately and briefly, and cite the rule you applied." for i in range(1, 81)
+)
+messages = [
+    {"role": "system", "content": system_prompt},
+    {"role": "user", "content": "What does prefix caching do?"},
+]
+
+# A plain request; with_raw_response exposes the response headers.
+raw = client.chat.completions.with_raw_response.create(
+    model=model,
+    messages=messages,
+    max_tokens=32,
+    extra_body={"prompt_cache_key": "tenant-acme"},
+)
+answer = raw.parse().choices[0].message.content
+print(f"served by {raw.headers.get('x-served-by')}: {answer!r}")
+
+# The next turn, streamed: same beginning, so the same instance.
+messages += [
+    {"role": "assistant", "content": answer},
+    {"role": "user", "content": "And why does routing matter for it?"},
+]
+stream = client.chat.completions.with_raw_response.create(
+    model=model,
+    messages=messages,
+    max_tokens=32,
+    stream=True,
+    extra_body={"prompt_cache_key": "tenant-acme"},
+)
+text = "".join(
+    chunk.choices[0].delta.content or "" for chunk in stream.parse() if chunk.choices
+)
+print(f"served by {stream.headers.get('x-served-by')} (streamed): {text!r}")
