@@ -117,6 +117,44 @@ fn warn_if_other_version(binary: &PathBuf) {
     }
 }
 
+/// The OpenAI Python SDK version the client tests were written against.
+const OPENAI_SDK: &str = "openai==3.57.0";
+
+/// Makes `import openai` work for the integration tests that drive the
+/// official SDK: the system Python's if it has one, else an install into the
+/// target directory. Returns the PYTHONPATH entry to export (None: the system
+/// Python's own).
+pub fn ensure_openai_sdk() -> anyhow::Result<Option<PathBuf>> {
+    let importable = |pythonpath: Option<&PathBuf>| {
+        let mut python = Command::new("python3");
+        python.args(["-c", "import openai"]);
+        if let Some(dir) = pythonpath {
+            python.env("PYTHONPATH", dir);
+        }
+        python.output().is_ok_and(|o| o.status.success())
+    };
+    if importable(None) {
+        return Ok(None);
+    }
+    let dir = envoy::target_dir().join("python-deps");
+    if !importable(Some(&dir)) {
+        eprintln!("xtask: the OpenAI Python SDK is missing; installing {OPENAI_SDK} from PyPI");
+        run(Command::new("python3")
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--disable-pip-version-check",
+                "--quiet",
+            ])
+            .arg("--target")
+            .arg(&dir)
+            .arg(OPENAI_SDK))
+        .context("installing the OpenAI Python SDK with pip (needs python3 with pip)")?;
+    }
+    Ok(Some(dir))
+}
+
 /// Node.js runs the wasm32-wasip1 unit tests (see `.cargo/config.toml`).
 pub fn ensure_node() -> anyhow::Result<()> {
     match Command::new("node").arg("--version").output() {

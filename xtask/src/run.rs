@@ -29,13 +29,19 @@ pub fn build_wasm() -> anyhow::Result<PathBuf> {
 pub fn test(cargo_test_args: &[String]) -> anyhow::Result<()> {
     let found = prereqs::ensure_all()?;
     prereqs::ensure_node()?;
+    let openai_pythonpath = prereqs::ensure_openai_sdk()?;
     let wasm = build_wasm()?;
     // Both suites run even if the first fails, so one run shows every failure.
-    let native = run(cargo()
+    let mut native_tests = cargo();
+    native_tests
         .args(["test", "--workspace", "--no-fail-fast"])
         .args(cargo_test_args)
         .env("PREFIX_ROUTER_WASM", &wasm)
-        .env("ENVOY_BIN", &found.envoy));
+        .env("ENVOY_BIN", &found.envoy);
+    if let Some(dir) = &openai_pythonpath {
+        native_tests.env("PYTHONPATH", dir);
+    }
+    let native = run(&mut native_tests);
     let wasm32 = run(cargo().args([
         "test",
         "--target",
