@@ -26,12 +26,29 @@ enum Command {
         #[arg(long)]
         quick: bool,
     },
+    /// For profiling: one overhead case under throughput load, printing Envoy's
+    /// pid once warm (e.g. `perf record -g -p PID -- sleep 5`).
+    OverheadLoad {
+        /// A case name, e.g. chat-1MiB.
+        #[arg(long)]
+        case: String,
+        /// without, idle (filter with RANDOM) or with (PREFIX_AWARE).
+        #[arg(long, default_value = "with")]
+        configuration: String,
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+    },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let outcome = match cli.command {
         Command::Overhead { quick } => run_overhead(quick),
+        Command::OverheadLoad {
+            case,
+            configuration,
+            seconds,
+        } => run_overhead_load(&case, &configuration, seconds),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
@@ -66,5 +83,23 @@ fn run_overhead(quick: bool) -> anyhow::Result<()> {
         report.duration_s,
         path.display()
     );
+    Ok(())
+}
+
+fn run_overhead_load(case: &str, configuration: &str, seconds: u64) -> anyhow::Result<()> {
+    let configuration = match configuration {
+        "without" => overhead::Configuration::Without,
+        "idle" => overhead::Configuration::Idle,
+        "with" => overhead::Configuration::With,
+        other => anyhow::bail!("unknown configuration {other:?}: without, idle or with"),
+    };
+    let rps = overhead::load_for_profiling(
+        &overhead::OverheadOptions::full(),
+        case,
+        configuration,
+        std::time::Duration::from_secs(seconds),
+        &mut |pid| println!("envoy pid {pid}"),
+    )?;
+    println!("{rps:.0} requests/s");
     Ok(())
 }

@@ -289,6 +289,63 @@ pub fn run(
     })
 }
 
+/// Which configuration [`load_for_profiling`] drives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Configuration {
+    Without,
+    Idle,
+    With,
+}
+
+/// For profiling: starts one configuration for `case_name`, warms it up, calls
+/// `on_ready` with Envoy's pid (attach `perf record -p PID` there), then keeps
+/// it under throughput load for `duration`; returns the requests per second.
+pub fn load_for_profiling(
+    opts: &OverheadOptions,
+    case_name: &str,
+    configuration: Configuration,
+    duration: Duration,
+    on_ready: &mut dyn FnMut(u32),
+) -> anyhow::Result<f64> {
+    let case = cases()
+        .into_iter()
+        .find(|c| c.name == case_name)
+        .ok_or_else(|| anyhow::anyhow!("no case {case_name}"))?;
+    let upstream = InstantUpstream::start(KEY_HEADER)?;
+    let plugin_config = match configuration {
+        Configuration::Without => None,
+        Configuration::Idle => Some(json!({"strategy": "RANDOM", "key_header": KEY_HEADER})),
+        Configuration::With => Some(json!({
+            "strategy": "PREFIX_AWARE",
+            "prefix_length": case.prefix_length,
+            "key_header": KEY_HEADER,
+        })),
+    };
+    let envoy = start_envoy(opts, plugin_config, upstream.addr())?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let target = Target {
+        addr: envoy.listener_addr(),
+        path: case.path.to_string(),
+        body: case.body(),
+    };
+    let warmup = runtime.block_on(closed_loop::run(
+        &target,
+        opts.throughput_concurrency,
+        opts.warmup,
+    ))?;
+    check(&warmup, "warm-up")?;
+    on_ready(envoy.pid().unwrap_or_default());
+    let phase = runtime.block_on(closed_loop::run(
+        &target,
+        opts.throughput_concurrency,
+        duration,
+    ))?;
+    check(&phase, "load")?;
+    Ok(phase.rps())
+}
+
 /// Envoy from `envoy/envoy.yaml`, with the plugin configuration given, or without the filter.
 fn start_envoy(
     opts: &OverheadOptions,
