@@ -4,4 +4,6 @@
 
 pub mod bench;
 pub mod envoy;
+pub mod loadgen;
+pub mod sim;
 pub mod upstream;

@@ -1,0 +1,87 @@
+//! `vllm-sim`: one simulated vLLM instance (see `prefix_router_tools::sim`).
+//! Prints `listening on HOST:PORT` as its first stdout line so launchers can
+//! start it on port 0 and read the port.
+
+use std::io::Write as _;
+use std::net::{IpAddr, SocketAddr};
+
+use clap::Parser;
+use prefix_router_tools::sim::{SimConfig, SimServer};
+
+/// A simulated vLLM instance: OpenAI-compatible and native invoke APIs,
+/// vLLM's prefix caching, continuous batching and a calibrated cost model.
+#[derive(Parser, Debug)]
+#[command(name = "vllm-sim", version)]
+struct Cli {
+    /// Address to bind.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: IpAddr,
+    /// Port to bind; 0 picks a free one.
+    #[arg(long, default_value_t = 8000)]
+    port: u16,
+    /// Instance name, sent in every response's `x-served-by` header.
+    #[arg(long, default_value = "vllm-sim")]
+    name: String,
+    /// Model name served.
+    #[arg(long, default_value_t = SimConfig::default().model)]
+    model: String,
+    /// KV cache capacity in blocks.
+    #[arg(long, default_value_t = SimConfig::default().kv_blocks)]
+    kv_blocks: usize,
+    /// Tokens per KV block.
+    #[arg(long, default_value_t = SimConfig::default().block_size)]
+    block_size: usize,
+    /// Most requests running (batched) at once.
+    #[arg(long, default_value_t = SimConfig::default().max_num_seqs)]
+    max_num_seqs: usize,
+    /// Simulated seconds per real second (10 runs an hour in 6 minutes).
+    #[arg(long, default_value_t = SimConfig::default().time_scale)]
+    time_scale: f64,
+    /// Prefill cost per uncached prompt token, µs.
+    #[arg(long, default_value_t = SimConfig::default().prefill_us_per_token)]
+    prefill_us_per_token: f64,
+    /// Prefill attention cost per uncached token per context position, ns.
+    #[arg(long, default_value_t = SimConfig::default().prefill_attention_ns)]
+    prefill_attention_ns: f64,
+    /// Decode time per output token with an empty batch, ms.
+    #[arg(long, default_value_t = SimConfig::default().decode_ms_per_token)]
+    decode_ms_per_token: f64,
+    /// Decode time added per running sequence, ms.
+    #[arg(long, default_value_t = SimConfig::default().decode_ms_per_seq)]
+    decode_ms_per_seq: f64,
+    /// Shortest real time between two streamed events of one response, ms.
+    #[arg(long, default_value_t = SimConfig::default().min_chunk_interval_ms)]
+    min_chunk_interval_ms: f64,
+    /// Output tokens when a request does not set max_tokens.
+    #[arg(long, default_value_t = SimConfig::default().default_max_tokens)]
+    default_max_tokens: usize,
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let cfg = SimConfig {
+        name: cli.name,
+        model: cli.model,
+        kv_blocks: cli.kv_blocks,
+        block_size: cli.block_size,
+        max_num_seqs: cli.max_num_seqs,
+        time_scale: cli.time_scale,
+        prefill_us_per_token: cli.prefill_us_per_token,
+        prefill_attention_ns: cli.prefill_attention_ns,
+        decode_ms_per_token: cli.decode_ms_per_token,
+        decode_ms_per_seq: cli.decode_ms_per_seq,
+        min_chunk_interval_ms: cli.min_chunk_interval_ms,
+        default_max_tokens: cli.default_max_tokens,
+    };
+    let server = SimServer::start(cfg, SocketAddr::new(cli.host, cli.port)).await?;
+    let mut stdout = std::io::stdout();
+    writeln!(stdout, "listening on {}", server.addr())?;
+    stdout.flush()?;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    Ok(())
+}

@@ -1,0 +1,380 @@
+//! The load generator (`loadgen`): drives a workload against an endpoint
+//! (Envoy, or an instance directly) on the OpenAI chat or native invoke API,
+//! open loop (Poisson arrivals) or at fixed concurrency, and summarises what
+//! clients saw. [`run_workload`] is the entry point for the benchmark
+//! orchestrator; the binary is a thin CLI over it.
+//!
+//! Units: `RunOptions::arrival`'s rate is in requests per *simulated* second
+//! and all reported times and rates are simulated (see [`report`]), so that
+//! a run against instances with `--time-scale 10` reads like one on the real
+//! hardware. `max_duration` and `request_timeout` are wall-clock bounds.
+
+pub mod client;
+pub mod report;
+pub mod text;
+pub mod workload;
+
+use std::str::FromStr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use bytes::Bytes;
+use hyper::header::{HeaderName, HeaderValue};
+use hyper::Uri;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+use tokio::task::JoinSet;
+use tokio::time::{sleep_until, Instant};
+
+pub use report::{Report, RequestRecord};
+pub use workload::{Workload, WorkloadGen, WORKLOAD_NAMES};
+
+use client::HttpClient;
+use workload::PlannedRequest;
+
+/// Which API the requests use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Api {
+    /// OpenAI chat completions.
+    Chat,
+    /// Native invoke: `{"inputs": text, "parameters": {...}, "stream": ...}`.
+    Invoke,
+}
+
+impl Api {
+    /// `chat` or `invoke`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Api::Chat => "chat",
+            Api::Invoke => "invoke",
+        }
+    }
+}
+
+impl FromStr for Api {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "chat" | "openai" => Ok(Api::Chat),
+            "invoke" | "native" => Ok(Api::Invoke),
+            _ => Err(format!("unknown API {s:?}: use chat or invoke")),
+        }
+    }
+}
+
+/// How requests are issued.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Arrival {
+    /// Open loop: exponential gaps at this many requests per simulated second.
+    Poisson { rate: f64 },
+    /// Closed loop: this many requests in flight at all times.
+    Concurrency { clients: usize },
+}
+
+/// How a run is driven.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// The API.
+    pub api: Api,
+    /// Arrivals.
+    pub arrival: Arrival,
+    /// Stop issuing after this many requests.
+    pub max_requests: usize,
+    /// Stop issuing after this much wall-clock time.
+    pub max_duration: Duration,
+    /// A request not finished after this long (wall clock) fails.
+    pub request_timeout: Duration,
+    /// Seed of prompts and arrivals.
+    pub seed: u64,
+    /// The instances' time scale (simulated seconds per real second).
+    pub time_scale: f64,
+    /// Stream responses (TTFT at the first content event) or not (TTFT = latency).
+    pub stream: bool,
+    /// `model` sent on the chat API.
+    pub model: String,
+    /// Path of the chat API.
+    pub chat_path: String,
+    /// Path of the invoke API.
+    pub invoke_path: String,
+    /// Extra request headers (e.g. a tenant header).
+    pub headers: Vec<(String, String)>,
+    /// Instance names expected to serve, so an idle one counts as a 0 share.
+    pub instances: Vec<String>,
+    /// Keep every request's record in the report.
+    pub keep_records: bool,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        RunOptions {
+            api: Api::Chat,
+            arrival: Arrival::Concurrency { clients: 8 },
+            max_requests: 100,
+            max_duration: Duration::from_secs(60),
+            request_timeout: Duration::from_secs(120),
+            seed: 1,
+            time_scale: 1.0,
+            stream: true,
+            model: crate::sim::SimConfig::default().model,
+            chat_path: "/v1/chat/completions".into(),
+            invoke_path: "/invocations".into(),
+            headers: Vec::new(),
+            instances: Vec::new(),
+            keep_records: false,
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct ChatBody<'a> {
+    model: &'a str,
+    messages: &'a [workload::Message],
+    max_tokens: usize,
+    stream: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stream_options: Option<StreamOptions>,
+    ignore_eos: bool,
+}
+
+#[derive(Serialize)]
+struct StreamOptions {
+    include_usage: bool,
+}
+
+/// `inputs` first: routers that key on the raw body's first bytes see the prompt.
+#[derive(Serialize)]
+struct InvokeBody {
+    inputs: String,
+    parameters: InvokeParameters,
+    stream: bool,
+}
+
+#[derive(Serialize)]
+struct InvokeParameters {
+    max_new_tokens: usize,
+}
+
+/// The request body for `planned` on `api`.
+pub fn request_body(api: Api, planned: &PlannedRequest, opts: &RunOptions) -> Bytes {
+    let json = match api {
+        Api::Chat => serde_json::to_vec(&ChatBody {
+            model: &opts.model,
+            messages: &planned.messages,
+            max_tokens: planned.output_tokens,
+            stream: opts.stream,
+            stream_options: opts.stream.then_some(StreamOptions {
+                include_usage: true,
+            }),
+            ignore_eos: true,
+        }),
+        Api::Invoke => serde_json::to_vec(&InvokeBody {
+            inputs: planned.text(),
+            parameters: InvokeParameters {
+                max_new_tokens: planned.output_tokens,
+            },
+            stream: opts.stream,
+        }),
+    };
+    // Serialising strings and numbers cannot fail.
+    Bytes::from(json.unwrap_or_default())
+}
+
+struct Run {
+    client: HttpClient,
+    uri: Uri,
+    headers: Vec<(HeaderName, HeaderValue)>,
+    opts: RunOptions,
+    gen: Mutex<WorkloadGen>,
+    records: Mutex<Vec<RequestRecord>>,
+    start: Instant,
+    last_end: Mutex<Instant>,
+}
+
+impl Run {
+    fn sim_ms(&self, d: Duration) -> f64 {
+        d.as_secs_f64() * 1000.0 * self.opts.time_scale
+    }
+
+    fn next(&self) -> PlannedRequest {
+        self.gen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .next_request()
+    }
+
+    async fn one(&self, index: usize, planned: PlannedRequest) {
+        let sent = Instant::now();
+        let body = request_body(self.opts.api, &planned, &self.opts);
+        let ex = client::exchange(
+            &self.client,
+            &self.uri,
+            &self.headers,
+            body,
+            self.opts.stream,
+            self.opts.request_timeout,
+        )
+        .await;
+        let ok = ex.error.is_none();
+        self.gen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .complete(planned.conversation, ok.then(|| ex.content.clone()));
+        let record = RequestRecord {
+            index,
+            start_ms: self.sim_ms(sent - self.start),
+            ok,
+            status: ex.status,
+            error: ex.error,
+            instance: ex.instance,
+            ttft_ms: ex.first_content.map(|d| self.sim_ms(d)),
+            latency_ms: self.sim_ms(ex.latency),
+            prompt_tokens: ex.usage.map(|u| u.prompt_tokens),
+            cached_tokens: ex.usage.map(|u| u.cached_tokens),
+            completion_tokens: ex.usage.map(|u| u.completion_tokens),
+            group: planned.group,
+            conversation: planned.conversation,
+        };
+        self.records
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(record);
+        let mut last = self.last_end.lock().unwrap_or_else(|e| e.into_inner());
+        *last = (*last).max(Instant::now());
+    }
+}
+
+/// Runs `workload` against `target_url` (e.g. `http://127.0.0.1:10000`) and
+/// summarises it. Issues requests until `max_requests` or `max_duration`,
+/// then waits for those in flight (each bounded by `request_timeout`).
+pub async fn run_workload(
+    target_url: &str,
+    workload: &Workload,
+    opts: &RunOptions,
+) -> anyhow::Result<Report> {
+    if !(opts.time_scale.is_finite() && opts.time_scale > 0.0) {
+        anyhow::bail!("time scale must be positive, got {}", opts.time_scale);
+    }
+    let path = match opts.api {
+        Api::Chat => &opts.chat_path,
+        Api::Invoke => &opts.invoke_path,
+    };
+    let url = format!("{}{}", target_url.trim_end_matches('/'), path);
+    let uri: Uri = url
+        .parse()
+        .with_context(|| format!("bad target URL {url:?}"))?;
+    if uri.scheme_str() != Some("http") {
+        anyhow::bail!("only http:// targets are supported, got {url:?}");
+    }
+    let headers = opts
+        .headers
+        .iter()
+        .map(|(k, v)| {
+            Ok((
+                HeaderName::from_bytes(k.as_bytes())
+                    .with_context(|| format!("bad header name {k:?}"))?,
+                HeaderValue::from_str(v).with_context(|| format!("bad value for header {k}"))?,
+            ))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let start = Instant::now();
+    let run = Arc::new(Run {
+        client: client::http_client(),
+        uri,
+        headers,
+        opts: opts.clone(),
+        gen: Mutex::new(WorkloadGen::new(workload.clone(), opts.seed)),
+        records: Mutex::new(Vec::new()),
+        start,
+        last_end: Mutex::new(start),
+    });
+    let deadline = start + opts.max_duration;
+    let mut tasks = JoinSet::new();
+    match opts.arrival {
+        Arrival::Poisson { rate } => {
+            if !(rate.is_finite() && rate > 0.0) {
+                anyhow::bail!("arrival rate must be positive, got {rate}");
+            }
+            let real_rate = rate * opts.time_scale;
+            let mut rng = StdRng::seed_from_u64(opts.seed ^ 0x5eed_a441_7a1e);
+            let mut next = start;
+            for index in 0..opts.max_requests {
+                if next >= deadline {
+                    break;
+                }
+                sleep_until(next).await;
+                let planned = run.next();
+                let r = Arc::clone(&run);
+                tasks.spawn(async move { r.one(index, planned).await });
+                while tasks.try_join_next().is_some() {}
+                let u: f64 = rng.gen_range(f64::MIN_POSITIVE..1.0);
+                next += Duration::from_secs_f64(-u.ln() / real_rate);
+            }
+        }
+        Arrival::Concurrency { clients } => {
+            if clients == 0 {
+                anyhow::bail!("concurrency must be at least 1");
+            }
+            let issued = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            for _ in 0..clients {
+                let r = Arc::clone(&run);
+                let issued = Arc::clone(&issued);
+                let max = opts.max_requests;
+                tasks.spawn(async move {
+                    loop {
+                        let index = issued.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        if index >= max || Instant::now() >= deadline {
+                            break;
+                        }
+                        let planned = r.next();
+                        r.one(index, planned).await;
+                    }
+                });
+            }
+        }
+    }
+    while tasks.join_next().await.is_some() {}
+    let mut records = std::mem::take(&mut *run.records.lock().unwrap_or_else(|e| e.into_inner()));
+    records.sort_by_key(|r| r.index);
+    let last_end = *run.last_end.lock().unwrap_or_else(|e| e.into_inner());
+    let duration_s = (last_end - start).as_secs_f64() * opts.time_scale;
+    Ok(report::summarize(
+        workload.name(),
+        opts.api.name(),
+        opts.time_scale,
+        duration_s,
+        records,
+        &opts.instances,
+        opts.keep_records,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn invoke_body_starts_with_the_prompt() {
+        let mut g = WorkloadGen::new(
+            Workload::by_name("long-shared-prefix").unwrap().scaled(0.1),
+            1,
+        );
+        let planned = g.next_request();
+        let body = request_body(Api::Invoke, &planned, &RunOptions::default());
+        let text = planned.text();
+        let expected_start = format!("{{\"inputs\":\"{}", &text[..100]);
+        assert!(body.starts_with(expected_start.as_bytes()));
+        let chat: serde_json::Value =
+            serde_json::from_slice(&request_body(Api::Chat, &planned, &RunOptions::default()))
+                .unwrap();
+        assert_eq!(
+            chat["messages"][0]["content"],
+            planned.messages[0].content.as_str()
+        );
+        assert_eq!(chat["stream_options"]["include_usage"], true);
+        assert_eq!(chat["max_tokens"], 26);
+    }
+}

@@ -1,0 +1,359 @@
+//! The HTTP/1.1 server of a simulated instance (hyper 1 on tokio): routes,
+//! streaming, and the `x-served-by` header on every response. One task per
+//! connection, one per streamed response, each sleeping on tokio timers.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context as _;
+use bytes::Bytes;
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::{Frame, Incoming};
+use hyper::header::{HeaderValue, CONTENT_TYPE};
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde_json::{json, Value};
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio::time::{sleep_until, Instant};
+
+use super::api::{self, ApiKind, ParsedRequest, ResponseMeta};
+use super::engine::{Engine, Job, Ticket};
+use super::prefix_cache::first_block_extra;
+use super::tokenizer;
+use super::SimConfig;
+
+/// Largest request body accepted.
+const MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
+
+type Body = BoxBody<Bytes, Infallible>;
+
+/// A running simulated instance. Dropping it stops accepting and closes
+/// its connections.
+pub struct SimServer {
+    addr: SocketAddr,
+    engine: Arc<Engine>,
+    stop: watch::Sender<bool>,
+    task: JoinHandle<()>,
+}
+
+impl SimServer {
+    /// Binds `bind` (port 0 for an ephemeral port) and serves on the current runtime.
+    pub async fn start(cfg: SimConfig, bind: SocketAddr) -> anyhow::Result<SimServer> {
+        cfg.validate().map_err(anyhow::Error::msg)?;
+        let listener = TcpListener::bind(bind)
+            .await
+            .with_context(|| format!("binding {bind}"))?;
+        let addr = listener.local_addr()?;
+        let engine = Engine::new(cfg);
+        let (stop, stop_rx) = watch::channel(false);
+        let shared = Arc::new(Shared {
+            engine: Arc::clone(&engine),
+            next_id: AtomicU64::new(0),
+        });
+        let task = tokio::spawn(accept_loop(listener, shared, stop_rx));
+        Ok(SimServer {
+            addr,
+            engine,
+            stop,
+            task,
+        })
+    }
+
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The engine, for its counters.
+    pub fn engine(&self) -> &Arc<Engine> {
+        &self.engine
+    }
+}
+
+impl Drop for SimServer {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+        self.task.abort();
+    }
+}
+
+struct Shared {
+    engine: Arc<Engine>,
+    next_id: AtomicU64,
+}
+
+async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
+    loop {
+        let accepted = tokio::select! {
+            r = listener.accept() => r,
+            _ = stop.changed() => return,
+        };
+        let Ok((stream, _)) = accepted else {
+            // Out of file descriptors and the like: back off instead of spinning.
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let shared = Arc::clone(&shared);
+        let mut stop = stop.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |req| {
+                let shared = Arc::clone(&shared);
+                async move { Ok::<_, Infallible>(handle(shared, req).await) }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service);
+            tokio::select! {
+                _ = conn => {}
+                _ = stop.changed() => {}
+            }
+        });
+    }
+}
+
+async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
+    let cfg = shared.engine.config();
+    let mut response = route(&shared, req).await;
+    if let Ok(v) = HeaderValue::from_str(&cfg.name) {
+        response.headers_mut().insert("x-served-by", v);
+    }
+    response
+}
+
+async fn route(shared: &Shared, req: Request<Incoming>) -> Response<Body> {
+    let cfg = shared.engine.config();
+    let path = req.uri().path().to_string();
+    match (req.method().clone(), path.as_str()) {
+        (Method::GET, "/health") => full(StatusCode::OK, "text/plain", Bytes::new()),
+        (Method::GET, "/metrics") => full(
+            StatusCode::OK,
+            "text/plain; version=0.0.4; charset=utf-8",
+            Bytes::from(shared.engine.snapshot().render(&cfg.model)),
+        ),
+        (Method::GET, "/v1/models") => json_response(
+            StatusCode::OK,
+            &json!({"object": "list", "data": [{"id": cfg.model, "object": "model", "owned_by": "vllm-sim"}]}),
+        ),
+        (Method::POST, "/reset_prefix_cache") => {
+            if shared.engine.reset_prefix_cache() {
+                full(StatusCode::OK, "text/plain", Bytes::new())
+            } else {
+                json_response(
+                    StatusCode::CONFLICT,
+                    &api::error_body(
+                        "requests are in flight; the prefix cache was not reset",
+                        409,
+                    ),
+                )
+            }
+        }
+        (Method::POST, _) => {
+            let body = match Limited::new(req.into_body(), MAX_BODY_BYTES)
+                .collect()
+                .await
+            {
+                Ok(b) => b.to_bytes(),
+                Err(e) => {
+                    return json_response(
+                        StatusCode::BAD_REQUEST,
+                        &api::error_body(&format!("could not read the request body: {e}"), 400),
+                    )
+                }
+            };
+            let kind = ApiKind::from_path(&path);
+            match api::parse(kind, &body, &cfg.model, cfg.default_max_tokens) {
+                Ok(parsed) => generate(shared, parsed).await,
+                Err(api::BadRequest(msg)) => {
+                    json_response(StatusCode::BAD_REQUEST, &api::error_body(&msg, 400))
+                }
+            }
+        }
+        (_, "/health" | "/metrics" | "/v1/models") => json_response(
+            StatusCode::METHOD_NOT_ALLOWED,
+            &api::error_body("method not allowed", 405),
+        ),
+        _ => json_response(StatusCode::NOT_FOUND, &api::error_body("not found", 404)),
+    }
+}
+
+fn full(status: StatusCode, content_type: &'static str, body: Bytes) -> Response<Body> {
+    let mut r = Response::new(Full::new(body).boxed());
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    r
+}
+
+fn json_response(status: StatusCode, v: &Value) -> Response<Body> {
+    full(status, "application/json", Bytes::from(v.to_string()))
+}
+
+/// What one generation needs besides the engine ticket.
+struct Generation {
+    parsed: ParsedRequest,
+    meta: ResponseMeta,
+    seed: u64,
+    min_chunk: Duration,
+}
+
+impl Generation {
+    fn text(&self, from: usize, to: usize) -> String {
+        (from..to)
+            .map(|i| api::answer_piece(self.seed, i))
+            .collect()
+    }
+
+    fn usage(&self, hit_tokens: usize) -> Value {
+        api::usage(self.parsed.prompt.len(), self.parsed.max_tokens, hit_tokens)
+    }
+}
+
+async fn generate(shared: &Shared, parsed: ParsedRequest) -> Response<Body> {
+    let engine = &shared.engine;
+    let cfg = engine.config();
+    let job = Job {
+        prompt: parsed.prompt.clone(),
+        max_tokens: parsed.max_tokens,
+        first_extra: first_block_extra(&parsed.model, parsed.cache_salt.as_deref()),
+    };
+    let mut ticket = match engine.submit(job) {
+        Ok(t) => t,
+        Err(e) => {
+            return json_response(
+                StatusCode::BAD_REQUEST,
+                &api::error_body(&e.to_string(), 400),
+            )
+        }
+    };
+    let n = shared.next_id.fetch_add(1, Ordering::Relaxed);
+    let prefix = if parsed.api == ApiKind::Chat {
+        "chatcmpl"
+    } else {
+        "cmpl"
+    };
+    let token_bytes: Vec<u8> = parsed.prompt.iter().flat_map(|t| t.to_le_bytes()).collect();
+    let gen = Generation {
+        meta: ResponseMeta {
+            id: format!("{prefix}-{}-{n}", cfg.name),
+            created: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+            model: parsed.model.clone(),
+        },
+        seed: xxhash_rust::xxh3::xxh3_64(&token_bytes),
+        min_chunk: Duration::from_secs_f64(cfg.min_chunk_interval_ms / 1000.0),
+        parsed,
+    };
+    if gen.parsed.stream {
+        let (tx, rx) = mpsc::channel(16);
+        tokio::spawn(stream_tokens(ticket, gen, tx));
+        let mut r = Response::new(ChannelBody(rx).boxed());
+        r.headers_mut()
+            .insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+        r.headers_mut()
+            .insert("cache-control", HeaderValue::from_static("no-cache"));
+        return r;
+    }
+    let admission = ticket.admitted().await;
+    let outputs = gen.parsed.max_tokens;
+    let last_token_at =
+        admission.first_token_at + admission.inter_token * (outputs.saturating_sub(1) as u32);
+    sleep_until(last_token_at).await;
+    let text = gen.text(0, outputs);
+    ticket.finish(&tokenizer::tokenize(text.as_bytes()));
+    let body = api::full_body(
+        gen.parsed.api,
+        &gen.meta,
+        &text,
+        gen.usage(admission.hit_tokens),
+    );
+    json_response(StatusCode::OK, &body)
+}
+
+/// Streams the tokens as they become due; returns early (freeing the
+/// request's blocks through the ticket's drop) when the client goes away.
+async fn stream_tokens(mut ticket: Ticket, gen: Generation, tx: mpsc::Sender<Bytes>) {
+    let admission = tokio::select! {
+        a = ticket.admitted() => a,
+        _ = tx.closed() => return,
+    };
+    let send = |s: String| tx.send(Bytes::from(s));
+    let total = gen.parsed.max_tokens;
+    let first_at = admission.first_token_at;
+    let step = admission.inter_token;
+    let mut sent = 0;
+    let mut last_send = first_at;
+    while sent < total {
+        // The first token goes alone; later ones as soon as due, but no more
+        // often than every `min_chunk`.
+        let next_due = first_at + step * (sent as u32);
+        let wake = if sent == 0 {
+            first_at
+        } else {
+            next_due.max(last_send + gen.min_chunk)
+        };
+        tokio::select! {
+            _ = sleep_until(wake) => {}
+            _ = tx.closed() => return,
+        }
+        let now = Instant::now();
+        let due = if sent == 0 || step.is_zero() {
+            if step.is_zero() {
+                total
+            } else {
+                1
+            }
+        } else {
+            let elapsed = now.saturating_duration_since(first_at);
+            ((elapsed.as_nanos() / step.as_nanos()) as usize + 1).min(total)
+        };
+        let due = due.max(sent + 1);
+        let chunk = api::stream_chunk(gen.parsed.api, &gen.meta, &gen.text(sent, due), sent == 0);
+        if send(api::sse(&chunk)).await.is_err() {
+            return;
+        }
+        sent = due;
+        last_send = now;
+    }
+    // Finish before the tail, so the answer's blocks are cached by the time
+    // the client sees the end (vLLM caches them as they fill).
+    let text = gen.text(0, total);
+    ticket.finish(&tokenizer::tokenize(text.as_bytes()));
+    let tail = api::stream_tail(
+        gen.parsed.api,
+        &gen.meta,
+        gen.parsed.include_usage,
+        gen.usage(admission.hit_tokens),
+    );
+    for event in tail {
+        if send(api::sse(&event)).await.is_err() {
+            return;
+        }
+    }
+    let _ = send(api::SSE_DONE.to_string()).await;
+}
+
+/// A response body fed by a channel, ending when the sender is dropped.
+struct ChannelBody(mpsc::Receiver<Bytes>);
+
+impl hyper::body::Body for ChannelBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        self.0.poll_recv(cx).map(|b| b.map(|b| Ok(Frame::data(b))))
+    }
+}

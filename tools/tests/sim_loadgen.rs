@@ -1,0 +1,344 @@
+//! End to end without Envoy: simulated instances on ephemeral loopback ports,
+//! driven by the load generator, checking what the benchmark will rely on:
+//! repeated prefixes come back as cached tokens, `/metrics` agrees with the
+//! usage clients saw, `x-served-by` names the instance, multi-turn history
+//! hits, a vanished client frees its slot, and the binary announces its port.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use prefix_router_tools::loadgen::{run_workload, Api, Arrival, RunOptions, Workload};
+use prefix_router_tools::sim::metrics::parse_sample;
+use prefix_router_tools::sim::{SimConfig, SimServer};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const TIME_SCALE: f64 = 50.0;
+
+async fn sim(name: &str) -> SimServer {
+    let cfg = SimConfig {
+        name: name.to_string(),
+        time_scale: TIME_SCALE,
+        kv_blocks: 20_000,
+        ..SimConfig::default()
+    };
+    SimServer::start(cfg, "127.0.0.1:0".parse().unwrap())
+        .await
+        .expect("start simulator")
+}
+
+/// A raw HTTP/1.1 GET on a fresh connection; returns (head, body).
+async fn get(addr: SocketAddr, path: &str) -> (String, String) {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let req = format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+    (head.to_string(), body.to_string())
+}
+
+async fn metric(addr: SocketAddr, name: &str) -> f64 {
+    let (_, body) = get(addr, "/metrics").await;
+    parse_sample(&body, name).unwrap_or_else(|| panic!("{name} missing from /metrics:\n{body}"))
+}
+
+fn opts(api: Api, arrival: Arrival, max_requests: usize) -> RunOptions {
+    RunOptions {
+        api,
+        arrival,
+        max_requests,
+        max_duration: Duration::from_secs(20),
+        request_timeout: Duration::from_secs(10),
+        time_scale: TIME_SCALE,
+        keep_records: true,
+        ..RunOptions::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_prefixes_are_cached_and_metrics_agree_with_usage() {
+    let a = sim("sim-a").await;
+    let b = sim("sim-b").await;
+    let workload = Workload::GeneratedSharedPrefix {
+        groups: 4,
+        prompts_per_group: 4,
+        system_tokens: 512,
+        question_tokens: 64,
+        output_tokens: 16,
+        zipf_alpha: None,
+    };
+    for (server, api) in [(&a, Api::Chat), (&b, Api::Invoke)] {
+        let target = format!("http://{}", server.addr());
+        let report = run_workload(
+            &target,
+            &workload,
+            &opts(api, Arrival::Concurrency { clients: 4 }, 40),
+        )
+        .await
+        .unwrap();
+        let name = server.engine().config().name.clone();
+        assert_eq!(report.failures, 0, "{:?}", report.failure_kinds);
+        assert_eq!(report.successes, 40);
+        assert_eq!(report.instances.keys().collect::<Vec<_>>(), vec![&name]);
+        // 4 groups: at most 4 misses of the system prompt (plus concurrent
+        // first requests), then every request reuses at least its 512 tokens.
+        let with_hits = report
+            .records
+            .iter()
+            .filter(|r| r.cached_tokens.unwrap_or(0) >= 496)
+            .count();
+        assert!(
+            with_hits >= 32,
+            "{api:?}: {with_hits} requests hit the shared prefix"
+        );
+        assert!(
+            report.hit_rate > 0.6,
+            "{api:?}: hit rate {}",
+            report.hit_rate
+        );
+        for r in &report.records {
+            assert!(r.ttft_ms.is_some() && r.ttft_ms <= Some(r.latency_ms));
+            assert_eq!(r.completion_tokens, Some(16));
+            assert_eq!(r.cached_tokens.unwrap() % 16, 0, "hits are whole blocks");
+            assert!(r.cached_tokens < r.prompt_tokens);
+        }
+        let addr = server.addr();
+        assert_eq!(
+            metric(addr, "vllm:prefix_cache_queries_total").await,
+            report.prompt_tokens as f64
+        );
+        assert_eq!(
+            metric(addr, "vllm:prefix_cache_hits_total").await,
+            report.cached_tokens as f64
+        );
+        assert_eq!(
+            metric(addr, "vllm:time_to_first_token_seconds_count").await,
+            40.0
+        );
+        assert_eq!(metric(addr, "vllm:num_requests_running").await, 0.0);
+        assert_eq!(metric(addr, "vllm:num_requests_waiting").await, 0.0);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multi_turn_history_including_answers_is_a_cached_prefix() {
+    let a = sim("sim-mt").await;
+    let workload = Workload::MultiTurn {
+        conversations: 4,
+        min_turns: 3,
+        max_turns: 3,
+        system_tokens: 100,
+        user_tokens: 40,
+        output_tokens: 40,
+    };
+    let target = format!("http://{}", a.addr());
+    let report = run_workload(
+        &target,
+        &workload,
+        &opts(Api::Chat, Arrival::Concurrency { clients: 4 }, 24),
+    )
+    .await
+    .unwrap();
+    assert_eq!(report.failures, 0, "{:?}", report.failure_kinds);
+    let mut by_conversation: BTreeMap<u64, Vec<_>> = BTreeMap::new();
+    for r in &report.records {
+        by_conversation
+            .entry(r.conversation.unwrap())
+            .or_default()
+            .push(r);
+    }
+    let mut checked = 0;
+    for turns in by_conversation.values() {
+        for pair in turns.windows(2) {
+            let (prev, next) = (pair[0], pair[1]);
+            // The previous prompt and its answer were cached when it finished.
+            let seen = prev.prompt_tokens.unwrap() + prev.completion_tokens.unwrap();
+            assert!(
+                next.cached_tokens.unwrap() >= seen / 16 * 16,
+                "turn after {seen} tokens hit only {:?}",
+                next.cached_tokens
+            );
+            assert!(next.prompt_tokens.unwrap() > seen);
+            checked += 1;
+        }
+    }
+    assert!(checked >= 8, "{checked} follow-up turns checked");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poisson_arrivals_spread_over_two_instances_by_whoever_is_asked() {
+    // Two instances, each driven directly: the report names who served.
+    let a = sim("left").await;
+    let b = sim("right").await;
+    let workload = Workload::NoSharedPrefix {
+        prompt_tokens: 200,
+        output_tokens: 8,
+    };
+    let mut o = opts(Api::Chat, Arrival::Poisson { rate: 20.0 }, 20);
+    o.instances = vec!["left".into(), "right".into()];
+    let report = run_workload(&format!("http://{}", a.addr()), &workload, &o)
+        .await
+        .unwrap();
+    assert_eq!(report.successes, 20);
+    assert_eq!(report.instances["left"].requests, 20);
+    assert_eq!(report.instances["right"].requests, 0);
+    assert_eq!((report.share_min, report.share_max), (0.0, 1.0));
+    assert_eq!(
+        report.cached_tokens, 0,
+        "fresh prompts share only the template's first tokens"
+    );
+    assert_eq!(
+        metric(b.addr(), "vllm:prefix_cache_queries_total").await,
+        0.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_goes_away_frees_its_slot() {
+    let a = sim("sim-abort").await;
+    let mut s = tokio::net::TcpStream::connect(a.addr()).await.unwrap();
+    let body =
+        r#"{"messages":[{"role":"user","content":"hello"}],"max_tokens":5000,"stream":true}"#;
+    let req = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = s.read(&mut buf).await.unwrap();
+    let head = String::from_utf8_lossy(&buf[..n]).to_string();
+    assert!(head.contains("x-served-by: sim-abort"), "{head}");
+    assert_eq!(metric(a.addr(), "vllm:num_requests_running").await, 1.0);
+    drop(s);
+    // Readiness poll, bounded: the stream notices the closed connection at its next event.
+    let mut running = 1.0;
+    for _ in 0..200 {
+        running = metric(a.addr(), "vllm:num_requests_running").await;
+        if running == 0.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(running, 0.0, "the aborted request still holds its slot");
+}
+
+/// Kills the child process when the test ends, however it ends.
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test]
+async fn the_binary_announces_its_ephemeral_port_and_names_itself() {
+    let mut child = Killed(
+        Command::new(env!("CARGO_BIN_EXE_vllm-sim"))
+            .args(["--port", "0", "--name", "bin-sim", "--kv-blocks", "64"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn vllm-sim"),
+    );
+    let stdout = child.0.stdout.take().unwrap();
+    let line = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).map(|_| line)
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    let addr: SocketAddr = line
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("first line was {line:?}"))
+        .parse()
+        .unwrap();
+    assert_ne!(addr.port(), 0);
+    let (head, _) = get(addr, "/health").await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(head.contains("x-served-by: bin-sim"), "{head}");
+    let (head, body) = get(addr, "/nope").await;
+    assert!(head.starts_with("HTTP/1.1 404") && head.contains("x-served-by: bin-sim"));
+    assert!(body.contains("\"object\":\"error\""));
+    // A request larger than the whole cache is refused with a clear 400.
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let body = r#"{"prompt":"hi","max_tokens":2000}"#;
+    let req = format!(
+        "POST /v1/completions HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    assert!(out.starts_with("HTTP/1.1 400"), "{out}");
+    assert!(out.contains("KV cache blocks"), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spawned_fleet_counters_match_what_clients_saw() {
+    use prefix_router_tools::sim::fleet::{scrape_cache_counters, CacheCounters, SimProcess};
+    let exe = std::path::Path::new(env!("CARGO_BIN_EXE_vllm-sim"));
+    let fleet: Vec<SimProcess> = ["p0", "p1"]
+        .iter()
+        .map(|name| {
+            let cfg = SimConfig {
+                name: name.to_string(),
+                time_scale: TIME_SCALE,
+                kv_blocks: 4096,
+                ..SimConfig::default()
+            };
+            SimProcess::spawn(exe, &cfg, Duration::from_secs(10)).unwrap()
+        })
+        .collect();
+    let workload = Workload::LongSharedPrefix {
+        groups: 3,
+        prefix_tokens: 800,
+        question_tokens: 100,
+        output_tokens: 8,
+    };
+    let mut before = Vec::new();
+    for p in &fleet {
+        before.push(scrape_cache_counters(p.addr).await.unwrap());
+    }
+    let mut reports = Vec::new();
+    for (i, p) in fleet.iter().enumerate() {
+        let mut o = opts(Api::Invoke, Arrival::Concurrency { clients: 2 }, 12);
+        o.seed = i as u64;
+        reports.push(run_workload(&p.url(), &workload, &o).await.unwrap());
+        assert_eq!(reports[i].instances[&p.name].requests, 12);
+    }
+    let mut after = Vec::new();
+    for p in &fleet {
+        after.push(scrape_cache_counters(p.addr).await.unwrap());
+    }
+    let deltas: Vec<CacheCounters> = after.iter().zip(&before).map(|(a, b)| a.since(b)).collect();
+    for (d, r) in deltas.iter().zip(&reports) {
+        assert_eq!(d.queries, r.prompt_tokens as f64);
+        assert_eq!(d.hits, r.cached_tokens as f64);
+        assert!(d.hit_rate() > 0.5, "{}", d.hit_rate());
+    }
+    // After a reset, the same workload starts cold again.
+    use prefix_router_tools::sim::fleet::reset_prefix_cache;
+    reset_prefix_cache(fleet[0].addr).await.unwrap();
+    let start = scrape_cache_counters(fleet[0].addr).await.unwrap();
+    let mut o = opts(Api::Invoke, Arrival::Concurrency { clients: 1 }, 1);
+    o.seed = 0;
+    let cold = run_workload(&fleet[0].url(), &workload, &o).await.unwrap();
+    assert_eq!(cold.cached_tokens, 0);
+    let d = scrape_cache_counters(fleet[0].addr)
+        .await
+        .unwrap()
+        .since(&start);
+    assert_eq!((d.queries, d.hits), (cold.prompt_tokens as f64, 0.0));
+    let total = CacheCounters::total(&deltas);
+    assert_eq!(
+        total.queries,
+        (reports[0].prompt_tokens + reports[1].prompt_tokens) as f64
+    );
+}
