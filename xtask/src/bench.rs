@@ -16,20 +16,43 @@ pub enum Bench {
         #[arg(long)]
         quick: bool,
     },
+    /// Routing quality against 7 simulated vLLM instances: RANDOM,
+    /// LEAST_OUTSTANDING_REQUESTS and PREFIX_AWARE side by side.
+    Routing {
+        /// A shorter run (under 3 minutes) with the same fields.
+        #[arg(long)]
+        quick: bool,
+        /// Only these workloads (e.g. long-shared-prefix); repeatable.
+        #[arg(long)]
+        workload: Vec<String>,
+    },
 }
 
 pub fn run_bench(bench: &Bench) -> anyhow::Result<()> {
     let found = prereqs::ensure_all()?;
     let wasm = build_wasm()?;
-    let args: Vec<&str> = match bench {
-        Bench::Overhead { quick } => {
-            let mut args = vec!["overhead"];
-            if *quick {
-                args.push("--quick");
+    let (mut args, quick) = match bench {
+        Bench::Overhead { quick } => (vec!["overhead".to_string()], *quick),
+        Bench::Routing { quick, workload } => {
+            let mut args = vec!["routing".to_string()];
+            for name in workload {
+                args.extend(["--workload".to_string(), name.clone()]);
             }
-            args
+            (args, *quick)
         }
     };
+    if quick {
+        args.push("--quick".to_string());
+    }
+    // The bench binary finds vllm-sim next to itself.
+    run(cargo().args([
+        "build",
+        "--quiet",
+        "--release",
+        "-p",
+        "prefix-router-tools",
+        "--bins",
+    ]))?;
     run(cargo()
         .args([
             "run",

@@ -6,7 +6,7 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use prefix_router_tools::bench::{self, overhead};
+use prefix_router_tools::bench::{self, overhead, routing};
 
 #[derive(Parser)]
 #[command(
@@ -26,6 +26,15 @@ enum Command {
         #[arg(long)]
         quick: bool,
     },
+    /// Routing quality against 7 simulated vLLM instances, per strategy.
+    Routing {
+        /// A shorter run (under 3 minutes) with the same fields.
+        #[arg(long)]
+        quick: bool,
+        /// Only these workloads (names as in the report, e.g. long-shared-prefix); repeatable.
+        #[arg(long)]
+        workload: Vec<String>,
+    },
     /// For profiling: one overhead case under throughput load, printing Envoy's
     /// pid once warm (e.g. `perf record -g -p PID -- sleep 5`).
     OverheadLoad {
@@ -44,6 +53,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let outcome = match cli.command {
         Command::Overhead { quick } => run_overhead(quick),
+        Command::Routing { quick, workload } => run_routing(quick, &workload),
         Command::OverheadLoad {
             case,
             configuration,
@@ -101,5 +111,43 @@ fn run_overhead_load(case: &str, configuration: &str, seconds: u64) -> anyhow::R
         &mut |pid| println!("envoy pid {pid}"),
     )?;
     println!("{rps:.0} requests/s");
+    Ok(())
+}
+
+fn run_routing(quick: bool, only: &[String]) -> anyhow::Result<()> {
+    let mut opts = if quick {
+        routing::RoutingOptions::quick()?
+    } else {
+        routing::RoutingOptions::full()?
+    };
+    if !only.is_empty() {
+        opts.plans
+            .retain(|p| only.iter().any(|w| w == p.workload.name()));
+        if opts.plans.is_empty() {
+            anyhow::bail!("no workload named {only:?}");
+        }
+    }
+    eprintln!(
+        "routing: {} vllm-sim instances, Envoy {} with {} worker(s), time scale {}",
+        routing::INSTANCES,
+        prefix_router_tools::envoy::ENVOY_VERSION,
+        opts.envoy_workers,
+        opts.time_scale
+    );
+    let report = routing::run(&opts, &mut |line| eprintln!("{line}"))?;
+    let dir = bench::output_dir();
+    let json = dir.join("routing.json");
+    routing::write_json(&report, &json)?;
+    let svg = dir.join("routing.svg");
+    std::fs::write(&svg, bench::chart::routing_svg(&report))?;
+    println!("{}", routing::markdown(&report));
+    println!(
+        "load average {:?} -> {:?}; {:.0} s; written to {} and {}",
+        report.load_average_start.unwrap_or_default(),
+        report.load_average_end.unwrap_or_default(),
+        report.duration_s,
+        json.display(),
+        svg.display()
+    );
     Ok(())
 }

@@ -5,9 +5,13 @@
 //! in release mode, because a debug-built client would measure itself).
 
 pub mod bodies;
+pub mod chart;
 pub mod closed_loop;
+pub mod demo;
+pub mod fleet;
 pub mod instant_upstream;
 pub mod overhead;
+pub mod routing;
 pub mod stats;
 
 use std::path::PathBuf;
