@@ -6,7 +6,7 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use prefix_router_tools::bench::{self, overhead, routing};
+use prefix_router_tools::bench::{self, demo, overhead, routing};
 
 #[derive(Parser)]
 #[command(
@@ -35,6 +35,9 @@ enum Command {
         #[arg(long)]
         workload: Vec<String>,
     },
+    /// The demo (what `cargo xtask demo` shows): RANDOM then PREFIX_AWARE on a
+    /// short long-shared-prefix run.
+    Demo,
     /// For profiling: one overhead case under throughput load, printing Envoy's
     /// pid once warm (e.g. `perf record -g -p PID -- sleep 5`).
     OverheadLoad {
@@ -54,6 +57,10 @@ fn main() -> ExitCode {
     let outcome = match cli.command {
         Command::Overhead { quick } => run_overhead(quick),
         Command::Routing { quick, workload } => run_routing(quick, &workload),
+        Command::Demo => demo::run(&demo::DemoOptions::default(), &mut |line| {
+            println!("{line}")
+        })
+        .map(|_| ()),
         Command::OverheadLoad {
             case,
             configuration,
