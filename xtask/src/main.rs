@@ -5,11 +5,13 @@
 //!   with a real Envoy, and the core's unit tests as 32-bit wasm under Node).
 //! - `cargo xtask demo`: Envoy with the filter in front of 7 instances; shows
 //!   which instance served which prefix.
+//! - `cargo xtask bench overhead|routing [--quick]`: benchmarks (see docs/benchmarks.md).
 //! - `cargo xtask setup`: only the prerequisites (used by `.ci/run`).
 //! - `cargo xtask release`: release .wasm, its sha256 and size, OCI build context.
 //! - `cargo xtask bench-engine`: prefix-aware vs random routing in front of
 //!   three llama.cpp servers (needs llama-cpp-python; not in CI).
 
+mod bench;
 mod bench_engine;
 mod demo;
 mod prereqs;
@@ -38,6 +40,11 @@ enum Task {
     },
     /// Start Envoy with the filter in front of 7 instances and show the routing.
     Demo,
+    /// Benchmarks through a real Envoy (results under target/bench/).
+    Bench {
+        #[command(subcommand)]
+        bench: bench::Bench,
+    },
     /// Install the prerequisites (wasm32-wasip1 target, Envoy) and print where Envoy is.
     Setup,
     /// Build the release .wasm, print its sha256 and size, prepare target/oci/.
@@ -53,6 +60,7 @@ fn main() -> ExitCode {
         Task::Demo => demo::run(),
         Task::Release => release::run(),
         Task::BenchEngine => bench_engine::run(),
+        Task::Bench { bench } => bench::run_bench(&bench),
         Task::Setup => prereqs::ensure_all().map(|p| {
             println!("ENVOY_BIN={}", p.envoy.display());
         }),

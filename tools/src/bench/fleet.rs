@@ -1,0 +1,193 @@
+//! Seven `vllm-sim` processes behind Envoy with the filter, as the routing
+//! benchmark and the demo use them: starting the fleet, an Envoy per
+//! strategy, cold caches between strategies, and the token-weighted hit rate
+//! from the instances' own `/metrics` counters.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context as _};
+use serde::Serialize;
+use serde_json::json;
+use serde_yaml::Value;
+
+use crate::envoy::Envoy;
+use crate::sim::fleet::{reset_prefix_cache, scrape_cache_counters, CacheCounters, SimProcess};
+use crate::sim::SimConfig;
+
+/// The filter's key header (the route's `hash_policy` in `envoy/envoy.yaml`).
+const KEY_HEADER: &str = "x-prefix-route-key";
+
+/// A routing strategy as the benchmark runs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Strategy {
+    Random,
+    LeastOutstandingRequests,
+    PrefixAware,
+}
+
+impl Strategy {
+    pub const ALL: [Strategy; 3] = [
+        Strategy::Random,
+        Strategy::LeastOutstandingRequests,
+        Strategy::PrefixAware,
+    ];
+
+    /// The plugin configuration's `strategy` value.
+    pub fn name(self) -> &'static str {
+        match self {
+            Strategy::Random => "RANDOM",
+            Strategy::LeastOutstandingRequests => "LEAST_OUTSTANDING_REQUESTS",
+            Strategy::PrefixAware => "PREFIX_AWARE",
+        }
+    }
+
+    /// How the run realises the strategy, for the report.
+    pub fn mechanism(self) -> &'static str {
+        match self {
+            Strategy::Random => "filter strategy RANDOM (no key): Envoy's MAGLEV picks a random host",
+            // The filter does not implement it yet (issue 3): it writes no key, and
+            // the cluster is switched to Envoy's own least-request balancer.
+            Strategy::LeastOutstandingRequests => {
+                "filter strategy LEAST_OUTSTANDING_REQUESTS (writes no key yet) + Envoy cluster lb_policy LEAST_REQUEST"
+            }
+            Strategy::PrefixAware => "filter strategy PREFIX_AWARE: key header hashed by MAGLEV",
+        }
+    }
+}
+
+/// Where the `vllm-sim` binary is: next to the running executable (the bench
+/// binary is built with it), else in the target directory's release or debug build.
+pub fn find_sim_exe() -> anyhow::Result<PathBuf> {
+    let mut candidates = Vec::new();
+    if let Ok(exe) = std::env::current_exe() {
+        if let Some(dir) = exe.parent() {
+            candidates.push(dir.join("vllm-sim"));
+            // Test and example binaries live one level deeper (deps/, examples/).
+            if let Some(parent) = dir.parent() {
+                candidates.push(parent.join("vllm-sim"));
+            }
+        }
+    }
+    let target = crate::envoy::target_dir();
+    candidates.push(target.join("release").join("vllm-sim"));
+    candidates.push(target.join("debug").join("vllm-sim"));
+    candidates.into_iter().find(|c| c.is_file()).ok_or_else(|| {
+        anyhow::anyhow!(
+            "vllm-sim not found next to this binary or in {}: build it with \
+                 `cargo build --release -p prefix-router-tools --bin vllm-sim`",
+            target.display()
+        )
+    })
+}
+
+/// Seven (or `count`) simulated instances `vllm-1` .. `vllm-N`.
+pub struct SimFleet {
+    processes: Vec<SimProcess>,
+}
+
+impl SimFleet {
+    pub fn start(exe: &Path, count: usize, template: &SimConfig) -> anyhow::Result<Self> {
+        let mut processes = Vec::with_capacity(count);
+        for i in 1..=count {
+            let cfg = SimConfig {
+                name: format!("vllm-{i}"),
+                ..template.clone()
+            };
+            processes.push(
+                SimProcess::spawn(exe, &cfg, Duration::from_secs(10))
+                    .with_context(|| format!("starting {}", cfg.name))?,
+            );
+        }
+        Ok(SimFleet { processes })
+    }
+
+    pub fn addrs(&self) -> Vec<SocketAddr> {
+        self.processes.iter().map(|p| p.addr).collect()
+    }
+
+    pub fn names(&self) -> Vec<String> {
+        self.processes.iter().map(|p| p.name.clone()).collect()
+    }
+
+    /// Empties every instance's prefix cache (they must be idle).
+    pub async fn reset_caches(&self) -> anyhow::Result<()> {
+        for addr in self.addrs() {
+            // An instance finishing its last stream may still count it for a moment.
+            let mut attempt = 0;
+            loop {
+                match reset_prefix_cache(addr).await {
+                    Ok(()) => break,
+                    Err(_) if attempt < 50 => {
+                        attempt += 1;
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                    Err(error) => return Err(error),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Every instance's prefix-cache counters, in instance order.
+    pub async fn cache_counters(&self) -> anyhow::Result<Vec<CacheCounters>> {
+        let mut all = Vec::with_capacity(self.processes.len());
+        for addr in self.addrs() {
+            all.push(scrape_cache_counters(addr).await?);
+        }
+        Ok(all)
+    }
+}
+
+/// Envoy from `envoy/envoy.yaml` with the filter, in front of `upstreams`,
+/// configured for `strategy`.
+pub fn start_envoy(
+    strategy: Strategy,
+    upstreams: &[SocketAddr],
+    wasm: Option<&Path>,
+    workers: u32,
+) -> anyhow::Result<Envoy> {
+    let mut builder = Envoy::builder()
+        .upstreams(upstreams.iter().copied())
+        .concurrency(workers)
+        .log_level("warning")
+        .plugin_config_json(&json!({
+            "strategy": strategy.name(),
+            "prefix_length": 4096,
+            "key_header": KEY_HEADER,
+        }));
+    if let Some(wasm) = wasm {
+        builder = builder.wasm(wasm);
+    }
+    if strategy == Strategy::LeastOutstandingRequests {
+        builder = builder.edit(|config| set_lb_policy(config, "LEAST_REQUEST"));
+    }
+    Ok(builder.start()?)
+}
+
+fn set_lb_policy(config: &mut Value, policy: &str) -> anyhow::Result<()> {
+    let clusters = config
+        .get_mut("static_resources")
+        .and_then(|r| r.get_mut("clusters"))
+        .and_then(Value::as_sequence_mut)
+        .context("no static_resources.clusters")?;
+    if clusters.is_empty() {
+        bail!("no cluster to switch to {policy}");
+    }
+    for cluster in clusters {
+        let cluster = cluster
+            .as_mapping_mut()
+            .context("cluster is not a mapping")?;
+        cluster.insert("lb_policy".into(), policy.into());
+    }
+    Ok(())
+}
+
+/// Token-weighted hit rate over the instances, between two scrapes.
+pub fn hit_rate_between(before: &[CacheCounters], after: &[CacheCounters]) -> (f64, CacheCounters) {
+    let deltas: Vec<CacheCounters> = after.iter().zip(before).map(|(a, b)| a.since(b)).collect();
+    let total = CacheCounters::total(&deltas);
+    (total.hit_rate(), total)
+}

@@ -1,0 +1,70 @@
+//! `cargo xtask bench overhead|routing [--quick]`: builds the filter and the
+//! tools in release mode (a debug-built load client would measure itself) and
+//! runs the `prefix-router-bench` binary, which prints markdown tables and
+//! writes JSON under `target/bench/`.
+
+use clap::Subcommand;
+
+use crate::prereqs::{self, cargo, run};
+use crate::run::build_wasm;
+
+#[derive(Subcommand)]
+pub enum Bench {
+    /// The filter's cost per request: the same Envoy with and without it.
+    Overhead {
+        /// A shorter run (under a minute) with the same fields.
+        #[arg(long)]
+        quick: bool,
+    },
+    /// Routing quality against 7 simulated vLLM instances: RANDOM,
+    /// LEAST_OUTSTANDING_REQUESTS and PREFIX_AWARE side by side.
+    Routing {
+        /// A shorter run (under 3 minutes) with the same fields.
+        #[arg(long)]
+        quick: bool,
+        /// Only these workloads (e.g. long-shared-prefix); repeatable.
+        #[arg(long)]
+        workload: Vec<String>,
+    },
+}
+
+pub fn run_bench(bench: &Bench) -> anyhow::Result<()> {
+    let found = prereqs::ensure_all()?;
+    let wasm = build_wasm()?;
+    let (mut args, quick) = match bench {
+        Bench::Overhead { quick } => (vec!["overhead".to_string()], *quick),
+        Bench::Routing { quick, workload } => {
+            let mut args = vec!["routing".to_string()];
+            for name in workload {
+                args.extend(["--workload".to_string(), name.clone()]);
+            }
+            (args, *quick)
+        }
+    };
+    if quick {
+        args.push("--quick".to_string());
+    }
+    // The bench binary finds vllm-sim next to itself.
+    run(cargo().args([
+        "build",
+        "--quiet",
+        "--release",
+        "-p",
+        "prefix-router-tools",
+        "--bins",
+    ]))?;
+    run(cargo()
+        .args([
+            "run",
+            "--quiet",
+            "--release",
+            "-p",
+            "prefix-router-tools",
+            "--bin",
+            "prefix-router-bench",
+            "--",
+        ])
+        .args(args)
+        .env("PREFIX_ROUTER_WASM", &wasm)
+        .env("ENVOY_BIN", &found.envoy))
+}
