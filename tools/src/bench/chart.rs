@@ -89,7 +89,7 @@ pub fn routing_svg(report: &RoutingReport) -> String {
     }
     let _ = writeln!(
         svg,
-        r##"<text x="10" y="{}" fill="#555">LEAST_OUTSTANDING_REQUESTS: Envoy LEAST_REQUEST cluster (the filter's own is issue 3). Data: target/bench/routing.json</text>"##,
+        r##"<text x="10" y="{}" fill="#555">LEAST_OUTSTANDING_REQUESTS: the filter's least_request (FULL_SCAN) cluster. Data: target/bench/routing.json</text>"##,
         y + 20.0
     );
     svg.push_str("</svg>\n");

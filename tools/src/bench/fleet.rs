@@ -7,10 +7,9 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{bail, Context as _};
+use anyhow::Context as _;
 use serde::Serialize;
 use serde_json::json;
-use serde_yaml::Value;
 
 use crate::envoy::Envoy;
 use crate::sim::fleet::{reset_prefix_cache, scrape_cache_counters, CacheCounters, SimProcess};
@@ -48,10 +47,8 @@ impl Strategy {
     pub fn mechanism(self) -> &'static str {
         match self {
             Strategy::Random => "filter strategy RANDOM (no key): Envoy's MAGLEV picks a random host",
-            // The filter does not implement it yet (issue 3): it writes no key, and
-            // the cluster is switched to Envoy's own least-request balancer.
             Strategy::LeastOutstandingRequests => {
-                "filter strategy LEAST_OUTSTANDING_REQUESTS (writes no key yet) + Envoy cluster lb_policy LEAST_REQUEST"
+                "filter strategy LEAST_OUTSTANDING_REQUESTS: routed to the least_request (FULL_SCAN) cluster"
             }
             Strategy::PrefixAware => "filter strategy PREFIX_AWARE: key header hashed by MAGLEV",
         }
@@ -161,28 +158,7 @@ pub fn start_envoy(
     if let Some(wasm) = wasm {
         builder = builder.wasm(wasm);
     }
-    if strategy == Strategy::LeastOutstandingRequests {
-        builder = builder.edit(|config| set_lb_policy(config, "LEAST_REQUEST"));
-    }
     Ok(builder.start()?)
-}
-
-fn set_lb_policy(config: &mut Value, policy: &str) -> anyhow::Result<()> {
-    let clusters = config
-        .get_mut("static_resources")
-        .and_then(|r| r.get_mut("clusters"))
-        .and_then(Value::as_sequence_mut)
-        .context("no static_resources.clusters")?;
-    if clusters.is_empty() {
-        bail!("no cluster to switch to {policy}");
-    }
-    for cluster in clusters {
-        let cluster = cluster
-            .as_mapping_mut()
-            .context("cluster is not a mapping")?;
-        cluster.insert("lb_policy".into(), policy.into());
-    }
-    Ok(())
 }
 
 /// Token-weighted hit rate over the instances, between two scrapes.

@@ -445,7 +445,7 @@ pub fn strategy_table(strategies: &[StrategyResult]) -> String {
         .iter()
         .any(|s| s.strategy == Strategy::LeastOutstandingRequests)
     {
-        out.push_str("\n¹ Envoy's `LEAST_REQUEST` cluster balancer; the filter's own LEAST_OUTSTANDING_REQUESTS (issue 3) writes no key yet.\n");
+        out.push_str("\n¹ The filter routes to Envoy's least_request cluster (`selection_method: FULL_SCAN`).\n");
     }
     out
 }
