@@ -29,8 +29,6 @@ pub enum Bench {
 }
 
 pub fn run_bench(bench: &Bench) -> anyhow::Result<()> {
-    let found = prereqs::ensure_all()?;
-    let wasm = build_wasm()?;
     let (mut args, quick) = match bench {
         Bench::Overhead { quick } => (vec!["overhead".to_string()], *quick),
         Bench::Routing { quick, workload } => {
@@ -44,6 +42,14 @@ pub fn run_bench(bench: &Bench) -> anyhow::Result<()> {
     if quick {
         args.push("--quick".to_string());
     }
+    run_release_bench(&args)
+}
+
+/// Builds the tools in release mode and runs `prefix-router-bench ARGS` with
+/// the filter and Envoy found or installed here.
+pub fn run_release_bench(args: &[String]) -> anyhow::Result<()> {
+    let found = prereqs::ensure_all()?;
+    let wasm = build_wasm()?;
     // The bench binary finds vllm-sim next to itself.
     run(cargo().args([
         "build",

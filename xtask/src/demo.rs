@@ -1,4 +1,4 @@
-//! `cargo xtask demo`: Envoy with the filter, from `envoy/envoy.yaml`, in front
+//! `cargo xtask demo --affinity`: Envoy with the filter, from `envoy/envoy.yaml`, in front
 //! of 7 simple instances; sends requests of both APIs that share a few long
 //! prefixes and prints which instance served each, so prefix affinity is
 //! visible at a glance. Everything is torn down at the end.

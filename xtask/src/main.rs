@@ -3,8 +3,9 @@
 //!
 //! - `cargo xtask test`: build the filter, run every test (native, integration
 //!   with a real Envoy, and the core's unit tests as 32-bit wasm under Node).
-//! - `cargo xtask demo`: Envoy with the filter in front of 7 instances; shows
-//!   which instance served which prefix.
+//! - `cargo xtask demo`: 7 simulated vLLM instances behind Envoy with the
+//!   filter; RANDOM then PREFIX_AWARE on long shared prefixes, compared
+//!   (`--affinity`: which instance served which prefix, both APIs).
 //! - `cargo xtask bench overhead|routing [--quick]`: benchmarks (see docs/benchmarks.md).
 //! - `cargo xtask setup`: only the prerequisites (used by `.ci/run`).
 //! - `cargo xtask release`: release .wasm, its sha256 and size, OCI build context.
@@ -38,8 +39,13 @@ enum Task {
         #[arg(last = true)]
         cargo_test_args: Vec<String>,
     },
-    /// Start Envoy with the filter in front of 7 instances and show the routing.
-    Demo,
+    /// 7 simulated vLLM instances behind Envoy with the filter: a short
+    /// long-shared-prefix run under RANDOM then PREFIX_AWARE, compared.
+    Demo {
+        /// Instead: simple instances, both APIs, which instance served which prefix.
+        #[arg(long)]
+        affinity: bool,
+    },
     /// Benchmarks through a real Envoy (results under target/bench/).
     Bench {
         #[command(subcommand)]
@@ -57,7 +63,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let outcome = match cli.command {
         Task::Test { cargo_test_args } => run::test(&cargo_test_args),
-        Task::Demo => demo::run(),
+        Task::Demo { affinity: true } => demo::run(),
+        Task::Demo { affinity: false } => bench::run_release_bench(&["demo".to_string()]),
         Task::Release => release::run(),
         Task::BenchEngine => bench_engine::run(),
         Task::Bench { bench } => bench::run_bench(&bench),

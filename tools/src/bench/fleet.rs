@@ -55,6 +55,9 @@ impl Strategy {
     }
 }
 
+/// The filter's `concurrency_threshold` in the benchmarks.
+pub const CONCURRENCY_THRESHOLD: u32 = 64;
+
 /// Where the `vllm-sim` binary is: next to the running executable (the bench
 /// binary is built with it), else in the target directory's release or debug build.
 pub fn find_sim_exe() -> anyhow::Result<PathBuf> {
@@ -153,6 +156,11 @@ pub fn start_envoy(
         .plugin_config_json(&json!({
             "strategy": strategy.name(),
             "prefix_length": 4096,
+            // Sized to what one instance serves well at once (the sims batch up to
+            // max_num_seqs = 256; decode slows past ~64): the filter's default of 10
+            // would overflow most requests of a streaming fleet at this load and
+            // measure overload protection instead of prefix affinity.
+            "concurrency_threshold": CONCURRENCY_THRESHOLD,
             "key_header": KEY_HEADER,
         }));
     if let Some(wasm) = wasm {
