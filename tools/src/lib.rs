@@ -2,6 +2,7 @@
 //! the Envoy launcher used by tests, demo and benchmarks; the simulated vLLM
 //! instance; the load generator.
 
+pub mod bench;
 pub mod envoy;
 pub mod loadgen;
 pub mod sim;

@@ -5,8 +5,10 @@
 //!   with a real Envoy, and the core's unit tests as 32-bit wasm under Node).
 //! - `cargo xtask demo`: Envoy with the filter in front of 7 instances; shows
 //!   which instance served which prefix.
+//! - `cargo xtask bench overhead|routing [--quick]`: benchmarks (see docs/benchmarks.md).
 //! - `cargo xtask setup`: only the prerequisites (used by `.ci/run`).
 
+mod bench;
 mod demo;
 mod prereqs;
 mod run;
@@ -33,6 +35,11 @@ enum Task {
     },
     /// Start Envoy with the filter in front of 7 instances and show the routing.
     Demo,
+    /// Benchmarks through a real Envoy (results under target/bench/).
+    Bench {
+        #[command(subcommand)]
+        bench: bench::Bench,
+    },
     /// Install the prerequisites (wasm32-wasip1 target, Envoy) and print where Envoy is.
     Setup,
 }
@@ -42,6 +49,7 @@ fn main() -> ExitCode {
     let outcome = match cli.command {
         Task::Test { cargo_test_args } => run::test(&cargo_test_args),
         Task::Demo => demo::run(),
+        Task::Bench { bench } => bench::run_bench(&bench),
         Task::Setup => prereqs::ensure_all().map(|p| {
             println!("ENVOY_BIN={}", p.envoy.display());
         }),

@@ -1,0 +1,105 @@
+//! `prefix-router-bench`: the benchmarks as a release-built binary (a
+//! debug-built load client would measure itself). `cargo xtask bench ...`
+//! builds the filter and runs this; it can also be run directly with
+//! `PREFIX_ROUTER_WASM` and `ENVOY_BIN` set.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use prefix_router_tools::bench::{self, overhead};
+
+#[derive(Parser)]
+#[command(
+    name = "prefix-router-bench",
+    about = "prefix-router benchmarks through a real Envoy"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// The filter's cost per request: the same Envoy with and without it.
+    Overhead {
+        /// A shorter run (under a minute) with the same fields.
+        #[arg(long)]
+        quick: bool,
+    },
+    /// For profiling: one overhead case under throughput load, printing Envoy's
+    /// pid once warm (e.g. `perf record -g -p PID -- sleep 5`).
+    OverheadLoad {
+        /// A case name, e.g. chat-1MiB.
+        #[arg(long)]
+        case: String,
+        /// without, idle (filter with RANDOM) or with (PREFIX_AWARE).
+        #[arg(long, default_value = "with")]
+        configuration: String,
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let outcome = match cli.command {
+        Command::Overhead { quick } => run_overhead(quick),
+        Command::OverheadLoad {
+            case,
+            configuration,
+            seconds,
+        } => run_overhead_load(&case, &configuration, seconds),
+    };
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("prefix-router-bench: error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run_overhead(quick: bool) -> anyhow::Result<()> {
+    let opts = if quick {
+        overhead::OverheadOptions::quick()
+    } else {
+        overhead::OverheadOptions::full()
+    };
+    eprintln!(
+        "overhead: Envoy {} with {} worker(s), {} rounds, latency at concurrency 1 (interleaved), throughput at {}",
+        prefix_router_tools::envoy::ENVOY_VERSION,
+        opts.envoy_workers,
+        opts.rounds,
+        opts.throughput_concurrency
+    );
+    let report = overhead::run(&opts, &mut |line| eprintln!("{line}"))?;
+    let path = bench::output_dir().join("overhead.json");
+    overhead::write_json(&report, &path)?;
+    println!("{}", overhead::markdown(&report));
+    println!(
+        "load average {:?} -> {:?}; {:.0} s; written to {}",
+        report.load_average_start.unwrap_or_default(),
+        report.load_average_end.unwrap_or_default(),
+        report.duration_s,
+        path.display()
+    );
+    Ok(())
+}
+
+fn run_overhead_load(case: &str, configuration: &str, seconds: u64) -> anyhow::Result<()> {
+    let configuration = match configuration {
+        "without" => overhead::Configuration::Without,
+        "idle" => overhead::Configuration::Idle,
+        "with" => overhead::Configuration::With,
+        other => anyhow::bail!("unknown configuration {other:?}: without, idle or with"),
+    };
+    let rps = overhead::load_for_profiling(
+        &overhead::OverheadOptions::full(),
+        case,
+        configuration,
+        std::time::Duration::from_secs(seconds),
+        &mut |pid| println!("envoy pid {pid}"),
+    )?;
+    println!("{rps:.0} requests/s");
+    Ok(())
+}

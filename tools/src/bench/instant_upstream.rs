@@ -1,0 +1,164 @@
+//! The upstream of the overhead benchmark: a hyper server on one thread
+//! (current-thread runtime) that reads each request body to its end and
+//! answers 200 at once, so what is measured is Envoy and the filter, not an
+//! upstream. It counts requests that carried the routing key header, which
+//! proves the filter really ran (or really did not) in each configuration.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use anyhow::Context as _;
+use bytes::Bytes;
+use http_body_util::{BodyExt as _, Full};
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use tokio::sync::oneshot;
+
+/// Requests seen, with and without the key header, and body bytes read.
+#[derive(Debug, Default)]
+pub struct Counts {
+    pub keyed: AtomicU64,
+    pub unkeyed: AtomicU64,
+    pub body_bytes: AtomicU64,
+}
+
+/// A snapshot of [`Counts`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CountsSnapshot {
+    pub keyed: u64,
+    pub unkeyed: u64,
+    pub body_bytes: u64,
+}
+
+impl CountsSnapshot {
+    /// Counts accumulated since `earlier`.
+    pub fn since(self, earlier: CountsSnapshot) -> CountsSnapshot {
+        CountsSnapshot {
+            keyed: self.keyed - earlier.keyed,
+            unkeyed: self.unkeyed - earlier.unkeyed,
+            body_bytes: self.body_bytes - earlier.body_bytes,
+        }
+    }
+}
+
+/// A running instant upstream; stopped when dropped.
+pub struct InstantUpstream {
+    addr: SocketAddr,
+    counts: Arc<Counts>,
+    shutdown: Option<oneshot::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl InstantUpstream {
+    /// Starts on an ephemeral loopback port; requests carrying `key_header` count as keyed.
+    pub fn start(key_header: &str) -> anyhow::Result<Self> {
+        let listener =
+            std::net::TcpListener::bind("127.0.0.1:0").context("binding the upstream")?;
+        listener.set_nonblocking(true)?;
+        let addr = listener.local_addr()?;
+        let counts = Arc::new(Counts::default());
+        let (shutdown, stop) = oneshot::channel();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("starting the upstream runtime")?;
+        let key_header = hyper::header::HeaderName::from_bytes(key_header.as_bytes())
+            .context("key header name")?;
+        let thread_counts = Arc::clone(&counts);
+        let thread = std::thread::Builder::new()
+            .name("instant-upstream".into())
+            .spawn(move || {
+                runtime.block_on(async move {
+                    tokio::select! {
+                        _ = serve(listener, key_header, thread_counts) => {}
+                        _ = stop => {}
+                    }
+                });
+            })?;
+        Ok(InstantUpstream {
+            addr,
+            counts,
+            shutdown: Some(shutdown),
+            thread: Some(thread),
+        })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn counts(&self) -> CountsSnapshot {
+        CountsSnapshot {
+            keyed: self.counts.keyed.load(Ordering::Relaxed),
+            unkeyed: self.counts.unkeyed.load(Ordering::Relaxed),
+            body_bytes: self.counts.body_bytes.load(Ordering::Relaxed),
+        }
+    }
+}
+
+impl Drop for InstantUpstream {
+    fn drop(&mut self) {
+        if let Some(shutdown) = self.shutdown.take() {
+            let _ = shutdown.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+async fn serve(
+    listener: std::net::TcpListener,
+    key_header: hyper::header::HeaderName,
+    counts: Arc<Counts>,
+) {
+    let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
+        return;
+    };
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let key_header = key_header.clone();
+        let counts = Arc::clone(&counts);
+        tokio::spawn(async move {
+            let service = service_fn(move |request: Request<Incoming>| {
+                let keyed = request.headers().contains_key(&key_header);
+                let counts = Arc::clone(&counts);
+                async move {
+                    let mut body = request.into_body();
+                    let mut bytes = 0u64;
+                    while let Some(Ok(frame)) = body.frame().await {
+                        if let Some(data) = frame.data_ref() {
+                            bytes += data.len() as u64;
+                        }
+                    }
+                    let counter = if keyed {
+                        &counts.keyed
+                    } else {
+                        &counts.unkeyed
+                    };
+                    counter.fetch_add(1, Ordering::Relaxed);
+                    counts.body_bytes.fetch_add(bytes, Ordering::Relaxed);
+                    let mut response =
+                        Response::new(Full::new(Bytes::from_static(b"{\"ok\":true}")));
+                    response.headers_mut().insert(
+                        "x-served-by",
+                        hyper::header::HeaderValue::from_static("instant"),
+                    );
+                    Ok::<_, Infallible>(response)
+                }
+            });
+            let _ = http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}

@@ -1,0 +1,25 @@
+//! Benchmarks of the filter through a real Envoy: what it costs per request
+//! (`overhead`), and what it buys in KV-cache hits and time to first token
+//! against simulated vLLM instances (`routing`, `demo`). The entry points are
+//! the `prefix-router-bench` binary (`bin.rs`, started by `cargo xtask bench`
+//! in release mode, because a debug-built client would measure itself).
+
+pub mod bodies;
+pub mod closed_loop;
+pub mod instant_upstream;
+pub mod overhead;
+pub mod stats;
+
+use std::path::PathBuf;
+
+/// Where benchmark results are written: `<target>/bench`.
+pub fn output_dir() -> PathBuf {
+    crate::envoy::target_dir().join("bench")
+}
+
+/// The 1-, 5- and 15-minute load averages, to show how busy the machine was.
+pub fn load_average() -> Option<[f64; 3]> {
+    let text = std::fs::read_to_string("/proc/loadavg").ok()?;
+    let mut fields = text.split_whitespace().map(|f| f.parse::<f64>().ok());
+    Some([fields.next()??, fields.next()??, fields.next()??])
+}

@@ -1,0 +1,604 @@
+//! `bench overhead`: what the filter adds to each request. The same Envoy
+//! configuration (`envoy/envoy.yaml`) runs three ways in front of the same
+//! instant upstream: without the filter, with the filter routing
+//! (PREFIX_AWARE), and with the filter loaded but idle (strategy RANDOM: it
+//! sees every callback but reads no body), which splits the cost into "a wasm
+//! filter in the chain" and "holding the headers and reading the prefix".
+//! - latency: one request at a time per configuration, interleaved request by
+//!   request across the configurations (so all see the same machine noise);
+//!   each request's latency is its own cost, not queueing behind others;
+//! - throughput: a closed loop at a concurrency that saturates Envoy's worker,
+//!   in rounds that rotate the order of the configurations.
+//!
+//! Added latency is a configuration's percentile minus the no-filter one over
+//! all rounds' samples pooled; the throughput ratio is the median over rounds
+//! of that round's requests per second over the no-filter one.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+use bytes::Bytes;
+use serde::Serialize;
+use serde_json::json;
+
+use super::closed_loop::{self, PhaseResult, Target};
+use super::instant_upstream::{CountsSnapshot, InstantUpstream};
+use super::stats::{median, percentile, sorted};
+use super::{bodies, load_average};
+use crate::envoy::{Envoy, ENVOY_VERSION};
+
+/// The filter's default key header (the upstream counts requests carrying it).
+const KEY_HEADER: &str = "x-prefix-route-key";
+
+/// How long and how hard to measure.
+#[derive(Debug, Clone)]
+pub struct OverheadOptions {
+    pub quick: bool,
+    /// Rounds per case; each measures every configuration.
+    pub rounds: usize,
+    /// Length of one round's interleaved latency phase (all configurations).
+    pub latency_phase: Duration,
+    /// Length of one round's throughput phase, per configuration.
+    pub throughput_phase: Duration,
+    /// Warm-up per configuration and case, not measured.
+    pub warmup: Duration,
+    pub throughput_concurrency: usize,
+    /// Envoy worker threads.
+    pub envoy_workers: u32,
+    /// The .wasm (default: the launcher's [`crate::envoy::wasm_path`]).
+    pub wasm: Option<PathBuf>,
+}
+
+impl OverheadOptions {
+    /// About 3 minutes on 2 cores.
+    pub fn full() -> Self {
+        OverheadOptions {
+            quick: false,
+            rounds: 8,
+            latency_phase: Duration::from_millis(1500),
+            throughput_phase: Duration::from_millis(750),
+            warmup: Duration::from_millis(500),
+            throughput_concurrency: 8,
+            envoy_workers: 1,
+            wasm: None,
+        }
+    }
+
+    /// Under a minute.
+    pub fn quick() -> Self {
+        OverheadOptions {
+            quick: true,
+            rounds: 3,
+            latency_phase: Duration::from_millis(800),
+            throughput_phase: Duration::from_millis(300),
+            warmup: Duration::from_millis(300),
+            ..Self::full()
+        }
+    }
+}
+
+/// One request shape to measure.
+#[derive(Debug, Clone)]
+pub struct Case {
+    pub name: &'static str,
+    /// `invoke` or `chat`.
+    pub api: &'static str,
+    pub path: &'static str,
+    pub body_bytes: usize,
+    /// The filter's `prefix_length` for this case.
+    pub prefix_length: usize,
+    /// The issue's target for the added p50, if it sets one.
+    pub target_p50_added_us: Option<f64>,
+}
+
+/// The five cases of issue 4.
+pub fn cases() -> Vec<Case> {
+    const KIB: usize = 1024;
+    vec![
+        Case {
+            name: "invoke-8KiB-prefix-4KiB",
+            api: "invoke",
+            path: "/invocations",
+            body_bytes: 8 * KIB,
+            prefix_length: 4096,
+            target_p50_added_us: Some(100.0),
+        },
+        Case {
+            name: "invoke-256KiB-prefix-64KiB",
+            api: "invoke",
+            path: "/invocations",
+            body_bytes: 256 * KIB,
+            prefix_length: 65536,
+            target_p50_added_us: None,
+        },
+        Case {
+            name: "chat-8KiB",
+            api: "chat",
+            path: "/v1/chat/completions",
+            body_bytes: 8 * KIB,
+            prefix_length: 4096,
+            target_p50_added_us: Some(100.0),
+        },
+        Case {
+            name: "chat-64KiB",
+            api: "chat",
+            path: "/v1/chat/completions",
+            body_bytes: 64 * KIB,
+            prefix_length: 4096,
+            target_p50_added_us: None,
+        },
+        Case {
+            name: "chat-1MiB",
+            api: "chat",
+            path: "/v1/chat/completions",
+            body_bytes: 1024 * KIB,
+            prefix_length: 4096,
+            target_p50_added_us: Some(500.0),
+        },
+    ]
+}
+
+impl Case {
+    fn body(&self) -> Bytes {
+        Bytes::from(match self.api {
+            "invoke" => bodies::invoke_body(self.body_bytes, 42),
+            _ => bodies::chat_body(self.body_bytes, 42),
+        })
+    }
+}
+
+/// One configuration's figures in one case, all rounds pooled.
+#[derive(Debug, Clone, Serialize)]
+pub struct SideFigures {
+    pub p50_us: f64,
+    pub p90_us: f64,
+    pub p99_us: f64,
+    /// Requests per second at the throughput concurrency (median over rounds).
+    pub rps: f64,
+    pub latency_samples: usize,
+    pub failures: u64,
+    /// Fraction of requests that reached the upstream with the key header.
+    pub keyed_fraction: f64,
+}
+
+/// One case's result (`cases[]` in `overhead.json`).
+#[derive(Debug, Clone, Serialize)]
+pub struct CaseResult {
+    pub name: String,
+    pub api: String,
+    pub path: String,
+    pub body_bytes: usize,
+    pub prefix_length: usize,
+    /// PREFIX_AWARE filter minus no filter, p50 of per-request latency.
+    pub p50_added_us: f64,
+    pub p99_added_us: f64,
+    /// PREFIX_AWARE filter over no filter, requests per second at saturation.
+    pub rps_ratio: f64,
+    /// The same for the idle filter (RANDOM: every callback, no body read).
+    pub idle_p50_added_us: f64,
+    pub idle_p99_added_us: f64,
+    pub idle_rps_ratio: f64,
+    /// Per-round p50 added (PREFIX_AWARE): the spread shows the noise.
+    pub p50_added_us_rounds: Vec<f64>,
+    pub rps_ratio_rounds: Vec<f64>,
+    pub target_p50_added_us: Option<f64>,
+    pub target_met: Option<bool>,
+    pub without_filter: SideFigures,
+    pub idle_filter: SideFigures,
+    pub with_filter: SideFigures,
+}
+
+/// The whole `overhead.json`.
+#[derive(Debug, Clone, Serialize)]
+pub struct OverheadReport {
+    pub benchmark: &'static str,
+    pub quick: bool,
+    pub envoy_version: &'static str,
+    pub envoy_workers: u32,
+    pub client: String,
+    pub rounds: usize,
+    pub latency_concurrency: usize,
+    pub throughput_concurrency: usize,
+    pub latency_phase_ms: u64,
+    pub throughput_phase_ms: u64,
+    pub cpus: usize,
+    pub load_average_start: Option<[f64; 3]>,
+    pub load_average_end: Option<[f64; 3]>,
+    pub duration_s: f64,
+    pub cases: Vec<CaseResult>,
+}
+
+/// The configurations compared, in the order of the measurement arrays.
+const WITHOUT: usize = 0;
+const IDLE: usize = 1;
+const WITH: usize = 2;
+const SIDES: usize = 3;
+
+/// Runs every case; `progress` receives a line per step.
+pub fn run(
+    opts: &OverheadOptions,
+    progress: &mut dyn FnMut(&str),
+) -> anyhow::Result<OverheadReport> {
+    let started = Instant::now();
+    let load_average_start = load_average();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the client runtime")?;
+    let upstream = InstantUpstream::start(KEY_HEADER)?;
+    let without = start_envoy(opts, None, upstream.addr())?;
+    let idle = start_envoy(
+        opts,
+        Some(json!({"strategy": "RANDOM", "key_header": KEY_HEADER})),
+        upstream.addr(),
+    )?;
+    let mut results = Vec::new();
+    for case in cases() {
+        progress(&format!(
+            "{}: {} bytes to {}, prefix_length {}",
+            case.name, case.body_bytes, case.path, case.prefix_length
+        ));
+        let with = start_envoy(
+            opts,
+            Some(json!({
+                "strategy": "PREFIX_AWARE",
+                "prefix_length": case.prefix_length,
+                "key_header": KEY_HEADER,
+            })),
+            upstream.addr(),
+        )?;
+        let envoys = [&without, &idle, &with];
+        let result = measure_case(&runtime, opts, &case, envoys, &upstream)
+            .with_context(|| format!("case {}", case.name))?;
+        progress(&format!(
+            "  p50 {:.0} / idle {:.0} / with {:.0} µs (+{:.0}), p99 {:.0} / {:.0} / {:.0} µs (+{:.0}), rps {:.0} / {:.0} / {:.0} (x{:.3})",
+            result.without_filter.p50_us,
+            result.idle_filter.p50_us,
+            result.with_filter.p50_us,
+            result.p50_added_us,
+            result.without_filter.p99_us,
+            result.idle_filter.p99_us,
+            result.with_filter.p99_us,
+            result.p99_added_us,
+            result.without_filter.rps,
+            result.idle_filter.rps,
+            result.with_filter.rps,
+            result.rps_ratio
+        ));
+        results.push(result);
+    }
+    Ok(OverheadReport {
+        benchmark: "overhead",
+        quick: opts.quick,
+        envoy_version: ENVOY_VERSION,
+        envoy_workers: opts.envoy_workers,
+        client: "hyper 1 HTTP/1.1 keep-alive, tokio current-thread runtime (1 thread); \
+                 upstream: hyper on its own current-thread runtime, reads the body, answers 200"
+            .to_string(),
+        rounds: opts.rounds,
+        latency_concurrency: 1,
+        throughput_concurrency: opts.throughput_concurrency,
+        latency_phase_ms: opts.latency_phase.as_millis() as u64,
+        throughput_phase_ms: opts.throughput_phase.as_millis() as u64,
+        cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
+        load_average_start,
+        load_average_end: load_average(),
+        duration_s: started.elapsed().as_secs_f64(),
+        cases: results,
+    })
+}
+
+/// Which configuration [`load_for_profiling`] drives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Configuration {
+    Without,
+    Idle,
+    With,
+}
+
+/// For profiling: starts one configuration for `case_name`, warms it up, calls
+/// `on_ready` with Envoy's pid (attach `perf record -p PID` there), then keeps
+/// it under throughput load for `duration`; returns the requests per second.
+pub fn load_for_profiling(
+    opts: &OverheadOptions,
+    case_name: &str,
+    configuration: Configuration,
+    duration: Duration,
+    on_ready: &mut dyn FnMut(u32),
+) -> anyhow::Result<f64> {
+    let case = cases()
+        .into_iter()
+        .find(|c| c.name == case_name)
+        .ok_or_else(|| anyhow::anyhow!("no case {case_name}"))?;
+    let upstream = InstantUpstream::start(KEY_HEADER)?;
+    let plugin_config = match configuration {
+        Configuration::Without => None,
+        Configuration::Idle => Some(json!({"strategy": "RANDOM", "key_header": KEY_HEADER})),
+        Configuration::With => Some(json!({
+            "strategy": "PREFIX_AWARE",
+            "prefix_length": case.prefix_length,
+            "key_header": KEY_HEADER,
+        })),
+    };
+    let envoy = start_envoy(opts, plugin_config, upstream.addr())?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let target = Target {
+        addr: envoy.listener_addr(),
+        path: case.path.to_string(),
+        body: case.body(),
+    };
+    let warmup = runtime.block_on(closed_loop::run(
+        &target,
+        opts.throughput_concurrency,
+        opts.warmup,
+    ))?;
+    check(&warmup, "warm-up")?;
+    on_ready(envoy.pid().unwrap_or_default());
+    let phase = runtime.block_on(closed_loop::run(
+        &target,
+        opts.throughput_concurrency,
+        duration,
+    ))?;
+    check(&phase, "load")?;
+    Ok(phase.rps())
+}
+
+/// Envoy from `envoy/envoy.yaml`, with the plugin configuration given, or without the filter.
+fn start_envoy(
+    opts: &OverheadOptions,
+    plugin_config: Option<serde_json::Value>,
+    upstream: std::net::SocketAddr,
+) -> anyhow::Result<Envoy> {
+    let mut builder = Envoy::builder()
+        .upstreams([upstream])
+        .concurrency(opts.envoy_workers)
+        .log_level("warning");
+    match plugin_config {
+        Some(plugin_config) => {
+            if let Some(wasm) = &opts.wasm {
+                builder = builder.wasm(wasm);
+            }
+            builder = builder.plugin_config_json(&plugin_config);
+        }
+        None => builder = builder.without_filter(),
+    }
+    Ok(builder.start()?)
+}
+
+/// Samples of one configuration over the rounds.
+#[derive(Default)]
+struct Side {
+    latencies_us: Vec<f64>,
+    round_p50_us: Vec<f64>,
+    round_rps: Vec<f64>,
+    failures: u64,
+    counts: CountsSnapshot,
+}
+
+fn measure_case(
+    runtime: &tokio::runtime::Runtime,
+    opts: &OverheadOptions,
+    case: &Case,
+    envoys: [&Envoy; SIDES],
+    upstream: &InstantUpstream,
+) -> anyhow::Result<CaseResult> {
+    let body = case.body();
+    let targets: Vec<Target> = envoys
+        .iter()
+        .map(|envoy| Target {
+            addr: envoy.listener_addr(),
+            path: case.path.to_string(),
+            body: body.clone(),
+        })
+        .collect();
+    for target in &targets {
+        let warmup = runtime.block_on(closed_loop::run(
+            target,
+            opts.throughput_concurrency,
+            opts.warmup,
+        ))?;
+        check(&warmup, "warm-up")?;
+    }
+    let mut sides: [Side; SIDES] = Default::default();
+    let mut keyed_ok = [true; SIDES];
+    for round in 0..opts.rounds {
+        // The key header tells which configuration a request went through only
+        // per phase, so count the interleaved phase in aggregate.
+        let latency = runtime.block_on(closed_loop::interleaved(&targets, opts.latency_phase))?;
+        for (side, phase) in sides.iter_mut().zip(latency) {
+            check(&phase, "latency phase")?;
+            side.round_p50_us
+                .push(percentile(&sorted(phase.latencies_us.clone()), 50.0));
+            side.failures += phase.failures;
+            side.latencies_us.extend(phase.latencies_us);
+        }
+        for step in 0..SIDES {
+            let index = (round + step) % SIDES;
+            let before = upstream.counts();
+            let throughput = runtime.block_on(closed_loop::run(
+                &targets[index],
+                opts.throughput_concurrency,
+                opts.throughput_phase,
+            ))?;
+            check(&throughput, "throughput phase")?;
+            let seen = upstream.counts().since(before);
+            let side = &mut sides[index];
+            side.counts.keyed += seen.keyed;
+            side.counts.unkeyed += seen.unkeyed;
+            side.counts.body_bytes += seen.body_bytes;
+            side.round_rps.push(throughput.rps());
+            side.failures += throughput.failures;
+            let expected = seen.keyed + seen.unkeyed;
+            if seen.body_bytes != expected * case.body_bytes as u64 {
+                bail!(
+                    "the upstream received {} body bytes in {expected} requests of {} bytes",
+                    seen.body_bytes,
+                    case.body_bytes
+                );
+            }
+            keyed_ok[index] &= if index == WITH {
+                seen.unkeyed == 0
+            } else {
+                seen.keyed == 0
+            };
+        }
+    }
+    if keyed_ok.contains(&false) {
+        bail!(
+            "the filter did not behave as configured: every request through PREFIX_AWARE must carry \
+             {KEY_HEADER}, none through RANDOM or plain Envoy ({keyed_ok:?})"
+        );
+    }
+    let figures: Vec<SideFigures> = sides.iter().map(figures).collect();
+    let added =
+        |index: usize, p: fn(&SideFigures) -> f64| p(&figures[index]) - p(&figures[WITHOUT]);
+    let ratio_rounds = |index: usize| -> Vec<f64> {
+        sides[index]
+            .round_rps
+            .iter()
+            .zip(&sides[WITHOUT].round_rps)
+            .map(|(w, wo)| if *wo > 0.0 { w / wo } else { 0.0 })
+            .collect()
+    };
+    let p50_added_us = added(WITH, |f| f.p50_us);
+    let rps_ratio_rounds = ratio_rounds(WITH);
+    Ok(CaseResult {
+        name: case.name.to_string(),
+        api: case.api.to_string(),
+        path: case.path.to_string(),
+        body_bytes: case.body_bytes,
+        prefix_length: case.prefix_length,
+        p50_added_us,
+        p99_added_us: added(WITH, |f| f.p99_us),
+        rps_ratio: median(&rps_ratio_rounds),
+        idle_p50_added_us: added(IDLE, |f| f.p50_us),
+        idle_p99_added_us: added(IDLE, |f| f.p99_us),
+        idle_rps_ratio: median(&ratio_rounds(IDLE)),
+        p50_added_us_rounds: sides[WITH]
+            .round_p50_us
+            .iter()
+            .zip(&sides[WITHOUT].round_p50_us)
+            .map(|(w, wo)| w - wo)
+            .collect(),
+        rps_ratio_rounds,
+        target_p50_added_us: case.target_p50_added_us,
+        target_met: case.target_p50_added_us.map(|t| p50_added_us <= t),
+        without_filter: figures[WITHOUT].clone(),
+        idle_filter: figures[IDLE].clone(),
+        with_filter: figures[WITH].clone(),
+    })
+}
+
+fn check(phase: &PhaseResult, what: &str) -> anyhow::Result<()> {
+    if phase.latencies_us.is_empty() || phase.failures > 0 {
+        bail!(
+            "{what}: {} requests succeeded, {} failed (first failure: {})",
+            phase.latencies_us.len(),
+            phase.failures,
+            phase.first_failure.as_deref().unwrap_or("none")
+        );
+    }
+    Ok(())
+}
+
+fn figures(side: &Side) -> SideFigures {
+    let samples = sorted(side.latencies_us.clone());
+    let requests = side.counts.keyed + side.counts.unkeyed;
+    SideFigures {
+        p50_us: percentile(&samples, 50.0),
+        p90_us: percentile(&samples, 90.0),
+        p99_us: percentile(&samples, 99.0),
+        rps: median(&side.round_rps),
+        latency_samples: samples.len(),
+        failures: side.failures,
+        keyed_fraction: if requests > 0 {
+            side.counts.keyed as f64 / requests as f64
+        } else {
+            0.0
+        },
+    }
+}
+
+/// The results as a markdown table.
+pub fn markdown(report: &OverheadReport) -> String {
+    let mut out = String::new();
+    out.push_str(
+        "| case | body | prefix_length | p50 without → with (µs) | p50 added (µs) | p99 added (µs) | rps without → with | rps ratio | idle filter: p50 added, rps ratio | target p50 added |\n",
+    );
+    out.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
+    for case in &report.cases {
+        let target = match (case.target_p50_added_us, case.target_met) {
+            (Some(t), Some(true)) => format!("≤ {t:.0} µs: met"),
+            (Some(t), _) => format!("≤ {t:.0} µs: **missed**"),
+            _ => "-".to_string(),
+        };
+        out.push_str(&format!(
+            "| {} | {} | {} | {:.0} → {:.0} | {:.0} | {:.0} | {:.0} → {:.0} | {:.3} | {:.0} µs, {:.3} | {} |\n",
+            case.name,
+            human_bytes(case.body_bytes),
+            case.prefix_length,
+            case.without_filter.p50_us,
+            case.with_filter.p50_us,
+            case.p50_added_us,
+            case.p99_added_us,
+            case.without_filter.rps,
+            case.with_filter.rps,
+            case.rps_ratio,
+            case.idle_p50_added_us,
+            case.idle_rps_ratio,
+            target
+        ));
+    }
+    out
+}
+
+fn human_bytes(bytes: usize) -> String {
+    match bytes {
+        b if b >= 1024 * 1024 && b % (1024 * 1024) == 0 => format!("{} MiB", b / (1024 * 1024)),
+        b if b >= 1024 && b % 1024 == 0 => format!("{} KiB", b / 1024),
+        b => format!("{b} B"),
+    }
+}
+
+/// Writes the report as pretty JSON, creating the directory.
+pub fn write_json(report: &OverheadReport, path: &Path) -> anyhow::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(path, serde_json::to_vec_pretty(report)?)
+        .with_context(|| format!("writing {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cases_match_the_issue() {
+        let cases = cases();
+        let names: Vec<&str> = cases.iter().map(|c| c.name).collect();
+        assert_eq!(
+            names,
+            [
+                "invoke-8KiB-prefix-4KiB",
+                "invoke-256KiB-prefix-64KiB",
+                "chat-8KiB",
+                "chat-64KiB",
+                "chat-1MiB"
+            ]
+        );
+        for case in &cases {
+            assert_eq!(case.body().len(), case.body_bytes, "{}", case.name);
+        }
+    }
+
+    #[test]
+    fn human_bytes_names_binary_units() {
+        assert_eq!(human_bytes(8192), "8 KiB");
+        assert_eq!(human_bytes(1 << 20), "1 MiB");
+        assert_eq!(human_bytes(1000), "1000 B");
+    }
+}
