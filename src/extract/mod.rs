@@ -59,14 +59,23 @@
 //! and `input`), a field the key reads appears twice, or the body is a
 //! top-level array (any other non-`{` start counts as `InvalidJson`).
 //!
-//! Validation covers the inspected bytes only, and bytes after `Done` are
-//! never read. Every value inspected is parsed by serde_json, so it is valid
-//! JSON, but shapes are checked only where text is read: an array element past
-//! the prefix is checked as JSON, not as a message. serde_json's nesting limit
-//! (128) applies to the values the text is read from (deeper counts as
-//! invalid; skipped values are checked without recursion), and lone UTF-16
-//! surrogate escapes (`"\ud800"`), which no Rust string holds, count as
-//! invalid.
+//! Validation covers the prefix region only, and bytes after `Done` are
+//! never read. Until the prefix is known, every value is parsed by
+//! serde_json, so it is valid JSON, but shapes are checked only where text is
+//! read. Once the prefix is known (the text reached `prefix_length`
+//! characters, or its source values ended), the body is read on only for
+//! `prompt_cache_key` (and `model` if still missing): every other value, and
+//! every array element past the prefix, is only delimited by the span scanner,
+//! neither parsed nor validated. Checking those bytes could only turn a key
+//! already determined into a fallback, and it would depend on whether a
+//! tenant header let extraction stop early; the body is forwarded untouched
+//! either way. The top-level glue (`,` `:` and the key strings) is still
+//! checked to the end, since it is what locates the top-level keys, and a body
+//! that ends before its object does is still `InvalidJson`. serde_json's
+//! nesting limit (128) applies to the values the text is read from (deeper
+//! counts as invalid; other values are checked without recursion), and lone
+//! UTF-16 surrogate escapes (`"\ud800"`), which no Rust string holds, count
+//! as invalid.
 //!
 //! # Limits
 //! When `max_body_bytes` cuts the body, the prefix is the text of the values

@@ -1,16 +1,20 @@
 //! What each OpenAI-compatible API contributes to the canonical text, and the
 //! shape checks that send a body to the raw-byte fallback.
 //!
-//! Each top-level value (or element of `messages` / `prompt` / `input`) is
-//! parsed by `serde_json` once, when its span is complete; values the key
-//! does not use are still parsed (as `IgnoredAny`) so invalid JSON anywhere in
-//! the inspected bytes is noticed.
+//! Until the prefix is known, each top-level value (or element of
+//! `messages` / `prompt` / `input`) is parsed by `serde_json` once, when its
+//! span is complete; values the key does not use are still parsed (as
+//! `IgnoredAny`) so invalid JSON in the prefix region sends the body to the
+//! raw-byte fallback. Once the prefix is known, only `model` and
+//! `prompt_cache_key` are still read; everything else is skipped (delimited,
+//! not parsed): checking it could only turn a key already determined into a
+//! fallback, and the body is forwarded untouched either way.
 
 use serde::de::IgnoredAny;
 use serde_json::{Map, Value};
 
 use super::canonical::{CanonicalText, Section};
-use super::document::{reason_of, Sink};
+use super::document::{reason_of, Sink, ValueUse};
 use super::FallbackReason;
 use crate::classify::ApiKind;
 
@@ -130,7 +134,7 @@ fn parse<'a, T: serde::Deserialize<'a>>(span: &'a [u8]) -> Result<T, FallbackRea
 }
 
 impl Sink for OpenAiReader {
-    fn begin_value(&mut self, key: &str) -> Result<bool, FallbackReason> {
+    fn begin_value(&mut self, key: &str) -> Result<ValueUse, FallbackReason> {
         let field = self.field(key);
         if field != Field::Other {
             // A repeated field is ambiguous (parsers disagree on which wins).
@@ -139,10 +143,26 @@ impl Sink for OpenAiReader {
             }
             self.seen |= field.bit();
         }
-        Ok(matches!(
-            field,
-            Field::Messages | Field::Prompt | Field::Input
-        ))
+        Ok(match field {
+            Field::Model | Field::Tenant => ValueUse::Whole,
+            _ if self.text.prefix_known() => ValueUse::Skip,
+            Field::Messages | Field::Prompt | Field::Input => ValueUse::Elements,
+            _ => ValueUse::Whole,
+        })
+    }
+
+    fn wants_element(&self, key: &str) -> bool {
+        // Past the prefix an element's content no longer matters (not even
+        // whether it is valid JSON), so it is only delimited.
+        let index = if self.field(key) == Field::Input {
+            INPUT
+        } else {
+            ONLY
+        };
+        self.text
+            .sections()
+            .get(index)
+            .is_some_and(|s| !s.is_full())
     }
 
     fn value(&mut self, key: &str, span: &[u8]) -> Result<(), FallbackReason> {
@@ -186,13 +206,6 @@ impl Sink for OpenAiReader {
 
     fn element(&mut self, key: &str, span: &[u8]) -> Result<(), FallbackReason> {
         let field = self.field(key);
-        let index = if field == Field::Input { INPUT } else { ONLY };
-        if self.section(index)?.is_full() {
-            // Past the prefix: still valid JSON, but its shape no longer
-            // matters and building a Value for it would be wasted work.
-            parse::<IgnoredAny>(span)?;
-            return Ok(());
-        }
         let value = parse::<Value>(span)?;
         match field {
             Field::Messages => chat_message(self.section(ONLY)?, &value),
