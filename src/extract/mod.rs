@@ -226,6 +226,20 @@ impl Extractor {
             .extend_from_slice(bytes.get(..room.min(bytes.len())).unwrap_or(bytes));
     }
 
+    /// At most how many more body bytes are worth reading now, if that is
+    /// known: what a raw-byte prefix still lacks (so the host copies no more
+    /// than needed), 0 once done; `None` while walking JSON (where `model` or
+    /// `prompt_cache_key` may come anywhere).
+    pub fn max_useful_bytes(&self) -> Option<usize> {
+        if self.stop.is_some() {
+            return Some(0);
+        }
+        match self.mode {
+            Mode::Raw { .. } => Some(self.limits.prefix_length.saturating_sub(self.raw.len())),
+            Mode::Json(_) => None,
+        }
+    }
+
     /// Feeds the next chunk of the body (each byte exactly once, in order).
     /// Bytes fed after `Done` are ignored.
     pub fn feed(&mut self, chunk: &[u8]) -> Progress {
