@@ -88,6 +88,7 @@
 
 mod canonical;
 mod document;
+mod long_strings;
 mod openai;
 mod span;
 

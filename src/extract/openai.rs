@@ -15,10 +15,15 @@ use serde_json::{Map, Value};
 
 use super::canonical::{CanonicalText, Section};
 use super::document::{reason_of, Sink, ValueUse};
+use super::long_strings::cap_long_strings;
 use super::FallbackReason;
 use crate::classify::ApiKind;
 
 const SHAPE: FallbackReason = FallbackReason::UnexpectedShape;
+
+/// Strings are cut to at least this many characters (the smallest
+/// configurable `prefix_length`), far longer than any name compared.
+const MIN_STRING_CAP: usize = 1024;
 
 /// Content part types whose `text` is part of the conversation.
 const TEXT_PART_TYPES: [&str; 3] = ["text", "input_text", "output_text"];
@@ -66,6 +71,9 @@ enum PromptArray {
 #[derive(Debug)]
 pub(crate) struct OpenAiReader {
     kind: ApiKind,
+    /// No string gives the text more characters than this (and a string cut
+    /// to it never equals a key, role or type the reader compares with).
+    string_cap: usize,
     include_model: bool,
     want_tenant: bool,
     pub(crate) text: CanonicalText,
@@ -91,6 +99,7 @@ impl OpenAiReader {
         let sections = if kind == ApiKind::Responses { 2 } else { 1 };
         OpenAiReader {
             kind,
+            string_cap: prefix_length.max(MIN_STRING_CAP),
             include_model,
             want_tenant,
             text: CanonicalText::new(sections, prefix_length),
@@ -174,14 +183,15 @@ impl Sink for OpenAiReader {
                 return Err(SHAPE);
             }
             Field::Prompt => {
-                let prompt = parse::<String>(span)?;
+                let prompt = parse::<String>(&cap_long_strings(span, self.string_cap))?;
                 let section = self.section(ONLY)?;
                 section.field("text", &prompt);
                 section.end_record();
                 self.complete(ONLY)?;
             }
             Field::Instructions => {
-                if let Some(instructions) = parse::<Option<String>>(span)? {
+                let span = cap_long_strings(span, self.string_cap);
+                if let Some(instructions) = parse::<Option<String>>(&span)? {
                     let section = self.section(INSTRUCTIONS)?;
                     section.field("instructions", &instructions);
                     section.end_record();
@@ -190,7 +200,7 @@ impl Sink for OpenAiReader {
             }
             Field::Input => {
                 // A string input is one user message.
-                let input = parse::<String>(span)?;
+                let input = parse::<String>(&cap_long_strings(span, self.string_cap))?;
                 let section = self.section(INPUT)?;
                 section.field("role", "user");
                 section.field("text", &input);
@@ -206,7 +216,8 @@ impl Sink for OpenAiReader {
 
     fn element(&mut self, key: &str, span: &[u8]) -> Result<(), FallbackReason> {
         let field = self.field(key);
-        let value = parse::<Value>(span)?;
+        // Only the first `prefix_length` characters of a string can count.
+        let value = parse::<Value>(&cap_long_strings(span, self.string_cap))?;
         match field {
             Field::Messages => chat_message(self.section(ONLY)?, &value),
             Field::Prompt => self.prompt_element(&value),

@@ -69,7 +69,7 @@ fn backslashes_before(bytes: &[u8], start: usize, end: usize) -> usize {
 /// where the previous piece stopped). Returns the index just past the closing
 /// quote, or `None` when the piece ends first, with `escaped` set if its last
 /// byte is a backslash that escapes the next piece's first byte.
-fn skip_string(bytes: &[u8], from: usize, escaped: &mut bool) -> Option<usize> {
+pub(crate) fn skip_string(bytes: &[u8], from: usize, escaped: &mut bool) -> Option<usize> {
     let mut start = from;
     if *escaped {
         if start >= bytes.len() {

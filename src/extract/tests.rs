@@ -1058,3 +1058,34 @@ fn property_any_chunking_of_any_body_gives_the_same_result() {
         assert!(kind != ApiKind::Invoke || e.fallback.is_none());
     }
 }
+
+#[test]
+fn a_long_string_is_read_only_as_far_as_the_prefix_can_use() {
+    let body = |content: &str| {
+        format!(r#"{{"messages":[{{"role":"system","content":"{content}"}}],"model":"m"}}"#)
+    };
+    let long = "é".repeat(3000);
+    let e = extract(
+        ApiKind::ChatCompletions,
+        limits(1024),
+        body(&long).as_bytes(),
+    );
+    let expected = format!("role=system|text={}", "é".repeat(1024 - 17));
+    assert_eq!(readable(&e), expected);
+    // Past the characters the prefix can use, the string is not checked...
+    let e = extract(
+        ApiKind::ChatCompletions,
+        limits(1024),
+        body(&format!("{long}\\q")).as_bytes(),
+    );
+    assert_eq!(e.fallback, None);
+    assert_eq!(readable(&e), expected);
+    assert_eq!(e.model.as_deref(), Some("m"));
+    // ...within them it is.
+    let e = extract(
+        ApiKind::ChatCompletions,
+        limits(1024),
+        body(&format!("\\q{long}")).as_bytes(),
+    );
+    assert_eq!(e.fallback, Some(FallbackReason::InvalidJson));
+}
