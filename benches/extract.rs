@@ -27,14 +27,16 @@ fn run(kind: ApiKind, limits: Limits, body: &[u8]) -> Extraction {
     x.finish()
 }
 
-/// A chat body of about `size` bytes: a system prompt, then user/assistant
-/// turns, with `model` last so the whole body must be read.
-fn chat_body(size: usize) -> Vec<u8> {
+/// A chat body: a system prompt of `system_sentences` sentences (about 70
+/// bytes each), then about `turns_size` bytes of user/assistant turns, with
+/// `model` last so the whole body must be read.
+fn chat_body(turns_size: usize, system_sentences: usize) -> Vec<u8> {
     let sentence = "The quick brown fox jumps over the lazy dog; naïve café, 日本語. ";
-    let mut messages = vec![serde_json::json!({"role": "system", "content": sentence.repeat(20)})];
+    let system = sentence.repeat(system_sentences);
+    let mut messages = vec![serde_json::json!({"role": "system", "content": system})];
     let mut len = 0;
     let mut turn = 0;
-    while len < size {
+    while len < turns_size {
         let role = if turn % 2 == 0 { "user" } else { "assistant" };
         let content = format!("turn {turn}: {}", sentence.repeat(8));
         len += content.len() + 40;
@@ -57,12 +59,16 @@ fn bench(c: &mut Criterion) {
         b.iter(|| run(ApiKind::Invoke, limits(4096), black_box(&invoke)))
     });
 
-    for (name, size) in [
-        ("8KiB", 8 << 10),
-        ("64KiB", 64 << 10),
-        ("1MiB", (1 << 20) - 4096),
+    // Short system prompts, and (`_long_system`) one of a third of the body,
+    // as in the overhead benchmark: its string is far longer than the prefix.
+    for (name, turns_size, system_sentences) in [
+        ("8KiB", 8 << 10, 20),
+        ("64KiB", 64 << 10, 20),
+        ("1MiB", (1 << 20) - 4096, 20),
+        ("64KiB_long_system", 43 << 10, 300),
+        ("1MiB_long_system", 680 << 10, 5000),
     ] {
-        let body = chat_body(size);
+        let body = chat_body(turns_size, system_sentences);
         let e = run(ApiKind::ChatCompletions, limits(4096), &body);
         assert_eq!(e.fallback, None);
         assert_eq!(

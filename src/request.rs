@@ -93,8 +93,9 @@ pub enum BodyVerdict {
     AlreadyDecided,
 }
 
-/// Largest single read of the buffered body.
-pub const READ_SLICE_BYTES: usize = 32 * 1024;
+/// Largest single read of the buffered body: few host calls for a large
+/// JSON body (a raw-byte prefix reads only what it still lacks).
+pub const READ_SLICE_BYTES: usize = 64 * 1024;
 
 #[derive(Debug)]
 enum State {
@@ -165,7 +166,8 @@ impl RequestRouter {
     /// returns `len` bytes of the buffered body from `start` (or fewer, or
     /// `None` on failure); only bytes of `[seen, min(buffered_size,
     /// max_body_bytes))` not read before are asked for, in slices of at most
-    /// [`READ_SLICE_BYTES`], and no more once the extractor is done.
+    /// [`READ_SLICE_BYTES`] and of what the extractor can still use, and no
+    /// more once the extractor is done.
     pub fn on_request_body(
         &mut self,
         buffered_size: usize,
@@ -184,7 +186,11 @@ impl RequestRouter {
         // In slices, so an extractor that is done early (an invoke prefix)
         // does not make the host copy a whole large buffer into the VM.
         while progress == Progress::NeedMore && available > *seen {
-            let want = (available - *seen).min(READ_SLICE_BYTES);
+            let useful = extractor.max_useful_bytes().unwrap_or(READ_SLICE_BYTES);
+            let want = (available - *seen).min(READ_SLICE_BYTES).min(useful);
+            if want == 0 {
+                break;
+            }
             let Some(bytes) = read(*seen, want) else {
                 break;
             };
@@ -407,8 +413,9 @@ mod tests {
             BodyVerdict::Pause
         );
         let d = continued(fake.arrive(&mut router, &data[600..2000], false));
-        // Each byte read once, from where the last read stopped.
-        assert_eq!(fake.reads, vec![(0, 10), (10, 590), (600, 1400)]);
+        // Each byte read once, from where the last read stopped, and no
+        // more than the prefix still lacks.
+        assert_eq!(fake.reads, vec![(0, 10), (10, 590), (600, 424)]);
         assert_eq!(d.key, Some(raw_key(None, &data[..1024])));
         assert_eq!(d.no_key, None);
         assert_eq!(d.api, ApiKind::Invoke);
@@ -538,12 +545,27 @@ mod tests {
         let data = body(200_000);
         let mut fake = FakeBody::new();
         let d = continued(fake.arrive(&mut router, &data, false));
-        // Two slices cover the 40000-byte prefix; the rest is never copied.
+        // One read of exactly the 40000-byte prefix; the rest is never copied.
+        assert_eq!(fake.reads, vec![(0, 40000)]);
+        assert_eq!(d.key, Some(raw_key(None, &data[..40000])));
+    }
+
+    #[test]
+    fn json_is_read_in_large_slices_up_to_the_limit() {
+        let mut router =
+            RequestRouter::new(config(r#"{"prefix_length":1024,"max_body_bytes":150000}"#));
+        router.on_request_headers(head("/v1/chat/completions", None));
+        // No tenant header: the body is read on for a `prompt_cache_key`.
+        let mut data = br#"{"messages":[{"role":"user","content":"hi"}],"x":""#.to_vec();
+        data.extend(std::iter::repeat_n(b'a', 200_000));
+        let mut fake = FakeBody::new();
+        let d = continued(fake.arrive(&mut router, &data, false));
+        let slice = READ_SLICE_BYTES;
         assert_eq!(
             fake.reads,
-            vec![(0, READ_SLICE_BYTES), (READ_SLICE_BYTES, READ_SLICE_BYTES)]
+            vec![(0, slice), (slice, slice), (2 * slice, 150_000 - 2 * slice)]
         );
-        assert_eq!(d.key, Some(raw_key(None, &data[..40000])));
+        assert_eq!(d.bytes_inspected, 150_000);
     }
 
     #[test]
@@ -560,7 +582,7 @@ mod tests {
             reads.push((start, len));
             data.get(start..start + len).map(<[u8]>::to_vec)
         }));
-        assert_eq!(reads, vec![(0, 1500)]);
+        assert_eq!(reads, vec![(0, 1024)]);
         assert_eq!(d.key, Some(raw_key(None, &data[..1024])));
     }
 
@@ -576,12 +598,13 @@ mod tests {
                 .map(<[u8]>::to_vec)),
             BodyVerdict::Pause
         );
-        // Host gives back more than asked (everything from start).
+        // Host gives back more than asked (everything from start); asked
+        // only for what the 1024-byte prefix still lacks.
         let d = continued(router.on_request_body(1500, false, &mut |s, len| {
-            assert_eq!((s, len), (100, 1400));
+            assert_eq!((s, len), (100, 924));
             data.get(s..).map(<[u8]>::to_vec)
         }));
-        // The extractor inspects only the 1024-byte prefix it needs of the 1500 fed.
+        // Only the 1024-byte prefix is fed and inspected.
         assert_eq!(d.bytes_inspected, 1024);
         assert_eq!(d.key, Some(raw_key(None, &data[..1024])));
     }

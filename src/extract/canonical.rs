@@ -162,6 +162,10 @@ impl CanonicalText {
         self.sections.get_mut(index)
     }
 
+    pub(crate) fn sections(&self) -> &[Section] {
+        &self.sections
+    }
+
     pub(crate) fn complete_all(&mut self) {
         for section in &mut self.sections {
             section.complete = true;

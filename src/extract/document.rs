@@ -4,19 +4,33 @@
 //! scanned twice.
 //!
 //! Only the glue between spans (`{`, keys, `:`, `,`, `[`, `]`, `}`) is checked
-//! here; every span is parsed by `serde_json` in the sink, so the inspected
-//! part of the body is fully validated.
+//! here; every span the sink keeps is parsed by `serde_json` there. Spans the
+//! sink skips (values it no longer needs) are only delimited: never copied,
+//! never parsed, never validated.
 
 use std::borrow::Cow;
 
 use super::span::SpanScanner;
 use super::FallbackReason;
 
+/// What the sink wants of a top-level value that starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ValueUse {
+    /// The whole value, to [`Sink::value`].
+    Whole,
+    /// Its elements one by one if it is an array (else the whole value).
+    Elements,
+    /// Nothing: only find where it ends.
+    Skip,
+}
+
 /// Receives the pieces of the top-level object, in body order.
 pub(crate) trait Sink {
-    /// A value for `key` starts. `Ok(true)` asks for its elements one by one
-    /// if it turns out to be an array.
-    fn begin_value(&mut self, key: &str) -> Result<bool, FallbackReason>;
+    /// A value for `key` starts.
+    fn begin_value(&mut self, key: &str) -> Result<ValueUse, FallbackReason>;
+    /// The next element of the streamed array under `key` starts: `false`
+    /// skips it (it is only delimited, and [`Sink::element`] is not called).
+    fn wants_element(&self, key: &str) -> bool;
     /// The whole value of `key` (not a streamed array).
     fn value(&mut self, key: &str, span: &[u8]) -> Result<(), FallbackReason>;
     /// One element of the streamed array under `key`.
@@ -74,6 +88,8 @@ pub(crate) struct Document {
     span: SpanScanner,
     /// The span being accumulated (a key, a value or an array element).
     buf: Vec<u8>,
+    /// The current span is skipped: not accumulated, not handed on.
+    skipping: bool,
     key: String,
 }
 
@@ -110,13 +126,15 @@ impl Document {
             at: At::BeforeObject,
             span: SpanScanner::new(),
             buf: Vec::new(),
+            skipping: false,
             key: String::new(),
         }
     }
 
-    fn start_span(&mut self, next: At) {
+    fn start_span(&mut self, next: At, skipping: bool) {
         self.span = SpanScanner::new();
         self.buf.clear();
+        self.skipping = skipping;
         self.at = next;
     }
 
@@ -159,6 +177,15 @@ impl Document {
         if matches!(self.at, At::InKey | At::InValue | At::InElement) {
             let scanned = self.span.scan(rest);
             let used = scanned.consumed;
+            if self.skipping {
+                if scanned.complete {
+                    self.at = match self.at {
+                        At::InElement => At::ElementCommaOrEnd,
+                        _ => At::CommaOrEnd,
+                    };
+                }
+                return Ok((used, false));
+            }
             self.buf.extend_from_slice(rest.get(..used).unwrap_or(rest));
             if !scanned.complete {
                 return Ok((used, false));
@@ -180,7 +207,7 @@ impl Document {
             // first byte only); anything else that is not `{` is not ours.
             (At::BeforeObject, b'[') => return fail(FallbackReason::UnexpectedShape),
             (At::FirstKeyOrEnd | At::Key, b'"') => {
-                self.start_span(At::InKey);
+                self.start_span(At::InKey, false);
                 return Ok((0, false));
             }
             (At::FirstKeyOrEnd | At::CommaOrEnd, b'}') => {
@@ -190,11 +217,11 @@ impl Document {
             }
             (At::Colon, b':') => self.at = At::Value,
             (At::Value, b) if !cannot_start_value(b) => {
-                let stream = sink.begin_value(&self.key).map_err(|reason| (1, reason))?;
-                if stream && b == b'[' {
+                let usage = sink.begin_value(&self.key).map_err(|reason| (1, reason))?;
+                if usage == ValueUse::Elements && b == b'[' {
                     self.at = At::FirstElementOrEnd;
                 } else {
-                    self.start_span(At::InValue);
+                    self.start_span(At::InValue, usage == ValueUse::Skip);
                     return Ok((0, false));
                 }
             }
@@ -204,7 +231,8 @@ impl Document {
                 return Ok((1, true));
             }
             (At::FirstElementOrEnd | At::Element, b) if !cannot_start_value(b) => {
-                self.start_span(At::InElement);
+                let skipping = !sink.wants_element(&self.key);
+                self.start_span(At::InElement, skipping);
                 return Ok((0, false));
             }
             (At::ElementCommaOrEnd, b',') => self.at = At::Element,
@@ -245,11 +273,20 @@ mod tests {
     #[derive(Default)]
     struct Recorder {
         events: Vec<String>,
+        /// Skip every element of streamed arrays.
+        skip_elements: bool,
     }
 
     impl Sink for Recorder {
-        fn begin_value(&mut self, key: &str) -> Result<bool, FallbackReason> {
-            Ok(key == "s")
+        fn begin_value(&mut self, key: &str) -> Result<ValueUse, FallbackReason> {
+            Ok(match key {
+                "s" => ValueUse::Elements,
+                "skip" => ValueUse::Skip,
+                _ => ValueUse::Whole,
+            })
+        }
+        fn wants_element(&self, _key: &str) -> bool {
+            !self.skip_elements
         }
         fn value(&mut self, key: &str, span: &[u8]) -> Result<(), FallbackReason> {
             serde_json::from_slice::<serde::de::IgnoredAny>(span).map_err(|e| reason_of(&e))?;
@@ -276,8 +313,11 @@ mod tests {
     }
 
     fn walk(body: &[u8], step: usize) -> (Vec<String>, Outcome, usize) {
+        walk_with(body, step, Recorder::default())
+    }
+
+    fn walk_with(body: &[u8], step: usize, mut sink: Recorder) -> (Vec<String>, Outcome, usize) {
         let mut doc = Document::new();
-        let mut sink = Recorder::default();
         let mut consumed = 0;
         for piece in body.chunks(step) {
             let s = doc.feed(piece, &mut sink);
@@ -309,6 +349,36 @@ mod tests {
                 ],
                 "step {step}"
             );
+        }
+    }
+
+    #[test]
+    fn skipped_values_and_elements_are_delimited_but_never_handed_on_or_checked() {
+        // Recorder parses whole values, so `tru` would fail if not skipped.
+        let body = br#"{"skip":[tru,{"x\"]":"]}"}] , "s":[1,{"a":[}],"y"],"a":1}"#;
+        for step in 1..=body.len() {
+            let (events, outcome, consumed) = walk(body, step);
+            assert_eq!(outcome, Outcome::NeedMore, "step {step}");
+            assert_eq!(consumed, body.len());
+            assert_eq!(
+                events,
+                ["s[]=1", r#"s[]={"a":[}]"#, r#"s[]="y""#, "s]", "a=1", "}"],
+                "step {step}"
+            );
+            let sink = Recorder {
+                skip_elements: true,
+                ..Recorder::default()
+            };
+            let (events, outcome, consumed) = walk_with(body, step, sink);
+            assert_eq!(outcome, Outcome::NeedMore, "step {step}");
+            assert_eq!(consumed, body.len());
+            assert_eq!(events, ["s]", "a=1", "}"], "step {step}");
+        }
+        // The glue around skipped spans is still checked.
+        for step in 1..=18 {
+            let (_, outcome, consumed) = walk(br#"{"skip":[1] "a":1}"#, step);
+            assert_eq!(outcome, Outcome::Failed(FallbackReason::InvalidJson));
+            assert_eq!(consumed, 13, "step {step}");
         }
     }
 

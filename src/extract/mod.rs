@@ -59,14 +59,23 @@
 //! and `input`), a field the key reads appears twice, or the body is a
 //! top-level array (any other non-`{` start counts as `InvalidJson`).
 //!
-//! Validation covers the inspected bytes only, and bytes after `Done` are
-//! never read. Every value inspected is parsed by serde_json, so it is valid
-//! JSON, but shapes are checked only where text is read: an array element past
-//! the prefix is checked as JSON, not as a message. serde_json's nesting limit
-//! (128) applies to the values the text is read from (deeper counts as
-//! invalid; skipped values are checked without recursion), and lone UTF-16
-//! surrogate escapes (`"\ud800"`), which no Rust string holds, count as
-//! invalid.
+//! Validation covers the prefix region only, and bytes after `Done` are
+//! never read. Until the prefix is known, every value is parsed by
+//! serde_json, so it is valid JSON, but shapes are checked only where text is
+//! read. Once the prefix is known (the text reached `prefix_length`
+//! characters, or its source values ended), the body is read on only for
+//! `prompt_cache_key` (and `model` if still missing): every other value, and
+//! every array element past the prefix, is only delimited by the span scanner,
+//! neither parsed nor validated. Checking those bytes could only turn a key
+//! already determined into a fallback, and it would depend on whether a
+//! tenant header let extraction stop early; the body is forwarded untouched
+//! either way. The top-level glue (`,` `:` and the key strings) is still
+//! checked to the end, since it is what locates the top-level keys, and a body
+//! that ends before its object does is still `InvalidJson`. serde_json's
+//! nesting limit (128) applies to the values the text is read from (deeper
+//! counts as invalid; other values are checked without recursion), and lone
+//! UTF-16 surrogate escapes (`"\ud800"`), which no Rust string holds, count
+//! as invalid.
 //!
 //! # Limits
 //! When `max_body_bytes` cuts the body, the prefix is the text of the values
@@ -79,6 +88,7 @@
 
 mod canonical;
 mod document;
+mod long_strings;
 mod openai;
 mod span;
 
@@ -215,6 +225,20 @@ impl Extractor {
         let room = self.limits.prefix_length.saturating_sub(self.raw.len());
         self.raw
             .extend_from_slice(bytes.get(..room.min(bytes.len())).unwrap_or(bytes));
+    }
+
+    /// At most how many more body bytes are worth reading now, if that is
+    /// known: what a raw-byte prefix still lacks (so the host copies no more
+    /// than needed), 0 once done; `None` while walking JSON (where `model` or
+    /// `prompt_cache_key` may come anywhere).
+    pub fn max_useful_bytes(&self) -> Option<usize> {
+        if self.stop.is_some() {
+            return Some(0);
+        }
+        match self.mode {
+            Mode::Raw { .. } => Some(self.limits.prefix_length.saturating_sub(self.raw.len())),
+            Mode::Json(_) => None,
+        }
     }
 
     /// Feeds the next chunk of the body (each byte exactly once, in order).

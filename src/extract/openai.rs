@@ -1,20 +1,29 @@
 //! What each OpenAI-compatible API contributes to the canonical text, and the
 //! shape checks that send a body to the raw-byte fallback.
 //!
-//! Each top-level value (or element of `messages` / `prompt` / `input`) is
-//! parsed by `serde_json` once, when its span is complete; values the key
-//! does not use are still parsed (as `IgnoredAny`) so invalid JSON anywhere in
-//! the inspected bytes is noticed.
+//! Until the prefix is known, each top-level value (or element of
+//! `messages` / `prompt` / `input`) is parsed by `serde_json` once, when its
+//! span is complete; values the key does not use are still parsed (as
+//! `IgnoredAny`) so invalid JSON in the prefix region sends the body to the
+//! raw-byte fallback. Once the prefix is known, only `model` and
+//! `prompt_cache_key` are still read; everything else is skipped (delimited,
+//! not parsed): checking it could only turn a key already determined into a
+//! fallback, and the body is forwarded untouched either way.
 
 use serde::de::IgnoredAny;
 use serde_json::{Map, Value};
 
 use super::canonical::{CanonicalText, Section};
-use super::document::{reason_of, Sink};
+use super::document::{reason_of, Sink, ValueUse};
+use super::long_strings::cap_long_strings;
 use super::FallbackReason;
 use crate::classify::ApiKind;
 
 const SHAPE: FallbackReason = FallbackReason::UnexpectedShape;
+
+/// Strings are cut to at least this many characters (the smallest
+/// configurable `prefix_length`), far longer than any name compared.
+const MIN_STRING_CAP: usize = 1024;
 
 /// Content part types whose `text` is part of the conversation.
 const TEXT_PART_TYPES: [&str; 3] = ["text", "input_text", "output_text"];
@@ -62,6 +71,9 @@ enum PromptArray {
 #[derive(Debug)]
 pub(crate) struct OpenAiReader {
     kind: ApiKind,
+    /// No string gives the text more characters than this (and a string cut
+    /// to it never equals a key, role or type the reader compares with).
+    string_cap: usize,
     include_model: bool,
     want_tenant: bool,
     pub(crate) text: CanonicalText,
@@ -87,6 +99,7 @@ impl OpenAiReader {
         let sections = if kind == ApiKind::Responses { 2 } else { 1 };
         OpenAiReader {
             kind,
+            string_cap: prefix_length.max(MIN_STRING_CAP),
             include_model,
             want_tenant,
             text: CanonicalText::new(sections, prefix_length),
@@ -130,7 +143,7 @@ fn parse<'a, T: serde::Deserialize<'a>>(span: &'a [u8]) -> Result<T, FallbackRea
 }
 
 impl Sink for OpenAiReader {
-    fn begin_value(&mut self, key: &str) -> Result<bool, FallbackReason> {
+    fn begin_value(&mut self, key: &str) -> Result<ValueUse, FallbackReason> {
         let field = self.field(key);
         if field != Field::Other {
             // A repeated field is ambiguous (parsers disagree on which wins).
@@ -139,10 +152,26 @@ impl Sink for OpenAiReader {
             }
             self.seen |= field.bit();
         }
-        Ok(matches!(
-            field,
-            Field::Messages | Field::Prompt | Field::Input
-        ))
+        Ok(match field {
+            Field::Model | Field::Tenant => ValueUse::Whole,
+            _ if self.text.prefix_known() => ValueUse::Skip,
+            Field::Messages | Field::Prompt | Field::Input => ValueUse::Elements,
+            _ => ValueUse::Whole,
+        })
+    }
+
+    fn wants_element(&self, key: &str) -> bool {
+        // Past the prefix an element's content no longer matters (not even
+        // whether it is valid JSON), so it is only delimited.
+        let index = if self.field(key) == Field::Input {
+            INPUT
+        } else {
+            ONLY
+        };
+        self.text
+            .sections()
+            .get(index)
+            .is_some_and(|s| !s.is_full())
     }
 
     fn value(&mut self, key: &str, span: &[u8]) -> Result<(), FallbackReason> {
@@ -154,14 +183,15 @@ impl Sink for OpenAiReader {
                 return Err(SHAPE);
             }
             Field::Prompt => {
-                let prompt = parse::<String>(span)?;
+                let prompt = parse::<String>(&cap_long_strings(span, self.string_cap))?;
                 let section = self.section(ONLY)?;
                 section.field("text", &prompt);
                 section.end_record();
                 self.complete(ONLY)?;
             }
             Field::Instructions => {
-                if let Some(instructions) = parse::<Option<String>>(span)? {
+                let span = cap_long_strings(span, self.string_cap);
+                if let Some(instructions) = parse::<Option<String>>(&span)? {
                     let section = self.section(INSTRUCTIONS)?;
                     section.field("instructions", &instructions);
                     section.end_record();
@@ -170,7 +200,7 @@ impl Sink for OpenAiReader {
             }
             Field::Input => {
                 // A string input is one user message.
-                let input = parse::<String>(span)?;
+                let input = parse::<String>(&cap_long_strings(span, self.string_cap))?;
                 let section = self.section(INPUT)?;
                 section.field("role", "user");
                 section.field("text", &input);
@@ -186,14 +216,8 @@ impl Sink for OpenAiReader {
 
     fn element(&mut self, key: &str, span: &[u8]) -> Result<(), FallbackReason> {
         let field = self.field(key);
-        let index = if field == Field::Input { INPUT } else { ONLY };
-        if self.section(index)?.is_full() {
-            // Past the prefix: still valid JSON, but its shape no longer
-            // matters and building a Value for it would be wasted work.
-            parse::<IgnoredAny>(span)?;
-            return Ok(());
-        }
-        let value = parse::<Value>(span)?;
+        // Only the first `prefix_length` characters of a string can count.
+        let value = parse::<Value>(&cap_long_strings(span, self.string_cap))?;
         match field {
             Field::Messages => chat_message(self.section(ONLY)?, &value),
             Field::Prompt => self.prompt_element(&value),

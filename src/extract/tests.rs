@@ -711,7 +711,7 @@ fn never_inspects_more_than_max_body_bytes() {
 fn invalid_json_falls_back_to_the_raw_prefix() {
     for body in [
         &br#"{"messages": [}"#[..],
-        br#"{"messages": [{"role": "user", "content": "x"}], "temperature": 0.7x}"#,
+        br#"{"temperature": 0.7x, "messages": [{"role": "user", "content": "x"}]}"#,
         br#"{"messages": [{"role": "user", "content": "\q"}]}"#,
         br#"{"messages": [{"role": "user", "content": "x"}],}"#,
         br#"{"messages" [{"role": "user", "content": "x"}]}"#,
@@ -773,7 +773,7 @@ fn unexpected_shapes_fall_back() {
 }
 
 #[test]
-fn messages_past_the_prefix_are_checked_as_json_but_not_as_messages() {
+fn values_past_the_prefix_are_checked_neither_as_json_nor_as_messages() {
     let body = |second: &str| {
         format!(r#"{{"messages":[{{"role":"user","content":"0123456789"}},{second}],"model":"m"}}"#)
     };
@@ -789,6 +789,23 @@ fn messages_past_the_prefix_are_checked_as_json_but_not_as_messages() {
     assert_eq!(e.fallback, None);
     assert_eq!(readable(&e), "role=user|");
     assert_eq!(e.model.as_deref(), Some("m"));
+    // Not even as JSON: the key is already determined.
+    let e = extract(
+        ApiKind::ChatCompletions,
+        l,
+        body(r#"{"content":tru,"x":"\"]}"}"#).as_bytes(),
+    );
+    assert_eq!(e.fallback, None);
+    assert_eq!(e.model.as_deref(), Some("m"));
+    // Nor a top-level value after the prefix; `prompt_cache_key` is still read.
+    let e = extract(
+        ApiKind::ChatCompletions,
+        limits(10),
+        br#"{"messages":[{"role":"user","content":"0123456789"}],"n":[1,,tru],"prompt_cache_key":"t"}"#,
+    );
+    assert_eq!(e.fallback, None);
+    assert_eq!(e.body_tenant.as_deref(), Some("t"));
+    // But the glue of the top-level object is, since it locates the keys.
     let e = extract(
         ApiKind::ChatCompletions,
         l,
@@ -835,12 +852,17 @@ fn escaped_keys_are_decoded() {
 #[test]
 fn deep_nesting_never_overflows_the_stack() {
     let nest = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
-    // Skipped values are checked without recursion: deep is fine there.
-    let body = format!(r#"{{"messages":[],"x":{}}}"#, nest(100_000));
-    let e = extract(ApiKind::ChatCompletions, limits(1024), body.as_bytes());
-    assert_eq!(e.fallback, None);
+    // Values the key does not read are checked without recursion: deep is
+    // fine there, before the prefix is known and after it.
+    for body in [
+        format!(r#"{{"x":{},"messages":[]}}"#, nest(100_000)),
+        format!(r#"{{"messages":[],"x":{}}}"#, nest(100_000)),
+    ] {
+        let e = extract(ApiKind::ChatCompletions, limits(1024), body.as_bytes());
+        assert_eq!(e.fallback, None);
+    }
     let body = format!(
-        r#"{{"messages":[],"x":{}}}}}"#,
+        r#"{{"x":{},"messages":[]}}"#,
         nest(100_000).replacen(']', "}", 1)
     );
     let e = extract(ApiKind::ChatCompletions, limits(1024), body.as_bytes());
@@ -1035,4 +1057,35 @@ fn property_any_chunking_of_any_body_gives_the_same_result() {
         }
         assert!(kind != ApiKind::Invoke || e.fallback.is_none());
     }
+}
+
+#[test]
+fn a_long_string_is_read_only_as_far_as_the_prefix_can_use() {
+    let body = |content: &str| {
+        format!(r#"{{"messages":[{{"role":"system","content":"{content}"}}],"model":"m"}}"#)
+    };
+    let long = "é".repeat(3000);
+    let e = extract(
+        ApiKind::ChatCompletions,
+        limits(1024),
+        body(&long).as_bytes(),
+    );
+    let expected = format!("role=system|text={}", "é".repeat(1024 - 17));
+    assert_eq!(readable(&e), expected);
+    // Past the characters the prefix can use, the string is not checked...
+    let e = extract(
+        ApiKind::ChatCompletions,
+        limits(1024),
+        body(&format!("{long}\\q")).as_bytes(),
+    );
+    assert_eq!(e.fallback, None);
+    assert_eq!(readable(&e), expected);
+    assert_eq!(e.model.as_deref(), Some("m"));
+    // ...within them it is.
+    let e = extract(
+        ApiKind::ChatCompletions,
+        limits(1024),
+        body(&format!("\\q{long}")).as_bytes(),
+    );
+    assert_eq!(e.fallback, Some(FallbackReason::InvalidJson));
 }

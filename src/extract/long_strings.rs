@@ -1,0 +1,176 @@
+//! Shortens the strings of a value that are longer than any prefix can use,
+//! before serde_json parses it.
+//!
+//! A message can hold a system prompt of hundreds of KiB, of which the key
+//! uses at most `prefix_length` characters; decoding and validating the rest
+//! was most of the cost of a large body. A string keeps its first
+//! `max_chars` characters, cut between two characters (never inside an escape
+//! or a UTF-8 sequence, never between the two halves of a surrogate pair), so
+//! the value stays valid JSON and every text it gives is unchanged up to
+//! `max_chars` characters. What is cut is past the prefix and, like the rest of
+//! the body there, not validated. Short strings compare exactly as before (a
+//! string cut to `max_chars >= 1024` characters never equals a role, a part
+//! type or a key the reader looks for, and did not before either).
+
+use std::borrow::Cow;
+
+use super::span::skip_string;
+
+/// Bytes of one UTF-8 sequence, from its first byte (1 for a byte that cannot
+/// start one: serde_json rejects it wherever it is kept).
+fn utf8_len(first: u8) -> usize {
+    match first {
+        0xC0..=0xDF => 2,
+        0xE0..=0xEF => 3,
+        0xF0..=0xF7 => 4,
+        _ => 1,
+    }
+}
+
+fn hex_value(digits: Option<&[u8]>) -> Option<u32> {
+    let digits = std::str::from_utf8(digits?).ok()?;
+    u32::from_str_radix(digits, 16).ok()
+}
+
+/// Bytes of the escape at `at` (which is a backslash): a surrogate pair
+/// counts as one character, so it is never split.
+fn escape_len(content: &[u8], at: usize) -> usize {
+    if content.get(at + 1) != Some(&b'u') {
+        return 2;
+    }
+    let high = hex_value(content.get(at + 2..at + 6));
+    let paired = content.get(at + 6..at + 8) == Some(&b"\\u"[..]);
+    match high {
+        Some(0xD800..=0xDBFF) if paired => 12,
+        _ => 6,
+    }
+}
+
+/// Where the first `max_chars` characters of string contents end.
+fn cut_after_chars(content: &[u8], max_chars: usize) -> usize {
+    let mut at = 0;
+    for _ in 0..max_chars {
+        let Some(&byte) = content.get(at) else {
+            break;
+        };
+        at += if byte == b'\\' {
+            escape_len(content, at)
+        } else {
+            utf8_len(byte)
+        };
+    }
+    at.min(content.len())
+}
+
+/// `span` (one complete JSON value) with each string longer than
+/// `max_chars` characters cut to its first `max_chars`; borrowed when none is.
+pub(crate) fn cap_long_strings(span: &[u8], max_chars: usize) -> Cow<'_, [u8]> {
+    // A string has at least as many bytes as characters.
+    if span.len() <= max_chars {
+        return Cow::Borrowed(span);
+    }
+    let mut out: Option<Vec<u8>> = None;
+    // span[..copied] is already in `out`.
+    let mut copied = 0;
+    let mut from = 0;
+    // Outside strings, every `"` opens one.
+    while let Some(open) = span.get(from..).and_then(|rest| memchr::memchr(b'"', rest)) {
+        let start = from + open + 1;
+        let Some(end) = skip_string(span, start, &mut false) else {
+            break;
+        };
+        let close = end - 1;
+        let content = span.get(start..close).unwrap_or_default();
+        if content.len() > max_chars {
+            let cut = start + cut_after_chars(content, max_chars);
+            if cut < close {
+                let kept = out.get_or_insert_with(|| Vec::with_capacity(span.len().min(1 << 16)));
+                kept.extend_from_slice(span.get(copied..cut).unwrap_or_default());
+                copied = close;
+            }
+        }
+        from = end;
+    }
+    match out {
+        None => Cow::Borrowed(span),
+        Some(mut kept) => {
+            kept.extend_from_slice(span.get(copied..).unwrap_or_default());
+            Cow::Owned(kept)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::Value;
+
+    fn capped(span: &str, max_chars: usize) -> String {
+        String::from_utf8(cap_long_strings(span.as_bytes(), max_chars).into_owned()).unwrap()
+    }
+
+    #[test]
+    fn long_strings_keep_their_first_characters_and_stay_valid_json() {
+        assert_eq!(
+            capped(r#"{"a":"abcdef","b":"xy"}"#, 3),
+            r#"{"a":"abc","b":"xy"}"#
+        );
+        assert_eq!(capped(r#"["éàü日本語"]"#, 4), r#"["éàü日"]"#);
+        assert_eq!(capped(r#"["a\nb\u00e9c"]"#, 3), r#"["a\nb"]"#);
+        assert_eq!(
+            capped(r#"["\ud83d\ude00\ud83d\ude01"]"#, 1),
+            r#"["\ud83d\ude00"]"#
+        );
+        assert_eq!(capped(r#"["\"\\\"x",1]"#, 3), r#"["\"\\\"",1]"#);
+        // Keys are strings too; numbers and structure are untouched.
+        assert_eq!(capped(r#"{"abcd":12345678}"#, 2), r#"{"ab":12345678}"#);
+        assert_eq!(capped(r#"{"abc":"d"}"#, 3), r#"{"abc":"d"}"#);
+    }
+
+    #[test]
+    fn the_cut_text_is_the_first_characters_of_the_whole_text() {
+        let texts = [
+            "plain ascii text that is long",
+            "naïve café 日本語 with “quotes” and \n newlines \t tabs",
+            "emoji 😀😁😂 and \u{0010}\u{001f} controls \\ \" ",
+        ];
+        for text in texts {
+            for escape_unicode in [false, true] {
+                let mut span = serde_json::to_string(&[text]).unwrap();
+                if escape_unicode {
+                    span = span
+                        .chars()
+                        .map(|c| {
+                            if c.is_ascii() {
+                                c.to_string()
+                            } else {
+                                let mut units = [0u16; 2];
+                                c.encode_utf16(&mut units)
+                                    .iter()
+                                    .map(|u| format!("\\u{u:04x}"))
+                                    .collect()
+                            }
+                        })
+                        .collect();
+                }
+                for max_chars in 1..=text.chars().count() + 1 {
+                    let value: Value = serde_json::from_str(&capped(&span, max_chars)).unwrap();
+                    let expected: String = text.chars().take(max_chars).collect();
+                    assert_eq!(value[0], expected, "{span} at {max_chars}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn short_and_unterminated_spans_are_borrowed() {
+        assert!(matches!(
+            cap_long_strings(br#"["ab"]"#, 10),
+            Cow::Borrowed(_)
+        ));
+        assert!(matches!(
+            cap_long_strings(br#"["abcdef"#, 2),
+            Cow::Borrowed(_)
+        ));
+    }
+}
