@@ -91,7 +91,7 @@ fn run_overhead(quick: bool) -> anyhow::Result<()> {
     );
     let report = overhead::run(&opts, &mut |line| eprintln!("{line}"))?;
     let path = bench::output_dir().join("overhead.json");
-    overhead::write_json(&report, &path)?;
+    bench::write_json(&report, &path)?;
     println!("{}", overhead::markdown(&report));
     println!(
         "load average {:?} -> {:?}; {:.0} s; written to {}",
@@ -144,7 +144,7 @@ fn run_routing(quick: bool, only: &[String]) -> anyhow::Result<()> {
     let report = routing::run(&opts, &mut |line| eprintln!("{line}"))?;
     let dir = bench::output_dir();
     let json = dir.join("routing.json");
-    routing::write_json(&report, &json)?;
+    bench::write_json(&report, &json)?;
     let svg = dir.join("routing.svg");
     std::fs::write(&svg, bench::chart::routing_svg(&report))?;
     println!("{}", routing::markdown(&report));

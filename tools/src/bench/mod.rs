@@ -14,7 +14,9 @@ pub mod overhead;
 pub mod routing;
 pub mod stats;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context as _;
 
 /// Where benchmark results are written: `<target>/bench`.
 pub fn output_dir() -> PathBuf {
@@ -26,4 +28,13 @@ pub fn load_average() -> Option<[f64; 3]> {
     let text = std::fs::read_to_string("/proc/loadavg").ok()?;
     let mut fields = text.split_whitespace().map(|f| f.parse::<f64>().ok());
     Some([fields.next()??, fields.next()??, fields.next()??])
+}
+
+/// Writes a benchmark report as pretty JSON, creating its directory.
+pub fn write_json(report: &impl serde::Serialize, path: &Path) -> anyhow::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(path, serde_json::to_vec_pretty(report)?)
+        .with_context(|| format!("writing {}", path.display()))
 }

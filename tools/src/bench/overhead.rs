@@ -14,7 +14,7 @@
 //! all rounds' samples pooled; the throughput ratio is the median over rounds
 //! of that round's requests per second over the no-filter one.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
@@ -561,15 +561,6 @@ fn human_bytes(bytes: usize) -> String {
         b if b >= 1024 && b % 1024 == 0 => format!("{} KiB", b / 1024),
         b => format!("{b} B"),
     }
-}
-
-/// Writes the report as pretty JSON, creating the directory.
-pub fn write_json(report: &OverheadReport, path: &Path) -> anyhow::Result<()> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    std::fs::write(path, serde_json::to_vec_pretty(report)?)
-        .with_context(|| format!("writing {}", path.display()))
 }
 
 #[cfg(test)]

@@ -450,15 +450,6 @@ pub fn strategy_table(strategies: &[StrategyResult]) -> String {
     out
 }
 
-/// Writes the report as pretty JSON, creating the directory.
-pub fn write_json(report: &RoutingReport, path: &std::path::Path) -> anyhow::Result<()> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    std::fs::write(path, serde_json::to_vec_pretty(report)?)
-        .with_context(|| format!("writing {}", path.display()))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
