@@ -232,6 +232,16 @@ pub struct PlannedRequest {
 }
 
 impl PlannedRequest {
+    /// A system prompt and a user question of a prefix group.
+    fn grouped(system: String, user: String, output_tokens: usize, group: usize) -> Self {
+        PlannedRequest {
+            messages: vec![Message::new("system", system), Message::new("user", user)],
+            output_tokens,
+            group: Some(group),
+            conversation: None,
+        }
+    }
+
     /// The prompt as one text, for the native invoke API.
     pub fn text(&self) -> String {
         let mut out = String::new();
@@ -352,15 +362,7 @@ impl WorkloadGen {
                 let g = self.pick_group(groups);
                 let prefix = self.fixed_text(PREFIX, g, 0, prefix_tokens);
                 let question = text_with_tokens(&mut self.rng, question_tokens);
-                PlannedRequest {
-                    messages: vec![
-                        Message::new("system", prefix),
-                        Message::new("user", question),
-                    ],
-                    output_tokens,
-                    group: Some(g),
-                    conversation: None,
-                }
+                PlannedRequest::grouped(prefix, question, output_tokens, g)
             }
             Workload::GeneratedSharedPrefix {
                 groups,
@@ -374,15 +376,7 @@ impl WorkloadGen {
                 let q = self.rng.gen_range(0..prompts_per_group.max(1));
                 let system = self.fixed_text(PREFIX, g, 0, system_tokens);
                 let question = self.fixed_text(QUESTION, g, q + 1, question_tokens);
-                PlannedRequest {
-                    messages: vec![
-                        Message::new("system", system),
-                        Message::new("user", question),
-                    ],
-                    output_tokens,
-                    group: Some(g),
-                    conversation: None,
-                }
+                PlannedRequest::grouped(system, question, output_tokens, g)
             }
             Workload::MultiTurn {
                 conversations,
