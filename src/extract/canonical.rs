@@ -82,8 +82,13 @@ impl Section {
         // nothing to escape and is copied whole. The separators are ASCII,
         // so a byte test is exact; bytes >= chars, so a value no longer than
         // `room` bytes fits.
+        // ASCII (the usual prompt text) has one character per byte, which
+        // spares walking the value character by character.
+        let ascii_head = s.as_bytes().get(..room).is_some_and(<[u8]>::is_ascii);
         let head = if s.len() <= room {
             s
+        } else if ascii_head {
+            s.get(..room).unwrap_or(s)
         } else {
             match s.char_indices().nth(room) {
                 Some((cut, _)) => s.get(..cut).unwrap_or(s),
@@ -92,7 +97,11 @@ impl Section {
         };
         if !head.bytes().any(|b| matches!(b, 0x10 | 0x1e | 0x1f)) {
             self.text.push_str(head);
-            self.chars += head.chars().count();
+            self.chars += if head.is_ascii() {
+                head.len()
+            } else {
+                head.chars().count()
+            };
             return;
         }
         for c in s.chars() {

@@ -49,7 +49,35 @@ fn escape_len(content: &[u8], at: usize) -> usize {
 /// Where the first `max_chars` characters of string contents end.
 fn cut_after_chars(content: &[u8], max_chars: usize) -> usize {
     let mut at = 0;
-    for _ in 0..max_chars {
+    let mut left = max_chars;
+    // Position of the next backslash at or after `at`, found once per escape
+    // (searching again for every character would be quadratic in a long
+    // non-ASCII string).
+    let mut next_escape = None;
+    while left > 0 && at < content.len() {
+        let escape = match next_escape {
+            Some(escape) if escape >= at => escape,
+            _ => {
+                let escape = content
+                    .get(at..)
+                    .and_then(|rest| memchr::memchr(b'\\', rest))
+                    .map_or(content.len(), |offset| at + offset);
+                next_escape = Some(escape);
+                escape
+            }
+        };
+        // Fast path: ASCII before the next escape is one character per byte.
+        let run = content.get(at..escape.min(at + left)).unwrap_or_default();
+        let ascii = if run.is_ascii() {
+            run.len()
+        } else {
+            run.iter().position(|b| !b.is_ascii()).unwrap_or(run.len())
+        };
+        at += ascii;
+        left -= ascii;
+        if left == 0 {
+            break;
+        }
         let Some(&byte) = content.get(at) else {
             break;
         };
@@ -58,6 +86,7 @@ fn cut_after_chars(content: &[u8], max_chars: usize) -> usize {
         } else {
             utf8_len(byte)
         };
+        left -= 1;
     }
     at.min(content.len())
 }
@@ -107,6 +136,59 @@ mod tests {
 
     fn capped(span: &str, max_chars: usize) -> String {
         String::from_utf8(cap_long_strings(span.as_bytes(), max_chars).into_owned()).unwrap()
+    }
+
+    /// The character-by-character walk the fast path must agree with.
+    fn cut_after_chars_slowly(content: &[u8], max_chars: usize) -> usize {
+        let mut at = 0;
+        for _ in 0..max_chars {
+            let Some(&byte) = content.get(at) else {
+                break;
+            };
+            at += if byte == b'\\' {
+                escape_len(content, at)
+            } else {
+                utf8_len(byte)
+            };
+        }
+        at.min(content.len())
+    }
+
+    #[test]
+    fn fast_cut_agrees_with_the_character_walk() {
+        let pieces = [
+            "plain ascii ",
+            "é",
+            "日本",
+            "🦀",
+            r"\n",
+            r"\\",
+            r"\u00e9",
+            r"\ud83e\udd80",
+            r#"\""#,
+            "x",
+        ];
+        // Every sequence of up to four pieces, cut at every length.
+        let mut contents = vec![String::new()];
+        for _ in 0..4 {
+            let longer: Vec<String> = contents
+                .iter()
+                .flat_map(|c| pieces.iter().map(move |p| format!("{c}{p}")))
+                .collect();
+            contents.extend(longer);
+        }
+        contents.sort();
+        contents.dedup();
+        for content in &contents {
+            let bytes = content.as_bytes();
+            for max_chars in 0..=bytes.len() + 1 {
+                assert_eq!(
+                    cut_after_chars(bytes, max_chars),
+                    cut_after_chars_slowly(bytes, max_chars),
+                    "{content:?} cut at {max_chars}"
+                );
+            }
+        }
     }
 
     #[test]
