@@ -1,6 +1,7 @@
 //! Child processes that cannot outlive the process that started them.
 //!
-//! Drop kills Envoy on every normal path, but a test binary killed by a timeout
+//! Used for Envoy, vllm-sim and the engine benchmark's servers. Drop kills
+//! them on every normal path, but a test binary killed by a timeout
 //! or an abort runs no destructors. Linux's parent-death signal covers that. It
 //! fires when the *thread* that forked exits, not the process, so children are
 //! forked from one long-lived thread: test threads and tokio's blocking pool
@@ -15,7 +16,7 @@ use std::sync::{Mutex, OnceLock};
 type SpawnRequest = (Command, mpsc::Sender<io::Result<Child>>);
 
 /// Spawns `command` so that it receives SIGKILL when this process ends.
-pub(super) fn spawn_tied_to_process(mut command: Command) -> io::Result<Child> {
+pub fn spawn_tied_to_process(mut command: Command) -> io::Result<Child> {
     // SAFETY: the closure only calls async-signal-safe functions (prctl, getppid).
     unsafe {
         command.pre_exec(|| {
@@ -41,7 +42,7 @@ pub(super) fn spawn_tied_to_process(mut command: Command) -> io::Result<Child> {
 }
 
 /// Asks a child to stop (SIGTERM), so it can clean up.
-pub(super) fn terminate(child: &Child) {
+pub fn terminate(child: &Child) {
     if let Ok(pid) = libc::pid_t::try_from(child.id()) {
         // SAFETY: plain syscall on a pid we own and have not reaped yet.
         unsafe {

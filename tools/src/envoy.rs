@@ -7,7 +7,6 @@
 //! within a bounded time and fails with the tail of Envoy's log; it kills Envoy
 //! when dropped, and Envoy also dies with the process that started it.
 
-mod child;
 mod render;
 
 use std::ffi::OsString;
@@ -388,7 +387,7 @@ impl Launch {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log_file);
-        let child = child::spawn_tied_to_process(command)
+        let child = crate::child::spawn_tied_to_process(command)
             .map_err(|e| StartError::setup(anyhow!("starting {}: {e}", envoy_bin.display())))?;
 
         let mut envoy = Envoy {
@@ -742,7 +741,7 @@ impl Envoy {
             return Some(status);
         }
         // SIGTERM first: Envoy flushes its log and exits cleanly.
-        child::terminate(&child);
+        crate::child::terminate(&child);
         let deadline = Instant::now() + Duration::from_secs(5);
         while Instant::now() < deadline {
             if let Ok(Some(status)) = child.try_wait() {

@@ -3,6 +3,7 @@
 //! instance; the load generator.
 
 pub mod bench;
+pub mod child;
 pub mod envoy;
 pub mod loadgen;
 pub mod sim;

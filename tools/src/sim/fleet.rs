@@ -61,12 +61,13 @@ impl SimProcess {
     /// loopback port and waits, at most `ready_timeout`, for it to announce
     /// its address.
     pub fn spawn(exe: &Path, cfg: &SimConfig, ready_timeout: Duration) -> anyhow::Result<Self> {
-        let mut child = Command::new(exe)
+        let mut command = Command::new(exe);
+        command
             .args(sim_args(cfg))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
+            .stderr(Stdio::inherit());
+        let mut child = crate::child::spawn_tied_to_process(command)
             .with_context(|| format!("starting {}", exe.display()))?;
         let stdout = child.stdout.take().context("no stdout pipe")?;
         let (tx, rx) = mpsc::channel();
