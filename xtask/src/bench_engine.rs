@@ -5,8 +5,8 @@
 //!
 //! Workload: a scaled-down `long-shared-prefix` (groups of chat requests that
 //! share a ~1,200-token system prompt, each with its own ~300-token question,
-//! 8 output tokens). Each server's prompt cache holds about three prompts'
-//! states for nine groups, so, as with vLLM's block cache, the fleet can keep
+//! 8 output tokens). Each server's prompt cache holds four prompts' states,
+//! for nine groups, so, as with vLLM's block cache, the fleet can keep
 //! every group warm only if each group stays on one server. Reported per strategy: TTFT p50/p90 (first streamed
 //! content chunk, measured at the client) and the prompt tokens each request
 //! reused from the server's cache (llama.cpp logs "N prefix-match hit").
@@ -44,8 +44,10 @@ const CLIENTS: usize = 2;
 /// The filter's response header naming the instance that served.
 const DECISION_HEADER: &str = "x-prefix-router-decision";
 /// llama.cpp's prompt-state cache per server: one state of this model with
-/// `n_ctx` 2048 takes ~31.3 MB, so this keeps three.
-const CACHE_BYTES: u64 = 100_000_000;
+/// `n_ctx` 2048 takes ~31.3 MB, so this keeps four: the whole fleet keeps 12
+/// for 9 groups (as in the routing benchmark, the shared prefixes fill most of
+/// the fleet's cache and more than one server's).
+const CACHE_BYTES: u64 = 135_000_000;
 const SHARED_WORDS: usize = 1000;
 const QUESTION_WORDS: usize = 250;
 const MAX_TOKENS: u32 = 8;
