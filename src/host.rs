@@ -33,6 +33,7 @@ impl std::fmt::Display for HostStatus {
 
 const STATUS_OK: u32 = 0;
 const STATUS_NOT_FOUND: u32 = 1;
+const STATUS_SERIALIZATION_FAILURE: u32 = 3;
 
 const STATUS_CAS_MISMATCH: u32 = 8;
 
@@ -70,20 +71,68 @@ pub fn serialize_pairs(pairs: &[(String, String)]) -> Vec<u8> {
     out
 }
 
+/// A header map as one host call returns it (names as Envoy keeps them:
+/// lowercase). Reading the whole map once costs one host call where reading,
+/// and removing, header by header cost one each.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HeaderMap {
+    pairs: Vec<(Vec<u8>, Vec<u8>)>,
+}
+
+impl HeaderMap {
+    /// Decodes the ABI's map encoding (see [`serialize_pairs`]); `None` if
+    /// the bytes do not follow it.
+    pub fn decode(bytes: &[u8]) -> Option<HeaderMap> {
+        let u32_at = |at: usize| -> Option<usize> {
+            let raw: [u8; 4] = bytes.get(at..at + 4)?.try_into().ok()?;
+            usize::try_from(u32::from_le_bytes(raw)).ok()
+        };
+        let count = u32_at(0)?;
+        // Each pair takes at least 10 bytes: two lengths and two NULs.
+        if count > bytes.len() / 10 {
+            return None;
+        }
+        let mut data = 4 + 8 * count;
+        let mut pairs = Vec::with_capacity(count);
+        for index in 0..count {
+            let name_len = u32_at(4 + 8 * index)?;
+            let value_len = u32_at(8 + 8 * index)?;
+            let name = bytes.get(data..data.checked_add(name_len)?)?;
+            data += name_len + 1;
+            let value = bytes.get(data..data.checked_add(value_len)?)?;
+            data += value_len + 1;
+            pairs.push((name.to_vec(), value.to_vec()));
+        }
+        (data <= bytes.len()).then_some(HeaderMap { pairs })
+    }
+
+    /// The first value of `name` (compared ignoring ASCII case).
+    pub fn get(&self, name: &str) -> Option<&[u8]> {
+        self.pairs
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name.as_bytes()))
+            .map(|(_, v)| v.as_slice())
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.get(name).is_some()
+    }
+}
+
 #[cfg(target_arch = "wasm32")]
 mod abi {
-    use super::{HostStatus, STATUS_CAS_MISMATCH, STATUS_NOT_FOUND, STATUS_OK};
+    use super::{
+        HostStatus, STATUS_CAS_MISMATCH, STATUS_NOT_FOUND, STATUS_OK, STATUS_SERIALIZATION_FAILURE,
+    };
     use crate::shared::{SetError, SharedStore};
     use std::ptr::{null, null_mut};
 
     #[link(wasm_import_module = "env")]
     extern "C" {
-        fn proxy_get_header_map_value(
+        fn proxy_get_header_map_pairs(
             map_type: u32,
-            key_data: *const u8,
-            key_size: usize,
-            return_value_data: *mut *mut u8,
-            return_value_size: *mut usize,
+            return_map_data: *mut *mut u8,
+            return_map_size: *mut usize,
         ) -> u32;
         fn proxy_replace_header_map_value(
             map_type: u32,
@@ -168,22 +217,20 @@ mod abi {
         }
     }
 
-    pub fn get_request_header(name: &str) -> Result<Option<Vec<u8>>, HostStatus> {
-        get_header(super::MAP_HTTP_REQUEST_HEADERS, name)
-    }
-
-    pub fn get_header(map: u32, name: &str) -> Result<Option<Vec<u8>>, HostStatus> {
+    /// Every request header, in one host call.
+    pub fn get_request_headers() -> Result<super::HeaderMap, HostStatus> {
         let mut data: *mut u8 = null_mut();
         let mut size: usize = 0;
         // SAFETY: pointers are valid for the call; the host writes a buffer
         // it allocated through our allocator.
         let status = unsafe {
-            proxy_get_header_map_value(map, name.as_ptr(), name.len(), &mut data, &mut size)
+            proxy_get_header_map_pairs(super::MAP_HTTP_REQUEST_HEADERS, &mut data, &mut size)
         };
         match status {
             // SAFETY: see `take`.
-            STATUS_OK => Ok(Some(unsafe { take(data, size) })),
-            STATUS_NOT_FOUND => Ok(None),
+            STATUS_OK => super::HeaderMap::decode(&unsafe { take(data, size) })
+                .ok_or(HostStatus(STATUS_SERIALIZATION_FAILURE)),
+            STATUS_NOT_FOUND => Ok(super::HeaderMap::default()),
             other => Err(HostStatus(other)),
         }
     }
@@ -223,7 +270,7 @@ mod abi {
     ) -> Result<Option<Vec<u8>>, HostStatus> {
         let mut data: *mut u8 = null_mut();
         let mut size: usize = 0;
-        // SAFETY: as in `get_request_header`.
+        // SAFETY: as in `get_request_headers`.
         let status =
             unsafe { proxy_get_buffer_bytes(buffer_type, start, max_size, &mut data, &mut size) };
         match status {
@@ -282,7 +329,7 @@ mod abi {
         let path = super::serialize_property_path(path);
         let mut data: *mut u8 = null_mut();
         let mut size: usize = 0;
-        // SAFETY: as in `get_request_header`.
+        // SAFETY: as in `get_request_headers`.
         let status = unsafe { proxy_get_property(path.as_ptr(), path.len(), &mut data, &mut size) };
         match status {
             // SAFETY: see `take`.
@@ -314,7 +361,7 @@ mod abi {
             let mut data: *mut u8 = null_mut();
             let mut size: usize = 0;
             let mut cas: u32 = 0;
-            // SAFETY: as in `get_request_header`.
+            // SAFETY: as in `get_request_headers`.
             let status = unsafe {
                 proxy_get_shared_data(key.as_ptr(), key.len(), &mut data, &mut size, &mut cas)
             };
@@ -363,6 +410,42 @@ mod tests {
         expected.extend_from_slice(b"content-type\0application/json\0x\0\0");
         assert_eq!(serialize_pairs(&pairs), expected);
         assert_eq!(serialize_pairs(&[]), vec![0, 0, 0, 0]);
+    }
+
+    #[test]
+    fn header_maps_decode_from_the_abi_encoding() {
+        let pairs = vec![
+            (":path".to_string(), "/v1/chat/completions".to_string()),
+            ("x-tenant".to_string(), String::new()),
+            ("x-dup".to_string(), "first".to_string()),
+            ("x-dup".to_string(), "second".to_string()),
+        ];
+        let map = HeaderMap::decode(&serialize_pairs(&pairs)).unwrap();
+        assert_eq!(map.get(":path"), Some(&b"/v1/chat/completions"[..]));
+        assert_eq!(map.get("X-Tenant"), Some(&b""[..]), "present though empty");
+        assert_eq!(map.get("x-dup"), Some(&b"first"[..]));
+        assert!(!map.contains("x-missing"));
+        assert_eq!(
+            HeaderMap::decode(&serialize_pairs(&[])),
+            Some(HeaderMap::default())
+        );
+        // Non-UTF-8 values are kept as bytes.
+        let mut raw = serialize_pairs(&[("a".to_string(), "b".to_string())]);
+        let at = raw.len() - 2;
+        raw[at] = 0xE9;
+        assert_eq!(HeaderMap::decode(&raw).unwrap().get("a"), Some(&[0xE9][..]));
+    }
+
+    #[test]
+    fn malformed_header_maps_are_refused() {
+        let good = serialize_pairs(&[("name".to_string(), "value".to_string())]);
+        for cut in 0..good.len() - 1 {
+            assert_eq!(HeaderMap::decode(&good[..cut]), None, "cut at {cut}");
+        }
+        assert_eq!(HeaderMap::decode(&[0xff, 0xff, 0xff, 0xff]), None);
+        let mut huge = good.clone();
+        huge[4] = 0xff;
+        assert_eq!(HeaderMap::decode(&huge), None);
     }
 
     #[test]

@@ -11,13 +11,6 @@ use crate::strategy::{
     ROUTE_HEADER,
 };
 
-/// One request-header change.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum HeaderOp<'a> {
-    Set(&'a str, String),
-    Remove(&'a str),
-}
-
 /// The routing policy a configuration selects (rebuilt on every configure).
 pub fn policy_for(config: &Config) -> Policy {
     match config.strategy {
@@ -68,15 +61,19 @@ pub fn route(
     policy.decide(key, load, random, now_ms)
 }
 
-/// The header writes carrying out `decision`: each header the decision
-/// governs is set to its value or removed.
-pub fn header_ops<'c>(config: &'c Config, decision: &strategy::Decision) -> Vec<HeaderOp<'c>> {
-    let mut ops = Vec::with_capacity(4);
+/// The request headers carrying out `decision`, with their values. A header
+/// the decision leaves unset needs no removal: every header it governs is in
+/// [`owned_request_headers`], removed when the request started, and nothing
+/// but this filter writes them (one host call per header saved).
+pub fn header_writes<'c>(
+    config: &'c Config,
+    decision: &strategy::Decision,
+) -> Vec<(&'c str, String)> {
+    let mut writes = Vec::with_capacity(3);
     let mut put = |name: &'c str, value: Option<&str>| {
-        ops.push(match value {
-            Some(v) => HeaderOp::Set(name, v.to_string()),
-            None => HeaderOp::Remove(name),
-        })
+        if let Some(value) = value {
+            writes.push((name, value.to_string()));
+        }
     };
     put(config.key_header.as_str(), decision.key.as_deref());
     if let Some(host) = &config.host_header {
@@ -84,7 +81,7 @@ pub fn header_ops<'c>(config: &'c Config, decision: &strategy::Decision) -> Vec<
     }
     put(ROUTE_HEADER, decision.route);
     put(COUNTED_HEADER, decision.counted.as_deref());
-    ops
+    writes
 }
 
 /// What the upstream filter hands the tracker, from the request headers the
@@ -185,7 +182,7 @@ mod tests {
     }
 
     #[test]
-    fn a_decision_sets_or_removes_each_header_it_governs() {
+    fn a_decision_sets_the_headers_it_governs_and_all_of_them_are_stripped_first() {
         let c = config("{}");
         let decision = strategy::Decision {
             key: Some(KEY.into()),
@@ -194,23 +191,40 @@ mod tests {
             ..strategy::Decision::bare(DecisionKind::Overflow)
         };
         assert_eq!(
-            header_ops(&c, &decision),
+            header_writes(&c, &decision),
             vec![
-                HeaderOp::Set("x-prefix-route-key", KEY.into()),
-                HeaderOp::Set("x-prefix-route-host", "10.0.0.2:8000".into()),
-                HeaderOp::Remove("x-prefix-router-lb"),
-                HeaderOp::Set("x-prefix-router-counted", "10.0.0.2:8000".into()),
+                ("x-prefix-route-key", KEY.to_string()),
+                ("x-prefix-route-host", "10.0.0.2:8000".to_string()),
+                ("x-prefix-router-counted", "10.0.0.2:8000".to_string()),
             ]
         );
         let bare = strategy::Decision::bare(DecisionKind::Random);
         assert_eq!(
-            header_ops(&config(r#"{"host_header":null}"#), &bare),
-            vec![
-                HeaderOp::Remove("x-prefix-route-key"),
-                HeaderOp::Remove("x-prefix-router-lb"),
-                HeaderOp::Remove("x-prefix-router-counted"),
-            ]
+            header_writes(&config(r#"{"host_header":null}"#), &bare),
+            vec![]
         );
+        // Writes only set; what a decision leaves unset must already be gone:
+        // every header any decision can write is stripped at request start.
+        let everything = strategy::Decision {
+            route: Some(LEAST_REQUEST_ROUTE),
+            ..decision
+        };
+        for json in [
+            "{}",
+            r#"{"host_header":null}"#,
+            r#"{"key_header":"x-k","host_header":"x-h"}"#,
+        ] {
+            let c = config(json);
+            let owned = owned_request_headers(&c);
+            let written = header_writes(&c, &everything);
+            assert!(written.len() >= 3, "{json}: {written:?}");
+            for (name, _) in written {
+                assert!(
+                    owned.contains(&name),
+                    "{json}: {name} written but not stripped"
+                );
+            }
+        }
     }
 
     /// The whole downstream -> upstream path on one store: the first request
@@ -256,8 +270,8 @@ mod tests {
         assert_eq!(third.decision.kind, DecisionKind::Overflow);
         assert_eq!(third.decision.host_override.as_deref(), Some("10.0.0.9:80"));
         assert_eq!(
-            header_ops(&c, &third.decision).get(1),
-            Some(&HeaderOp::Set("x-prefix-route-host", "10.0.0.9:80".into()))
+            header_writes(&c, &third.decision).get(1),
+            Some(&("x-prefix-route-host", "10.0.0.9:80".to_string()))
         );
         tickets.extend(third.ticket);
 
@@ -283,13 +297,8 @@ mod tests {
         let mut load = LoadTracker::new(&store, load_config(&c), 1);
         let routed = route(&policy_for(&c), None, &mut load, 0, 0);
         assert_eq!(
-            header_ops(&c, &routed.decision),
-            vec![
-                HeaderOp::Remove("x-prefix-route-key"),
-                HeaderOp::Remove("x-prefix-route-host"),
-                HeaderOp::Set("x-prefix-router-lb", LEAST_REQUEST_ROUTE.into()),
-                HeaderOp::Remove("x-prefix-router-counted"),
-            ]
+            header_writes(&c, &routed.decision),
+            vec![("x-prefix-router-lb", LEAST_REQUEST_ROUTE.to_string())]
         );
     }
 

@@ -29,7 +29,7 @@ use crate::metrics::{
 use crate::request::{
     BodyVerdict, Decision, HeadersVerdict, LocalReply, RequestHead, RequestRouter,
 };
-use crate::steering::{self, HeaderOp};
+use crate::steering;
 use crate::strategy::{DecisionKind, Policy};
 
 /// Root tick: heartbeat, count repair, gauges.
@@ -334,17 +334,12 @@ impl PrefixRouterHttp {
         let routed = with_tracker(&self.config, |t| {
             steering::route(&policy, decision.key.as_deref(), t, random, now)
         });
-        for op in steering::header_ops(&self.config, &routed.decision) {
-            match op {
-                HeaderOp::Set(name, value) => warn_on_error(
-                    "write header",
-                    name,
-                    host::replace_request_header(name, value.as_bytes()),
-                ),
-                HeaderOp::Remove(name) => {
-                    warn_on_error("remove header", name, host::remove_request_header(name))
-                }
-            }
+        for (name, value) in steering::header_writes(&self.config, &routed.decision) {
+            warn_on_error(
+                "write header",
+                name,
+                host::replace_request_header(name, value.as_bytes()),
+            );
         }
         self.metrics.increment_decision(routed.decision.kind);
         self.decided = Some(routed.decision.kind);
@@ -382,19 +377,29 @@ impl PrefixRouterHttp {
     /// Upstream role: count the request on the chosen instance, learn the
     /// key's target, and keep the internal headers from the instance.
     fn start_upstream(&mut self, address: &str) -> Action {
-        let key = read_header_text(&self.config().key_header);
+        let headers = read_request_headers();
+        let text = |name: &str| {
+            headers
+                .get(name)
+                .and_then(|value| std::str::from_utf8(value).ok())
+        };
         let overridden = self
             .config()
             .host_header
             .as_deref()
-            .is_some_and(|h| read_header(h).is_some());
-        let counted = read_header_text(COUNTED_HEADER);
-        let start =
-            steering::upstream_start(address, key.as_deref(), overridden, counted.as_deref());
+            .is_some_and(|h| headers.contains(h));
+        let start = steering::upstream_start(
+            address,
+            text(&self.config().key_header),
+            overridden,
+            text(COUNTED_HEADER),
+        );
         let now = now_ms();
         self.ticket = with_tracker(&self.config, |t| t.upstream_started(start, now));
         for name in steering::UPSTREAM_STRIPPED {
-            warn_on_error("remove header", name, host::remove_request_header(name));
+            if headers.contains(name) {
+                warn_on_error("remove header", name, host::remove_request_header(name));
+            }
         }
         Action::Continue
     }
@@ -418,16 +423,17 @@ impl HttpContext for PrefixRouterHttp {
             self.upstream = true;
             return self.start_upstream(&address);
         }
+        let headers = read_request_headers();
         // First, whatever happens next: a client must never choose the key,
         // the instance, the route or the counts.
         for name in steering::owned_request_headers(&self.config) {
-            warn_on_error("remove header", name, host::remove_request_header(name));
+            if headers.contains(name) {
+                warn_on_error("remove header", name, host::remove_request_header(name));
+            }
         }
-        let path = read_header(":path");
-        let tenant = read_header(&self.config().tenant_header);
         let verdict = self.router.on_request_headers(RequestHead {
-            path: path.as_deref().unwrap_or_default(),
-            tenant_header: tenant.as_deref(),
+            path: headers.get(":path").unwrap_or_default(),
+            tenant_header: headers.get(&self.config().tenant_header),
             end_of_stream,
         });
         match verdict {
@@ -499,16 +505,11 @@ fn upstream_address() -> Option<String> {
     }
 }
 
-fn read_header(name: &str) -> Option<Vec<u8>> {
-    match host::get_request_header(name) {
-        Ok(value) => value,
-        Err(status) => {
-            log::warn!("prefix-router: cannot read header {name}: {status}");
-            None
-        }
-    }
-}
-
-fn read_header_text(name: &str) -> Option<String> {
-    read_header(name).and_then(|bytes| String::from_utf8(bytes).ok())
+/// All request headers in one host call (empty, with a warning, if the
+/// host refuses: the request then goes on unrouted rather than failing).
+fn read_request_headers() -> host::HeaderMap {
+    host::get_request_headers().unwrap_or_else(|status| {
+        log::warn!("prefix-router: cannot read the request headers: {status}");
+        host::HeaderMap::default()
+    })
 }
