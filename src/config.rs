@@ -492,6 +492,28 @@ fn to_usize(v: u64) -> usize {
 mod tests {
     use super::*;
 
+    /// The README's "complete example" is what it says: every field at its
+    /// default except the opt-in debugging header, and accepted as pasted.
+    #[test]
+    fn readme_complete_example_is_the_defaults_plus_the_decision_header() {
+        let readme = include_str!("../README.md");
+        let after = readme
+            .split("A complete example")
+            .nth(1)
+            .expect("README has the complete example");
+        let json = after
+            .split("```json")
+            .nth(1)
+            .and_then(|block| block.split("```").next())
+            .expect("a json block follows");
+        let config = Config::parse(json.as_bytes()).expect("the README example is accepted");
+        let expected = Config {
+            decision_header: Some("x-prefix-route-decision".to_string()),
+            ..Config::default()
+        };
+        assert_eq!(config, expected);
+    }
+
     fn parse(text: &str) -> Result<Config, ConfigError> {
         Config::parse(text.as_bytes())
     }

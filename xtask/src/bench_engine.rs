@@ -389,6 +389,8 @@ struct Row {
     cache_hits: usize,
     /// Share of prompt tokens served from the cache.
     cached_token_share: f64,
+    /// Mean prompt tokens per request served from the cache.
+    cached_tokens_per_request: f64,
     requests: usize,
     /// Instances each group was served by.
     instances_per_group: f64,
@@ -435,6 +437,7 @@ fn summarise(
         ttft_p90_ms: quantile(0.9),
         cache_hits: hits,
         cached_token_share: reused_total as f64 / prompt_total.max(1) as f64,
+        cached_tokens_per_request: reused_total as f64 / reused.len().max(1) as f64,
         requests: samples.len(),
         instances_per_group,
         share,
@@ -442,16 +445,17 @@ fn summarise(
 }
 
 fn print_table(rows: &[Row]) {
-    println!("\n| strategy | TTFT p50 (ms) | TTFT p90 (ms) | requests reusing cached prefix | prompt tokens from cache | instances per group | requests per server |");
-    println!("|---|---|---|---|---|---|---|");
+    println!("\n| strategy | TTFT p50 (ms) | TTFT p90 (ms) | requests reusing cached prefix | cached tokens per request | prompt tokens from cache | instances per group | requests per server |");
+    println!("|---|---|---|---|---|---|---|---|");
     for r in rows {
         println!(
-            "| {} | {:.0} | {:.0} | {}/{} | {:.0}% | {:.2} | {:?} |",
+            "| {} | {:.0} | {:.0} | {}/{} | {:.0} | {:.0}% | {:.2} | {:?} |",
             r.strategy,
             r.ttft_p50_ms,
             r.ttft_p90_ms,
             r.cache_hits,
             r.requests,
+            r.cached_tokens_per_request,
             r.cached_token_share * 100.0,
             r.instances_per_group,
             r.share
@@ -469,6 +473,7 @@ fn rows_json(rows: &[Row]) -> serde_json::Value {
                     "ttft_p90_ms": r.ttft_p90_ms,
                     "cache_hits": r.cache_hits,
                     "cached_token_share": r.cached_token_share,
+                    "cached_tokens_per_request": r.cached_tokens_per_request,
                     "requests": r.requests,
                     "instances_per_group": r.instances_per_group,
                     "requests_per_server": r.share,

@@ -77,3 +77,101 @@ fn main() -> ExitCode {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every `cargo xtask ...` command the README and docs show, as users
+    /// would paste it (`[--quick]` both with and without the flag).
+    fn documented_commands() -> Vec<(String, Vec<String>)> {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let mut files = vec![root.join("README.md")];
+        for entry in std::fs::read_dir(root.join("docs")).expect("docs/") {
+            files.push(entry.expect("docs entry").path());
+        }
+        let mut commands = Vec::new();
+        for file in files
+            .into_iter()
+            .filter(|f| f.extension().is_some_and(|e| e == "md"))
+        {
+            let text = std::fs::read_to_string(&file).expect("readable doc");
+            for piece in text.split(['`', '\n']) {
+                let Some(rest) = piece.trim().strip_prefix("cargo xtask ") else {
+                    continue;
+                };
+                let rest = rest.split('#').next().unwrap_or_default();
+                if rest.contains("...") {
+                    continue; // prose: "cargo xtask bench ..."
+                }
+                let place = file
+                    .file_name()
+                    .unwrap_or_default()
+                    .to_string_lossy()
+                    .to_string();
+                for args in variants(rest) {
+                    commands.push((place.clone(), args));
+                }
+            }
+        }
+        commands
+    }
+
+    /// `bench overhead|routing [--quick]` -> each alternative, with and
+    /// without each optional flag.
+    fn variants(text: &str) -> Vec<Vec<String>> {
+        let mut out: Vec<Vec<String>> = vec![Vec::new()];
+        for word in text.split_whitespace() {
+            let (optional, word) = match word.strip_prefix('[').and_then(|w| w.strip_suffix(']')) {
+                Some(inner) => (true, inner),
+                None => (false, word),
+            };
+            let mut next = Vec::new();
+            for args in &out {
+                if optional {
+                    next.push(args.clone());
+                }
+                for alternative in word.split('|') {
+                    let mut longer = args.clone();
+                    longer.push(alternative.to_string());
+                    next.push(longer);
+                }
+            }
+            out = next;
+        }
+        out
+    }
+
+    #[test]
+    fn every_documented_xtask_command_parses() {
+        let commands = documented_commands();
+        assert!(
+            commands.len() >= 8,
+            "expected the README's commands, found {commands:?}"
+        );
+        for (file, args) in &commands {
+            let argv = std::iter::once("cargo xtask".to_string()).chain(args.iter().cloned());
+            if let Err(error) = Cli::try_parse_from(argv) {
+                panic!(
+                    "{file}: `cargo xtask {}` does not parse: {error}",
+                    args.join(" ")
+                );
+            }
+        }
+        let seen = |want: &[&str]| commands.iter().any(|(_, a)| a == want);
+        assert!(
+            seen(&["bench", "engine"]),
+            "the README shows the engine benchmark"
+        );
+        assert!(
+            seen(&["test"]) && seen(&["demo"]),
+            "the quick start's two commands"
+        );
+    }
+
+    #[test]
+    fn a_misspelt_command_is_refused() {
+        assert!(Cli::try_parse_from(["cargo xtask", "bench-engine"]).is_err());
+        assert!(Cli::try_parse_from(["cargo xtask", "bench", "overhead", "--quik"]).is_err());
+    }
+}
