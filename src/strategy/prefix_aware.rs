@@ -20,6 +20,10 @@ use crate::load::{Claim, InstanceRef, LoadView, PENDING_MARK};
 /// Salts tried for one overflow (bounds the lookups per request).
 const DEFAULT_MAX_SALTS: u8 = 8;
 
+/// Reads of the least busy other instance before an overflow claims one
+/// regardless of concurrent claims.
+const OVERFLOW_ATTEMPTS: usize = 4;
+
 /// The key Maglev sees for overflow salt `salt`: 16 lowercase hex digits,
 /// like every key (xxh3 of the key, seeded with the salt).
 pub fn salted_key(key: &str, salt: u8) -> String {
@@ -85,7 +89,29 @@ impl PrefixAware {
             Some(Claim::Claimed(ticket)) => Some(ticket),
             _ => None,
         };
-        let counted = ticket.as_ref().and(instance).map(|i| i.address.clone());
+        match instance {
+            Some(instance) => Self::overflow_with(key, host_override, instance, ticket),
+            None => Self::overflow_with_counted(key, host_override, None, None),
+        }
+    }
+
+    /// An overflow decision to `instance`, counted there if `ticket` is held.
+    fn overflow_with(
+        key: String,
+        host_override: Option<String>,
+        instance: &InstanceRef,
+        ticket: Option<crate::load::Ticket>,
+    ) -> Routed {
+        let counted = ticket.as_ref().map(|_| instance.address.clone());
+        Self::overflow_with_counted(key, host_override, counted, ticket)
+    }
+
+    fn overflow_with_counted(
+        key: String,
+        host_override: Option<String>,
+        counted: Option<String>,
+        ticket: Option<crate::load::Ticket>,
+    ) -> Routed {
         Routed {
             decision: Decision {
                 key: Some(key),
@@ -107,12 +133,28 @@ impl PrefixAware {
         now_ms: u64,
     ) -> Routed {
         if self.host_override {
-            if let Some((other, other_load)) = load.least_busy_other(target, random, now_ms) {
+            for attempt in 1..=OVERFLOW_ATTEMPTS {
+                let Some((other, other_load)) = load.least_busy_other(target, random, now_ms)
+                else {
+                    break;
+                };
                 if other_load >= target_load {
                     return Self::stay(key, target, load, now_ms);
                 }
+                // Claimed only if no other worker took a slot there since its
+                // count was read (the same atomic claim as the target's), so
+                // workers overflowing at the same moment spread out instead of
+                // all landing on the one instance they each saw as least busy.
+                // The last attempt claims whatever the count, as a tie-break.
+                let cap = (attempt < OVERFLOW_ATTEMPTS).then_some(other_load.saturating_add(1));
+                let ticket = match load.claim(&other, None, cap, now_ms) {
+                    Claim::Claimed(ticket) => Some(ticket),
+                    Claim::Full { .. } | Claim::Gone => continue,
+                    // Left to the upstream filter to count.
+                    Claim::Contended => None,
+                };
                 let host = Some(other.address.clone());
-                return Self::overflow_to(key.to_string(), host, Some(&other), load, now_ms);
+                return Self::overflow_with(key.to_string(), host, &other, ticket);
             }
         }
         self.salted(key, target, target_load, load, now_ms)
@@ -226,7 +268,12 @@ mod tests {
         targets: HashMap<String, InstanceRef>,
         loads: HashMap<u16, u32>,
         contended: bool,
-        other: Option<(InstanceRef, u32)>,
+        /// Overflow candidates; the least loaded (per `loads`) is offered.
+        others: Vec<InstanceRef>,
+        /// A slot another worker claims just before our first claim there.
+        raced: Option<u16>,
+        /// A slot another worker claims just before each capped claim there.
+        always_raced: Option<u16>,
         claims: Vec<(u16, Option<u32>)>,
         blind: Vec<String>,
     }
@@ -253,6 +300,11 @@ mod tests {
             if self.contended {
                 return Claim::Contended;
             }
+            let raced = self.raced.take_if(|slot| *slot == instance.slot).is_some()
+                || (cap.is_some() && self.always_raced == Some(instance.slot));
+            if raced {
+                *self.loads.entry(instance.slot).or_insert(0) += 1;
+            }
             let load = self.loads.entry(instance.slot).or_insert(0);
             match cap {
                 Some(cap) if *load >= cap => Claim::Full { in_flight: *load },
@@ -268,7 +320,10 @@ mod tests {
             _random: u64,
             _now_ms: u64,
         ) -> Option<(InstanceRef, u32)> {
-            self.other.clone()
+            self.others
+                .iter()
+                .map(|i| (i.clone(), self.loads.get(&i.slot).copied().unwrap_or(0)))
+                .min_by_key(|(_, load)| *load)
         }
     }
 
@@ -305,7 +360,8 @@ mod tests {
     #[test]
     fn full_target_overflows_to_a_less_busy_instance_with_the_host_header() {
         let mut script = script_with_full_target(3);
-        script.other = Some((instance(2), 1));
+        script.others = vec![instance(2)];
+        script.loads.insert(2, 1);
         let routed = PrefixAware::new(3, true).decide(Some(KEY), &mut script, 0, 0);
         let d = &routed.decision;
         assert_eq!(d.kind, DecisionKind::Overflow);
@@ -320,9 +376,50 @@ mod tests {
     }
 
     #[test]
+    fn overflow_claims_the_least_busy_only_if_no_other_worker_took_it_meanwhile() {
+        let mut script = script_with_full_target(3);
+        script.others = vec![instance(2), instance(3)];
+        // Another worker claims instance 2 between our read and our claim.
+        script.raced = Some(2);
+        let routed = PrefixAware::new(3, true).decide(Some(KEY), &mut script, 0, 0);
+        assert_eq!(routed.decision.kind, DecisionKind::Overflow);
+        assert_eq!(routed.decision.host_override, Some(instance(3).address));
+        assert_eq!(routed.decision.counted, Some(instance(3).address));
+        assert_eq!(routed.ticket, Some(ticket(3)));
+        assert_eq!(
+            script.claims,
+            vec![(1, Some(3)), (2, Some(1)), (3, Some(1))],
+            "target, then instance 2 refused (now 1 in flight), then instance 3"
+        );
+    }
+
+    #[test]
+    fn overflow_claims_regardless_after_repeated_races() {
+        let mut script = script_with_full_target(10);
+        script.others = vec![instance(2)];
+        // Every capped claim on instance 2 finds it one fuller than just read.
+        script.always_raced = Some(2);
+        let routed = PrefixAware::new(10, true).decide(Some(KEY), &mut script, 0, 0);
+        assert_eq!(routed.decision.kind, DecisionKind::Overflow);
+        assert_eq!(routed.ticket, Some(ticket(2)));
+        assert_eq!(
+            script.claims,
+            vec![
+                (1, Some(10)),
+                (2, Some(1)),
+                (2, Some(2)),
+                (2, Some(3)),
+                (2, None)
+            ],
+            "three refused capped claims, then the last attempt claims uncapped"
+        );
+    }
+
+    #[test]
     fn stays_on_the_target_when_every_other_instance_is_as_busy() {
         let mut script = script_with_full_target(3);
-        script.other = Some((instance(2), 3));
+        script.others = vec![instance(2)];
+        script.loads.insert(2, 3);
         let routed = PrefixAware::new(3, true).decide(Some(KEY), &mut script, 0, 0);
         assert_eq!(routed.decision.kind, DecisionKind::Prefix);
         assert_eq!(routed.decision.host_override, None);
