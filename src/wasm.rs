@@ -59,6 +59,33 @@ thread_local! {
     static LAST_TICK_MS: Cell<u64> = const { Cell::new(0) };
     /// In-flight gauge ids by instance address.
     static GAUGES: RefCell<HashMap<String, u32>> = RefCell::new(HashMap::new());
+    /// Counter increments not yet handed to Envoy, by metric id: counting
+    /// locally and flushing on the tick spares two host calls per request
+    /// (Prometheus scrapes every few seconds; the counters lag by one tick).
+    static PENDING_COUNTS: RefCell<Vec<(u32, u64)>> = const { RefCell::new(Vec::new()) };
+}
+
+fn count_later(id: u32) {
+    PENDING_COUNTS.with(|cell| {
+        let mut pending = cell.borrow_mut();
+        match pending.iter_mut().find(|(pending_id, _)| *pending_id == id) {
+            Some((_, delta)) => *delta += 1,
+            None => pending.push((id, 1)),
+        }
+    });
+}
+
+/// Hands this VM's counted increments to Envoy.
+fn flush_counts() {
+    let pending = PENDING_COUNTS.with(|cell| std::mem::take(&mut *cell.borrow_mut()));
+    for (id, delta) in pending {
+        let delta = i64::try_from(delta).unwrap_or(i64::MAX);
+        warn_on_error(
+            "increment metric",
+            "counter",
+            host::increment_metric(id, delta),
+        );
+    }
 }
 
 fn now_ms() -> u64 {
@@ -121,21 +148,13 @@ impl MetricIds {
 
     fn increment(&self, counter: Counter) {
         if let Some(Some(id)) = self.counters.get(counter.index()) {
-            warn_on_error(
-                "increment metric",
-                counter.name(),
-                host::increment_metric(*id, 1),
-            );
+            count_later(*id);
         }
     }
 
     fn increment_decision(&self, kind: DecisionKind) {
         if let Some(Some(id)) = self.decisions.get(decision_index(kind)) {
-            warn_on_error(
-                "increment metric",
-                kind.as_str(),
-                host::increment_metric(*id, 1),
-            );
+            count_later(*id);
         }
     }
 
@@ -267,6 +286,7 @@ impl RootContext for PrefixRouterRoot {
     }
 
     fn on_tick(&mut self) {
+        flush_counts();
         let now = now_ms();
         // Every plugin of the VM (listener filter, each cluster's upstream
         // filter) has a root that ticks; one tick per period does the work.

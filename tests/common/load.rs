@@ -266,6 +266,23 @@ pub fn filter_counter(envoy: &Envoy, name: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// Waits (bounded) until the filter's counter `name` reaches `at_least`: the
+/// filter counts in the VM and flushes to Envoy on its 1 s tick.
+pub fn wait_for_counter(envoy: &Envoy, name: &str, at_least: u64) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let value = filter_counter(envoy, name);
+        if value >= at_least {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "counter {name} stayed at {value}, expected at least {at_least} within 5 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 /// Decision kinds among outcomes.
 pub fn kinds(outcomes: &[Outcome]) -> BTreeMap<String, usize> {
     let mut kinds = BTreeMap::new();

@@ -16,8 +16,9 @@ use std::time::{Duration, Instant};
 
 use harness::load::{
     add_short_timeout_route, assert_all_ok, burst, check_burst, filter_counter, kinds,
-    plugin_config, prefix_request, served, shoot, shoot_all, wait_gauges_zero, warm_up, Ending,
-    Outcome, BURST_HOLD, COUNTED_HEADER, HOST_HEADER, ROUTE_HEADER, SHORT_TIMEOUT_HEADER,
+    plugin_config, prefix_request, served, shoot, shoot_all, wait_for_counter, wait_gauges_zero,
+    warm_up, Ending, Outcome, BURST_HOLD, COUNTED_HEADER, HOST_HEADER, ROUTE_HEADER,
+    SHORT_TIMEOUT_HEADER,
 };
 use harness::{bodies, Harness};
 use prefix_router_tools::upstream::{
@@ -262,6 +263,7 @@ async fn a_client_cannot_pin_an_instance() {
     let other_addr = harness.fleet.addr_of(&other).unwrap().to_string();
     let target_addr = harness.fleet.addr_of(&target).unwrap().to_string();
     let lr_before = filter_counter(&harness.envoy, "decision.least_outstanding");
+    let prefix_before = filter_counter(&harness.envoy, "decision.prefix");
     let mut outcomes = Vec::new();
     for n in 1..=10 {
         let request = prefix_request("pinned", n)
@@ -286,6 +288,9 @@ async fn a_client_cannot_pin_an_instance() {
         "{:?}",
         kinds(&outcomes)
     );
+    // The filter hands its counters to Envoy once per tick: wait until this
+    // run's ten prefix decisions are counted, then nothing else may have been.
+    wait_for_counter(&harness.envoy, "decision.prefix", prefix_before + 10);
     assert_eq!(
         filter_counter(&harness.envoy, "decision.least_outstanding"),
         lr_before
