@@ -78,17 +78,23 @@ fn cut_after_chars(content: &[u8], max_chars: usize) -> usize {
         if left == 0 {
             break;
         }
-        let Some(&byte) = content.get(at) else {
+        let Some(len) = char_len(content, at) else {
             break;
         };
-        at += if byte == b'\\' {
-            escape_len(content, at)
-        } else {
-            utf8_len(byte)
-        };
+        at += len;
         left -= 1;
     }
     at.min(content.len())
+}
+
+/// Bytes of the one character (an escape counts as one) starting at `at`.
+fn char_len(content: &[u8], at: usize) -> Option<usize> {
+    let byte = *content.get(at)?;
+    Some(if byte == b'\\' {
+        escape_len(content, at)
+    } else {
+        utf8_len(byte)
+    })
 }
 
 /// `span` (one complete JSON value) with each string longer than
@@ -142,14 +148,10 @@ mod tests {
     fn cut_after_chars_slowly(content: &[u8], max_chars: usize) -> usize {
         let mut at = 0;
         for _ in 0..max_chars {
-            let Some(&byte) = content.get(at) else {
+            let Some(len) = char_len(content, at) else {
                 break;
             };
-            at += if byte == b'\\' {
-                escape_len(content, at)
-            } else {
-                utf8_len(byte)
-            };
+            at += len;
         }
         at.min(content.len())
     }
