@@ -53,6 +53,7 @@ pub struct MemoryStore {
     entries: RefCell<HashMap<String, (Vec<u8>, u32)>>,
     last_cas: Cell<u32>,
     sets: Cell<u64>,
+    gets: Cell<u64>,
 }
 
 impl MemoryStore {
@@ -83,6 +84,11 @@ impl MemoryStore {
         self.sets.get()
     }
 
+    /// Number of reads so far (each one a host call in Envoy).
+    pub fn reads(&self) -> u64 {
+        self.gets.get()
+    }
+
     fn next_cas(&self) -> u32 {
         // Envoy's tokens are never 0 (0 means "no check").
         let next = self.last_cas.get().wrapping_add(1).max(1);
@@ -93,6 +99,7 @@ impl MemoryStore {
 
 impl SharedStore for MemoryStore {
     fn get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
+        self.gets.set(self.gets.get() + 1);
         match self.entries.borrow().get(key) {
             Some((value, cas)) => (Some(value.clone()), Some(*cas)),
             None => (None, None),

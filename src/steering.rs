@@ -290,6 +290,40 @@ mod tests {
         assert!(load.snapshot(17).iter().all(|l| l.in_flight == 0));
     }
 
+    /// Each shared-data access is a host call with a lock and a copy in
+    /// Envoy: a request of a known key, from decision to release, makes six
+    /// reads and two writes (the decision's lookup of the target record is
+    /// reused by its claim, and the upstream filter's by its check).
+    #[test]
+    fn a_steady_request_costs_six_shared_reads_and_two_writes() {
+        let c = config(r#"{"concurrency_threshold":4}"#);
+        let policy = policy_for(&c);
+        let store = MemoryStore::new();
+        let mut load = LoadTracker::new(&store, load_config(&c), 7);
+        let address = "10.0.0.1:80";
+        // Warm: the key's first request learns its target.
+        let first = route(&policy, Some(KEY), &mut load, 1, 10);
+        let started = upstream_start(address, Some(KEY), false, first.decision.counted.as_deref());
+        let warm = load.upstream_started(started, 10);
+        for t in warm.into_iter().chain(first.ticket) {
+            load.release(t, 11);
+        }
+
+        let (reads, writes) = (store.reads(), store.successful_sets());
+        let routed = route(&policy, Some(KEY), &mut load, 2, 20);
+        assert_eq!(routed.decision.counted.as_deref(), Some(address));
+        let upstream =
+            load.upstream_started(upstream_start(address, Some(KEY), false, Some(address)), 20);
+        assert_eq!(upstream, None, "counted by the decision");
+        load.release(routed.ticket.expect("claimed"), 21);
+        assert_eq!(
+            (store.reads() - reads, store.successful_sets() - writes),
+            (6, 2),
+            "shared-data reads and writes of one steady request"
+        );
+        assert!(load.snapshot(22).iter().all(|l| l.in_flight == 0));
+    }
+
     #[test]
     fn least_outstanding_selects_the_least_request_route() {
         let c = config(r#"{"strategy":"LEAST_OUTSTANDING_REQUESTS"}"#);

@@ -224,8 +224,12 @@ impl<S: SharedStore> LoadTracker<S> {
             return Claim::Claimed(self.bump_local(slot, address));
         };
         let key = self.instance_key(slot);
-        for _ in 0..self.config.cas_attempts {
-            let (record, cas) = self.read_instance(slot);
+        for attempt in 0..self.config.cas_attempts {
+            let (record, cas) = if attempt == 0 {
+                self.read_instance_at(slot, now_ms)
+            } else {
+                self.read_instance(slot)
+            };
             let Some(mut record) = record.filter(|r| r.address == address) else {
                 return Claim::Gone;
             };

@@ -51,6 +51,19 @@ pub struct LoadTracker<S: SharedStore> {
     last_lease_attempt_ms: Option<u64>,
     /// Registry epoch seen at our last full scan of the instance slots.
     scanned_epoch: Option<u64>,
+    /// The instance record a lookup just read, for the claim or check that
+    /// follows it in the same decision (one shared-data read, a host call,
+    /// fewer). See [`LoadTracker::read_instance_at`].
+    recent: Option<RecentRead>,
+}
+
+/// One instance record as read at `at_ms`, with its CAS token.
+#[derive(Debug)]
+struct RecentRead {
+    slot: u16,
+    at_ms: u64,
+    record: InstanceRecord,
+    cas: Option<u32>,
 }
 
 fn addr_hash(address: &str) -> u64 {
@@ -79,6 +92,7 @@ impl<S: SharedStore> LoadTracker<S> {
             known_slots: BTreeSet::new(),
             last_lease_attempt_ms: None,
             scanned_epoch: None,
+            recent: None,
             config,
         }
     }
@@ -142,7 +156,9 @@ impl<S: SharedStore> LoadTracker<S> {
             // Already counted by the decision; just keep last-seen fresh.
             let refresh_ms = (self.config.instance_ttl_ms / 8).max(1);
             let stale = self
-                .record_for(slot, start.address)
+                .read_instance_at(slot, now_ms)
+                .0
+                .filter(|r| r.address == start.address)
                 .is_some_and(|r| r.suspect || now_ms.saturating_sub(r.last_seen_ms) >= refresh_ms);
             if stale {
                 self.publish_with(slot, Some(now_ms));
@@ -228,12 +244,18 @@ impl<S: SharedStore> LoadView for LoadTracker<S> {
         if entry.slot >= self.config.max_instances {
             return None;
         }
-        let record = self.read_instance(entry.slot).0?;
+        let (record, cas) = self.read_instance(entry.slot);
+        let record = record?;
         let valid = addr_hash(&record.address) == entry.addr_hash
             && record.is_fresh(now_ms, self.config.instance_ttl_ms);
-        valid.then_some(InstanceRef {
+        if !valid {
+            return None;
+        }
+        let address = record.address.clone();
+        self.remember_read(entry.slot, now_ms, record, cas);
+        Some(InstanceRef {
             slot: entry.slot,
-            address: record.address,
+            address,
         })
     }
 

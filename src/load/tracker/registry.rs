@@ -7,6 +7,41 @@ use super::*;
 impl<S: SharedStore> LoadTracker<S> {
     /// The record in `slot`: `(None, None)` if never written; an undecodable
     /// value reads as a free record (so it can be overwritten).
+    /// Keeps a record just read for the next [`Self::read_instance_at`] of
+    /// the same slot in the same millisecond.
+    pub(super) fn remember_read(
+        &mut self,
+        slot: u16,
+        now_ms: u64,
+        record: InstanceRecord,
+        cas: Option<u32>,
+    ) {
+        self.recent = Some(RecentRead {
+            slot,
+            at_ms: now_ms,
+            record,
+            cas,
+        });
+    }
+
+    /// The record of `slot`: the one a lookup just read in this same
+    /// millisecond of this decision if there is one (used once), else read
+    /// now. Reusing it is safe for a write, which is a compare-and-swap on
+    /// its token (a change since the read fails it and the caller re-reads),
+    /// and as fresh as a read for a check (same decision, same millisecond).
+    pub(super) fn read_instance_at(
+        &mut self,
+        slot: u16,
+        now_ms: u64,
+    ) -> (Option<InstanceRecord>, Option<u32>) {
+        match self.recent.take() {
+            Some(recent) if recent.slot == slot && recent.at_ms == now_ms => {
+                (Some(recent.record), recent.cas)
+            }
+            _ => self.read_instance(slot),
+        }
+    }
+
     pub(super) fn read_instance(&self, slot: u16) -> (Option<InstanceRecord>, Option<u32>) {
         let (value, cas) = self.store.get(&self.instance_key(slot));
         match value {
@@ -30,8 +65,11 @@ impl<S: SharedStore> LoadTracker<S> {
             return None;
         }
         if let Some(&slot) = self.slot_of.get(address) {
-            match self.read_instance(slot).0 {
-                Some(record) if record.address == address => return Some(slot),
+            match self.read_instance(slot) {
+                (Some(record), cas) if record.address == address => {
+                    self.remember_read(slot, now_ms, record, cas);
+                    return Some(slot);
+                }
                 _ => {
                     self.slot_of.remove(address);
                 }
