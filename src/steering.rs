@@ -291,11 +291,12 @@ mod tests {
     }
 
     /// Each shared-data access is a host call with a lock and a copy in
-    /// Envoy: a request of a known key, from decision to release, makes six
-    /// reads and two writes (the decision's lookup of the target record is
-    /// reused by its claim, and the upstream filter's by its check).
+    /// Envoy: a request of a known key, from decision to release, makes four
+    /// reads and two writes (the key's route comes from the VM's copy, the
+    /// decision's lookup of the target record is reused by its claim, and the
+    /// upstream filter's by its check).
     #[test]
-    fn a_steady_request_costs_six_shared_reads_and_two_writes() {
+    fn a_steady_request_costs_four_shared_reads_and_two_writes() {
         let c = config(r#"{"concurrency_threshold":4}"#);
         let policy = policy_for(&c);
         let store = MemoryStore::new();
@@ -318,7 +319,7 @@ mod tests {
         load.release(routed.ticket.expect("claimed"), 21);
         assert_eq!(
             (store.reads() - reads, store.successful_sets() - writes),
-            (6, 2),
+            (4, 2),
             "shared-data reads and writes of one steady request"
         );
         assert!(load.snapshot(22).iter().all(|l| l.in_flight == 0));

@@ -639,3 +639,47 @@ fn a_new_instance_ttl_applies_to_the_kept_tables() {
         "the entry itself was kept"
     );
 }
+
+/// A VM keeps a copy of each learned route for a second: its own upstream
+/// filter's news replaces the copy at once, another VM's news is seen within
+/// the second, and an unlearned key is never cached as "unknown".
+#[test]
+fn route_copies_follow_own_news_at_once_and_other_vms_within_a_second() {
+    let store = Rc::new(MemoryStore::new());
+    let mut one = worker(&store, 1);
+    let mut two = worker(&store, 2);
+    assert_eq!(two.target_of("k", 100), None);
+    serve(&mut one, start(A, Some("k")), 100);
+    assert_eq!(
+        instance(&mut two, "k", 100).address,
+        A,
+        "a miss is not remembered"
+    );
+    // The fleet changes: Maglev now sends the key to B.
+    serve(&mut two, start(C, None), 200);
+    serve(&mut one, start(B, Some("k")), 300);
+    assert_eq!(instance(&mut one, "k", 300).address, B, "own news at once");
+    assert_eq!(
+        instance(&mut two, "k", 400).address,
+        A,
+        "another VM's news may wait up to a second"
+    );
+    assert_eq!(instance(&mut two, "k", 1_100).address, B);
+}
+
+/// Learning the same route again within a second reads no route bucket:
+/// the upstream filter's start reads the instance record once (for its
+/// check and its count), and its release reads it once more.
+#[test]
+fn relearning_a_fresh_route_reads_only_the_instance_record() {
+    let store = Rc::new(MemoryStore::new());
+    let mut one = worker(&store, 1);
+    serve(&mut one, start(A, Some("k")), 100);
+    let reads = store.reads();
+    serve(&mut one, start(A, Some("k")), 150);
+    assert_eq!(
+        store.reads() - reads,
+        2,
+        "start (record) and release (record)"
+    );
+}

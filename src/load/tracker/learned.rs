@@ -63,15 +63,39 @@ impl<S: SharedStore> LoadTracker<S> {
         format!("{}/route/{bucket}", self.prefix)
     }
 
+    /// This VM's copy of `key_hash`'s route, if read or written here within
+    /// [`ROUTE_COPY_MS`] and not expired.
+    pub(super) fn route_copy(&self, key_hash: u64, now_ms: u64) -> Option<RouteEntry> {
+        let (entry, copied_ms) = self.route_copies.get(&key_hash)?;
+        let recent = now_ms.saturating_sub(*copied_ms) < ROUTE_COPY_MS;
+        let live = now_ms.saturating_sub(entry.learned_ms) <= self.config.route_ttl_ms;
+        (recent && live).then_some(*entry)
+    }
+
+    pub(super) fn keep_route_copy(&mut self, entry: RouteEntry, now_ms: u64) {
+        if self.route_copies.len() >= MAX_ROUTE_COPIES {
+            self.route_copies.clear();
+        }
+        self.route_copies.insert(entry.key_hash, (entry, now_ms));
+    }
+
     pub(super) fn learn(&mut self, key: &str, slot: u16, address: &str, now_ms: u64) {
         let hash = key_hash(key);
-        let key_name = self.route_key(self.bucket_of(hash));
         let entry = RouteEntry {
             key_hash: hash,
             slot,
             addr_hash: addr_hash(address),
             learned_ms: now_ms,
         };
+        // Learned here within the last second: the shared table has it (or
+        // had it: a full bucket may have evicted it, relearned next second).
+        if self
+            .route_copy(hash, now_ms)
+            .is_some_and(|copy| copy.slot == slot && copy.addr_hash == entry.addr_hash)
+        {
+            return;
+        }
+        let key_name = self.route_key(self.bucket_of(hash));
         let refresh_ms = self.config.route_ttl_ms / 8;
         for _ in 0..self.config.cas_attempts {
             let (value, cas) = self.store.get(&key_name);
@@ -80,11 +104,19 @@ impl<S: SharedStore> LoadTracker<S> {
                 .and_then(RouteBucket::decode)
                 .unwrap_or_default();
             if !bucket.upsert(entry, refresh_ms) {
+                // Already there, learned less than `refresh_ms` ago.
+                if let Some(shared) = bucket.lookup(hash, now_ms, self.config.route_ttl_ms) {
+                    self.keep_route_copy(shared, now_ms);
+                }
                 return;
             }
             match self.store.set(&key_name, &bucket.encode(), cas) {
                 Err(SetError::CasMismatch) => continue,
-                _ => return,
+                Ok(()) => {
+                    self.keep_route_copy(entry, now_ms);
+                    return;
+                }
+                Err(SetError::Failed) => return,
             }
         }
     }

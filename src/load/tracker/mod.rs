@@ -26,6 +26,15 @@ mod registry;
 /// Slots probed for one address before the registry counts as full for it.
 const PROBE_LEN: u16 = 8;
 
+/// How long a VM trusts its own copy of a key's learned route before reading
+/// the shared table again. Routes change only when the fleet does, and this
+/// VM's own upstream filter updates its copy at once; other VMs' news waits
+/// at most this long.
+const ROUTE_COPY_MS: u64 = 1_000;
+
+/// Most route copies a VM keeps (cleared when full, like `slot_of`).
+const MAX_ROUTE_COPIES: usize = 4_096;
+
 /// This VM's own count on one instance slot.
 #[derive(Debug, Clone)]
 struct LocalCount {
@@ -51,6 +60,9 @@ pub struct LoadTracker<S: SharedStore> {
     last_lease_attempt_ms: Option<u64>,
     /// Registry epoch seen at our last full scan of the instance slots.
     scanned_epoch: Option<u64>,
+    /// Copies of learned routes by key hash, with when they were last read
+    /// or written here (see [`ROUTE_COPY_MS`]).
+    route_copies: HashMap<u64, (RouteEntry, u64)>,
     /// The instance record a lookup just read, for the claim or check that
     /// follows it in the same decision (one shared-data read, a host call,
     /// fewer). See [`LoadTracker::read_instance_at`].
@@ -93,6 +105,7 @@ impl<S: SharedStore> LoadTracker<S> {
             last_lease_attempt_ms: None,
             scanned_epoch: None,
             recent: None,
+            route_copies: HashMap::new(),
             config,
         }
     }
@@ -235,12 +248,19 @@ impl<S: SharedStore> LoadTracker<S> {
 impl<S: SharedStore> LoadView for LoadTracker<S> {
     fn target_of(&mut self, key: &str, now_ms: u64) -> Option<InstanceRef> {
         let hash = key_hash(key);
-        let (value, _) = self.store.get(&self.route_key(self.bucket_of(hash)));
-        let entry = value.as_deref().and_then(RouteBucket::decode)?.lookup(
-            hash,
-            now_ms,
-            self.config.route_ttl_ms,
-        )?;
+        let entry = match self.route_copy(hash, now_ms) {
+            Some(entry) => entry,
+            None => {
+                let (value, _) = self.store.get(&self.route_key(self.bucket_of(hash)));
+                let entry = value.as_deref().and_then(RouteBucket::decode)?.lookup(
+                    hash,
+                    now_ms,
+                    self.config.route_ttl_ms,
+                )?;
+                self.keep_route_copy(entry, now_ms);
+                entry
+            }
+        };
         if entry.slot >= self.config.max_instances {
             return None;
         }
