@@ -103,6 +103,7 @@ async fn fleet_changes_move_few_keys_and_learned_tables_follow_maglev() {
 
     let mut previous = route_keys(&envoy, &fleet, "7").await;
     let truth = maglev_reference(&reference, &previous).await;
+    let mut previous_truth = truth.clone();
     let mismatches = previous
         .iter()
         .filter(|(i, (_, inst))| truth[i] != *inst)
@@ -168,12 +169,22 @@ async fn fleet_changes_move_few_keys_and_learned_tables_follow_maglev() {
             .iter()
             .filter(|(i, (_, inst))| truth[i] != *inst)
             .count();
+        // Maglev's own movement between kept instances, from the filterless
+        // reference Envoy: it depends on the hosts' (ephemeral) addresses,
+        // 0-4 of ~860 keys in most runs, 13 seen once.
+        let maglev_between_kept = on_kept
+            .iter()
+            .filter(|i| {
+                let (old, new) = (&previous_truth[**i], &truth[**i]);
+                old != new && before_names.contains(new)
+            })
+            .count();
         let keys_changed = now
             .iter()
             .filter(|(i, (key, _))| previous[i].0 != *key)
             .count();
         println!(
-            "{}: {moved} of {KEYS} keys moved ({:.1}%, ideal {:.1}%, bound {:.1}%); {moved_between_kept} of {} keys on kept instances moved between kept instances; {off_maglev} keys off Maglev's choice; requests per instance this step (filter + reference Envoy) {:?}",
+            "{}: {moved} of {KEYS} keys moved ({:.1}%, ideal {:.1}%, bound {:.1}%); {moved_between_kept} of {} keys on kept instances moved between kept instances (Maglev itself: {maglev_between_kept}); {off_maglev} keys off Maglev's choice; requests per instance this step (filter + reference Envoy) {:?}",
             step.name,
             moved as f64 / KEYS as f64 * 100.0,
             ideal * 100.0,
@@ -193,7 +204,12 @@ async fn fleet_changes_move_few_keys_and_learned_tables_follow_maglev() {
             step.name
         );
         assert!(
-            moved_between_kept as f64 <= 0.01 * on_kept.len() as f64,
+            moved_between_kept <= maglev_between_kept,
+            "{}: {moved_between_kept} keys moved between instances that stayed, Maglev itself moved {maglev_between_kept}",
+            step.name
+        );
+        assert!(
+            moved_between_kept as f64 <= 0.03 * on_kept.len() as f64,
             "{}: {moved_between_kept} keys moved between instances that stayed",
             step.name
         );
@@ -201,6 +217,7 @@ async fn fleet_changes_move_few_keys_and_learned_tables_follow_maglev() {
             at_six = now.clone();
         }
         previous = now;
+        previous_truth = truth;
     }
     // The spec's 7 -> 6 -> 8 read as one change from 6 to 8 (two join): ideal 2/8.
     let moved = previous
