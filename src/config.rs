@@ -67,6 +67,11 @@ pub struct Config {
     pub max_body_bytes: usize,
     /// Whether the body's `model` is part of the key.
     pub include_model: bool,
+    /// Whether a request without the tenant header takes its tenant from the
+    /// body's top-level `prompt_cache_key`. That field may stand anywhere in
+    /// the object, so the body is read to its end; `false` stops reading at
+    /// the prefix (and `model`), as a request with the tenant header does.
+    pub body_tenant: bool,
     /// First matching suffix wins.
     pub path_rules: Vec<PathRule>,
     /// Request header Envoy's `override_host` policy reads (`ip:port`): where
@@ -108,7 +113,7 @@ const RESERVED_KEY_HEADERS: [&str; 9] = [
 /// and `load::COUNTED_HEADER`); no configured header may reuse them.
 const INTERNAL_HEADERS: [&str; 2] = [crate::strategy::ROUTE_HEADER, crate::load::COUNTED_HEADER];
 
-const FIELDS: [&str; 11] = [
+const FIELDS: [&str; 12] = [
     "strategy",
     "prefix_length",
     "concurrency_threshold",
@@ -116,6 +121,7 @@ const FIELDS: [&str; 11] = [
     "tenant_header",
     "max_body_bytes",
     "include_model",
+    "body_tenant",
     "path_rules",
     "host_header",
     "decision_header",
@@ -135,6 +141,7 @@ impl Default for Config {
             tenant_header: "x-amzn-sagemaker-prefix-aware-id".to_string(),
             max_body_bytes: 1024 * 1024,
             include_model: true,
+            body_tenant: true,
             path_rules: default_path_rules(),
             host_header: Some(DEFAULT_HOST_HEADER.to_string()),
             decision_header: None,
@@ -410,6 +417,11 @@ impl Config {
                     .as_bool()
                     .ok_or_else(|| wrong_type(name, "true or false", value))?
             }
+            "body_tenant" => {
+                self.body_tenant = value
+                    .as_bool()
+                    .ok_or_else(|| wrong_type(name, "true or false", value))?
+            }
             "path_rules" => self.path_rules = path_rules(value)?,
             "host_header" => self.host_header = optional_header_name(name, value)?,
             "decision_header" => self.decision_header = optional_header_name(name, value)?,
@@ -535,6 +547,7 @@ mod tests {
             tenant_header: "x-amzn-sagemaker-prefix-aware-id".into(),
             max_body_bytes: 1_048_576,
             include_model: true,
+            body_tenant: true,
             path_rules: vec![
                 PathRule {
                     suffix: "/chat/completions".into(),
@@ -563,9 +576,11 @@ mod tests {
         let c = parse(
             r#"{"strategy":"RANDOM","prefix_length":2048,"concurrency_threshold":3,
                 "key_header":"X-Key","tenant_header":"X-Tenant","max_body_bytes":65536,
-                "include_model":false,"path_rules":[{"suffix":"/generate","api":"completions"}]}"#,
+                "include_model":false,"body_tenant":false,
+                "path_rules":[{"suffix":"/generate","api":"completions"}]}"#,
         )
         .unwrap();
+        assert!(!c.body_tenant);
         assert_eq!(c.strategy, Strategy::Random);
         assert_eq!(c.prefix_length, 2048);
         assert_eq!(c.concurrency_threshold, 3);
@@ -651,6 +666,10 @@ mod tests {
         assert_eq!(
             err(r#"{"include_model":"yes"}"#),
             r#"include_model: expected true or false, got a string ("yes")"#
+        );
+        assert_eq!(
+            err(r#"{"body_tenant":0}"#),
+            "body_tenant: expected true or false, got a number (0)"
         );
         assert_eq!(
             err(r#"{"strategy":1}"#),

@@ -255,7 +255,7 @@ pub fn extraction_limits(config: &Config, have_header_tenant: bool) -> Limits {
         prefix_length: config.prefix_length,
         max_body_bytes: config.max_body_bytes,
         include_model: config.include_model,
-        want_body_tenant: !have_header_tenant,
+        want_body_tenant: config.body_tenant && !have_header_tenant,
     }
 }
 
@@ -691,6 +691,46 @@ mod tests {
         }))
     }
 
+    /// With `body_tenant: false`, a chat body is read only up to its prefix
+    /// and model, and a `prompt_cache_key` after them changes nothing.
+    #[test]
+    fn without_body_tenant_reading_stops_at_the_prefix() {
+        let messages = format!(r#"[{{"role":"user","content":"{}"}}]"#, "x".repeat(1500));
+        // Delivered in 2 KiB pieces: how far the body had to arrive before
+        // the filter decided.
+        let keyed = |json: &str, body: &str| {
+            let mut router = RequestRouter::new(config(json));
+            router.on_request_headers(head("/v1/chat/completions", None));
+            let mut fake = FakeBody::new();
+            let pieces: Vec<&[u8]> = body.as_bytes().chunks(2048).collect();
+            for (index, piece) in pieces.iter().enumerate() {
+                let last = index + 1 == pieces.len();
+                if let BodyVerdict::Continue(decision) = fake.arrive(&mut router, piece, last) {
+                    return (decision, (index + 1) * 2048);
+                }
+            }
+            panic!("no decision at the end of the body");
+        };
+        let filler = "y".repeat(60_000);
+        let with_key = format!(
+            r#"{{"model":"m","messages":{messages},"filler":"{filler}","prompt_cache_key":"tenant-1"}}"#
+        );
+        let without_key = format!(r#"{{"model":"m","messages":{messages},"filler":"{filler}"}}"#);
+        let off = r#"{"prefix_length":1024,"body_tenant":false}"#;
+        let (a, arrived_a) = keyed(off, &with_key);
+        let (b, _) = keyed(off, &without_key);
+        assert_eq!(a.key, b.key, "prompt_cache_key ignored");
+        assert_eq!(a.tenant_source, TenantSource::None);
+        assert!(arrived_a <= 4096, "decided after {arrived_a} bytes");
+        let (c, arrived_c) = keyed(r#"{"prefix_length":1024}"#, &with_key);
+        assert_eq!(c.tenant_source, TenantSource::Body);
+        assert_ne!(c.key, a.key);
+        assert!(
+            arrived_c >= with_key.len(),
+            "read to the end for prompt_cache_key"
+        );
+    }
+
     #[test]
     fn header_tenant_wins_over_body_tenant() {
         let d = keyed_decision(
@@ -751,6 +791,8 @@ mod tests {
         let cfg = small();
         assert!(extraction_limits(&cfg, false).want_body_tenant);
         assert!(!extraction_limits(&cfg, true).want_body_tenant);
+        let off = config(r#"{"body_tenant":false}"#);
+        assert!(!extraction_limits(&off, false).want_body_tenant);
         let limits = extraction_limits(
             &config(r#"{"prefix_length":2048,"include_model":false}"#),
             false,

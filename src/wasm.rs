@@ -252,7 +252,7 @@ impl RootContext for PrefixRouterRoot {
         match Config::parse(&bytes) {
             Ok(config) => {
                 log::info!(
-                    "prefix-router: configured: strategy {}, prefix_length {}, concurrency_threshold {}, max_body_bytes {}, key_header {}, host_header {}, tenant_header {}, decision_header {}, instance_ttl_ms {}, include_model {}, {} path rules",
+                    "prefix-router: configured: strategy {}, prefix_length {}, concurrency_threshold {}, max_body_bytes {}, key_header {}, host_header {}, tenant_header {}, decision_header {}, instance_ttl_ms {}, include_model {}, body_tenant {}, {} path rules",
                     config.strategy.as_str(),
                     config.prefix_length,
                     config.concurrency_threshold,
@@ -263,6 +263,7 @@ impl RootContext for PrefixRouterRoot {
                     config.decision_header.as_deref().unwrap_or("(none)"),
                     config.instance_ttl_ms,
                     config.include_model,
+                    config.body_tenant,
                     config.path_rules.len()
                 );
                 self.policy = Rc::new(steering::policy_for(&config));
