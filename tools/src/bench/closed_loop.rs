@@ -46,6 +46,24 @@ impl PhaseResult {
         }
     }
 
+    /// Records one request sent at `started`; true if it failed.
+    fn record(&mut self, started: Instant, outcome: anyhow::Result<()>) -> bool {
+        match outcome {
+            Ok(()) => {
+                self.latencies_us
+                    .push(started.elapsed().as_secs_f64() * 1e6);
+                false
+            }
+            Err(error) => {
+                self.failures += 1;
+                if self.first_failure.is_none() {
+                    self.first_failure = Some(format!("{error:#}"));
+                }
+                true
+            }
+        }
+    }
+
     fn merge(&mut self, other: PhaseResult) {
         self.latencies_us.extend(other.latencies_us);
         self.failures += other.failures;
@@ -103,17 +121,9 @@ pub async fn interleaved(
             let index = (cycle + step) % targets.len();
             let result = &mut results[index];
             let started = Instant::now();
-            match send_one(&mut senders[index], &targets[index]).await {
-                Ok(()) => result
-                    .latencies_us
-                    .push(started.elapsed().as_secs_f64() * 1e6),
-                Err(error) => {
-                    result.failures += 1;
-                    if result.first_failure.is_none() {
-                        result.first_failure = Some(format!("{error:#}"));
-                    }
-                    senders[index] = connect(targets[index].addr).await?;
-                }
+            let outcome = send_one(&mut senders[index], &targets[index]).await;
+            if result.record(started, outcome) {
+                senders[index] = connect(targets[index].addr).await?;
             }
         }
         cycle += 1;
@@ -143,20 +153,12 @@ async fn worker(
     let mut result = PhaseResult::default();
     while Instant::now() < deadline {
         let started = Instant::now();
-        match send_one(&mut sender, &target).await {
-            Ok(()) => result
-                .latencies_us
-                .push(started.elapsed().as_secs_f64() * 1e6),
-            Err(error) => {
-                result.failures += 1;
-                if result.first_failure.is_none() {
-                    result.first_failure = Some(format!("{error:#}"));
-                }
-                // The connection may be gone; a failed reconnect ends this loop.
-                match connect(target.addr).await {
-                    Ok(fresh) => sender = fresh,
-                    Err(_) => break,
-                }
+        let outcome = send_one(&mut sender, &target).await;
+        if result.record(started, outcome) {
+            // The connection may be gone; a failed reconnect ends this loop.
+            match connect(target.addr).await {
+                Ok(fresh) => sender = fresh,
+                Err(_) => break,
             }
         }
     }
