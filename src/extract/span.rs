@@ -183,6 +183,20 @@ impl SpanScanner {
 mod tests {
     use super::*;
 
+    /// Each input's span length is `expected` however it is cut in pieces.
+    fn assert_spans(cases: &[(&[u8], Option<usize>)]) {
+        for &(input, expected) in cases {
+            for step in 1..=input.len() {
+                assert_eq!(
+                    span_len(input, step),
+                    expected,
+                    "{} in pieces of {step}",
+                    String::from_utf8_lossy(input)
+                );
+            }
+        }
+    }
+
     /// Scans `input` in pieces of `step` bytes; returns the span length if it
     /// completed.
     fn span_len(input: &[u8], step: usize) -> Option<usize> {
@@ -213,16 +227,7 @@ mod tests {
             (br#"{"a":"}"#, None),
             (b"123", None),
         ];
-        for &(input, expected) in cases {
-            for step in 1..=input.len() {
-                assert_eq!(
-                    span_len(input, step),
-                    expected,
-                    "{} in pieces of {step}",
-                    String::from_utf8_lossy(input)
-                );
-            }
-        }
+        assert_spans(cases);
     }
 
     /// The obvious byte-at-a-time delimiter, to compare the jumping one with.
@@ -301,16 +306,7 @@ mod tests {
             (br#"["\\\"]"] x"#, Some(9)),
             (br#""\\\""#, None),
         ];
-        for &(input, expected) in cases {
-            for step in 1..=input.len() {
-                assert_eq!(
-                    span_len(input, step),
-                    expected,
-                    "{} in pieces of {step}",
-                    String::from_utf8_lossy(input)
-                );
-            }
-        }
+        assert_spans(cases);
     }
 
     #[test]
