@@ -189,6 +189,18 @@ fn clusters_mut(config: &mut Value) -> &mut Vec<Value> {
 
 /// Runs `envoy --mode validate` on `config` (written to a temp file) and fails
 /// the test with Envoy's output if it is refused.
+/// `copy` (with its expected differences already removed) equals
+/// `envoy/envoy.yaml` (likewise trimmed). Mapping equality ignores key order,
+/// so reordering a file is not drift.
+fn assert_no_drift(copy: &Value, shipped: &Value, copy_path: &str, expected_differences: &str) {
+    assert!(
+        copy == shipped,
+        "{copy_path} drifted from envoy/envoy.yaml beyond {expected_differences}:\n{}\n---\n{}",
+        serde_yaml::to_string(copy).unwrap(),
+        serde_yaml::to_string(shipped).unwrap()
+    );
+}
+
 fn assert_envoy_accepts(config: &Value, what: &str) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("envoy.yaml");
@@ -545,12 +557,11 @@ fn the_compose_envoy_config_differs_from_envoy_yaml_only_where_containers_need_i
         remove(cluster, &["dns_lookup_family"]);
         remove(cluster, &["health_checks"]);
     }
-    // Mapping equality ignores key order, so reordering a file is not drift.
-    assert!(
-        docker == shipped,
-        "envoy/docker/envoy.yaml drifted from envoy/envoy.yaml beyond admin address, .wasm path and cluster endpoints:\n{}\n---\n{}",
-        serde_yaml::to_string(&docker).unwrap(),
-        serde_yaml::to_string(&shipped).unwrap()
+    assert_no_drift(
+        &docker,
+        &shipped,
+        "envoy/docker/envoy.yaml",
+        "admin address, .wasm path and cluster endpoints",
     );
 }
 
@@ -923,11 +934,11 @@ fn eds_example_differs_from_envoy_yaml_only_in_where_endpoints_come_from() {
     for cluster in clusters_mut(&mut shipped) {
         remove(cluster, &["load_assignment"]);
     }
-    assert!(
-        eds == shipped,
-        "examples/envoy-eds/envoy.yaml drifted from envoy/envoy.yaml beyond the EDS cluster:\n{}\n---\n{}",
-        serde_yaml::to_string(&eds).unwrap(),
-        serde_yaml::to_string(&shipped).unwrap()
+    assert_no_drift(
+        &eds,
+        &shipped,
+        "examples/envoy-eds/envoy.yaml",
+        "the EDS cluster",
     );
 }
 
