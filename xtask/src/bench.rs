@@ -5,6 +5,7 @@
 //! llama.cpp comparison in `bench_engine.rs`.
 
 use clap::Subcommand;
+use prefix_router_tools::bench::cli::{OverheadArgs, RoutingArgs};
 
 use crate::prereqs::{self, cargo, run};
 use crate::run::build_wasm;
@@ -12,42 +13,21 @@ use crate::run::build_wasm;
 #[derive(Subcommand)]
 pub enum Bench {
     /// The filter's cost per request: the same Envoy with and without it.
-    Overhead {
-        /// A shorter run (under a minute) with the same fields.
-        #[arg(long)]
-        quick: bool,
-    },
+    Overhead(OverheadArgs),
     /// Routing quality against 7 simulated vLLM instances: RANDOM,
     /// LEAST_OUTSTANDING_REQUESTS and PREFIX_AWARE side by side.
-    Routing {
-        /// A shorter run (under 3 minutes) with the same fields.
-        #[arg(long)]
-        quick: bool,
-        /// Only these workloads (e.g. long-shared-prefix); repeatable.
-        #[arg(long)]
-        workload: Vec<String>,
-    },
+    Routing(RoutingArgs),
     /// Prefix-aware vs random routing in front of three llama.cpp servers
     /// (a real engine with a real prefix cache; needs llama-cpp-python, not in CI).
     Engine,
 }
 
 pub fn run_bench(bench: &Bench) -> anyhow::Result<()> {
-    let (mut args, quick) = match bench {
-        Bench::Engine => return crate::bench_engine::run(),
-        Bench::Overhead { quick } => (vec!["overhead".to_string()], *quick),
-        Bench::Routing { quick, workload } => {
-            let mut args = vec!["routing".to_string()];
-            for name in workload {
-                args.extend(["--workload".to_string(), name.clone()]);
-            }
-            (args, *quick)
-        }
-    };
-    if quick {
-        args.push("--quick".to_string());
+    match bench {
+        Bench::Engine => crate::bench_engine::run(),
+        Bench::Overhead(options) => run_release_bench(&options.to_args()),
+        Bench::Routing(options) => run_release_bench(&options.to_args()),
     }
-    run_release_bench(&args)
 }
 
 /// Builds the tools in release mode and runs `prefix-router-bench ARGS` with

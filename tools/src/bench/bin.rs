@@ -6,6 +6,7 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use prefix_router_tools::bench::cli::{OverheadArgs, RoutingArgs};
 use prefix_router_tools::bench::{self, demo, overhead, routing};
 
 #[derive(Parser)]
@@ -21,20 +22,9 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// The filter's cost per request: the same Envoy with and without it.
-    Overhead {
-        /// A shorter run (under a minute) with the same fields.
-        #[arg(long)]
-        quick: bool,
-    },
+    Overhead(OverheadArgs),
     /// Routing quality against 7 simulated vLLM instances, per strategy.
-    Routing {
-        /// A shorter run (under 3 minutes) with the same fields.
-        #[arg(long)]
-        quick: bool,
-        /// Only these workloads (names as in the report, e.g. long-shared-prefix); repeatable.
-        #[arg(long)]
-        workload: Vec<String>,
-    },
+    Routing(RoutingArgs),
     /// The demo (what `cargo xtask demo` shows): RANDOM then PREFIX_AWARE on a
     /// short long-shared-prefix run.
     Demo,
@@ -55,8 +45,8 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let outcome = match cli.command {
-        Command::Overhead { quick } => run_overhead(quick),
-        Command::Routing { quick, workload } => run_routing(quick, &workload),
+        Command::Overhead(OverheadArgs { quick }) => run_overhead(quick),
+        Command::Routing(RoutingArgs { quick, workload }) => run_routing(quick, &workload),
         Command::Demo => demo::run(&demo::DemoOptions::default(), &mut |line| {
             println!("{line}")
         })

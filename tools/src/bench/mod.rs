@@ -6,6 +6,7 @@
 
 pub mod bodies;
 pub mod chart;
+pub mod cli;
 pub mod closed_loop;
 pub mod demo;
 pub mod fleet;
