@@ -89,29 +89,17 @@ impl PrefixAware {
             Some(Claim::Claimed(ticket)) => Some(ticket),
             _ => None,
         };
-        match instance {
-            Some(instance) => Self::overflow_with(key, host_override, instance, ticket),
-            None => Self::overflow_with_counted(key, host_override, None, None),
-        }
+        Self::overflowed(key, host_override, instance, ticket)
     }
 
-    /// An overflow decision to `instance`, counted there if `ticket` is held.
-    fn overflow_with(
+    /// An overflow decision, counted on `instance` if `ticket` is held.
+    fn overflowed(
         key: String,
         host_override: Option<String>,
-        instance: &InstanceRef,
+        instance: Option<&InstanceRef>,
         ticket: Option<crate::load::Ticket>,
     ) -> Routed {
-        let counted = ticket.as_ref().map(|_| instance.address.clone());
-        Self::overflow_with_counted(key, host_override, counted, ticket)
-    }
-
-    fn overflow_with_counted(
-        key: String,
-        host_override: Option<String>,
-        counted: Option<String>,
-        ticket: Option<crate::load::Ticket>,
-    ) -> Routed {
+        let counted = ticket.as_ref().and(instance).map(|i| i.address.clone());
         Routed {
             decision: Decision {
                 key: Some(key),
@@ -154,7 +142,7 @@ impl PrefixAware {
                     Claim::Contended => None,
                 };
                 let host = Some(other.address.clone());
-                return Self::overflow_with(key.to_string(), host, &other, ticket);
+                return Self::overflowed(key.to_string(), host, Some(&other), ticket);
             }
         }
         self.salted(key, target, target_load, load, now_ms)
