@@ -83,6 +83,10 @@ pub struct Config {
     pub decision_header: Option<String>,
     /// How long an instance not seen serving stays an overflow candidate.
     pub instance_ttl_ms: u64,
+    /// PREFIX_AWARE key balancing: the most live keys one instance may own,
+    /// in percent of an even share (100 = as even as possible). `None`
+    /// (`null`, the default): keys stay where Maglev puts them.
+    pub key_balance_factor: Option<u32>,
 }
 
 pub const PREFIX_LENGTH_RANGE: (u64, u64) = (1024, 65536);
@@ -95,6 +99,8 @@ pub const MAX_PATH_RULES: usize = 64;
 /// From a second (shorter would forget instances between requests of a quiet
 /// fleet) to an hour (longer keeps nominating instances long gone).
 pub const INSTANCE_TTL_MS_RANGE: (u64, u64) = (1_000, 3_600_000);
+/// From an even share (100) to ten times one, past which it never binds.
+pub const KEY_BALANCE_FACTOR_RANGE: (u64, u64) = (100, 1_000);
 /// Header names Envoy gives a meaning of its own (framing, hop-by-hop,
 /// authority): writing a routing key into one would break the request.
 const RESERVED_KEY_HEADERS: [&str; 9] = [
@@ -113,7 +119,7 @@ const RESERVED_KEY_HEADERS: [&str; 9] = [
 /// and `load::COUNTED_HEADER`); no configured header may reuse them.
 const INTERNAL_HEADERS: [&str; 2] = [crate::strategy::ROUTE_HEADER, crate::load::COUNTED_HEADER];
 
-const FIELDS: [&str; 12] = [
+const FIELDS: [&str; 13] = [
     "strategy",
     "prefix_length",
     "concurrency_threshold",
@@ -126,6 +132,7 @@ const FIELDS: [&str; 12] = [
     "host_header",
     "decision_header",
     "instance_ttl_ms",
+    "key_balance_factor",
 ];
 
 /// Default of `host_header`.
@@ -146,6 +153,7 @@ impl Default for Config {
             host_header: Some(DEFAULT_HOST_HEADER.to_string()),
             decision_header: None,
             instance_ttl_ms: 60_000,
+            key_balance_factor: None,
         }
     }
 }
@@ -428,6 +436,15 @@ impl Config {
             "instance_ttl_ms" => {
                 self.instance_ttl_ms = integer_in(name, value, INSTANCE_TTL_MS_RANGE)?
             }
+            "key_balance_factor" => {
+                self.key_balance_factor = match value {
+                    Value::Null => None,
+                    _ => {
+                        let v = integer_in(name, value, KEY_BALANCE_FACTOR_RANGE)?;
+                        Some(u32::try_from(v).unwrap_or(u32::MAX))
+                    }
+                }
+            }
             // `reject_unknown` ran first; kept total so a field listed in
             // FIELDS but not handled here is still an error, not a no-op.
             _ => return Err(error(name, "unknown field")),
@@ -477,6 +494,13 @@ impl Config {
                     format!("\"{name}\" is used by the filter internally; choose another"),
                 ));
             }
+        }
+        if self.key_balance_factor.is_some() && self.host_header.is_none() {
+            return Err(error(
+                "key_balance_factor",
+                "needs host_header: a key placed off its Maglev instance is reached through \
+                 Envoy's override_host policy",
+            ));
         }
         if let Some(host) = &self.host_header {
             for (other, name) in [
@@ -565,6 +589,7 @@ mod tests {
             host_header: Some("x-prefix-route-host".into()),
             decision_header: None,
             instance_ttl_ms: 60_000,
+            key_balance_factor: None,
         };
         assert_eq!(parse(""), Ok(defaults.clone()));
         assert_eq!(parse(" \n"), Ok(defaults.clone()));
@@ -783,6 +808,27 @@ mod tests {
         // decision header off.
         let c = parse(r#"{"host_header":null,"decision_header":null}"#).unwrap();
         assert_eq!((c.host_header, c.decision_header), (None, None));
+    }
+
+    #[test]
+    fn key_balance_factor_is_a_percent_of_an_even_share_and_needs_the_host_header() {
+        let factor = |text: &str| parse(text).map(|c| c.key_balance_factor);
+        assert_eq!(factor(r#"{"key_balance_factor":100}"#), Ok(Some(100)));
+        assert_eq!(factor(r#"{"key_balance_factor":1000}"#), Ok(Some(1000)));
+        assert_eq!(factor(r#"{"key_balance_factor":null}"#), Ok(None));
+        assert_eq!(
+            err(r#"{"key_balance_factor":99}"#),
+            "key_balance_factor: 99 is out of range 100..=1000"
+        );
+        assert_eq!(
+            err(r#"{"key_balance_factor":1.5}"#),
+            "key_balance_factor: expected an integer, got a number (1.5)"
+        );
+        assert_eq!(
+            err(r#"{"key_balance_factor":125,"host_header":null}"#),
+            "key_balance_factor: needs host_header: a key placed off its Maglev instance is \
+             reached through Envoy's override_host policy"
+        );
     }
 
     #[test]

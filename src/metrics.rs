@@ -16,8 +16,9 @@ use crate::request::Decision;
 use crate::strategy::DecisionKind;
 
 /// Every routing decision kind, in a fixed order (one counter each).
-pub const DECISION_KINDS: [DecisionKind; 5] = [
+pub const DECISION_KINDS: [DecisionKind; 6] = [
     DecisionKind::Prefix,
+    DecisionKind::Placed,
     DecisionKind::Overflow,
     DecisionKind::LeastOutstanding,
     DecisionKind::Random,
@@ -188,6 +189,7 @@ mod tests {
             names,
             [
                 "prefix_router.decision.prefix",
+                "prefix_router.decision.placed",
                 "prefix_router.decision.overflow",
                 "prefix_router.decision.least_outstanding",
                 "prefix_router.decision.random",

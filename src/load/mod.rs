@@ -19,6 +19,7 @@
 //!   expires (healing after a VM restart).
 //! - Every table has a fixed size ([`LoadConfig`]); time is a parameter.
 
+mod census;
 mod codec;
 mod instances;
 mod lease;
@@ -101,6 +102,15 @@ pub struct InstanceRef {
     pub address: String,
 }
 
+/// Where a key's requests go: the instance, and whether key balancing placed
+/// the key there (then the host-override header must name it) rather than
+/// Maglev choosing it (then the key header alone gets there).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    pub instance: InstanceRef,
+    pub placed: bool,
+}
+
 /// Proof that one request is counted on one instance. Not `Clone`: give it
 /// back to [`LoadTracker::release`] exactly once, when the stream ends.
 #[derive(Debug, PartialEq, Eq)]
@@ -159,7 +169,7 @@ pub struct InstanceLoad {
 /// [`LoadTracker`]; policies stay testable against any implementation).
 pub trait LoadView {
     /// The learned target of `key`, if known, fresh, and still registered.
-    fn target_of(&mut self, key: &str, now_ms: u64) -> Option<InstanceRef>;
+    fn target_of(&mut self, key: &str, now_ms: u64) -> Option<Target>;
     /// Requests in flight on `instance` across all live worker VMs.
     fn in_flight(&mut self, instance: &InstanceRef, now_ms: u64) -> Option<u32>;
     /// Marks one request of `key` as pending (about to be routed before its
@@ -167,7 +177,7 @@ pub trait LoadView {
     /// learned it meanwhile, withdraws the mark and returns the target (claim
     /// it as usual); otherwise returns None and the request goes out with
     /// [`PENDING_MARK`] in [`COUNTED_HEADER`].
-    fn route_blind(&mut self, key: &str, now_ms: u64) -> Option<InstanceRef>;
+    fn route_blind(&mut self, key: &str, now_ms: u64) -> Option<Target>;
     /// Counts one request on `instance` if its in-flight count, plus the
     /// pending requests of `key` (which are on their way to it), is below
     /// `cap` (always, with `cap: None`), atomically across workers.
@@ -186,4 +196,22 @@ pub trait LoadView {
         random: u64,
         now_ms: u64,
     ) -> Option<(InstanceRef, u32)>;
+    /// Key balancing (`key_balance_factor`, in percent of an even share):
+    /// the target `key`'s requests should go to. A key on its Maglev target
+    /// stays there unless that instance already owns `factor_percent` % of
+    /// an even share of the live keys; then the key is placed on the first
+    /// instance of its own preference order below that bound. Without a
+    /// shared table of placements (the default) nothing moves.
+    fn balance(&mut self, key: &str, target: Target, factor_percent: u32, now_ms: u64) -> Target {
+        let _ = (key, factor_percent, now_ms);
+        target
+    }
+    /// Key balancing for a key with no target yet: places it on the first
+    /// instance of its own preference order below the bound, before its
+    /// first request (so it is never moved after warming a cache). None:
+    /// too few instances known yet; route it as without balancing.
+    fn place_new(&mut self, key: &str, factor_percent: u32, now_ms: u64) -> Option<Target> {
+        let _ = (key, factor_percent, now_ms);
+        None
+    }
 }

@@ -51,7 +51,10 @@ fn load_of(tracker: &mut LoadTracker<Rc<MemoryStore>>, address: &str, now: u64) 
 }
 
 fn instance(tracker: &mut LoadTracker<Rc<MemoryStore>>, key: &str, now: u64) -> InstanceRef {
-    tracker.target_of(key, now).expect("target learned")
+    tracker
+        .target_of(key, now)
+        .expect("target learned")
+        .instance
 }
 
 #[test]
@@ -175,10 +178,13 @@ fn learning_only_from_maglev_choices() {
         "an overridden request teaches nothing"
     );
     serve(&mut w, start(A, Some("k")), 2);
-    assert_eq!(w.target_of("k", 2).map(|i| i.address), Some(A.to_string()));
+    assert_eq!(
+        w.target_of("k", 2).map(|t| t.instance.address),
+        Some(A.to_string())
+    );
     serve(&mut w, start(C, Some("k")), 3);
     assert_eq!(
-        w.target_of("k", 3).map(|i| i.address),
+        w.target_of("k", 3).map(|t| t.instance.address),
         Some(C.to_string()),
         "a key that moved (fleet change) is relearned at once"
     );
@@ -368,7 +374,7 @@ fn cas_retries_are_bounded_and_a_lost_release_is_repaired_by_the_tick() {
     let mut w = LoadTracker::new(&store, config(), 1);
     w.tick(0);
     let ticket = w.upstream_started(start(A, Some("k")), 1).expect("counted");
-    let target = w.target_of("k", 1).expect("learned");
+    let target = w.target_of("k", 1).expect("learned").instance;
     // Contention beyond the bound: a capped claim gives up instead of spinning.
     store.failures.set(1_000);
     assert_eq!(w.claim(&target, None, Some(5), 2), Claim::Contended);
@@ -402,7 +408,7 @@ fn an_unconditional_count_under_contention_is_published_by_the_tick() {
     store.failures.set(0);
     let mut reader = LoadTracker::new(&store, config(), 9);
     reader.tick(3);
-    let target = reader.target_of("k", 3).expect("learned");
+    let target = reader.target_of("k", 3).expect("learned").instance;
     assert_eq!(reader.in_flight(&target, 3), Some(0), "not yet published");
     w.tick(4);
     assert_eq!(reader.in_flight(&target, 4), Some(1));
@@ -595,7 +601,7 @@ fn route_blind_withdraws_its_mark_when_the_target_was_learned_meanwhile() {
     let store = Rc::new(MemoryStore::new());
     let (mut w1, mut w2) = (worker(&store, 1), worker(&store, 2));
     serve(&mut w1, start(A, Some("k")), 1);
-    let target = w2.route_blind("k", 2).expect("learned by w1");
+    let target = w2.route_blind("k", 2).expect("learned by w1").instance;
     assert_eq!(target.address, A);
     assert!(
         matches!(w2.claim(&target, Some("k"), Some(1), 2), Claim::Claimed(_)),
@@ -682,4 +688,176 @@ fn relearning_a_fresh_route_reads_only_the_instance_record() {
         2,
         "start (record) and release (record)"
     );
+}
+
+/// Serves keys `keys` on `address` at `now` (each learned there).
+fn own(tracker: &mut LoadTracker<Rc<MemoryStore>>, address: &str, keys: &[&str], now: u64) {
+    for key in keys {
+        serve(tracker, start(address, Some(key)), now);
+    }
+}
+
+fn placed(address: &str) -> UpstreamStart<'_> {
+    UpstreamStart {
+        overridden: true,
+        counted: Some(address),
+        ..start(address, Some("k"))
+    }
+}
+
+/// When the crowded fleet is ready.
+const T: u64 = 10;
+
+/// Checks `key` for balance against its learned target at `now`.
+fn balance(
+    tracker: &mut LoadTracker<Rc<MemoryStore>>,
+    key: &str,
+    factor_percent: u32,
+    now: u64,
+) -> Target {
+    let target = tracker.target_of(key, now).expect("learned");
+    tracker.balance(key, target, factor_percent, now)
+}
+
+/// A, B and C registered; A owns three checked keys, B and C one each; `k`
+/// is learned on A, not yet checked.
+fn fleet_with_a_crowded() -> (Rc<MemoryStore>, LoadTracker<Rc<MemoryStore>>) {
+    let store = Rc::new(MemoryStore::new());
+    let mut w = worker(&store, 1);
+    own(&mut w, A, &["a1", "a2", "a3", "k"], 1);
+    own(&mut w, B, &["b1"], 1);
+    own(&mut w, C, &["c1"], 1);
+    for key in ["a1", "a2", "a3", "b1", "c1"] {
+        // A factor loose enough for every key to stay where Maglev put it.
+        let checked = balance(&mut w, key, 1_000, 2);
+        assert!(!checked.placed);
+    }
+    (store, w)
+}
+
+#[test]
+fn key_bound_is_the_rounded_up_share_times_the_factor() {
+    use super::tracker::key_bound;
+    assert_eq!(key_bound(100, 7, 100), 15);
+    assert_eq!(key_bound(100, 7, 110), 16);
+    assert_eq!(key_bound(98, 7, 100), 14);
+    assert_eq!(key_bound(99, 7, 100), 15);
+    assert_eq!(key_bound(0, 7, 100), 1);
+    assert_eq!(key_bound(8, 7, 100), 2);
+    assert_eq!(key_bound(8, 0, 100), 8);
+}
+
+#[test]
+fn balance_places_a_key_off_an_instance_that_owns_its_bound() {
+    let (store, mut w) = fleet_with_a_crowded();
+    let target = w.target_of("k", T).expect("learned on A");
+    assert_eq!(
+        (target.instance.address.as_str(), target.placed),
+        (A, false)
+    );
+    // Live keys besides k: A 3, B 1, C 1; bound ceil(6 / 3) = 2.
+    let moved = w.balance("k", target, 100, T);
+    assert!(moved.placed);
+    assert_ne!(moved.instance.address, A);
+    let mut w2 = worker(&store, 2);
+    assert_eq!(w2.target_of("k", T + 1), Some(moved.clone()), "shared");
+    // Asked again (same VM or another), the placement stands.
+    assert_eq!(w.balance("k", moved.clone(), 100, T + 1), moved);
+    assert_eq!(w2.balance("k", moved.clone(), 100, T + 1), moved);
+}
+
+#[test]
+fn balance_leaves_a_key_whose_target_is_under_its_bound() {
+    let (_store, mut w) = fleet_with_a_crowded();
+    own(&mut w, B, &["b2"], T);
+    let target = w.target_of("b2", T).expect("learned on B");
+    assert_eq!(w.balance("b2", target.clone(), 100, T), target);
+    // With a loose enough factor, even A keeps its keys: bound ceil(7 * 2 / 3) = 5.
+    let on_a = w.target_of("k", T).expect("learned on A");
+    assert_eq!(w.balance("k", on_a.clone(), 200, T), on_a);
+    assert_eq!(w.target_of("k", T + 1), Some(on_a.clone()));
+    // Checked once: a tighter factor later does not move it.
+    assert_eq!(balance(&mut w, "k", 100, T + 2), on_a);
+}
+
+#[test]
+fn keys_unused_for_two_generations_no_longer_count() {
+    let (_store, mut w) = fleet_with_a_crowded();
+    // Two census generations on, only k, b1 and c1 were in use: A's other
+    // keys are no longer counted.
+    let later = T + 120_000;
+    for now in [40_000, 80_000, later] {
+        own(&mut w, A, &["k"], now);
+        own(&mut w, B, &["b1"], now);
+        own(&mut w, C, &["c1"], now);
+        for key in ["b1", "c1"] {
+            assert!(!balance(&mut w, key, 100, now).placed);
+        }
+    }
+    let target = w.target_of("k", later).expect("learned on A");
+    assert_eq!(w.balance("k", target.clone(), 100, later), target);
+}
+
+#[test]
+fn keys_in_use_are_counted_again_each_generation() {
+    let (_store, mut w) = fleet_with_a_crowded();
+    let later = T + 120_000;
+    for now in [40_000, 80_000, later] {
+        own(&mut w, A, &["a1", "a2", "a3", "k"], now);
+        own(&mut w, B, &["b1"], now);
+        own(&mut w, C, &["c1"], now);
+        for key in ["a1", "a2", "a3", "b1", "c1"] {
+            assert!(!balance(&mut w, key, 100, now).placed, "checked keys stay");
+        }
+    }
+    assert!(
+        balance(&mut w, "k", 100, later).placed,
+        "A still owns 3 of 5"
+    );
+}
+
+#[test]
+fn learning_keeps_a_placement_while_its_instance_serves_and_drops_it_after() {
+    let (_store, mut w) = fleet_with_a_crowded();
+    let target = w.target_of("k", T).expect("learned");
+    let moved = w.balance("k", target, 100, T);
+    let placed_on = moved.instance.address.clone();
+    // A request that went by Maglev (routed before the placement was seen).
+    serve(&mut w, start(A, Some("k")), T + 1);
+    assert_eq!(w.target_of("k", T + 2), Some(moved.clone()));
+    // The placed instance stops serving; A keeps serving k by Maglev.
+    serve(&mut w, placed(&placed_on), T + 3);
+    serve(&mut w, start(A, Some("k")), T + 6_000);
+    let back = w.target_of("k", T + 6_001).expect("relearned");
+    assert_eq!((back.instance.address.as_str(), back.placed), (A, false));
+}
+
+#[test]
+fn a_placement_in_use_is_refreshed_before_the_route_ttl() {
+    let (_store, mut w) = fleet_with_a_crowded();
+    let target = w.target_of("k", T).expect("learned");
+    let moved = w.balance("k", target, 100, T);
+    let placed_on = moved.instance.address.clone();
+    // Used every few seconds for longer than the route TTL (60 s here).
+    let mut now = T;
+    while now < T + 70_000 {
+        now += 4_000;
+        serve(&mut w, placed(&placed_on), now);
+        let seen = w.target_of("k", now).expect("still placed");
+        assert_eq!(seen, moved, "at {now} ms");
+        w.balance("k", seen, 100, now);
+    }
+}
+
+#[test]
+fn a_worker_with_a_stale_copy_follows_the_placement_another_worker_made() {
+    let (store, mut w1) = fleet_with_a_crowded();
+    let mut w2 = worker(&store, 2);
+    let moved = balance(&mut w2, "k", 100, T);
+    assert!(moved.placed);
+    // w1 learned k on A within the last second: its copy still says A.
+    let stale = w1.target_of("k", T).expect("copy");
+    assert_eq!((stale.instance.address.as_str(), stale.placed), (A, false));
+    assert_eq!(w1.balance("k", stale, 100, T), moved);
+    assert_eq!(w1.target_of("k", T + 1), Some(moved), "copy updated");
 }

@@ -34,6 +34,8 @@ pub const LEAST_REQUEST_ROUTE: &str = "least_request";
 pub enum DecisionKind {
     /// To the key's target (Maglev on the key).
     Prefix,
+    /// To the instance key balancing placed the key on (host override).
+    Placed,
     /// The target was at the concurrency threshold: elsewhere.
     Overflow,
     /// Least outstanding requests (Envoy's least_request cluster).
@@ -49,6 +51,7 @@ impl DecisionKind {
     pub fn as_str(self) -> &'static str {
         match self {
             DecisionKind::Prefix => "prefix",
+            DecisionKind::Placed => "placed",
             DecisionKind::Overflow => "overflow",
             DecisionKind::LeastOutstanding => "least_outstanding",
             DecisionKind::Random => "random",

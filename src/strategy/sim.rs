@@ -568,4 +568,86 @@ mod scenarios {
         assert_eq!(stream.decision, Decision::bare(DecisionKind::NoKey));
         envoy.finish(stream);
     }
+
+    /// Rounds of one request per key (workers alternating), each key's
+    /// hosts in order; ticks every simulated second.
+    fn rounds(envoy: &mut Envoy, keys: &[String], rounds: usize) -> Vec<Vec<usize>> {
+        let mut hosts = vec![Vec::new(); keys.len()];
+        for round in 0..rounds {
+            for (i, key) in keys.iter().enumerate() {
+                let stream = envoy.start((i + round) % 2, Some(key));
+                hosts[i].push(stream.host.expect("sent"));
+                envoy.finish(stream);
+                envoy.advance(10);
+            }
+            envoy.tick_all();
+        }
+        hosts
+    }
+
+    fn keys_per_host(envoy: &Envoy, hosts: &[Vec<usize>]) -> Vec<usize> {
+        let mut per_host = vec![0; envoy.hosts.len()];
+        for key_hosts in hosts {
+            per_host[*key_hosts.last().expect("served")] += 1;
+        }
+        per_host
+    }
+
+    #[test]
+    fn key_balancing_spreads_100_keys_evenly_and_each_key_stays_put() {
+        let keys: Vec<String> = (0..100).map(|i| format!("{:016x}", i * 7919)).collect();
+        let mut maglev_only = Envoy::prefix_aware(64, true);
+        let hosts = rounds(&mut maglev_only, &keys, 3);
+        let uneven = keys_per_host(&maglev_only, &hosts);
+        assert!(
+            uneven.iter().max() > Some(&16),
+            "these keys are unevenly hashed: {uneven:?}"
+        );
+
+        let policy = PrefixAware::new(64, true).with_key_balance(Some(100));
+        let mut envoy = Envoy::new(7, 2, Policy::PrefixAware(policy));
+        let hosts = rounds(&mut envoy, &keys, 4);
+        let per_host = keys_per_host(&envoy, &hosts);
+        // 100 / 7 = 14.3: the census bounds every instance at 15 keys.
+        assert!(
+            per_host.iter().all(|n| (14..=15).contains(n)),
+            "balanced: {per_host:?} (Maglev alone: {uneven:?})"
+        );
+        for (key, key_hosts) in keys.iter().zip(&hosts) {
+            // The first request goes by Maglev; the second is checked.
+            let settled = &key_hosts[1..];
+            assert!(
+                settled.iter().all(|h| *h == settled[0]),
+                "{key} moved after its second request: {key_hosts:?}"
+            );
+        }
+        // Keys are bounded as they arrive (the bound grows with them), so
+        // more move than an offline assignment would need.
+        let moved = hosts.iter().filter(|h| h[0] != h[1]).count();
+        assert!(moved <= 50, "{moved} keys placed off their Maglev host");
+    }
+
+    #[test]
+    fn once_the_fleet_is_known_new_keys_are_placed_before_their_first_request() {
+        let policy = PrefixAware::new(64, true).with_key_balance(Some(100));
+        let mut envoy = Envoy::new(7, 2, Policy::PrefixAware(policy));
+        let old: Vec<String> = (0..70).map(|i| format!("{:016x}", i * 7919)).collect();
+        // 0.7 s a round: the known fleet stays the same for over 10 s.
+        rounds(&mut envoy, &old, 20);
+        let new: Vec<String> = (70..140).map(|i| format!("{:016x}", i * 7919)).collect();
+        let hosts = rounds(&mut envoy, &new, 3);
+        let moved = hosts.iter().filter(|h| h[0] != h[1]).count();
+        // Only the one key in eight that explores goes by Maglev first.
+        assert!(
+            moved <= 8,
+            "{moved} of 70 new keys moved after their first request"
+        );
+        let mut all = rounds(&mut envoy, &old, 1);
+        all.extend(hosts);
+        let per_host = keys_per_host(&envoy, &all);
+        assert!(
+            per_host.iter().all(|n| *n == 20),
+            "140 keys on 7 instances: {per_host:?}"
+        );
+    }
 }

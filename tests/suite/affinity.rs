@@ -2,8 +2,9 @@
 //! `prefix_length` bytes (invoke) or characters (OpenAI chat) reach one
 //! instance, and distinct prefixes spread over the fleet.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
+use harness::load::{parse_decision, DECISION_HEADER};
 use harness::{bodies, envoy_config, instances_by_label, Harness, Outgoing, INSTANCES};
 use rand::Rng;
 
@@ -75,6 +76,145 @@ async fn chat_requests_sharing_a_prefix_reach_one_instance() {
         bodies::chat("llama-3.1-70b", prefix, suffix)
     })
     .await;
+}
+
+/// Rounds of one invoke request per prefix (8 at a time), tagged
+/// `<label>-r<round>`; returns each request's decision kind by (label, round).
+async fn rounds_of(
+    harness: &Harness,
+    prefixes: &[(String, String)],
+    rounds: usize,
+) -> BTreeMap<(String, usize), String> {
+    let mut kinds = BTreeMap::new();
+    for round in 0..rounds {
+        let requests = prefixes
+            .iter()
+            .map(|(label, prefix)| {
+                let body = format!("{prefix}|round {round}");
+                Outgoing::post("/invocations", body).id(&format!("{label}-r{round}"))
+            })
+            .collect();
+        let replies = harness.send_all(requests, 8).await;
+        for ((label, _), reply) in prefixes.iter().zip(&replies) {
+            assert_eq!(reply.status, 200, "{}", reply.text());
+            let decision = reply.headers.get(DECISION_HEADER).expect("decision header");
+            let (kind, _) = parse_decision(decision.to_str().unwrap());
+            kinds.insert((label.clone(), round), kind);
+        }
+    }
+    kinds
+}
+
+/// The instances each label's requests reached: `<label> first` for round 0,
+/// `<label>` for the later rounds.
+fn instances_by_round(harness: &Harness) -> BTreeMap<String, BTreeSet<String>> {
+    instances_by_label(&harness.fleet.records(), |id| match id.split_once("-r") {
+        Some((label, "0")) => format!("{label} first"),
+        Some((label, _)) => label.to_string(),
+        None => id.to_string(),
+    })
+}
+
+fn labelled(rng: &mut impl rand::Rng, label: &str, count: usize) -> Vec<(String, String)> {
+    (0..count)
+        .map(|n| (format!("{label}{n}"), bodies::text(rng, PREFIX_BYTES)))
+        .collect()
+}
+
+/// `key_balance_factor: 100` through a real Envoy with two worker VMs, 7
+/// instances. A fresh Envoy sends 35 new prefixes by Maglev first (it does
+/// not know the fleet yet) and checks each once: from its second request on
+/// a prefix stays on one instance, `placed` exactly when it left Maglev's,
+/// and every instance owns 35 / 7 = 5 where Maglev alone owns them unevenly.
+/// Once the known fleet has been the same for 10 s, new prefixes are placed
+/// before their first request (all but the one in eight that explores), and
+/// the 70 prefixes end at 10 per instance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_balancing_gives_every_instance_an_even_share_of_prefixes() {
+    const HOT: usize = 35;
+    let config = serde_json::json!({
+        "key_balance_factor": 100,
+        "decision_header": DECISION_HEADER,
+    })
+    .to_string();
+    let started = std::time::Instant::now();
+    let harness = Harness::start_with(move |b| b.concurrency(2).plugin_config(config));
+    let mut rng = bodies::rng(0xba1a);
+    let early = labelled(&mut rng, "p", HOT);
+    let kinds = rounds_of(&harness, &early, 4).await;
+    let seen = instances_by_round(&harness);
+    let owned_by = |labels: &[(String, String)], seen: &BTreeMap<String, BTreeSet<String>>| {
+        let mut owned: BTreeMap<String, usize> = BTreeMap::new();
+        for (label, _) in labels {
+            let instances = &seen[label];
+            assert_eq!(
+                instances.len(),
+                1,
+                "{label} moved after its first request: {instances:?}"
+            );
+            *owned.entry(instances.first().unwrap().clone()).or_default() += 1;
+        }
+        owned
+    };
+    let owned = owned_by(&early, &seen);
+    let mut maglev: BTreeMap<&str, usize> = BTreeMap::new();
+    for (label, _) in &early {
+        let first = seen[&format!("{label} first")].first().unwrap();
+        *maglev.entry(first).or_default() += 1;
+        assert_eq!(
+            kinds[&(label.clone(), 0)],
+            "prefix",
+            "{label}: by Maglev first"
+        );
+        let moved = !seen[label].contains(first);
+        for round in 1..4 {
+            let expected = if moved { "placed" } else { "prefix" };
+            assert_eq!(
+                kinds[&(label.clone(), round)],
+                expected,
+                "{label}, round {round}"
+            );
+        }
+    }
+    println!("prefixes per instance: balanced {owned:?}, first requests (Maglev) {maglev:?}");
+    assert_eq!(
+        owned.len(),
+        INSTANCES,
+        "every instance owns prefixes: {owned:?}"
+    );
+    assert!(
+        owned.values().all(|n| *n == HOT / INSTANCES),
+        "uneven: {owned:?} (Maglev: {maglev:?})"
+    );
+
+    // The filter has known the same 7 instances for 10 s (plus a margin).
+    let settled_at = started + std::time::Duration::from_secs(11);
+    tokio::time::sleep_until(settled_at.into()).await;
+    let late = labelled(&mut rng, "q", HOT);
+    let kinds = rounds_of(&harness, &late, 3).await;
+    let seen = instances_by_round(&harness);
+    let mut placed_first = 0;
+    for (label, _) in &late {
+        if kinds[&(label.clone(), 0)] == "placed" {
+            placed_first += 1;
+            assert_eq!(
+                seen[&format!("{label} first")],
+                seen[label],
+                "{label} never moves"
+            );
+        }
+    }
+    assert!(
+        placed_first >= HOT * 3 / 4,
+        "{placed_first} of {HOT} placed at once"
+    );
+    let all: Vec<(String, String)> = early.into_iter().chain(late).collect();
+    let owned = owned_by(&all, &seen);
+    println!("after 35 more: {owned:?}, {placed_first} placed before their first request");
+    assert!(
+        owned.values().all(|n| *n == 2 * HOT / INSTANCES),
+        "uneven: {owned:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

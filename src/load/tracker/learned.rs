@@ -81,17 +81,12 @@ impl<S: SharedStore> LoadTracker<S> {
 
     pub(super) fn learn(&mut self, key: &str, slot: u16, address: &str, now_ms: u64) {
         let hash = key_hash(key);
-        let entry = RouteEntry {
-            key_hash: hash,
-            slot,
-            addr_hash: addr_hash(address),
-            learned_ms: now_ms,
-        };
+        let learned = RouteEntry::new(hash, slot, addr_hash(address), now_ms);
         // Learned here within the last second: the shared table has it (or
         // had it: a full bucket may have evicted it, relearned next second).
         if self
             .route_copy(hash, now_ms)
-            .is_some_and(|copy| copy.slot == slot && copy.addr_hash == entry.addr_hash)
+            .is_some_and(|copy| copy.same_instance(&learned))
         {
             return;
         }
@@ -103,9 +98,28 @@ impl<S: SharedStore> LoadTracker<S> {
                 .as_deref()
                 .and_then(RouteBucket::decode)
                 .unwrap_or_default();
+            let existing = bucket.lookup(hash, now_ms, self.config.route_ttl_ms);
+            let entry = match existing {
+                // Maglev's choice for a key placed elsewhere (a request routed
+                // before this VM saw the placement) changes nothing while the
+                // placed instance still serves.
+                Some(placed) if placed.placed && !placed.same_instance(&learned) => {
+                    if self.serves(placed.slot, placed.addr_hash, now_ms) {
+                        self.keep_route_copy(placed, now_ms);
+                        return;
+                    }
+                    learned
+                }
+                // The same instance again: balancing's marks stay.
+                Some(known) if known.same_instance(&learned) => RouteEntry {
+                    learned_ms: now_ms,
+                    ..known
+                },
+                _ => learned,
+            };
             if !bucket.upsert(entry, refresh_ms) {
                 // Already there, learned less than `refresh_ms` ago.
-                if let Some(shared) = bucket.lookup(hash, now_ms, self.config.route_ttl_ms) {
+                if let Some(shared) = existing {
                     self.keep_route_copy(shared, now_ms);
                 }
                 return;

@@ -15,10 +15,14 @@ use super::lease::{self, Heartbeat, Lease};
 use super::pending::PendingBucket;
 use super::routes::{RouteBucket, RouteEntry};
 use super::{
-    Claim, InstanceLoad, InstanceRef, LoadConfig, LoadView, Ticket, UpstreamStart, PENDING_MARK,
+    Claim, InstanceLoad, InstanceRef, LoadConfig, LoadView, Target, Ticket, UpstreamStart,
+    PENDING_MARK,
 };
 use crate::shared::{SetError, SharedStore};
 
+mod balance;
+#[cfg(test)]
+pub(super) use balance::key_bound;
 mod columns;
 mod learned;
 mod registry;
@@ -67,6 +71,9 @@ pub struct LoadTracker<S: SharedStore> {
     /// follows it in the same decision (one shared-data read, a host call,
     /// fewer). See [`LoadTracker::read_instance_at`].
     recent: Option<RecentRead>,
+    /// The fresh instance slots key balancing last placed among, and since
+    /// when they are the same (see `balance.rs`).
+    placing_among: Option<(Vec<u16>, u64)>,
 }
 
 /// One instance record as read at `at_ms`, with its CAS token.
@@ -106,6 +113,7 @@ impl<S: SharedStore> LoadTracker<S> {
             scanned_epoch: None,
             recent: None,
             route_copies: HashMap::new(),
+            placing_among: None,
             config,
         }
     }
@@ -246,7 +254,7 @@ impl<S: SharedStore> LoadTracker<S> {
 }
 
 impl<S: SharedStore> LoadView for LoadTracker<S> {
-    fn target_of(&mut self, key: &str, now_ms: u64) -> Option<InstanceRef> {
+    fn target_of(&mut self, key: &str, now_ms: u64) -> Option<Target> {
         let hash = key_hash(key);
         let entry = match self.route_copy(hash, now_ms) {
             Some(entry) => entry,
@@ -273,9 +281,12 @@ impl<S: SharedStore> LoadView for LoadTracker<S> {
         }
         let address = record.address.clone();
         self.remember_read(entry.slot, now_ms, record, cas);
-        Some(InstanceRef {
-            slot: entry.slot,
-            address,
+        Some(Target {
+            instance: InstanceRef {
+                slot: entry.slot,
+                address,
+            },
+            placed: entry.placed,
         })
     }
 
@@ -284,7 +295,7 @@ impl<S: SharedStore> LoadView for LoadTracker<S> {
         Some(self.total(instance.slot, &record, now_ms))
     }
 
-    fn route_blind(&mut self, key: &str, now_ms: u64) -> Option<InstanceRef> {
+    fn route_blind(&mut self, key: &str, now_ms: u64) -> Option<Target> {
         // Mark first, then look again: either this lookup sees a target a
         // worker learned meanwhile, or that worker's claims see the mark.
         self.update_pending(key, true, now_ms);
@@ -328,5 +339,13 @@ impl<S: SharedStore> LoadView for LoadTracker<S> {
             self.scan_slots();
         }
         self.fresh_candidates(exclude, random, now_ms)
+    }
+
+    fn balance(&mut self, key: &str, target: Target, factor_percent: u32, now_ms: u64) -> Target {
+        self.balance_key(key, target, factor_percent, now_ms)
+    }
+
+    fn place_new(&mut self, key: &str, factor_percent: u32, now_ms: u64) -> Option<Target> {
+        self.place_new_key(key, factor_percent, now_ms)
     }
 }

@@ -1,0 +1,403 @@
+//! Key balancing: consistent hashing with bounded loads (Mirrokni, Thorup
+//! and Zadimoghaddam, 2018), bounding how many live keys each instance owns
+//! rather than how many requests it has in flight.
+//!
+//! Why: Maglev spreads the *hash space* evenly, but a fleet serving a few
+//! dozen hot prefixes gets balls-into-bins placement: with 100 keys on 7
+//! instances, one instance owns 7 keys and another 22. The crowded one cannot
+//! keep all its prefixes cached and serves a fifth of the traffic
+//! (`tools/models/kv_lru_model.py`, `docs/benchmarks.md`).
+//!
+//! How: a new key is placed before its first request, on the first instance
+//! of the key's own rendezvous order (highest random weight: consistent like
+//! Maglev, and the same in every VM and replica) that owns fewer than its
+//! bound, `ceil(factor × live keys / instances)`, of the keys counted in the
+//! shared census (`load/census.rs`). Deciding and counting is one
+//! compare-and-swap on the census, so concurrent workers never fill the same
+//! instance past its bound; the placement is written into the shared key ->
+//! instance table, where every worker finds it, and requests reach it
+//! through the host-override header. A key is placed once: it never moves
+//! while its instance serves. A placement is dropped when its instance is
+//! gone or the key is unused for the route TTL.
+//!
+//! The filter only knows instances that have served through it, so new keys
+//! go by Maglev first while the known fleet is still changing (the first
+//! seconds of an Envoy), and one in [`EXPLORE_ONE_IN`] always does (so an
+//! added instance becomes known). Such a key is checked once its Maglev
+//! target is learned, the same way with that target as first choice; moving
+//! it then costs its new instance one more prefill.
+//!
+//! Cost: a registry scan and two shared writes (census, route) per new key,
+//! one census write per key per census generation; nothing for a steady key
+//! within a generation.
+//!
+//! Trade-off (why it is opt-in): placements live in this Envoy's shared data,
+//! so separate Envoy replicas may place the same key differently.
+
+use super::super::census::{generation, Census};
+use super::*;
+
+/// A new key is placed directly only once the instances this VM knows have
+/// not changed for this long; until then new keys go by Maglev (which finds
+/// the instances the filter has not seen yet) and are checked afterwards.
+const KNOWN_FLEET_SETTLED_MS: u64 = 10_000;
+
+/// One new key in this many (by key hash, so every VM and replica agrees)
+/// still goes by Maglev first: how an instance added to the cluster gets
+/// its first keys and becomes known.
+const EXPLORE_ONE_IN: u64 = 8;
+
+/// What [`LoadTracker::update_route`] did.
+enum RouteUpdate {
+    /// The change was written.
+    Written,
+    /// The change did not apply to the entry in the table (or another
+    /// worker's entry was there first); that entry.
+    Kept(RouteEntry),
+    /// No live entry, or the write failed.
+    Missing,
+}
+
+/// The most live keys one instance may own: `factor_percent` % of an even
+/// share of `keys` over `instances`, rounded up, at least 1.
+pub(crate) fn key_bound(keys: u64, instances: usize, factor_percent: u32) -> u64 {
+    let instances = (instances as u64).max(1);
+    let scaled = keys.saturating_mul(u64::from(factor_percent));
+    scaled.div_ceil(100 * instances).max(1)
+}
+
+/// Rendezvous score of an instance for a key: each key ranks the instances
+/// in its own order, the same in every VM and every Envoy.
+fn preference(key_hash: u64, instance_addr_hash: u64) -> u64 {
+    xxh3_64_with_seed(&key_hash.to_le_bytes(), instance_addr_hash)
+}
+
+/// Where a key goes given the census: its target while the target is below
+/// the bound, else the first instance in its preference order below it (the
+/// target if none is).
+fn choose<'a>(
+    census: &Census,
+    instances: &'a [(InstanceRef, u64)],
+    target: &InstanceRef,
+    key_hash: u64,
+    factor_percent: u32,
+) -> Option<&'a (InstanceRef, u64)> {
+    let at_target = instances.iter().find(|(i, _)| i.slot == target.slot)?;
+    let owned = |slot: u16| u64::from(census.owned(slot));
+    let live: u64 = instances.iter().map(|(i, _)| owned(i.slot)).sum();
+    let bound = key_bound(live + 1, instances.len(), factor_percent);
+    if owned(target.slot) < bound {
+        return Some(at_target);
+    }
+    let elsewhere = instances
+        .iter()
+        .filter(|(i, _)| i.slot != target.slot && owned(i.slot) < bound)
+        .max_by_key(|(_, addr_hash)| preference(key_hash, *addr_hash));
+    Some(elsewhere.unwrap_or(at_target))
+}
+
+impl<S: SharedStore> LoadTracker<S> {
+    /// See [`LoadView::balance`] and the module documentation. `target` is
+    /// what [`LoadView::target_of`] just returned for `key`.
+    pub(super) fn balance_key(
+        &mut self,
+        key: &str,
+        target: Target,
+        factor_percent: u32,
+        now_ms: u64,
+    ) -> Target {
+        let hash = key_hash(key);
+        let Some((entry, _)) = self.route_copies.get(&hash).copied() else {
+            return target;
+        };
+        if entry.slot != target.instance.slot {
+            return target;
+        }
+        let generation = generation(now_ms);
+        if entry.checked {
+            if target.placed {
+                self.refresh_placement(&entry, now_ms);
+            }
+            if entry.census_generation < generation {
+                self.recount(&entry, generation, now_ms);
+            }
+            return target;
+        }
+        match self.check(&entry, &target.instance, factor_percent, generation, now_ms) {
+            Some(instance) => Target {
+                instance,
+                placed: true,
+            },
+            None => target,
+        }
+    }
+
+    /// See [`LoadView::place_new`]: a key with no live route is placed on
+    /// the first instance of its preference order below the bound.
+    pub(super) fn place_new_key(
+        &mut self,
+        key: &str,
+        factor_percent: u32,
+        now_ms: u64,
+    ) -> Option<Target> {
+        let hash = key_hash(key);
+        let instances = self.fresh_instances(now_ms);
+        let slots: Vec<u16> = instances.iter().map(|(i, _)| i.slot).collect();
+        if self.placing_among.as_ref().map(|(known, _)| known) != Some(&slots) {
+            self.placing_among = Some((slots, now_ms));
+        }
+        let stable_since = self
+            .placing_among
+            .as_ref()
+            .map_or(now_ms, |(_, since)| *since);
+        let settled = now_ms.saturating_sub(stable_since) >= KNOWN_FLEET_SETTLED_MS;
+        if instances.len() < 2 || !settled || hash % EXPLORE_ONE_IN == 0 {
+            return None;
+        }
+        let generation = generation(now_ms);
+        let (first, _) = instances
+            .iter()
+            .max_by_key(|(_, addr_hash)| preference(hash, *addr_hash))?
+            .clone();
+        let (choice, choice_addr_hash) = self.update_census(generation, |census| {
+            let choice = choose(census, &instances, &first, hash, factor_percent)?;
+            census.add(choice.0.slot);
+            Some(choice.clone())
+        })??;
+        let entry = RouteEntry {
+            placed: true,
+            checked: true,
+            census_generation: generation,
+            ..RouteEntry::new(hash, choice.slot, choice_addr_hash, now_ms)
+        };
+        let theirs = match self.insert_route(entry, now_ms) {
+            RouteUpdate::Written => {
+                return Some(Target {
+                    instance: choice,
+                    placed: true,
+                })
+            }
+            RouteUpdate::Kept(theirs) => Some(theirs),
+            RouteUpdate::Missing => None,
+        };
+        self.update_census(generation, |census| census.remove(choice.slot));
+        // Another worker routed the key first: follow it.
+        let theirs = theirs?;
+        instances
+            .into_iter()
+            .find(|(i, addr_hash)| i.slot == theirs.slot && *addr_hash == theirs.addr_hash)
+            .map(|(instance, _)| Target {
+                instance,
+                placed: theirs.placed,
+            })
+    }
+
+    /// Adds a new key's route unless the key has a live one whose instance
+    /// still serves (`Kept`: that one).
+    fn insert_route(&mut self, entry: RouteEntry, now_ms: u64) -> RouteUpdate {
+        let name = self.route_key(self.bucket_of(entry.key_hash));
+        for _ in 0..self.config.cas_attempts {
+            let (value, cas) = self.store.get(&name);
+            let mut bucket = value
+                .as_deref()
+                .and_then(RouteBucket::decode)
+                .unwrap_or_default();
+            if let Some(existing) = bucket.lookup(entry.key_hash, now_ms, self.config.route_ttl_ms)
+            {
+                if self.serves(existing.slot, existing.addr_hash, now_ms) {
+                    self.keep_route_copy(existing, now_ms);
+                    return RouteUpdate::Kept(existing);
+                }
+            }
+            bucket.upsert(entry, 0);
+            match self.store.set(&name, &bucket.encode(), cas) {
+                Ok(()) => {
+                    self.keep_route_copy(entry, now_ms);
+                    return RouteUpdate::Written;
+                }
+                Err(SetError::CasMismatch) => continue,
+                Err(SetError::Failed) => return RouteUpdate::Missing,
+            }
+        }
+        RouteUpdate::Missing
+    }
+
+    /// Fresh registered instances with their address hashes.
+    fn fresh_instances(&mut self, now_ms: u64) -> Vec<(InstanceRef, u64)> {
+        if self.scanned_epoch != Some(self.read_epoch()) {
+            self.scan_slots();
+        }
+        let slots: Vec<u16> = self.known_slots.iter().copied().collect();
+        slots
+            .into_iter()
+            .filter_map(|slot| {
+                let record = self.read_instance(slot).0?;
+                record
+                    .is_fresh(now_ms, self.config.instance_ttl_ms)
+                    .then(|| {
+                        let hash = addr_hash(&record.address);
+                        let address = record.address;
+                        (InstanceRef { slot, address }, hash)
+                    })
+            })
+            .collect()
+    }
+
+    /// Decides where an unchecked key lives, counts it there and marks it
+    /// checked. Some: placed on that instance; None: it stays (or another
+    /// worker checked it first, or a shared write failed: checked later).
+    fn check(
+        &mut self,
+        entry: &RouteEntry,
+        target: &InstanceRef,
+        factor_percent: u32,
+        generation: u32,
+        now_ms: u64,
+    ) -> Option<InstanceRef> {
+        let instances = self.fresh_instances(now_ms);
+        let (choice, choice_addr_hash) = self.update_census(generation, |census| {
+            let choice = choose(census, &instances, target, entry.key_hash, factor_percent)?;
+            census.add(choice.0.slot);
+            Some(choice.clone())
+        })??;
+        let placed = choice.slot != target.slot;
+        let checked = RouteEntry {
+            slot: choice.slot,
+            addr_hash: choice_addr_hash,
+            learned_ms: now_ms,
+            placed,
+            checked: true,
+            census_generation: generation,
+            ..*entry
+        };
+        let update = self.update_route(entry.key_hash, now_ms, |current| {
+            (!current.checked && current.same_instance(entry)).then_some(checked)
+        });
+        let theirs = match update {
+            RouteUpdate::Written => return placed.then_some(choice),
+            RouteUpdate::Kept(current) => Some(current),
+            RouteUpdate::Missing => None,
+        };
+        self.update_census(generation, |census| census.remove(choice.slot));
+        // Another worker checked the key first (this VM's copy was stale):
+        // follow its placement.
+        let theirs = theirs.filter(|e| e.checked && e.placed)?;
+        instances
+            .into_iter()
+            .find(|(i, addr_hash)| i.slot == theirs.slot && *addr_hash == theirs.addr_hash)
+            .map(|(instance, _)| instance)
+    }
+
+    /// Counts a checked key in this census generation (once: the route
+    /// entry records the generation first).
+    fn recount(&mut self, entry: &RouteEntry, generation: u32, now_ms: u64) {
+        let update = self.update_route(entry.key_hash, now_ms, |current| {
+            (current.checked
+                && current.same_instance(entry)
+                && current.census_generation < generation)
+                .then_some(RouteEntry {
+                    census_generation: generation,
+                    ..*current
+                })
+        });
+        if let RouteUpdate::Written = update {
+            self.update_census(generation, |census| census.add(entry.slot));
+        }
+    }
+
+    /// Keeps a placement in use from expiring: rewrites its time once per
+    /// eighth of the route TTL, as learning does for Maglev's routes (placed
+    /// keys are not learned: their requests carry the host override).
+    fn refresh_placement(&mut self, entry: &RouteEntry, now_ms: u64) {
+        let refresh_ms = self.config.route_ttl_ms / 8;
+        if now_ms.saturating_sub(entry.learned_ms) < refresh_ms {
+            return;
+        }
+        self.update_route(entry.key_hash, now_ms, |current| {
+            (current.placed && current.same_instance(entry)).then_some(RouteEntry {
+                learned_ms: now_ms,
+                ..*current
+            })
+        });
+    }
+
+    /// Rewrites `key_hash`'s live route entry as `change` says (None: leave
+    /// it as it is), by compare-and-swap; this VM's copy follows the table.
+    fn update_route(
+        &mut self,
+        key_hash: u64,
+        now_ms: u64,
+        mut change: impl FnMut(&RouteEntry) -> Option<RouteEntry>,
+    ) -> RouteUpdate {
+        let name = self.route_key(self.bucket_of(key_hash));
+        for _ in 0..self.config.cas_attempts {
+            let (value, cas) = self.store.get(&name);
+            let Some(mut bucket) = value.as_deref().and_then(RouteBucket::decode) else {
+                return RouteUpdate::Missing;
+            };
+            let Some(current) = bucket.lookup(key_hash, now_ms, self.config.route_ttl_ms) else {
+                return RouteUpdate::Missing;
+            };
+            let Some(changed) = change(&current) else {
+                self.keep_route_copy(current, now_ms);
+                return RouteUpdate::Kept(current);
+            };
+            bucket.upsert(changed, 0);
+            match self.store.set(&name, &bucket.encode(), cas) {
+                Ok(()) => {
+                    self.keep_route_copy(changed, now_ms);
+                    return RouteUpdate::Written;
+                }
+                Err(SetError::CasMismatch) => continue,
+                Err(SetError::Failed) => return RouteUpdate::Missing,
+            }
+        }
+        RouteUpdate::Missing
+    }
+
+    fn census_key(&self) -> String {
+        format!("{}/census", self.prefix)
+    }
+
+    /// Applies `change` to the census as of `generation`, by compare-and-swap
+    /// (`change` runs again on a retry). None if it could not be written.
+    fn update_census<R>(
+        &mut self,
+        generation: u32,
+        mut change: impl FnMut(&mut Census) -> R,
+    ) -> Option<R> {
+        let name = self.census_key();
+        for _ in 0..self.config.cas_attempts {
+            let (value, cas) = self.store.get(&name);
+            if cas.is_none() {
+                // A write on a missing key cannot be conditional: create it
+                // empty first, then update it like any other.
+                self.store
+                    .set(&name, &Census::default().encode(), None)
+                    .ok()?;
+                continue;
+            }
+            let mut census = value
+                .as_deref()
+                .and_then(Census::decode)
+                .unwrap_or_default()
+                .rolled(generation);
+            let result = change(&mut census);
+            match self.store.set(&name, &census.encode(), cas) {
+                Ok(()) => return Some(result),
+                Err(SetError::CasMismatch) => continue,
+                Err(SetError::Failed) => return None,
+            }
+        }
+        None
+    }
+
+    /// True if `slot` still holds the instance with `addr_hash` and it has
+    /// served within the instance TTL.
+    pub(super) fn serves(&self, slot: u16, instance_addr_hash: u64, now_ms: u64) -> bool {
+        self.read_instance(slot).0.is_some_and(|record| {
+            addr_hash(&record.address) == instance_addr_hash
+                && record.is_fresh(now_ms, self.config.instance_ttl_ms)
+        })
+    }
+}
