@@ -18,6 +18,7 @@ fn colour(strategy: Strategy) -> &'static str {
         Strategy::Random => "#9e9e9e",
         Strategy::LeastOutstandingRequests => "#f2a541",
         Strategy::PrefixAware => "#2a7ab9",
+        Strategy::PrefixAwareBalanced => "#1b9e77",
     }
 }
 

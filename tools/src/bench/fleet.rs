@@ -25,21 +25,41 @@ pub enum Strategy {
     Random,
     LeastOutstandingRequests,
     PrefixAware,
+    /// PREFIX_AWARE with `key_balance_factor` [`KEY_BALANCE_FACTOR`].
+    PrefixAwareBalanced,
 }
 
+/// The `key_balance_factor` of [`Strategy::PrefixAwareBalanced`]: as even as
+/// the keys allow.
+pub const KEY_BALANCE_FACTOR: u32 = 100;
+
 impl Strategy {
-    pub const ALL: [Strategy; 3] = [
+    pub const ALL: [Strategy; 4] = [
         Strategy::Random,
         Strategy::LeastOutstandingRequests,
         Strategy::PrefixAware,
+        Strategy::PrefixAwareBalanced,
     ];
 
     /// The plugin configuration's `strategy` value.
-    pub fn name(self) -> &'static str {
+    pub fn config_name(self) -> &'static str {
         match self {
             Strategy::Random => "RANDOM",
             Strategy::LeastOutstandingRequests => "LEAST_OUTSTANDING_REQUESTS",
-            Strategy::PrefixAware => "PREFIX_AWARE",
+            Strategy::PrefixAware | Strategy::PrefixAwareBalanced => "PREFIX_AWARE",
+        }
+    }
+
+    /// The plugin configuration's `key_balance_factor` (JSON null: off).
+    pub fn key_balance_factor(self) -> Option<u32> {
+        (self == Strategy::PrefixAwareBalanced).then_some(KEY_BALANCE_FACTOR)
+    }
+
+    /// How reports name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Strategy::PrefixAwareBalanced => "PREFIX_AWARE+balance",
+            other => other.config_name(),
         }
     }
 
@@ -51,6 +71,9 @@ impl Strategy {
                 "filter strategy LEAST_OUTSTANDING_REQUESTS: routed to the least_request (FULL_SCAN) cluster"
             }
             Strategy::PrefixAware => "filter strategy PREFIX_AWARE: key header hashed by MAGLEV",
+            Strategy::PrefixAwareBalanced => {
+                "filter strategy PREFIX_AWARE with key_balance_factor 100: MAGLEV, keys past an even share placed through override_host"
+            }
         }
     }
 }
@@ -154,7 +177,8 @@ pub fn start_envoy(
         .concurrency(workers)
         .log_level("warning")
         .plugin_config_json(&json!({
-            "strategy": strategy.name(),
+            "strategy": strategy.config_name(),
+            "key_balance_factor": strategy.key_balance_factor(),
             "prefix_length": 4096,
             // Sized to what one instance serves well at once (the sims batch up to
             // max_num_seqs = 256; decode slows past ~64): the filter's default of 10
