@@ -52,9 +52,13 @@ struct Cli {
     /// The instances' --time-scale; reported times and rates are simulated.
     #[arg(long, default_value_t = 1.0)]
     time_scale: f64,
-    /// Seed of prompts and arrivals.
+    /// Seed of the traffic: arrivals, group choices, questions, conversations.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Seed of the shared texts (group prefixes, system prompts); runs with the
+    /// same shared seed share their prefixes.
+    #[arg(long, default_value_t = prefix_router_tools::loadgen::workload::DEFAULT_SHARED_SEED)]
+    shared_seed: u64,
     /// Model name sent on the chat API.
     #[arg(long, default_value_t = RunOptions::default().model)]
     model: String,
@@ -126,6 +130,7 @@ async fn main() -> anyhow::Result<()> {
         max_duration: Duration::from_secs_f64(cli.duration.max(0.0)),
         request_timeout: Duration::from_secs_f64(cli.timeout.max(0.001)),
         seed: cli.seed,
+        shared_seed: cli.shared_seed,
         time_scale: cli.time_scale,
         stream: !cli.no_stream,
         model: cli.model.clone(),

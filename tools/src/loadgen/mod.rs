@@ -88,8 +88,12 @@ pub struct RunOptions {
     pub max_duration: Duration,
     /// A request not finished after this long (wall clock) fails.
     pub request_timeout: Duration,
-    /// Seed of prompts and arrivals.
+    /// Seed of the traffic: arrivals, group choices, questions, conversations.
     pub seed: u64,
+    /// Seed of the workload's shared texts (group prefixes, prompt pools,
+    /// system prompt): keep it across runs that should share prefixes, e.g. a
+    /// warm-up and the measured run.
+    pub shared_seed: u64,
     /// The instances' time scale (simulated seconds per real second).
     pub time_scale: f64,
     /// Stream responses (TTFT at the first content event) or not (TTFT = latency).
@@ -117,6 +121,7 @@ impl Default for RunOptions {
             max_duration: Duration::from_secs(60),
             request_timeout: Duration::from_secs(120),
             seed: 1,
+            shared_seed: workload::DEFAULT_SHARED_SEED,
             time_scale: 1.0,
             stream: true,
             model: crate::sim::SimConfig::default().model,
@@ -286,7 +291,9 @@ pub async fn run_workload(
         uri,
         headers,
         opts: opts.clone(),
-        gen: Mutex::new(WorkloadGen::new(workload.clone(), opts.seed)),
+        gen: Mutex::new(
+            WorkloadGen::new(workload.clone(), opts.seed).with_shared_seed(opts.shared_seed),
+        ),
         records: Mutex::new(Vec::new()),
         start,
         last_end: Mutex::new(start),

@@ -266,7 +266,10 @@ struct Conversation {
 /// multi-turn, given the same order of completions).
 pub struct WorkloadGen {
     workload: Workload,
+    /// Varies the traffic: group choices, questions, conversations.
     seed: u64,
+    /// Fixes the shared texts (group prefixes, prompt pools, system prompt).
+    shared_seed: u64,
     rng: StdRng,
     cache: HashMap<(u64, usize, usize), String>,
     zipf_cdf: Vec<f64>,
@@ -285,6 +288,9 @@ fn sub_seed(seed: u64, kind: u64, a: u64, b: u64) -> u64 {
     xxhash_rust::xxh3::xxh3_64(&buf)
 }
 
+/// The shared seed unless told otherwise.
+pub const DEFAULT_SHARED_SEED: u64 = 1;
+
 const PREFIX: u64 = 1;
 const QUESTION: u64 = 2;
 const SYSTEM: u64 = 3;
@@ -292,7 +298,9 @@ const USER_TURN: u64 = 4;
 const CONVERSATION: u64 = 5;
 
 impl WorkloadGen {
-    /// A generator for `workload` seeded by `seed`.
+    /// A generator for `workload` whose traffic is seeded by `seed`; its
+    /// shared texts come from [`DEFAULT_SHARED_SEED`] (see
+    /// [`WorkloadGen::with_shared_seed`]).
     pub fn new(workload: Workload, seed: u64) -> Self {
         let zipf_cdf = match workload {
             Workload::GeneratedSharedPrefix {
@@ -305,6 +313,7 @@ impl WorkloadGen {
         WorkloadGen {
             workload,
             seed,
+            shared_seed: DEFAULT_SHARED_SEED,
             rng: StdRng::seed_from_u64(seed),
             cache: HashMap::new(),
             zipf_cdf,
@@ -313,13 +322,23 @@ impl WorkloadGen {
         }
     }
 
+    /// The same generator with its shared texts (group prefixes, the
+    /// generated prompt pool, the system prompt) from `shared_seed`. Runs
+    /// with different seeds and the same shared seed are two samples of one
+    /// workload: a warm-up warms the prefixes the measured run uses.
+    pub fn with_shared_seed(mut self, shared_seed: u64) -> Self {
+        self.shared_seed = shared_seed;
+        self.cache.clear();
+        self
+    }
+
     /// The workload.
     pub fn workload(&self) -> &Workload {
         &self.workload
     }
 
     fn fixed_text(&mut self, kind: u64, a: usize, b: usize, tokens: usize) -> String {
-        let seed = self.seed;
+        let seed = self.shared_seed;
         self.cache
             .entry((kind, a, b))
             .or_insert_with(|| seeded_text(sub_seed(seed, kind, a as u64, b as u64), tokens))
@@ -480,6 +499,34 @@ mod tests {
 
     fn tokens(s: &str) -> usize {
         count_tokens(s.as_bytes())
+    }
+
+    #[test]
+    fn runs_with_other_seeds_share_the_prefixes_but_not_the_traffic() {
+        let w = Workload::by_name("long-shared-prefix").unwrap().scaled(0.1);
+        let groups = |seed, shared_seed| {
+            let mut g = WorkloadGen::new(w.clone(), seed).with_shared_seed(shared_seed);
+            let mut by_group = std::collections::BTreeMap::new();
+            for _ in 0..200 {
+                let r = g.next_request();
+                by_group.insert(r.group.unwrap(), r.messages);
+            }
+            by_group
+        };
+        let (warm_up, measured) = (groups(1001, 1), groups(1, 1));
+        let mut shared = 0;
+        for (group, messages) in &measured {
+            if let Some(warm) = warm_up.get(group) {
+                assert_eq!(warm[0], messages[0], "group {group}'s prefix");
+                assert_ne!(warm[1], messages[1], "group {group}'s question");
+                shared += 1;
+            }
+        }
+        assert!(shared > 50, "{shared} groups in both runs");
+        let other = groups(1, 2);
+        assert!(measured
+            .iter()
+            .all(|(g, m)| other.get(g).is_none_or(|o| o[0] != m[0])));
     }
 
     #[test]
