@@ -196,6 +196,11 @@ pub struct StrategyResult {
     /// Per-instance token-weighted hit rate (from `/metrics`): shows an
     /// instance whose cache is too small for the prefixes routed to it.
     pub instance_hit_rates: std::collections::BTreeMap<String, f64>,
+    /// Distinct prefix groups (multi-turn: conversations) each instance
+    /// served in the measured run: how evenly the keys are spread.
+    pub groups_per_instance: std::collections::BTreeMap<String, usize>,
+    /// Groups served by more than one instance in the measured run.
+    pub groups_split: usize,
     pub latency_p50_ms: f64,
     /// Simulated seconds the measured run lasted.
     pub duration_s: f64,
@@ -299,7 +304,7 @@ fn run_plan(
         let result = run_strategy(runtime, opts, plan, &fleet, strategy)
             .with_context(|| format!("strategy {}", strategy.name()))?;
         progress(&format!(
-            "  {:<26} hit {:>5.1}%  TTFT p50 {:>6.0} p90 {:>6.0} p99 {:>6.0} ms  {:.2} req/s  share {:.1}-{:.1}%  failures {}  ({:.0} s)",
+            "  {:<26} hit {:>5.1}%  TTFT p50 {:>6.0} p90 {:>6.0} p99 {:>6.0} ms  {:.2} req/s  share {:.1}-{:.1}%  groups/instance {}-{} (split {})  failures {}  ({:.0} s)",
             strategy.name(),
             result.hit_rate * 100.0,
             result.ttft_p50_ms,
@@ -308,6 +313,9 @@ fn run_plan(
             result.rps,
             result.share_min * 100.0,
             result.share_max * 100.0,
+            result.groups_per_instance.values().min().unwrap_or(&0),
+            result.groups_per_instance.values().max().unwrap_or(&0),
+            result.groups_split,
             result.failures,
             result.wall_s
         ));
@@ -398,6 +406,8 @@ fn run_strategy(
             .map(|(name, share)| (name.clone(), share.share))
             .collect(),
         instance_hit_rates,
+        groups_per_instance: report.groups_per_instance.clone(),
+        groups_split: report.groups_split,
         latency_p50_ms: report.latency_p50_ms,
         duration_s: report.duration_s,
         wall_s: started.elapsed().as_secs_f64(),

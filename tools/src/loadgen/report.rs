@@ -96,6 +96,12 @@ pub struct Report {
     pub share_min: f64,
     /// Largest instance share.
     pub share_max: f64,
+    /// Distinct prefix groups (or conversations) each instance served: how
+    /// evenly the keys, not the requests, are spread.
+    pub groups_per_instance: BTreeMap<String, usize>,
+    /// Groups served by more than one instance (affinity broken: overflow,
+    /// a key moved, or no affinity at all).
+    pub groups_split: usize,
     /// Every request, when asked for.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub records: Vec<RequestRecord>,
@@ -121,6 +127,34 @@ fn failure_kind(r: &RequestRecord) -> String {
         (Some(e), _) => e.split(':').next().unwrap_or(e).trim().to_string(),
         (None, _) => "unknown".into(),
     }
+}
+
+/// Distinct groups (or conversations) per instance, and how many groups more
+/// than one instance served.
+fn group_spread(
+    records: &[RequestRecord],
+    known_instances: &[String],
+) -> (BTreeMap<String, usize>, usize) {
+    let mut instances_of: BTreeMap<(bool, u64), std::collections::BTreeSet<&str>> = BTreeMap::new();
+    for r in records {
+        let group = match (r.group, r.conversation) {
+            (Some(g), _) => (true, g as u64),
+            (None, Some(c)) => (false, c),
+            (None, None) => continue,
+        };
+        if let Some(instance) = &r.instance {
+            instances_of.entry(group).or_default().insert(instance);
+        }
+    }
+    let mut per_instance: BTreeMap<String, usize> =
+        known_instances.iter().map(|i| (i.clone(), 0)).collect();
+    for instances in instances_of.values() {
+        for instance in instances {
+            *per_instance.entry((*instance).to_string()).or_insert(0) += 1;
+        }
+    }
+    let split = instances_of.values().filter(|i| i.len() > 1).count();
+    (per_instance, split)
 }
 
 /// Summarises `records` of a run that lasted `duration_s` simulated seconds.
@@ -164,6 +198,7 @@ pub fn summarize(
         })
         .collect();
     let shares = || instances.values().map(|s| s.share);
+    let (groups_per_instance, groups_split) = group_spread(&records, known_instances);
     let per_s = |n: f64| {
         if duration_s > 0.0 {
             n / duration_s
@@ -207,6 +242,8 @@ pub fn summarize(
         },
         share_max: shares().fold(0.0, f64::max),
         instances,
+        groups_per_instance,
+        groups_split,
         records: if keep_records { records } else { Vec::new() },
     }
 }
@@ -331,5 +368,29 @@ mod tests {
         ] {
             assert!(json.get(field).is_some(), "{field}");
         }
+    }
+
+    #[test]
+    fn groups_are_counted_per_instance_and_splits_found() {
+        let served = |i, instance, group, conversation| RequestRecord {
+            group,
+            conversation,
+            ..rec(i, true, instance, 1.0, 10, 0)
+        };
+        let records = vec![
+            served(0, "a", Some(1), None),
+            served(1, "a", Some(1), None),
+            served(2, "b", Some(2), None),
+            served(3, "a", Some(2), None),
+            served(4, "b", None, Some(1)),
+            served(5, "b", None, None),
+        ];
+        let known = ["a".to_string(), "b".to_string(), "c".to_string()];
+        let r = summarize("w", "chat", 1.0, 1.0, records, &known, false);
+        // Group 1 on a; group 2 on a and b (split); conversation 1 on b.
+        assert_eq!(r.groups_per_instance["a"], 2);
+        assert_eq!(r.groups_per_instance["b"], 2);
+        assert_eq!(r.groups_per_instance["c"], 0);
+        assert_eq!(r.groups_split, 1);
     }
 }
