@@ -1120,6 +1120,17 @@ fn metrics_doc_and_dashboards_name_every_stat_the_filter_defines() {
         .map(|c| c.name().to_string())
         .collect();
     defined.push(prefix_router::metrics::BYTES_INSPECTED.to_string());
+    // Decision counters are documented once, as `prefix_router.decision.<kind>`
+    // with every kind listed.
+    for kind in prefix_router::metrics::DECISION_KINDS {
+        assert!(
+            doc.contains(&format!("`{}`", kind.as_str())),
+            "docs/metrics.md does not list the decision kind {}",
+            kind.as_str()
+        );
+    }
+    assert!(doc.contains("`prefix_router.decision.<kind>`"));
+    assert!(doc.contains("`prefix_router_decision_<kind>`"));
     for stat in &defined {
         assert!(
             doc.contains(&format!("`{stat}`")),
@@ -1130,7 +1141,15 @@ fn metrics_doc_and_dashboards_name_every_stat_the_filter_defines() {
             "docs/metrics.md lacks the Prometheus name of {stat}"
         );
     }
-    let known: BTreeSet<String> = defined.iter().map(|s| prometheus_name(s)).collect();
+    let decisions = prefix_router::metrics::DECISION_KINDS
+        .iter()
+        .map(|k| prefix_router::metrics::decision_counter_name(*k));
+    let known: BTreeSet<String> = defined
+        .iter()
+        .cloned()
+        .chain(decisions)
+        .map(|s| prometheus_name(&s))
+        .collect();
     for name in dashboard_metric_names() {
         let base = ["_bucket", "_sum", "_count"]
             .iter()
