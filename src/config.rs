@@ -816,19 +816,23 @@ mod tests {
         assert_eq!(factor(r#"{"key_balance_factor":100}"#), Ok(Some(100)));
         assert_eq!(factor(r#"{"key_balance_factor":1000}"#), Ok(Some(1000)));
         assert_eq!(factor(r#"{"key_balance_factor":null}"#), Ok(None));
-        assert_eq!(
-            err(r#"{"key_balance_factor":99}"#),
-            "key_balance_factor: 99 is out of range 100..=1000"
-        );
-        assert_eq!(
-            err(r#"{"key_balance_factor":1.5}"#),
-            "key_balance_factor: expected an integer, got a number (1.5)"
-        );
-        assert_eq!(
-            err(r#"{"key_balance_factor":125,"host_header":null}"#),
-            "key_balance_factor: needs host_header: a key placed off its Maglev instance is \
-             reached through Envoy's override_host policy"
-        );
+        for (text, message) in [
+            (
+                r#"{"key_balance_factor":99}"#,
+                "key_balance_factor: 99 is out of range 100..=1000",
+            ),
+            (
+                r#"{"key_balance_factor":1.5}"#,
+                "key_balance_factor: expected an integer, got a number (1.5)",
+            ),
+            (
+                r#"{"key_balance_factor":125,"host_header":null}"#,
+                "key_balance_factor: needs host_header: a key placed off its Maglev instance \
+                 is reached through Envoy's override_host policy",
+            ),
+        ] {
+            assert_eq!(err(text), message);
+        }
     }
 
     #[test]

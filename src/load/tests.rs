@@ -819,8 +819,8 @@ fn keys_in_use_are_counted_again_each_generation() {
 #[test]
 fn learning_keeps_a_placement_while_its_instance_serves_and_drops_it_after() {
     let (_store, mut w) = fleet_with_a_crowded();
-    let target = w.target_of("k", T).expect("learned");
-    let moved = w.balance("k", target, 100, T);
+    let moved = balance(&mut w, "k", 100, T);
+    assert!(moved.placed);
     let placed_on = moved.instance.address.clone();
     // A request that went by Maglev (routed before the placement was seen).
     serve(&mut w, start(A, Some("k")), T + 1);
@@ -835,8 +835,8 @@ fn learning_keeps_a_placement_while_its_instance_serves_and_drops_it_after() {
 #[test]
 fn a_placement_in_use_is_refreshed_before_the_route_ttl() {
     let (_store, mut w) = fleet_with_a_crowded();
-    let target = w.target_of("k", T).expect("learned");
-    let moved = w.balance("k", target, 100, T);
+    let moved = balance(&mut w, "k", 100, T);
+    assert!(moved.placed);
     let placed_on = moved.instance.address.clone();
     // Used every few seconds for longer than the route TTL (60 s here).
     let mut now = T;

@@ -35,6 +35,7 @@
 //! so separate Envoy replicas may place the same key differently.
 
 use super::super::census::{generation, Census};
+use super::learned::RouteUpdate;
 use super::*;
 
 /// A new key is placed directly only once the instances this VM knows have
@@ -46,17 +47,6 @@ const KNOWN_FLEET_SETTLED_MS: u64 = 10_000;
 /// still goes by Maglev first: how an instance added to the cluster gets
 /// its first keys and becomes known.
 const EXPLORE_ONE_IN: u64 = 8;
-
-/// What [`LoadTracker::update_route`] did.
-enum RouteUpdate {
-    /// The change was written.
-    Written,
-    /// The change did not apply to the entry in the table (or another
-    /// worker's entry was there first); that entry.
-    Kept(RouteEntry),
-    /// No live entry, or the write failed.
-    Missing,
-}
 
 /// The most live keys one instance may own: `factor_percent` % of an even
 /// share of `keys` over `instances`, rounded up, at least 1.
@@ -170,7 +160,12 @@ impl<S: SharedStore> LoadTracker<S> {
             census_generation: generation,
             ..RouteEntry::new(hash, choice.slot, choice_addr_hash, now_ms)
         };
-        let theirs = match self.insert_route(entry, now_ms) {
+        // Unless a worker routed the key meanwhile (to an instance that serves).
+        let update = self.change_route(hash, now_ms, |tracker, existing| match existing {
+            Some(e) if tracker.serves(e.slot, e.addr_hash, now_ms) => None,
+            _ => Some(entry),
+        });
+        let theirs = match update {
             RouteUpdate::Written => {
                 return Some(Target {
                     instance: choice,
@@ -190,36 +185,6 @@ impl<S: SharedStore> LoadTracker<S> {
                 instance,
                 placed: theirs.placed,
             })
-    }
-
-    /// Adds a new key's route unless the key has a live one whose instance
-    /// still serves (`Kept`: that one).
-    fn insert_route(&mut self, entry: RouteEntry, now_ms: u64) -> RouteUpdate {
-        let name = self.route_key(self.bucket_of(entry.key_hash));
-        for _ in 0..self.config.cas_attempts {
-            let (value, cas) = self.store.get(&name);
-            let mut bucket = value
-                .as_deref()
-                .and_then(RouteBucket::decode)
-                .unwrap_or_default();
-            if let Some(existing) = bucket.lookup(entry.key_hash, now_ms, self.config.route_ttl_ms)
-            {
-                if self.serves(existing.slot, existing.addr_hash, now_ms) {
-                    self.keep_route_copy(existing, now_ms);
-                    return RouteUpdate::Kept(existing);
-                }
-            }
-            bucket.upsert(entry, 0);
-            match self.store.set(&name, &bucket.encode(), cas) {
-                Ok(()) => {
-                    self.keep_route_copy(entry, now_ms);
-                    return RouteUpdate::Written;
-                }
-                Err(SetError::CasMismatch) => continue,
-                Err(SetError::Failed) => return RouteUpdate::Missing,
-            }
-        }
-        RouteUpdate::Missing
     }
 
     /// Fresh registered instances with their address hashes.
@@ -270,8 +235,10 @@ impl<S: SharedStore> LoadTracker<S> {
             census_generation: generation,
             ..*entry
         };
-        let update = self.update_route(entry.key_hash, now_ms, |current| {
-            (!current.checked && current.same_instance(entry)).then_some(checked)
+        let update = self.change_route(entry.key_hash, now_ms, |_, current| {
+            current
+                .filter(|c| !c.checked && c.same_instance(entry))
+                .map(|_| checked)
         });
         let theirs = match update {
             RouteUpdate::Written => return placed.then_some(choice),
@@ -291,13 +258,12 @@ impl<S: SharedStore> LoadTracker<S> {
     /// Counts a checked key in this census generation (once: the route
     /// entry records the generation first).
     fn recount(&mut self, entry: &RouteEntry, generation: u32, now_ms: u64) {
-        let update = self.update_route(entry.key_hash, now_ms, |current| {
-            (current.checked
-                && current.same_instance(entry)
-                && current.census_generation < generation)
-                .then_some(RouteEntry {
+        let update = self.change_route(entry.key_hash, now_ms, |_, current| {
+            current
+                .filter(|c| c.checked && c.same_instance(entry) && c.census_generation < generation)
+                .map(|c| RouteEntry {
                     census_generation: generation,
-                    ..*current
+                    ..c
                 })
         });
         if let RouteUpdate::Written = update {
@@ -313,46 +279,14 @@ impl<S: SharedStore> LoadTracker<S> {
         if now_ms.saturating_sub(entry.learned_ms) < refresh_ms {
             return;
         }
-        self.update_route(entry.key_hash, now_ms, |current| {
-            (current.placed && current.same_instance(entry)).then_some(RouteEntry {
-                learned_ms: now_ms,
-                ..*current
-            })
+        self.change_route(entry.key_hash, now_ms, |_, current| {
+            current
+                .filter(|c| c.placed && c.same_instance(entry))
+                .map(|c| RouteEntry {
+                    learned_ms: now_ms,
+                    ..c
+                })
         });
-    }
-
-    /// Rewrites `key_hash`'s live route entry as `change` says (None: leave
-    /// it as it is), by compare-and-swap; this VM's copy follows the table.
-    fn update_route(
-        &mut self,
-        key_hash: u64,
-        now_ms: u64,
-        mut change: impl FnMut(&RouteEntry) -> Option<RouteEntry>,
-    ) -> RouteUpdate {
-        let name = self.route_key(self.bucket_of(key_hash));
-        for _ in 0..self.config.cas_attempts {
-            let (value, cas) = self.store.get(&name);
-            let Some(mut bucket) = value.as_deref().and_then(RouteBucket::decode) else {
-                return RouteUpdate::Missing;
-            };
-            let Some(current) = bucket.lookup(key_hash, now_ms, self.config.route_ttl_ms) else {
-                return RouteUpdate::Missing;
-            };
-            let Some(changed) = change(&current) else {
-                self.keep_route_copy(current, now_ms);
-                return RouteUpdate::Kept(current);
-            };
-            bucket.upsert(changed, 0);
-            match self.store.set(&name, &bucket.encode(), cas) {
-                Ok(()) => {
-                    self.keep_route_copy(changed, now_ms);
-                    return RouteUpdate::Written;
-                }
-                Err(SetError::CasMismatch) => continue,
-                Err(SetError::Failed) => return RouteUpdate::Missing,
-            }
-        }
-        RouteUpdate::Missing
     }
 
     fn census_key(&self) -> String {

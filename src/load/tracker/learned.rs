@@ -90,48 +90,75 @@ impl<S: SharedStore> LoadTracker<S> {
         {
             return;
         }
-        let key_name = self.route_key(self.bucket_of(hash));
         let refresh_ms = self.config.route_ttl_ms / 8;
+        self.change_route(hash, now_ms, |tracker, existing| match existing {
+            // Maglev's choice for a key placed elsewhere (a request routed
+            // before this VM saw the placement) changes nothing while the
+            // placed instance still serves.
+            Some(placed)
+                if placed.placed
+                    && !placed.same_instance(&learned)
+                    && tracker.serves(placed.slot, placed.addr_hash, now_ms) =>
+            {
+                None
+            }
+            // The same instance again: rewritten (balancing's marks kept)
+            // only once `refresh_ms` old, to spare shared writes.
+            Some(known) if known.same_instance(&learned) => {
+                (now_ms.saturating_sub(known.learned_ms) >= refresh_ms).then_some(RouteEntry {
+                    learned_ms: now_ms,
+                    ..known
+                })
+            }
+            _ => Some(learned),
+        });
+    }
+
+    /// Changes `key_hash`'s entry in the shared key -> instance table by
+    /// compare-and-swap: `change` sees the live entry (None: there is none)
+    /// and returns the entry to write, or None to leave the table as it is.
+    /// This VM's copy follows the table.
+    pub(super) fn change_route(
+        &mut self,
+        key_hash: u64,
+        now_ms: u64,
+        mut change: impl FnMut(&Self, Option<RouteEntry>) -> Option<RouteEntry>,
+    ) -> RouteUpdate {
+        let name = self.route_key(self.bucket_of(key_hash));
         for _ in 0..self.config.cas_attempts {
-            let (value, cas) = self.store.get(&key_name);
+            let (value, cas) = self.store.get(&name);
             let mut bucket = value
                 .as_deref()
                 .and_then(RouteBucket::decode)
                 .unwrap_or_default();
-            let existing = bucket.lookup(hash, now_ms, self.config.route_ttl_ms);
-            let entry = match existing {
-                // Maglev's choice for a key placed elsewhere (a request routed
-                // before this VM saw the placement) changes nothing while the
-                // placed instance still serves.
-                Some(placed) if placed.placed && !placed.same_instance(&learned) => {
-                    if self.serves(placed.slot, placed.addr_hash, now_ms) {
-                        self.keep_route_copy(placed, now_ms);
-                        return;
-                    }
-                    learned
-                }
-                // The same instance again: balancing's marks stay.
-                Some(known) if known.same_instance(&learned) => RouteEntry {
-                    learned_ms: now_ms,
-                    ..known
-                },
-                _ => learned,
+            let current = bucket.lookup(key_hash, now_ms, self.config.route_ttl_ms);
+            let Some(changed) = change(self, current) else {
+                let Some(current) = current else {
+                    return RouteUpdate::Missing;
+                };
+                self.keep_route_copy(current, now_ms);
+                return RouteUpdate::Kept(current);
             };
-            if !bucket.upsert(entry, refresh_ms) {
-                // Already there, learned less than `refresh_ms` ago.
-                if let Some(shared) = existing {
-                    self.keep_route_copy(shared, now_ms);
-                }
-                return;
-            }
-            match self.store.set(&key_name, &bucket.encode(), cas) {
-                Err(SetError::CasMismatch) => continue,
+            bucket.upsert(changed, 0);
+            match self.store.set(&name, &bucket.encode(), cas) {
                 Ok(()) => {
-                    self.keep_route_copy(entry, now_ms);
-                    return;
+                    self.keep_route_copy(changed, now_ms);
+                    return RouteUpdate::Written;
                 }
-                Err(SetError::Failed) => return,
+                Err(SetError::CasMismatch) => continue,
+                Err(SetError::Failed) => return RouteUpdate::Missing,
             }
         }
+        RouteUpdate::Missing
     }
+}
+
+/// What [`LoadTracker::change_route`] did.
+pub(super) enum RouteUpdate {
+    /// The change was written.
+    Written,
+    /// The table was left as it is; the live entry in it.
+    Kept(RouteEntry),
+    /// No live entry and nothing written, or the write failed.
+    Missing,
 }
