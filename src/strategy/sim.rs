@@ -92,10 +92,14 @@ impl Envoy {
     }
 
     /// Maglev stand-in: the key's host, or a random one without a key.
+    /// Rendezvous hashing, so that, like Maglev, adding a host moves only
+    /// about 1/N of the keys.
     pub(crate) fn maglev(&mut self, key: Option<&str>) -> usize {
         let n = self.hosts.len() as u64;
         match key {
-            Some(key) => (xxh3_64(key.as_bytes()) % n) as usize,
+            Some(key) => (0..self.hosts.len())
+                .max_by_key(|&h| xxh3_64(format!("{key}@{}", self.hosts[h]).as_bytes()))
+                .unwrap_or(0),
             None => (self.random() % n) as usize,
         }
     }
@@ -230,6 +234,15 @@ impl Envoy {
 
     pub(crate) fn reset_max(&mut self) {
         self.max_at_host = self.at_host.clone();
+    }
+
+    /// Scales out: one more instance in the cluster (the Maglev stand-in
+    /// now hashes over it too).
+    pub(crate) fn add_host(&mut self) {
+        let port = 18_081 + self.hosts.len();
+        self.hosts.push(format!("127.0.0.1:{port}"));
+        self.at_host.push(0);
+        self.max_at_host.push(0);
     }
 }
 
@@ -649,5 +662,38 @@ mod scenarios {
             per_host.iter().all(|n| *n == 20),
             "140 keys on 7 instances: {per_host:?}"
         );
+    }
+
+    #[test]
+    fn an_added_instance_is_found_by_exploring_keys_and_then_gets_new_keys() {
+        let policy = PrefixAware::new(64, true).with_key_balance(Some(100));
+        let mut envoy = Envoy::new(7, 2, Policy::PrefixAware(policy));
+        let keys = |range: std::ops::Range<u64>| -> Vec<String> {
+            range.map(|i| format!("{:016x}", i * 7919)).collect()
+        };
+        // Every instance known, the known fleet settled: keys are placed
+        // directly from now on (the warm-up keys are not used again).
+        envoy.warm();
+        envoy.advance(11_000);
+        envoy.tick_all();
+        let old = keys(0..70);
+        rounds(&mut envoy, &old, 3);
+        envoy.add_host();
+        // New keys keep arriving (old ones stay in use). Only the one new key
+        // in eight that explores by Maglev can reach the added instance and
+        // register it; 10 s after the known fleet changed, new keys are placed
+        // on it.
+        let mut all = old.clone();
+        for batch in 0..6 {
+            let new = keys(70 + batch * 20..90 + batch * 20);
+            all.extend(new);
+            rounds(&mut envoy, &all, 2);
+            envoy.advance(3_000);
+        }
+        let hosts = rounds(&mut envoy, &all, 1);
+        let per_host = keys_per_host(&envoy, &hosts);
+        // 190 keys on 8 instances: at most ceil(190 / 8) = 24 each.
+        assert!(per_host[7] >= 15, "the new instance owns {per_host:?}");
+        assert!(per_host.iter().all(|n| *n <= 24), "{per_host:?}");
     }
 }

@@ -21,9 +21,10 @@
 //! gone or the key is unused for the route TTL.
 //!
 //! The filter only knows instances that have served through it, so new keys
-//! go by Maglev first while the known fleet is still changing (the first
-//! seconds of an Envoy), and one in [`EXPLORE_ONE_IN`] always does (so an
-//! added instance becomes known). Such a key is checked once its Maglev
+//! go by Maglev first until no instance has registered for
+//! [`KNOWN_FLEET_SETTLED_MS`] (the first seconds of an Envoy, and after an
+//! instance joins), and one in [`EXPLORE_ONE_IN`] always does (so an added
+//! instance becomes known). Such a key is checked once its Maglev
 //! target is learned, the same way with that target as first choice; moving
 //! it then costs its new instance one more prefill.
 //!
@@ -38,9 +39,10 @@ use super::super::census::{generation, Census};
 use super::learned::RouteUpdate;
 use super::*;
 
-/// A new key is placed directly only once the instances this VM knows have
-/// not changed for this long; until then new keys go by Maglev (which finds
-/// the instances the filter has not seen yet) and are checked afterwards.
+/// A new key is placed directly only once no instance has registered (served
+/// through this Envoy for the first time) for this long; until then new keys
+/// go by Maglev (which finds the instances the filter has not seen yet) and
+/// are checked afterwards.
 const KNOWN_FLEET_SETTLED_MS: u64 = 10_000;
 
 /// One new key in this many (by key hash, so every VM and replica agrees)
@@ -131,17 +133,13 @@ impl<S: SharedStore> LoadTracker<S> {
         now_ms: u64,
     ) -> Option<Target> {
         let hash = key_hash(key);
-        let instances = self.fresh_instances(now_ms);
-        let slots: Vec<u16> = instances.iter().map(|(i, _)| i.slot).collect();
-        if self.placing_among.as_ref().map(|(known, _)| known) != Some(&slots) {
-            self.placing_among = Some((slots, now_ms));
+        let (_, registered_ms) = self.read_epoch_record();
+        let settled = now_ms.saturating_sub(registered_ms) >= KNOWN_FLEET_SETTLED_MS;
+        if !settled || hash % EXPLORE_ONE_IN == 0 {
+            return None;
         }
-        let stable_since = self
-            .placing_among
-            .as_ref()
-            .map_or(now_ms, |(_, since)| *since);
-        let settled = now_ms.saturating_sub(stable_since) >= KNOWN_FLEET_SETTLED_MS;
-        if instances.len() < 2 || !settled || hash % EXPLORE_ONE_IN == 0 {
+        let instances = self.fresh_instances(now_ms);
+        if instances.len() < 2 {
             return None;
         }
         let generation = generation(now_ms);

@@ -71,9 +71,6 @@ pub struct LoadTracker<S: SharedStore> {
     /// follows it in the same decision (one shared-data read, a host call,
     /// fewer). See [`LoadTracker::read_instance_at`].
     recent: Option<RecentRead>,
-    /// The fresh instance slots key balancing last placed among, and since
-    /// when they are the same (see `balance.rs`).
-    placing_among: Option<(Vec<u16>, u64)>,
 }
 
 /// One instance record as read at `at_ms`, with its CAS token.
@@ -113,7 +110,6 @@ impl<S: SharedStore> LoadTracker<S> {
             scanned_epoch: None,
             recent: None,
             route_copies: HashMap::new(),
-            placing_among: None,
             config,
         }
     }

@@ -151,7 +151,7 @@ impl<S: SharedStore> LoadTracker<S> {
             let fresh = InstanceRecord::new(address, now_ms);
             match self.store.set(&key, &fresh.encode(), cas) {
                 Ok(()) => {
-                    self.bump_epoch();
+                    self.bump_epoch(now_ms);
                     return true;
                 }
                 Err(SetError::CasMismatch) => continue,
@@ -197,22 +197,24 @@ impl<S: SharedStore> LoadTracker<S> {
     }
 
     pub(super) fn read_epoch(&self) -> u64 {
+        self.read_epoch_record().0
+    }
+
+    /// The registry epoch and when it last changed (0: never).
+    pub(super) fn read_epoch_record(&self) -> (u64, u64) {
         let (value, _) = self.store.get(&self.epoch_key());
-        value
-            .and_then(|v| <[u8; 8]>::try_from(v.as_slice()).ok())
-            .map_or(0, u64::from_le_bytes)
+        value.as_deref().map_or((0, 0), decode_epoch)
     }
 
     /// Announces a registry change, so other VMs rescan the slots before
     /// their next overflow choice instead of waiting for their tick.
-    pub(super) fn bump_epoch(&self) {
+    pub(super) fn bump_epoch(&self, now_ms: u64) {
         let key = self.epoch_key();
         for _ in 0..self.config.cas_attempts {
             let (value, cas) = self.store.get(&key);
-            let current = value
-                .and_then(|v| <[u8; 8]>::try_from(v.as_slice()).ok())
-                .map_or(0, u64::from_le_bytes);
-            let next = current.wrapping_add(1).to_le_bytes();
+            let (current, _) = value.as_deref().map_or((0, 0), decode_epoch);
+            let mut next = current.wrapping_add(1).to_le_bytes().to_vec();
+            next.extend_from_slice(&now_ms.to_le_bytes());
             match self.store.set(&key, &next, cas) {
                 Err(SetError::CasMismatch) => continue,
                 _ => return,
@@ -277,4 +279,16 @@ impl<S: SharedStore> LoadTracker<S> {
     pub(super) fn instance_key(&self, slot: u16) -> String {
         format!("{}/inst/{slot}", self.prefix)
     }
+}
+
+/// The epoch record: the epoch, then (since key balancing) the time of the
+/// change; an 8-byte record from an older build has no time.
+fn decode_epoch(value: &[u8]) -> (u64, u64) {
+    let word = |at: usize| {
+        value
+            .get(at..at + 8)
+            .and_then(|b| <[u8; 8]>::try_from(b).ok())
+            .map_or(0, u64::from_le_bytes)
+    };
+    (word(0), word(8))
 }
