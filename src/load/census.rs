@@ -26,6 +26,13 @@ pub(crate) fn generation(now_ms: u64) -> u32 {
     u32::try_from(now_ms / GENERATION_MS + 1).unwrap_or(u32::MAX)
 }
 
+fn add_to(counts: &mut BTreeMap<u16, u32>, slot: u16) {
+    if counts.len() < MAX_SLOTS || counts.contains_key(&slot) {
+        let count = counts.entry(slot).or_insert(0);
+        *count = count.saturating_add(1);
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub(crate) struct Census {
     pub(crate) generation: u32,
@@ -56,20 +63,30 @@ impl Census {
         current.max(previous)
     }
 
-    /// Counts one more key on `slot` in the current generation.
-    pub(crate) fn add(&mut self, slot: u16) {
-        if self.current.len() < MAX_SLOTS || self.current.contains_key(&slot) {
-            let count = self.current.entry(slot).or_insert(0);
-            *count = count.saturating_add(1);
-        }
+    /// Counts a key again on `slot` in the current generation (a key in use
+    /// since the previous one, where it was counted already).
+    pub(crate) fn recount(&mut self, slot: u16) {
+        add_to(&mut self.current, slot);
     }
 
-    /// Takes back an [`Census::add`] (a placement that lost its race).
-    pub(crate) fn remove(&mut self, slot: u16) {
-        if let Some(count) = self.current.get_mut(&slot) {
-            *count = count.saturating_sub(1);
-            if *count == 0 {
-                self.current.remove(&slot);
+    /// Counts a key new to the census on `slot`, in both generations: it was
+    /// in none of the previous generation's counts, which still stand for the
+    /// keys not yet counted again in this one (counting it in the current
+    /// generation alone would leave `owned` unchanged right after a roll, and
+    /// let an instance take a previous generation's worth of new keys).
+    pub(crate) fn add_new(&mut self, slot: u16) {
+        add_to(&mut self.current, slot);
+        add_to(&mut self.previous, slot);
+    }
+
+    /// Takes back an [`Census::add_new`] (a placement that lost its race).
+    pub(crate) fn remove_new(&mut self, slot: u16) {
+        for counts in [&mut self.current, &mut self.previous] {
+            if let Some(count) = counts.get_mut(&slot) {
+                *count = count.saturating_sub(1);
+                if *count == 0 {
+                    counts.remove(&slot);
+                }
             }
         }
     }
@@ -126,18 +143,19 @@ mod tests {
     #[test]
     fn a_key_counted_in_either_of_the_last_two_generations_is_owned() {
         let mut census = Census::default().rolled(1);
-        census.add(3);
-        census.add(3);
-        census.add(4);
+        census.add_new(3);
+        census.add_new(3);
+        census.add_new(4);
         assert_eq!(
             (census.owned(3), census.owned(4), census.owned(5)),
             (2, 1, 0)
         );
         let mut next = census.clone().rolled(2);
         assert_eq!((next.owned(3), next.owned(4)), (2, 1), "previous counts");
-        next.add(4);
-        next.add(4);
-        assert_eq!(next.owned(4), 2, "the larger of the two");
+        next.recount(4);
+        assert_eq!(next.owned(4), 1, "counted again: still one key");
+        next.add_new(4);
+        assert_eq!(next.owned(4), 2, "and a new one");
         let later = next.clone().rolled(3);
         assert_eq!(
             (later.owned(3), later.owned(4)),
@@ -153,21 +171,34 @@ mod tests {
     }
 
     #[test]
-    fn remove_takes_back_an_add() {
+    fn new_keys_right_after_a_roll_still_count() {
+        let mut census = Census::default().rolled(1);
+        for _ in 0..9 {
+            census.add_new(3);
+        }
+        let mut next = census.rolled(2);
+        for _ in 0..3 {
+            next.add_new(3);
+        }
+        assert_eq!(next.owned(3), 12, "9 not yet counted again, 3 new");
+    }
+
+    #[test]
+    fn remove_new_takes_back_an_add_new() {
         let mut census = Census::default().rolled(7);
-        census.add(1);
-        census.remove(1);
-        census.remove(2);
+        census.add_new(1);
+        census.remove_new(1);
+        census.remove_new(2);
         assert_eq!(census, Census::default().rolled(7));
     }
 
     #[test]
     fn round_trip_and_garbage() {
         let mut census = Census::default().rolled(5);
-        census.add(1);
+        census.add_new(1);
         census = census.rolled(6);
-        census.add(2);
-        census.add(2);
+        census.recount(2);
+        census.add_new(2);
         let bytes = census.encode();
         assert_eq!(Census::decode(&bytes), Some(census));
         for cut in 0..bytes.len() {

@@ -696,4 +696,31 @@ mod scenarios {
         assert!(per_host[7] >= 15, "the new instance owns {per_host:?}");
         assert!(per_host.iter().all(|n| *n <= 24), "{per_host:?}");
     }
+
+    #[test]
+    fn keys_placed_across_a_census_generation_stay_within_the_bound() {
+        let policy = PrefixAware::new(64, true).with_key_balance(Some(100));
+        let mut envoy = Envoy::new(7, 2, Policy::PrefixAware(policy));
+        let keys = |range: std::ops::Range<u64>| -> Vec<String> {
+            range.map(|i| format!("{:016x}", i * 7919)).collect()
+        };
+        envoy.warm();
+        // Half the keys just before the census rolls to its next generation
+        // (every 60 s), half just after, before the first half is used again.
+        envoy.advance(55_000 - envoy.now);
+        envoy.tick_all();
+        let early = keys(0..50);
+        rounds(&mut envoy, &early, 1);
+        envoy.advance(61_000 - envoy.now);
+        envoy.tick_all();
+        let late = keys(50..100);
+        rounds(&mut envoy, &late, 1);
+        let all: Vec<String> = early.into_iter().chain(late).collect();
+        let hosts = rounds(&mut envoy, &all, 2);
+        let per_host = keys_per_host(&envoy, &hosts);
+        assert!(
+            per_host.iter().all(|n| (14..=15).contains(n)),
+            "100 keys on 7 instances: {per_host:?}"
+        );
+    }
 }

@@ -149,7 +149,7 @@ impl<S: SharedStore> LoadTracker<S> {
             .clone();
         let (choice, choice_addr_hash) = self.update_census(generation, |census| {
             let choice = choose(census, &instances, &first, hash, factor_percent)?;
-            census.add(choice.0.slot);
+            census.add_new(choice.0.slot);
             Some(choice.clone())
         })??;
         let entry = RouteEntry {
@@ -173,7 +173,7 @@ impl<S: SharedStore> LoadTracker<S> {
             RouteUpdate::Kept(theirs) => Some(theirs),
             RouteUpdate::Missing => None,
         };
-        self.update_census(generation, |census| census.remove(choice.slot));
+        self.update_census(generation, |census| census.remove_new(choice.slot));
         // Another worker routed the key first: follow it.
         let theirs = theirs?;
         instances
@@ -220,7 +220,7 @@ impl<S: SharedStore> LoadTracker<S> {
         let instances = self.fresh_instances(now_ms);
         let (choice, choice_addr_hash) = self.update_census(generation, |census| {
             let choice = choose(census, &instances, target, entry.key_hash, factor_percent)?;
-            census.add(choice.0.slot);
+            census.add_new(choice.0.slot);
             Some(choice.clone())
         })??;
         let placed = choice.slot != target.slot;
@@ -243,7 +243,7 @@ impl<S: SharedStore> LoadTracker<S> {
             RouteUpdate::Kept(current) => Some(current),
             RouteUpdate::Missing => None,
         };
-        self.update_census(generation, |census| census.remove(choice.slot));
+        self.update_census(generation, |census| census.remove_new(choice.slot));
         // Another worker checked the key first (this VM's copy was stale):
         // follow its placement.
         let theirs = theirs.filter(|e| e.checked && e.placed)?;
@@ -265,7 +265,7 @@ impl<S: SharedStore> LoadTracker<S> {
                 })
         });
         if let RouteUpdate::Written = update {
-            self.update_census(generation, |census| census.add(entry.slot));
+            self.update_census(generation, |census| census.recount(entry.slot));
         }
     }
 
