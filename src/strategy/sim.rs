@@ -481,7 +481,7 @@ mod scenarios {
     fn no_leak_under_aborts_resets_timeouts_retries_and_streaming() {
         let mut envoy = Envoy::prefix_aware(3, true);
         envoy.warm();
-        let keys: Vec<String> = (0..40).map(|i| format!("{:016x}", i * 7919)).collect();
+        let keys = keys(0..40);
         let mut open: Vec<Stream> = Vec::new();
         let mut started = 0;
         while started < 2_000 || !open.is_empty() {
@@ -582,6 +582,17 @@ mod scenarios {
         envoy.finish(stream);
     }
 
+    /// 7 instances, 2 workers, PREFIX_AWARE with `key_balance_factor` 100.
+    fn balanced_envoy() -> Envoy {
+        let policy = PrefixAware::new(64, true).with_key_balance(Some(100));
+        Envoy::new(7, 2, Policy::PrefixAware(policy))
+    }
+
+    /// Distinct keys, numbered.
+    fn keys(range: std::ops::Range<u64>) -> Vec<String> {
+        range.map(|i| format!("{:016x}", i * 7919)).collect()
+    }
+
     /// Rounds of one request per key (workers alternating), each key's
     /// hosts in order; ticks every simulated second.
     fn rounds(envoy: &mut Envoy, keys: &[String], rounds: usize) -> Vec<Vec<usize>> {
@@ -608,7 +619,7 @@ mod scenarios {
 
     #[test]
     fn key_balancing_spreads_100_keys_evenly_and_each_key_stays_put() {
-        let keys: Vec<String> = (0..100).map(|i| format!("{:016x}", i * 7919)).collect();
+        let keys = keys(0..100);
         let mut maglev_only = Envoy::prefix_aware(64, true);
         let hosts = rounds(&mut maglev_only, &keys, 3);
         let uneven = keys_per_host(&maglev_only, &hosts);
@@ -617,8 +628,7 @@ mod scenarios {
             "these keys are unevenly hashed: {uneven:?}"
         );
 
-        let policy = PrefixAware::new(64, true).with_key_balance(Some(100));
-        let mut envoy = Envoy::new(7, 2, Policy::PrefixAware(policy));
+        let mut envoy = balanced_envoy();
         let hosts = rounds(&mut envoy, &keys, 4);
         let per_host = keys_per_host(&envoy, &hosts);
         // 100 / 7 = 14.3: the census bounds every instance at 15 keys.
@@ -642,12 +652,11 @@ mod scenarios {
 
     #[test]
     fn once_the_fleet_is_known_new_keys_are_placed_before_their_first_request() {
-        let policy = PrefixAware::new(64, true).with_key_balance(Some(100));
-        let mut envoy = Envoy::new(7, 2, Policy::PrefixAware(policy));
-        let old: Vec<String> = (0..70).map(|i| format!("{:016x}", i * 7919)).collect();
+        let mut envoy = balanced_envoy();
+        let old = keys(0..70);
         // 0.7 s a round: the known fleet stays the same for over 10 s.
         rounds(&mut envoy, &old, 20);
-        let new: Vec<String> = (70..140).map(|i| format!("{:016x}", i * 7919)).collect();
+        let new = keys(70..140);
         let hosts = rounds(&mut envoy, &new, 3);
         let moved = hosts.iter().filter(|h| h[0] != h[1]).count();
         // Only the one key in eight that explores goes by Maglev first.
@@ -666,11 +675,7 @@ mod scenarios {
 
     #[test]
     fn an_added_instance_is_found_by_exploring_keys_and_then_gets_new_keys() {
-        let policy = PrefixAware::new(64, true).with_key_balance(Some(100));
-        let mut envoy = Envoy::new(7, 2, Policy::PrefixAware(policy));
-        let keys = |range: std::ops::Range<u64>| -> Vec<String> {
-            range.map(|i| format!("{:016x}", i * 7919)).collect()
-        };
+        let mut envoy = balanced_envoy();
         // Every instance known, the known fleet settled: keys are placed
         // directly from now on (the warm-up keys are not used again).
         envoy.warm();
@@ -699,11 +704,7 @@ mod scenarios {
 
     #[test]
     fn keys_placed_across_a_census_generation_stay_within_the_bound() {
-        let policy = PrefixAware::new(64, true).with_key_balance(Some(100));
-        let mut envoy = Envoy::new(7, 2, Policy::PrefixAware(policy));
-        let keys = |range: std::ops::Range<u64>| -> Vec<String> {
-            range.map(|i| format!("{:016x}", i * 7919)).collect()
-        };
+        let mut envoy = balanced_envoy();
         envoy.warm();
         // Half the keys just before the census rolls to its next generation
         // (every 60 s), half just after, before the first half is used again.
