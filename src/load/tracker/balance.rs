@@ -88,6 +88,14 @@ fn choose<'a>(
     Some(elsewhere.unwrap_or(at_target))
 }
 
+/// The instance of `instances` a route entry names, if it is one of them.
+fn instance_of(instances: &[(InstanceRef, u64)], entry: &RouteEntry) -> Option<InstanceRef> {
+    instances
+        .iter()
+        .find(|(i, addr_hash)| i.slot == entry.slot && *addr_hash == entry.addr_hash)
+        .map(|(instance, _)| instance.clone())
+}
+
 impl<S: SharedStore> LoadTracker<S> {
     /// See [`LoadView::balance`] and the module documentation. `target` is
     /// what [`LoadView::target_of`] just returned for `key`.
@@ -105,8 +113,8 @@ impl<S: SharedStore> LoadTracker<S> {
         if entry.slot != target.instance.slot {
             return target;
         }
-        let generation = generation(now_ms);
         if entry.checked {
+            let generation = generation(now_ms);
             if target.placed {
                 self.refresh_placement(&entry, now_ms);
             }
@@ -115,7 +123,7 @@ impl<S: SharedStore> LoadTracker<S> {
             }
             return target;
         }
-        match self.check(&entry, &target.instance, factor_percent, generation, now_ms) {
+        match self.check(&entry, &target.instance, factor_percent, now_ms) {
             Some(instance) => Target {
                 instance,
                 placed: true,
@@ -133,124 +141,123 @@ impl<S: SharedStore> LoadTracker<S> {
         now_ms: u64,
     ) -> Option<Target> {
         let hash = key_hash(key);
-        let (_, registered_ms) = self.read_epoch_record();
+        let (epoch, registered_ms) = self.read_epoch_record();
         let settled = now_ms.saturating_sub(registered_ms) >= KNOWN_FLEET_SETTLED_MS;
         if !settled || hash % EXPLORE_ONE_IN == 0 {
             return None;
         }
-        let instances = self.fresh_instances(now_ms);
+        let instances = self.fresh_instances(epoch, now_ms);
         if instances.len() < 2 {
             return None;
         }
-        let generation = generation(now_ms);
         let (first, _) = instances
             .iter()
             .max_by_key(|(_, addr_hash)| preference(hash, *addr_hash))?
             .clone();
-        let (choice, choice_addr_hash) = self.update_census(generation, |census| {
-            let choice = choose(census, &instances, &first, hash, factor_percent)?;
-            census.add_new(choice.0.slot);
-            Some(choice.clone())
-        })??;
-        let entry = RouteEntry {
-            placed: true,
-            checked: true,
-            census_generation: generation,
-            ..RouteEntry::new(hash, choice.slot, choice_addr_hash, now_ms)
-        };
         // Unless a worker routed the key meanwhile (to an instance that serves).
-        let update = self.change_route(hash, now_ms, |tracker, existing| match existing {
-            Some(e) if tracker.serves(e.slot, e.addr_hash, now_ms) => None,
-            _ => Some(entry),
-        });
-        let theirs = match update {
-            RouteUpdate::Written => {
-                return Some(Target {
-                    instance: choice,
-                    placed: true,
-                })
-            }
-            RouteUpdate::Kept(theirs) => Some(theirs),
-            RouteUpdate::Missing => None,
+        let unrouted = |tracker: &Self, current: Option<RouteEntry>| {
+            !current.is_some_and(|e| tracker.serves(e.slot, e.addr_hash, now_ms))
         };
-        self.update_census(generation, |census| census.remove_new(choice.slot));
-        // Another worker routed the key first: follow it.
-        let theirs = theirs?;
-        instances
-            .into_iter()
-            .find(|(i, addr_hash)| i.slot == theirs.slot && *addr_hash == theirs.addr_hash)
-            .map(|(instance, _)| Target {
-                instance,
-                placed: theirs.placed,
-            })
+        let settled = self.settle(
+            hash,
+            &first,
+            false,
+            &instances,
+            factor_percent,
+            now_ms,
+            unrouted,
+        )?;
+        instance_of(&instances, &settled).map(|instance| Target {
+            instance,
+            placed: settled.placed,
+        })
     }
 
-    /// Fresh registered instances with their address hashes.
-    fn fresh_instances(&mut self, now_ms: u64) -> Vec<(InstanceRef, u64)> {
-        if self.scanned_epoch != Some(self.read_epoch()) {
-            self.scan_slots();
-        }
+    /// Fresh registered instances with their address hashes (`epoch`: the
+    /// registry epoch just read).
+    fn fresh_instances(&mut self, epoch: u64, now_ms: u64) -> Vec<(InstanceRef, u64)> {
+        self.rescan_if_changed(epoch);
         let slots: Vec<u16> = self.known_slots.iter().copied().collect();
         slots
             .into_iter()
             .filter_map(|slot| {
-                let record = self.read_instance(slot).0?;
-                record
-                    .is_fresh(now_ms, self.config.instance_ttl_ms)
-                    .then(|| {
-                        let hash = addr_hash(&record.address);
-                        let address = record.address;
-                        (InstanceRef { slot, address }, hash)
-                    })
+                let address = self.fresh_record(slot, now_ms)?.address;
+                let hash = addr_hash(&address);
+                Some((InstanceRef { slot, address }, hash))
             })
             .collect()
     }
 
     /// Decides where an unchecked key lives, counts it there and marks it
-    /// checked. Some: placed on that instance; None: it stays (or another
-    /// worker checked it first, or a shared write failed: checked later).
+    /// checked. Some: placed on that instance (by this worker or, if this
+    /// VM's copy was stale, by another); None: it stays (or a shared write
+    /// failed: checked later).
     fn check(
         &mut self,
         entry: &RouteEntry,
         target: &InstanceRef,
         factor_percent: u32,
-        generation: u32,
         now_ms: u64,
     ) -> Option<InstanceRef> {
-        let instances = self.fresh_instances(now_ms);
+        let instances = self.fresh_instances(self.read_epoch(), now_ms);
+        let unchecked = |_: &Self, current: Option<RouteEntry>| {
+            current.is_some_and(|c| !c.checked && c.same_instance(entry))
+        };
+        let settled = self.settle(
+            entry.key_hash,
+            target,
+            true,
+            &instances,
+            factor_percent,
+            now_ms,
+            unchecked,
+        )?;
+        if settled.placed {
+            instance_of(&instances, &settled)
+        } else {
+            None
+        }
+    }
+
+    /// Decides where `key_hash` lives (`first` while it owns fewer keys than
+    /// the bound, else the first instance of the key's preference order
+    /// below it), counts it there and writes the route, checked, where
+    /// `open` says the table is still open to it; placed unless it stays on
+    /// `first` and `first` is Maglev's choice. If another worker got there
+    /// first, takes the count back. Returns the route now in the table.
+    #[allow(clippy::too_many_arguments)]
+    fn settle(
+        &mut self,
+        key_hash: u64,
+        first: &InstanceRef,
+        first_is_maglevs: bool,
+        instances: &[(InstanceRef, u64)],
+        factor_percent: u32,
+        now_ms: u64,
+        open: impl Fn(&Self, Option<RouteEntry>) -> bool,
+    ) -> Option<RouteEntry> {
+        let generation = generation(now_ms);
         let (choice, choice_addr_hash) = self.update_census(generation, |census| {
-            let choice = choose(census, &instances, target, entry.key_hash, factor_percent)?;
+            let choice = choose(census, instances, first, key_hash, factor_percent)?;
             census.add_new(choice.0.slot);
             Some(choice.clone())
         })??;
-        let placed = choice.slot != target.slot;
-        let checked = RouteEntry {
-            slot: choice.slot,
-            addr_hash: choice_addr_hash,
-            learned_ms: now_ms,
-            placed,
+        let entry = RouteEntry {
+            placed: !(first_is_maglevs && choice.slot == first.slot),
             checked: true,
             census_generation: generation,
-            ..*entry
+            ..RouteEntry::new(key_hash, choice.slot, choice_addr_hash, now_ms)
         };
-        let update = self.change_route(entry.key_hash, now_ms, |_, current| {
-            current
-                .filter(|c| !c.checked && c.same_instance(entry))
-                .map(|_| checked)
+        let update = self.change_route(key_hash, now_ms, |tracker, current| {
+            open(tracker, current).then_some(entry)
         });
         let theirs = match update {
-            RouteUpdate::Written => return placed.then_some(choice),
-            RouteUpdate::Kept(current) => Some(current),
+            RouteUpdate::Written => return Some(entry),
+            RouteUpdate::Kept(theirs) => Some(theirs),
             RouteUpdate::Missing => None,
         };
         self.update_census(generation, |census| census.remove_new(choice.slot));
-        // Another worker checked the key first (this VM's copy was stale):
-        // follow its placement.
-        let theirs = theirs.filter(|e| e.checked && e.placed)?;
-        instances
-            .into_iter()
-            .find(|(i, addr_hash)| i.slot == theirs.slot && *addr_hash == theirs.addr_hash)
-            .map(|(instance, _)| instance)
+        theirs
     }
 
     /// Counts a checked key in this census generation (once: the route
@@ -327,9 +334,7 @@ impl<S: SharedStore> LoadTracker<S> {
     /// True if `slot` still holds the instance with `addr_hash` and it has
     /// served within the instance TTL.
     pub(super) fn serves(&self, slot: u16, instance_addr_hash: u64, now_ms: u64) -> bool {
-        self.read_instance(slot).0.is_some_and(|record| {
-            addr_hash(&record.address) == instance_addr_hash
-                && record.is_fresh(now_ms, self.config.instance_ttl_ms)
-        })
+        self.fresh_record(slot, now_ms)
+            .is_some_and(|record| addr_hash(&record.address) == instance_addr_hash)
     }
 }

@@ -330,10 +330,7 @@ impl<S: SharedStore> LoadView for LoadTracker<S> {
         random: u64,
         now_ms: u64,
     ) -> Option<(InstanceRef, u32)> {
-        // Another VM registered an instance since we last looked: rescan.
-        if self.scanned_epoch != Some(self.read_epoch()) {
-            self.scan_slots();
-        }
+        self.rescan_if_changed(self.read_epoch());
         self.fresh_candidates(exclude, random, now_ms)
     }
 

@@ -237,6 +237,22 @@ impl<S: SharedStore> LoadTracker<S> {
         }
     }
 
+    /// Rescans the slots if another VM registered an instance since this VM
+    /// last looked (`epoch`: the registry epoch just read).
+    pub(super) fn rescan_if_changed(&mut self, epoch: u64) {
+        if self.scanned_epoch != Some(epoch) {
+            self.scan_slots();
+        }
+    }
+
+    /// The record in `slot` if its instance has served within the instance
+    /// TTL (and is not suspect).
+    pub(super) fn fresh_record(&self, slot: u16, now_ms: u64) -> Option<InstanceRecord> {
+        self.read_instance(slot)
+            .0
+            .filter(|record| record.is_fresh(now_ms, self.config.instance_ttl_ms))
+    }
+
     pub(super) fn fresh_candidates(
         &mut self,
         exclude: &InstanceRef,
@@ -249,12 +265,10 @@ impl<S: SharedStore> LoadTracker<S> {
             if slot == exclude.slot {
                 continue;
             }
-            let (Some(record), _) = self.read_instance(slot) else {
+            let Some(record) = self.fresh_record(slot, now_ms) else {
                 continue;
             };
-            if !record.is_fresh(now_ms, self.config.instance_ttl_ms)
-                || record.address == exclude.address
-            {
+            if record.address == exclude.address {
                 continue;
             }
             let in_flight = self.total(slot, &record, now_ms);
