@@ -5,45 +5,14 @@
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
-use prefix_router_tools::bench::cli::{OverheadArgs, RoutingArgs};
+use clap::Parser;
+use prefix_router_tools::bench::cli::{
+    BenchCli, BenchCommand as Command, OverheadArgs, RoutingArgs,
+};
 use prefix_router_tools::bench::{self, demo, overhead, routing};
 
-#[derive(Parser)]
-#[command(
-    name = "prefix-router-bench",
-    about = "prefix-router benchmarks through a real Envoy"
-)]
-struct Cli {
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Subcommand)]
-enum Command {
-    /// The filter's cost per request: the same Envoy with and without it.
-    Overhead(OverheadArgs),
-    /// Routing quality against 7 simulated vLLM instances, per strategy.
-    Routing(RoutingArgs),
-    /// The demo (what `cargo xtask demo` shows): RANDOM then PREFIX_AWARE on a
-    /// short long-shared-prefix run.
-    Demo,
-    /// For profiling: one overhead case under throughput load, printing Envoy's
-    /// pid once warm (e.g. `perf record -g -p PID -- sleep 5`).
-    OverheadLoad {
-        /// A case name, e.g. chat-1MiB.
-        #[arg(long)]
-        case: String,
-        /// without, idle (filter with RANDOM) or with (PREFIX_AWARE).
-        #[arg(long, default_value = "with")]
-        configuration: String,
-        #[arg(long, default_value_t = 10)]
-        seconds: u64,
-    },
-}
-
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = BenchCli::parse();
     let outcome = match cli.command {
         Command::Overhead(OverheadArgs { quick }) => run_overhead(quick),
         Command::Routing(RoutingArgs { quick, workload }) => run_routing(quick, &workload),

@@ -1,9 +1,9 @@
 //! The benchmarks' command-line options, defined once: `prefix-router-bench`
-//! parses them, and `cargo xtask bench` parses the same and hands them on
+//! parses them ([`BenchCli`]), and `cargo xtask bench` parses the same and hands them on
 //! (after building the release binaries) with [`OverheadArgs::to_args`] and
 //! [`RoutingArgs::to_args`].
 
-use clap::Args;
+use clap::{Args, Parser, Subcommand};
 
 /// `overhead [--quick]`.
 #[derive(Debug, Clone, PartialEq, Eq, Args)]
@@ -49,25 +49,47 @@ impl RoutingArgs {
     }
 }
 
+/// The command line of `prefix-router-bench`.
+#[derive(Debug, Parser)]
+#[command(
+    name = "prefix-router-bench",
+    about = "prefix-router benchmarks through a real Envoy"
+)]
+pub struct BenchCli {
+    #[command(subcommand)]
+    pub command: BenchCommand,
+}
+
+/// A `prefix-router-bench` subcommand.
+#[derive(Debug, PartialEq, Eq, Subcommand)]
+pub enum BenchCommand {
+    /// The filter's cost per request: the same Envoy with and without it.
+    Overhead(OverheadArgs),
+    /// Routing quality against 7 simulated vLLM instances, per strategy.
+    Routing(RoutingArgs),
+    /// The demo (what `cargo xtask demo` shows): RANDOM then PREFIX_AWARE on a
+    /// short long-shared-prefix run.
+    Demo,
+    /// For profiling: one overhead case under throughput load, printing Envoy's
+    /// pid once warm (e.g. `perf record -g -p PID -- sleep 5`).
+    OverheadLoad {
+        /// A case name, e.g. chat-1MiB.
+        #[arg(long)]
+        case: String,
+        /// without, idle (filter with RANDOM) or with (PREFIX_AWARE).
+        #[arg(long, default_value = "with")]
+        configuration: String,
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+    },
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::{Parser, Subcommand};
 
-    #[derive(Parser)]
-    struct Cli {
-        #[command(subcommand)]
-        command: Command,
-    }
-
-    #[derive(Subcommand)]
-    enum Command {
-        Overhead(OverheadArgs),
-        Routing(RoutingArgs),
-    }
-
-    fn parse(args: Vec<String>) -> Command {
-        Cli::try_parse_from(std::iter::once("bench".to_string()).chain(args))
+    fn parse(args: Vec<String>) -> BenchCommand {
+        BenchCli::try_parse_from(std::iter::once("bench".to_string()).chain(args))
             .expect("parses")
             .command
     }
@@ -76,10 +98,14 @@ mod tests {
     fn options_survive_the_hand_over() {
         for quick in [false, true] {
             let overhead = OverheadArgs { quick };
-            assert!(matches!(parse(overhead.to_args()), Command::Overhead(o) if o == overhead));
+            assert!(
+                matches!(parse(overhead.to_args()), BenchCommand::Overhead(o) if o == overhead)
+            );
             for workload in [vec![], vec!["a".to_string(), "b-c".to_string()]] {
                 let routing = RoutingArgs { quick, workload };
-                assert!(matches!(parse(routing.to_args()), Command::Routing(r) if r == routing));
+                assert!(
+                    matches!(parse(routing.to_args()), BenchCommand::Routing(r) if r == routing)
+                );
             }
         }
     }
