@@ -7,8 +7,9 @@
 //! to it. So a stale learned mapping can cause at most an unneeded overflow,
 //! never pin a key to an instance Maglev no longer chooses.
 //!
-//! With key balancing (`key_balance_factor`) a key whose target owns more
-//! than its share of the keys is placed on another instance once
+//! With key balancing (`key_balance_factor`) no instance owns more than its
+//! share of the keys: a new key is placed before its first request
+//! ([`LoadView::place_new`]), a key that went by Maglev first is checked once
 //! ([`LoadView::balance`]); a placed key's requests name that instance in the
 //! host-override header (the key header stays, for Maglev's fallback if it
 //! is gone), and overflow from it works as from any target.
