@@ -73,21 +73,15 @@ impl Section {
     /// Appends a value, escaping separator characters, up to the cap.
     pub(crate) fn push_escaped(&mut self, s: &str) {
         let room = self.limit.saturating_sub(self.chars);
-        // Common case: the whole value fits (bytes >= chars) and has nothing
-        // to escape (the separators are ASCII, so a byte test is exact).
         if room == 0 {
             return;
         }
-        // Common cases: the value (or its first `room` characters) has
-        // nothing to escape and is copied whole. The separators are ASCII,
-        // so a byte test is exact; bytes >= chars, so a value no longer than
-        // `room` bytes fits.
-        // ASCII (the usual prompt text) has one character per byte, which
-        // spares walking the value character by character.
-        let ascii_head = s.as_bytes().get(..room).is_some_and(<[u8]>::is_ascii);
+        // The value's first `room` characters: bytes >= chars, so a value of
+        // at most `room` bytes fits whole, and an ASCII head (the usual
+        // prompt text) has one character per byte.
         let head = if s.len() <= room {
             s
-        } else if ascii_head {
+        } else if s.as_bytes().get(..room).is_some_and(<[u8]>::is_ascii) {
             s.get(..room).unwrap_or(s)
         } else {
             match s.char_indices().nth(room) {
@@ -95,13 +89,12 @@ impl Section {
                 None => s,
             }
         };
-        if !head.bytes().any(|b| matches!(b, 0x10 | 0x1e | 0x1f)) {
+        // Common case: nothing to escape, so the head is copied whole. The
+        // separators are ASCII, so a byte search is exact (and memchr's
+        // SIMD search beats a byte loop several times over).
+        if memchr::memchr3(0x10, 0x1e, 0x1f, head.as_bytes()).is_none() {
             self.text.push_str(head);
-            self.chars += if head.is_ascii() {
-                head.len()
-            } else {
-                head.chars().count()
-            };
+            self.chars += head.chars().count();
             return;
         }
         for c in s.chars() {
