@@ -8,6 +8,7 @@ pub mod bodies;
 pub mod chart;
 pub mod cli;
 pub mod closed_loop;
+pub mod cpu;
 pub mod demo;
 pub mod fleet;
 pub mod instant_upstream;

@@ -12,7 +12,9 @@
 //!
 //! Added latency is a configuration's percentile minus the no-filter one over
 //! all rounds' samples pooled; the throughput ratio is the median over rounds
-//! of that round's requests per second over the no-filter one.
+//! of that round's requests per second over the no-filter one. Envoy's own CPU
+//! time per request, over the throughput phases, is the steadiest of the three
+//! on a shared machine.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -23,6 +25,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use super::closed_loop::{self, PhaseResult, Target};
+use super::cpu::process_cpu_ns;
 use super::instant_upstream::{CountsSnapshot, InstantUpstream};
 use super::stats::{median, percentile, sorted};
 use super::{bodies, load_average};
@@ -156,6 +159,8 @@ pub struct SideFigures {
     pub p99_us: f64,
     /// Requests per second at the throughput concurrency (median over rounds).
     pub rps: f64,
+    /// Envoy's CPU time (all threads) per request over the throughput phases.
+    pub cpu_us_per_request: f64,
     pub latency_samples: usize,
     pub failures: u64,
     /// Fraction of requests that reached the upstream with the key header.
@@ -175,10 +180,13 @@ pub struct CaseResult {
     pub p99_added_us: f64,
     /// PREFIX_AWARE filter over no filter, requests per second at saturation.
     pub rps_ratio: f64,
+    /// PREFIX_AWARE filter minus no filter, Envoy CPU time per request.
+    pub cpu_added_us: f64,
     /// The same for the idle filter (RANDOM: every callback, no body read).
     pub idle_p50_added_us: f64,
     pub idle_p99_added_us: f64,
     pub idle_rps_ratio: f64,
+    pub idle_cpu_added_us: f64,
     /// Per-round p50 added (PREFIX_AWARE): the spread shows the noise.
     pub p50_added_us_rounds: Vec<f64>,
     pub rps_ratio_rounds: Vec<f64>,
@@ -252,7 +260,7 @@ pub fn run(
         let result = measure_case(&runtime, opts, &case, envoys, &upstream)
             .with_context(|| format!("case {}", case.name))?;
         progress(&format!(
-            "  p50 {:.0} / idle {:.0} / with {:.0} µs (+{:.0}), p99 {:.0} / {:.0} / {:.0} µs (+{:.0}), rps {:.0} / {:.0} / {:.0} (x{:.3})",
+            "  p50 {:.0} / idle {:.0} / with {:.0} µs (+{:.0}), p99 {:.0} / {:.0} / {:.0} µs (+{:.0}), rps {:.0} / {:.0} / {:.0} (x{:.3}), Envoy CPU per request {:.0} / {:.0} / {:.0} µs (+{:.0})",
             result.without_filter.p50_us,
             result.idle_filter.p50_us,
             result.with_filter.p50_us,
@@ -264,7 +272,11 @@ pub fn run(
             result.without_filter.rps,
             result.idle_filter.rps,
             result.with_filter.rps,
-            result.rps_ratio
+            result.rps_ratio,
+            result.without_filter.cpu_us_per_request,
+            result.idle_filter.cpu_us_per_request,
+            result.with_filter.cpu_us_per_request,
+            result.cpu_added_us
         ));
         results.push(result);
     }
@@ -374,6 +386,9 @@ struct Side {
     latencies_us: Vec<f64>,
     round_p50_us: Vec<f64>,
     round_rps: Vec<f64>,
+    /// Envoy CPU time and requests completed over the throughput phases.
+    cpu_ns: u64,
+    cpu_requests: u64,
     failures: u64,
     counts: CountsSnapshot,
 }
@@ -418,11 +433,16 @@ fn measure_case(
         for step in 0..SIDES {
             let index = (round + step) % SIDES;
             let before = upstream.counts();
+            let pid = envoys[index]
+                .pid()
+                .context("Envoy exited during the benchmark")?;
+            let cpu_before = process_cpu_ns(pid)?;
             let throughput = runtime.block_on(closed_loop::run(
                 &targets[index],
                 opts.throughput_concurrency,
                 opts.throughput_phase,
             ))?;
+            let cpu_used = process_cpu_ns(pid)?.saturating_sub(cpu_before);
             check(&throughput, "throughput phase")?;
             let seen = upstream.counts().since(before);
             let side = &mut sides[index];
@@ -430,6 +450,8 @@ fn measure_case(
             side.counts.unkeyed += seen.unkeyed;
             side.counts.body_bytes += seen.body_bytes;
             side.round_rps.push(throughput.rps());
+            side.cpu_ns += cpu_used;
+            side.cpu_requests += throughput.latencies_us.len() as u64;
             side.failures += throughput.failures;
             let expected = seen.keyed + seen.unkeyed;
             if seen.body_bytes != expected * case.body_bytes as u64 {
@@ -464,6 +486,7 @@ fn measure_case(
             .collect()
     };
     let p50_added_us = added(WITH, |f| f.p50_us);
+    let cpu_added = |index: usize| added(index, |f| f.cpu_us_per_request);
     let rps_ratio_rounds = ratio_rounds(WITH);
     Ok(CaseResult {
         name: case.name.to_string(),
@@ -474,9 +497,11 @@ fn measure_case(
         p50_added_us,
         p99_added_us: added(WITH, |f| f.p99_us),
         rps_ratio: median(&rps_ratio_rounds),
+        cpu_added_us: cpu_added(WITH),
         idle_p50_added_us: added(IDLE, |f| f.p50_us),
         idle_p99_added_us: added(IDLE, |f| f.p99_us),
         idle_rps_ratio: median(&ratio_rounds(IDLE)),
+        idle_cpu_added_us: cpu_added(IDLE),
         p50_added_us_rounds: sides[WITH]
             .round_p50_us
             .iter()
@@ -512,6 +537,11 @@ fn figures(side: &Side) -> SideFigures {
         p90_us: percentile(&samples, 90.0),
         p99_us: percentile(&samples, 99.0),
         rps: median(&side.round_rps),
+        cpu_us_per_request: if side.cpu_requests > 0 {
+            side.cpu_ns as f64 / 1_000.0 / side.cpu_requests as f64
+        } else {
+            0.0
+        },
         latency_samples: samples.len(),
         failures: side.failures,
         keyed_fraction: if requests > 0 {
@@ -526,9 +556,9 @@ fn figures(side: &Side) -> SideFigures {
 pub fn markdown(report: &OverheadReport) -> String {
     let mut out = String::new();
     out.push_str(
-        "| case | body | prefix_length | p50 without → with (µs) | p50 added (µs) | p99 added (µs) | rps without → with | rps ratio | idle filter: p50 added, rps ratio | target p50 added |\n",
+        "| case | body | prefix_length | p50 without → with (µs) | p50 added (µs) | p99 added (µs) | rps without → with | rps ratio | Envoy CPU per request without → with (µs) | idle filter: p50 added, rps ratio, CPU added | target p50 added |\n",
     );
-    out.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
+    out.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
     for case in &report.cases {
         let target = match (case.target_p50_added_us, case.target_met) {
             (Some(t), Some(true)) => format!("≤ {t:.0} µs: met"),
@@ -536,7 +566,7 @@ pub fn markdown(report: &OverheadReport) -> String {
             _ => "-".to_string(),
         };
         out.push_str(&format!(
-            "| {} | {} | {} | {:.0} → {:.0} | {:.0} | {:.0} | {:.0} → {:.0} | {:.3} | {:.0} µs, {:.3} | {} |\n",
+            "| {} | {} | {} | {:.0} → {:.0} | {:.0} | {:.0} | {:.0} → {:.0} | {:.3} | {:.0} → {:.0} (+{:.0}) | {:.0} µs, {:.3}, +{:.0} µs | {} |\n",
             case.name,
             human_bytes(case.body_bytes),
             case.prefix_length,
@@ -547,8 +577,12 @@ pub fn markdown(report: &OverheadReport) -> String {
             case.without_filter.rps,
             case.with_filter.rps,
             case.rps_ratio,
+            case.without_filter.cpu_us_per_request,
+            case.with_filter.cpu_us_per_request,
+            case.cpu_added_us,
             case.idle_p50_added_us,
             case.idle_rps_ratio,
+            case.idle_cpu_added_us,
             target
         ));
     }
