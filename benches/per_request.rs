@@ -155,14 +155,15 @@ fn route_requests(strategy: &str) -> impl FnMut() {
     move || {
         n += 1;
         now_ms += 1;
-        let key = &keys[n % keys.len()];
+        let k = n % keys.len();
+        let key = &keys[k];
         let random = (n as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
         let routed = steering::route(&policy, Some(key), &mut tracker, random, now_ms);
         let decision = &routed.decision;
         let address = decision
             .host_override
             .as_deref()
-            .unwrap_or(INSTANCES[n % 50 % INSTANCES.len()]);
+            .unwrap_or(INSTANCES[k % INSTANCES.len()]);
         let start = steering::upstream_start(
             address,
             Some(key),
@@ -183,7 +184,8 @@ fn main() {
         "native"
     };
     println!("per request, {target} (best of 7 runs, µs):");
-    let chat = config(r#"{"prefix_length":4096}"#);
+    // Every body type keyed on its first 4,096 bytes or characters.
+    let prefix_4096 = config(r#"{"prefix_length":4096}"#);
     for (name, size, iterations) in [
         ("read chat 8 KiB", 8 << 10, 3000),
         ("read chat 64 KiB", 64 << 10, 1000),
@@ -192,17 +194,16 @@ fn main() {
         let body = chat_body(size);
         let us = best_of_7(iterations, || {
             black_box(read_request(
-                &chat,
+                &prefix_4096,
                 "/v1/chat/completions",
                 black_box(&body),
             ));
         });
         println!("  {name:<28} {us:8.2}");
     }
-    let invoke = config(r#"{"prefix_length":4096}"#);
     let body: Vec<u8> = (0..8192u32).map(|i| b'a' + (i % 26) as u8).collect();
     let us = best_of_7(3000, || {
-        black_box(read_request(&invoke, "/invocations", black_box(&body)));
+        black_box(read_request(&prefix_4096, "/invocations", black_box(&body)));
     });
     println!("  {:<28} {us:8.2}", "read invoke 8 KiB");
     for strategy in ["RANDOM", "PREFIX_AWARE"] {

@@ -13,8 +13,8 @@
 //! Added latency is a configuration's percentile minus the no-filter one over
 //! all rounds' samples pooled; the throughput ratio is the median over rounds
 //! of that round's requests per second over the no-filter one. Envoy's own CPU
-//! time per request, over the throughput phases, is the steadiest of the three
-//! on a shared machine.
+//! time per request, over the throughput phases, tells CPU cost apart from
+//! waiting.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -386,9 +386,8 @@ struct Side {
     latencies_us: Vec<f64>,
     round_p50_us: Vec<f64>,
     round_rps: Vec<f64>,
-    /// Envoy CPU time and requests completed over the throughput phases.
+    /// Envoy CPU time over the throughput phases (whose requests `counts` has).
     cpu_ns: u64,
-    cpu_requests: u64,
     failures: u64,
     counts: CountsSnapshot,
 }
@@ -451,7 +450,6 @@ fn measure_case(
             side.counts.body_bytes += seen.body_bytes;
             side.round_rps.push(throughput.rps());
             side.cpu_ns += cpu_used;
-            side.cpu_requests += throughput.latencies_us.len() as u64;
             side.failures += throughput.failures;
             let expected = seen.keyed + seen.unkeyed;
             if seen.body_bytes != expected * case.body_bytes as u64 {
@@ -537,18 +535,19 @@ fn figures(side: &Side) -> SideFigures {
         p90_us: percentile(&samples, 90.0),
         p99_us: percentile(&samples, 99.0),
         rps: median(&side.round_rps),
-        cpu_us_per_request: if side.cpu_requests > 0 {
-            side.cpu_ns as f64 / 1_000.0 / side.cpu_requests as f64
-        } else {
-            0.0
-        },
+        cpu_us_per_request: per_request(side.cpu_ns as f64 / 1_000.0, requests),
         latency_samples: samples.len(),
         failures: side.failures,
-        keyed_fraction: if requests > 0 {
-            side.counts.keyed as f64 / requests as f64
-        } else {
-            0.0
-        },
+        keyed_fraction: per_request(side.counts.keyed as f64, requests),
+    }
+}
+
+/// `total` over `requests`, 0 without requests.
+fn per_request(total: f64, requests: u64) -> f64 {
+    if requests > 0 {
+        total / requests as f64
+    } else {
+        0.0
     }
 }
 
