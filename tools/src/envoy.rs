@@ -75,6 +75,33 @@ pub fn wasm_path() -> PathBuf {
     }
 }
 
+/// Where the overhead benchmark's floor filter (`tools/floor-filter`) is
+/// expected: `PREFIX_ROUTER_FLOOR_WASM`, else the release build.
+pub fn floor_wasm_path() -> PathBuf {
+    match std::env::var_os("PREFIX_ROUTER_FLOOR_WASM") {
+        Some(path) if !path.is_empty() => PathBuf::from(path),
+        _ => target_dir()
+            .join("wasm32-wasip1")
+            .join("release")
+            .join("prefix_router_floor_filter.wasm"),
+    }
+}
+
+/// The built floor filter's path, or an error saying how to build it.
+pub fn require_floor_wasm() -> anyhow::Result<PathBuf> {
+    let path = floor_wasm_path();
+    if path.is_file() {
+        Ok(path)
+    } else {
+        bail!(
+            "the floor filter is missing at {}: run `cargo xtask bench overhead`, or build it with \
+             `cargo build --release --target wasm32-wasip1 -p prefix-router-floor-filter` \
+             (PREFIX_ROUTER_FLOOR_WASM overrides the path)",
+            path.display()
+        )
+    }
+}
+
 /// The built filter's path, or an error saying how to build it.
 pub fn require_wasm() -> anyhow::Result<PathBuf> {
     let path = wasm_path();
@@ -214,6 +241,13 @@ impl EnvoyBuilder {
         self
     }
 
+    /// Runs the wasm filter in the listener only, without the clusters'
+    /// upstream wasm filters.
+    pub fn listener_filter_only(mut self) -> Self {
+        self.filter = FilterMode::ListenerOnly;
+        self
+    }
+
     /// Any further change to the configuration, applied after the standard edits.
     pub fn edit(
         mut self,
@@ -278,12 +312,12 @@ impl EnvoyBuilder {
             .with_context(|| format!("parsing {}", self.config.display()))?;
         let wasm = match (self.filter, self.wasm) {
             (FilterMode::Without, _) => None,
-            (FilterMode::With, Some(path)) if path.is_file() => Some(path),
-            (FilterMode::With, Some(path)) => bail!(
+            (_, Some(path)) if path.is_file() => Some(path),
+            (_, Some(path)) => bail!(
                 "the prefix-router filter is missing at {}: {WASM_BUILD_HINT}",
                 path.display()
             ),
-            (FilterMode::With, None) => Some(require_wasm()?),
+            (_, None) => Some(require_wasm()?),
         };
         let wasm = wasm.map(absolute).transpose()?;
         let rendered = render::standard_edits(

@@ -8,7 +8,7 @@ use clap::Subcommand;
 use prefix_router_tools::bench::cli::{OverheadArgs, RoutingArgs};
 
 use crate::prereqs::{self, cargo, run};
-use crate::run::build_wasm;
+use crate::run::{build_floor_wasm, build_wasm};
 
 #[derive(Subcommand)]
 pub enum Bench {
@@ -35,6 +35,8 @@ pub fn run_bench(bench: &Bench) -> anyhow::Result<()> {
 pub fn run_release_bench(args: &[String]) -> anyhow::Result<()> {
     let found = prereqs::ensure_all()?;
     let wasm = build_wasm()?;
+    // The overhead benchmark's floor: the least a prefix router can do in proxy-wasm.
+    let floor_wasm = build_floor_wasm()?;
     // The bench binary finds vllm-sim next to itself.
     run(cargo().args([
         "build",
@@ -57,5 +59,6 @@ pub fn run_release_bench(args: &[String]) -> anyhow::Result<()> {
         ])
         .args(args)
         .env("PREFIX_ROUTER_WASM", &wasm)
+        .env("PREFIX_ROUTER_FLOOR_WASM", &floor_wasm)
         .env("ENVOY_BIN", &found.envoy))
 }

@@ -10,18 +10,32 @@ use crate::prereqs::{self, cargo, run};
 
 /// Builds the release .wasm and returns its absolute path.
 pub fn build_wasm() -> anyhow::Result<PathBuf> {
+    build_wasm_package("prefix-router", "prefix_router.wasm")
+}
+
+/// Builds the overhead benchmark's floor filter (`tools/floor-filter`).
+pub fn build_floor_wasm() -> anyhow::Result<PathBuf> {
+    build_wasm_package(
+        "prefix-router-floor-filter",
+        "prefix_router_floor_filter.wasm",
+    )
+}
+
+/// Builds one cdylib package for wasm32-wasip1 in release mode and returns
+/// the absolute path of `file`, what it produced.
+pub fn build_wasm_package(package: &str, file: &str) -> anyhow::Result<PathBuf> {
     run(cargo().args([
         "build",
         "--release",
         "--target",
         "wasm32-wasip1",
         "-p",
-        "prefix-router",
+        package,
     ]))?;
     let path = envoy::target_dir()
         .join("wasm32-wasip1")
         .join("release")
-        .join("prefix_router.wasm");
+        .join(file);
     std::fs::canonicalize(&path)
         .with_context(|| format!("the build did not produce {}", path.display()))
 }
@@ -31,12 +45,14 @@ pub fn test(cargo_test_args: &[String]) -> anyhow::Result<()> {
     prereqs::ensure_node()?;
     let openai_pythonpath = prereqs::ensure_openai_sdk()?;
     let wasm = build_wasm()?;
+    let floor_wasm = build_floor_wasm()?;
     // Both suites run even if the first fails, so one run shows every failure.
     let mut native_tests = cargo();
     native_tests
         .args(["test", "--workspace", "--no-fail-fast"])
         .args(cargo_test_args)
         .env("PREFIX_ROUTER_WASM", &wasm)
+        .env("PREFIX_ROUTER_FLOOR_WASM", &floor_wasm)
         .env("ENVOY_BIN", &found.envoy);
     if let Some(dir) = &openai_pythonpath {
         native_tests.env("PYTHONPATH", dir);

@@ -1,9 +1,12 @@
 //! `bench overhead`: what the filter adds to each request. The same Envoy
-//! configuration (`envoy/envoy.yaml`) runs three ways in front of the same
+//! configuration (`envoy/envoy.yaml`) runs four ways in front of the same
 //! instant upstream: without the filter, with the filter routing
-//! (PREFIX_AWARE), and with the filter loaded but idle (strategy RANDOM: it
-//! sees every callback but reads no body), which splits the cost into "a wasm
-//! filter in the chain" and "holding the headers and reading the prefix".
+//! (PREFIX_AWARE), with the filter loaded but idle (strategy RANDOM: it sees
+//! every callback but reads no body), which splits the cost into "a wasm
+//! filter in the chain" and "holding the headers and reading the prefix", and
+//! with the floor filter (`tools/floor-filter`: the least a prefix router can
+//! do in proxy-wasm, in the listener only), which tells what proxy-wasm costs
+//! on this machine apart from what this filter adds to it.
 //! - latency: one request at a time per configuration, interleaved request by
 //!   request across the configurations (so all see the same machine noise);
 //!   each request's latency is its own cost, not queueing behind others;
@@ -51,6 +54,8 @@ pub struct OverheadOptions {
     pub envoy_workers: u32,
     /// The .wasm (default: the launcher's [`crate::envoy::wasm_path`]).
     pub wasm: Option<PathBuf>,
+    /// The floor filter's .wasm (default: [`crate::envoy::floor_wasm_path`]).
+    pub floor_wasm: Option<PathBuf>,
 }
 
 impl OverheadOptions {
@@ -65,6 +70,7 @@ impl OverheadOptions {
             throughput_concurrency: 8,
             envoy_workers: 1,
             wasm: None,
+            floor_wasm: None,
         }
     }
 
@@ -182,6 +188,14 @@ pub struct CaseResult {
     pub rps_ratio: f64,
     /// PREFIX_AWARE filter minus no filter, Envoy CPU time per request.
     pub cpu_added_us: f64,
+    /// PREFIX_AWARE minus the floor filter, p50: what this filter adds over
+    /// the least a proxy-wasm prefix router costs.
+    pub p50_added_over_floor_us: f64,
+    /// The same as above for the floor filter.
+    pub floor_p50_added_us: f64,
+    pub floor_p99_added_us: f64,
+    pub floor_rps_ratio: f64,
+    pub floor_cpu_added_us: f64,
     /// The same for the idle filter (RANDOM: every callback, no body read).
     pub idle_p50_added_us: f64,
     pub idle_p99_added_us: f64,
@@ -193,6 +207,7 @@ pub struct CaseResult {
     pub target_p50_added_us: Option<f64>,
     pub target_met: Option<bool>,
     pub without_filter: SideFigures,
+    pub floor_filter: SideFigures,
     pub idle_filter: SideFigures,
     pub with_filter: SideFigures,
 }
@@ -219,9 +234,10 @@ pub struct OverheadReport {
 
 /// The configurations compared, in the order of the measurement arrays.
 const WITHOUT: usize = 0;
-const IDLE: usize = 1;
-const WITH: usize = 2;
-const SIDES: usize = 3;
+const FLOOR: usize = 1;
+const IDLE: usize = 2;
+const WITH: usize = 3;
+const SIDES: usize = 4;
 
 /// Runs every case; `progress` receives a line per step.
 pub fn run(
@@ -234,6 +250,10 @@ pub fn run(
         .enable_all()
         .build()
         .context("starting the client runtime")?;
+    let floor_wasm = match &opts.floor_wasm {
+        Some(path) => path.clone(),
+        None => crate::envoy::require_floor_wasm()?,
+    };
     let upstream = InstantUpstream::start(KEY_HEADER)?;
     let without = start_envoy(opts, None, upstream.addr())?;
     let idle = start_envoy(
@@ -256,15 +276,18 @@ pub fn run(
             })),
             upstream.addr(),
         )?;
-        let envoys = [&without, &idle, &with];
+        let floor = start_floor_envoy(opts, &floor_wasm, case.prefix_length, upstream.addr())?;
+        let envoys = [&without, &floor, &idle, &with];
         let result = measure_case(&runtime, opts, &case, envoys, &upstream)
             .with_context(|| format!("case {}", case.name))?;
         progress(&format!(
-            "  p50 {:.0} / idle {:.0} / with {:.0} µs (+{:.0}), p99 {:.0} / {:.0} / {:.0} µs (+{:.0}), rps {:.0} / {:.0} / {:.0} (x{:.3}), Envoy CPU per request {:.0} / {:.0} / {:.0} µs (+{:.0})",
+            "  p50 {:.0} / floor {:.0} / idle {:.0} / with {:.0} µs (+{:.0}; floor +{:.0}), p99 {:.0} / {:.0} / {:.0} µs (+{:.0}), rps {:.0} / {:.0} / {:.0} (x{:.3}), Envoy CPU per request {:.0} / {:.0} / {:.0} µs (+{:.0}; floor +{:.0})",
             result.without_filter.p50_us,
+            result.floor_filter.p50_us,
             result.idle_filter.p50_us,
             result.with_filter.p50_us,
             result.p50_added_us,
+            result.floor_p50_added_us,
             result.without_filter.p99_us,
             result.idle_filter.p99_us,
             result.with_filter.p99_us,
@@ -276,7 +299,8 @@ pub fn run(
             result.without_filter.cpu_us_per_request,
             result.idle_filter.cpu_us_per_request,
             result.with_filter.cpu_us_per_request,
-            result.cpu_added_us
+            result.cpu_added_us,
+            result.floor_cpu_added_us
         ));
         results.push(result);
     }
@@ -380,6 +404,24 @@ fn start_envoy(
     Ok(builder.start()?)
 }
 
+/// Envoy from `envoy/envoy.yaml` with the floor filter in the listener only
+/// (it counts nothing, so it has no upstream position).
+fn start_floor_envoy(
+    opts: &OverheadOptions,
+    floor_wasm: &std::path::Path,
+    prefix_length: usize,
+    upstream: std::net::SocketAddr,
+) -> anyhow::Result<Envoy> {
+    Ok(Envoy::builder()
+        .upstreams([upstream])
+        .concurrency(opts.envoy_workers)
+        .log_level("warning")
+        .listener_filter_only()
+        .wasm(floor_wasm)
+        .plugin_config(prefix_length.to_string())
+        .start()?)
+}
+
 /// Samples of one configuration over the rounds.
 #[derive(Default)]
 struct Side {
@@ -459,7 +501,7 @@ fn measure_case(
                     case.body_bytes
                 );
             }
-            keyed_ok[index] &= if index == WITH {
+            keyed_ok[index] &= if index == WITH || index == FLOOR {
                 seen.unkeyed == 0
             } else {
                 seen.keyed == 0
@@ -468,8 +510,9 @@ fn measure_case(
     }
     if keyed_ok.contains(&false) {
         bail!(
-            "the filter did not behave as configured: every request through PREFIX_AWARE must carry \
-             {KEY_HEADER}, none through RANDOM or plain Envoy ({keyed_ok:?})"
+            "the filters did not behave as configured: every request through PREFIX_AWARE and the \
+             floor filter must carry {KEY_HEADER}, none through RANDOM or plain Envoy \
+             (without, floor, idle, with: {keyed_ok:?})"
         );
     }
     let figures: Vec<SideFigures> = sides.iter().map(figures).collect();
@@ -496,6 +539,11 @@ fn measure_case(
         p99_added_us: added(WITH, |f| f.p99_us),
         rps_ratio: median(&rps_ratio_rounds),
         cpu_added_us: cpu_added(WITH),
+        p50_added_over_floor_us: figures[WITH].p50_us - figures[FLOOR].p50_us,
+        floor_p50_added_us: added(FLOOR, |f| f.p50_us),
+        floor_p99_added_us: added(FLOOR, |f| f.p99_us),
+        floor_rps_ratio: median(&ratio_rounds(FLOOR)),
+        floor_cpu_added_us: cpu_added(FLOOR),
         idle_p50_added_us: added(IDLE, |f| f.p50_us),
         idle_p99_added_us: added(IDLE, |f| f.p99_us),
         idle_rps_ratio: median(&ratio_rounds(IDLE)),
@@ -510,6 +558,7 @@ fn measure_case(
         target_p50_added_us: case.target_p50_added_us,
         target_met: case.target_p50_added_us.map(|t| p50_added_us <= t),
         without_filter: figures[WITHOUT].clone(),
+        floor_filter: figures[FLOOR].clone(),
         idle_filter: figures[IDLE].clone(),
         with_filter: figures[WITH].clone(),
     })
@@ -555,9 +604,9 @@ fn per_request(total: f64, requests: u64) -> f64 {
 pub fn markdown(report: &OverheadReport) -> String {
     let mut out = String::new();
     out.push_str(
-        "| case | body | prefix_length | p50 without → with (µs) | p50 added (µs) | p99 added (µs) | rps without → with | rps ratio | Envoy CPU per request without → with (µs) | idle filter: p50 added, rps ratio, CPU added | target p50 added |\n",
+        "| case | body | prefix_length | p50 without → with (µs) | p50 added (µs) | p99 added (µs) | rps without → with | rps ratio | Envoy CPU per request without → with (µs) | idle filter: p50 added, rps ratio, CPU added | floor filter: p50 added, CPU added | target p50 added |\n",
     );
-    out.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
+    out.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
     for case in &report.cases {
         let target = match (case.target_p50_added_us, case.target_met) {
             (Some(t), Some(true)) => format!("≤ {t:.0} µs: met"),
@@ -565,7 +614,7 @@ pub fn markdown(report: &OverheadReport) -> String {
             _ => "-".to_string(),
         };
         out.push_str(&format!(
-            "| {} | {} | {} | {:.0} → {:.0} | {:.0} | {:.0} | {:.0} → {:.0} | {:.3} | {:.0} → {:.0} (+{:.0}) | {:.0} µs, {:.3}, +{:.0} µs | {} |\n",
+            "| {} | {} | {} | {:.0} → {:.0} | {:.0} | {:.0} | {:.0} → {:.0} | {:.3} | {:.0} → {:.0} (+{:.0}) | {:.0} µs, {:.3}, +{:.0} µs | {:.0} µs, +{:.0} µs | {} |\n",
             case.name,
             human_bytes(case.body_bytes),
             case.prefix_length,
@@ -582,6 +631,8 @@ pub fn markdown(report: &OverheadReport) -> String {
             case.idle_p50_added_us,
             case.idle_rps_ratio,
             case.idle_cpu_added_us,
+            case.floor_p50_added_us,
+            case.floor_cpu_added_us,
             target
         ));
     }

@@ -22,6 +22,10 @@ pub enum FilterMode {
     /// Plain Envoy: the wasm filter entries are removed (overhead baselines,
     /// harness checks).
     Without,
+    /// The wasm filter in the listeners only: the clusters' upstream wasm
+    /// filters are removed (the overhead benchmark's floor filter, which
+    /// counts nothing).
+    ListenerOnly,
 }
 
 pub(super) struct StandardEdits<'a> {
@@ -74,7 +78,7 @@ pub(super) fn standard_edits(
         set_loopback_ephemeral(listener.get_mut("address"), "listener")?;
     }
     let wasm_filters = edit_wasm_filters(listeners, edits, &mut rendered)?;
-    if wasm_filters == 0 && edits.filter == FilterMode::With {
+    if wasm_filters == 0 && edits.filter != FilterMode::Without {
         bail!("no wasm HTTP filter ({WASM_FILTER_TYPE}) in any listener");
     }
     let clusters = seq_mut(config, &["static_resources", "clusters"])?;
@@ -460,7 +464,7 @@ fn edit_upstream_wasm_filters(
         else {
             continue;
         };
-        if edits.filter == FilterMode::Without {
+        if edits.filter != FilterMode::With {
             filters.retain(|f| !is_wasm_filter(f));
             continue;
         }
@@ -719,6 +723,43 @@ mod tests {
         assert!(serde_yaml::to_string(&config)
             .unwrap()
             .contains("envoy.filters.http.router"));
+    }
+
+    /// Wasm filters in the clusters' upstream filter chains.
+    fn upstream_wasm_filter_count(config: &Value) -> usize {
+        let clusters = config["static_resources"]["clusters"]
+            .as_sequence()
+            .unwrap();
+        clusters
+            .iter()
+            .filter_map(|c| c.get("typed_extension_protocol_options")?.as_mapping())
+            .flat_map(|options| options.values())
+            .filter_map(|option| option.get("http_filters")?.as_sequence())
+            .map(|filters| filters.iter().filter(|f| is_wasm_filter(f)).count())
+            .sum()
+    }
+
+    #[test]
+    fn listener_only_keeps_the_listener_filter_and_drops_the_upstream_ones() {
+        let edits = |filter| StandardEdits {
+            filter,
+            wasm: Some(Path::new("/abs/floor.wasm")),
+            plugin_config: Some("4096"),
+            upstreams: None,
+            eds_dir: None,
+            files_dir: None,
+            dynamic_plugin_config: false,
+        };
+        let mut both = shipped_config();
+        standard_edits(&mut both, &edits(FilterMode::With)).unwrap();
+        let mut listener_only = shipped_config();
+        standard_edits(&mut listener_only, &edits(FilterMode::ListenerOnly)).unwrap();
+        assert!(upstream_wasm_filter_count(&both) > 0);
+        assert_eq!(upstream_wasm_filter_count(&listener_only), 0);
+        assert_eq!(wasm_filter_count(&listener_only), wasm_filter_count(&both));
+        assert!(serde_yaml::to_string(&listener_only)
+            .unwrap()
+            .contains("/abs/floor.wasm"));
     }
 
     #[test]
