@@ -66,52 +66,50 @@ pub fn target_dir() -> PathBuf {
 
 /// Where the built filter is expected: `PREFIX_ROUTER_WASM`, else the release build.
 pub fn wasm_path() -> PathBuf {
-    match std::env::var_os("PREFIX_ROUTER_WASM") {
-        Some(path) if !path.is_empty() => PathBuf::from(path),
-        _ => target_dir()
-            .join("wasm32-wasip1")
-            .join("release")
-            .join("prefix_router.wasm"),
-    }
+    built_wasm_path("PREFIX_ROUTER_WASM", "prefix_router.wasm")
+}
+
+/// The built filter's path, or an error saying how to build it.
+pub fn require_wasm() -> anyhow::Result<PathBuf> {
+    existing(wasm_path(), "the prefix-router filter", WASM_BUILD_HINT)
 }
 
 /// Where the overhead benchmark's floor filter (`tools/floor-filter`) is
 /// expected: `PREFIX_ROUTER_FLOOR_WASM`, else the release build.
 pub fn floor_wasm_path() -> PathBuf {
-    match std::env::var_os("PREFIX_ROUTER_FLOOR_WASM") {
-        Some(path) if !path.is_empty() => PathBuf::from(path),
-        _ => target_dir()
-            .join("wasm32-wasip1")
-            .join("release")
-            .join("prefix_router_floor_filter.wasm"),
-    }
+    built_wasm_path(
+        "PREFIX_ROUTER_FLOOR_WASM",
+        "prefix_router_floor_filter.wasm",
+    )
 }
 
 /// The built floor filter's path, or an error saying how to build it.
 pub fn require_floor_wasm() -> anyhow::Result<PathBuf> {
-    let path = floor_wasm_path();
-    if path.is_file() {
-        Ok(path)
-    } else {
-        bail!(
-            "the floor filter is missing at {}: run `cargo xtask bench overhead`, or build it with \
-             `cargo build --release --target wasm32-wasip1 -p prefix-router-floor-filter` \
-             (PREFIX_ROUTER_FLOOR_WASM overrides the path)",
-            path.display()
-        )
+    existing(
+        floor_wasm_path(),
+        "the floor filter",
+        "run `cargo xtask bench overhead`, or build it with `cargo build --release --target \
+         wasm32-wasip1 -p prefix-router-floor-filter` (PREFIX_ROUTER_FLOOR_WASM overrides the path)",
+    )
+}
+
+/// `$variable` if set, else `file` in the wasm32-wasip1 release directory.
+fn built_wasm_path(variable: &str, file: &str) -> PathBuf {
+    match std::env::var_os(variable) {
+        Some(path) if !path.is_empty() => PathBuf::from(path),
+        _ => target_dir()
+            .join("wasm32-wasip1")
+            .join("release")
+            .join(file),
     }
 }
 
-/// The built filter's path, or an error saying how to build it.
-pub fn require_wasm() -> anyhow::Result<PathBuf> {
-    let path = wasm_path();
+/// `path` if it is a file, else an error naming `what` is missing and `hint`.
+fn existing(path: PathBuf, what: &str, hint: &str) -> anyhow::Result<PathBuf> {
     if path.is_file() {
         Ok(path)
     } else {
-        bail!(
-            "the prefix-router filter is missing at {}: {WASM_BUILD_HINT}",
-            path.display()
-        )
+        bail!("{what} is missing at {}: {hint}", path.display())
     }
 }
 
