@@ -5,7 +5,8 @@
 //! `get` returns the value and its CAS token; `set` with a token fails with
 //! [`SetError::CasMismatch`] if the value changed since; a `set` without a token
 //! (or with token 0) overwrites unconditionally; a `set` on a missing key ignores
-//! the token. There is no delete and no TTL.
+//! the token. There is no delete and no TTL, and no "create if missing": a
+//! table's first write is [`SharedStore::create`], which never overwrites.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -20,12 +21,27 @@ pub enum SetError {
     Failed,
 }
 
+/// The token [`SharedStore::create`] writes with. On a missing key Envoy
+/// ignores the token and creates the value; on an existing key it refuses
+/// every token but the entry's own. Envoy's tokens count up from 1 across all
+/// keys, so an entry holds this one for one write in 2^32.
+pub const CREATE_ONLY_CAS: u32 = u32::MAX;
+
 /// One shared key-value map with compare-and-swap, as proxy-wasm offers it.
 pub trait SharedStore {
     /// The value and its CAS token, or `(None, None)` if the key was never set.
     fn get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>);
     /// Writes `value`; with `cas: Some(token)` only if the value is unchanged.
     fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), SetError>;
+
+    /// Writes `value` only if `key` is missing: [`SetError::CasMismatch`] if
+    /// it exists (another VM created it since it was read as missing: read
+    /// again). A plain `set` without a token there would wipe that VM's write
+    /// (seen: two workers marking a new key's first requests pending at once
+    /// kept one mark, and the target took one request past its cap).
+    fn create(&self, key: &str, value: &[u8]) -> Result<(), SetError> {
+        self.set(key, value, Some(CREATE_ONLY_CAS))
+    }
 }
 
 impl<T: SharedStore + ?Sized> SharedStore for &T {
@@ -125,6 +141,16 @@ impl SharedStore for MemoryStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn create_writes_a_missing_key_and_never_overwrites() {
+        let store = MemoryStore::new();
+        store.create("k", b"first").unwrap();
+        assert_eq!(store.get("k").0.as_deref(), Some(&b"first"[..]));
+        store.set("k", b"theirs", None).unwrap();
+        assert_eq!(store.create("k", b"empty"), Err(SetError::CasMismatch));
+        assert_eq!(store.get("k").0.as_deref(), Some(&b"theirs"[..]));
+    }
 
     #[test]
     fn missing_key_reads_as_nothing() {

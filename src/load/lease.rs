@@ -100,7 +100,8 @@ pub(crate) fn try_claim(
 ) -> bool {
     let (mut lease, mut cas) = read(store, key);
     if cas.is_none() {
-        if store.set(key, &Lease::default().encode(), None).is_err() {
+        // Err(CasMismatch): another VM created it meanwhile; read theirs.
+        if let Err(SetError::Failed) = store.create(key, &Lease::default().encode()) {
             return false;
         }
         (lease, cas) = read(store, key);

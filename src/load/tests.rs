@@ -596,6 +596,56 @@ fn a_blind_request_counts_against_the_cap_until_its_upstream_filter_takes_over()
     ));
 }
 
+/// A store on which another worker acts once, right after the first read of
+/// a key containing `part`: the reader then works from what it read before.
+struct ActsAfterFirstRead<'a> {
+    inner: Rc<MemoryStore>,
+    part: &'static str,
+    act: std::cell::RefCell<Option<Box<dyn FnOnce() + 'a>>>,
+}
+
+impl SharedStore for ActsAfterFirstRead<'_> {
+    fn get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
+        let read = self.inner.get(key);
+        if key.contains(self.part) {
+            if let Some(act) = self.act.borrow_mut().take() {
+                act();
+            }
+        }
+        read
+    }
+    fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), SetError> {
+        self.inner.set(key, value, cas)
+    }
+}
+
+#[test]
+fn two_workers_marking_a_new_key_pending_at_once_keep_both_marks() {
+    let store = Rc::new(MemoryStore::new());
+    let w1 = Rc::new(std::cell::RefCell::new(worker(&store, 1)));
+    let racer = Rc::clone(&w1);
+    let racing = ActsAfterFirstRead {
+        inner: Rc::clone(&store),
+        part: "/pend/",
+        act: std::cell::RefCell::new(Some(Box::new(move || {
+            assert_eq!(racer.borrow_mut().route_blind("k", 1), None);
+        }))),
+    };
+    let mut w2 = LoadTracker::new(&racing, config(), 2);
+    w2.tick(0);
+    // w2 reads the pending table as missing, w1 creates it with its mark,
+    // then w2 creates it too: that must not wipe w1's mark.
+    assert_eq!(w2.route_blind("k", 1), None);
+    let mut w1 = w1.borrow_mut();
+    let _counted = w1.upstream_started(blind(A, "k"), 2).expect("counted");
+    let target = instance(&mut w1, "k", 2);
+    assert_eq!(
+        w1.claim(&target, Some("k"), Some(2), 2),
+        Claim::Full { in_flight: 2 },
+        "w1's request counted + w2's still pending"
+    );
+}
+
 #[test]
 fn route_blind_withdraws_its_mark_when_the_target_was_learned_meanwhile() {
     let store = Rc::new(MemoryStore::new());

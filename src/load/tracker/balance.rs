@@ -309,11 +309,12 @@ impl<S: SharedStore> LoadTracker<S> {
         for _ in 0..self.config.cas_attempts {
             let (value, cas) = self.store.get(&name);
             if cas.is_none() {
-                // A write on a missing key cannot be conditional: create it
-                // empty first, then update it like any other.
-                self.store
-                    .set(&name, &Census::default().encode(), None)
-                    .ok()?;
+                // Create it empty (Err(CasMismatch): another VM did
+                // meanwhile), then update it like any other.
+                if let Err(SetError::Failed) = self.store.create(&name, &Census::default().encode())
+                {
+                    return None;
+                }
                 continue;
             }
             let mut census = value

@@ -18,7 +18,7 @@ impl<S: SharedStore> LoadTracker<S> {
     }
 
     /// Adds or removes one pending request of `key`. A missing bucket is
-    /// created empty first (a write on a missing key cannot be conditional).
+    /// created empty first, never over another VM's ([`SharedStore::create`]).
     pub(super) fn update_pending(&mut self, key: &str, add: bool, now_ms: u64) {
         let hash = key_hash(key);
         let name = self.pending_key(self.bucket_of(hash));
@@ -29,10 +29,10 @@ impl<S: SharedStore> LoadTracker<S> {
                 if !add {
                     return;
                 }
-                if self
-                    .store
-                    .set(&name, &PendingBucket::default().encode(), None)
-                    .is_err()
+                // Err(CasMismatch): another VM created it meanwhile (with its
+                // mark in it, which a plain set would wipe); read it again.
+                if let Err(SetError::Failed) =
+                    self.store.create(&name, &PendingBucket::default().encode())
                 {
                     return;
                 }
@@ -140,7 +140,12 @@ impl<S: SharedStore> LoadTracker<S> {
                 return RouteUpdate::Kept(current);
             };
             bucket.upsert(changed, 0);
-            match self.store.set(&name, &bucket.encode(), cas) {
+            let written = match cas {
+                Some(cas) => self.store.set(&name, &bucket.encode(), Some(cas)),
+                // A new bucket: never over another VM's first entries.
+                None => self.store.create(&name, &bucket.encode()),
+            };
+            match written {
                 Ok(()) => {
                     self.keep_route_copy(changed, now_ms);
                     return RouteUpdate::Written;

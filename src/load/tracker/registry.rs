@@ -123,17 +123,16 @@ impl<S: SharedStore> LoadTracker<S> {
     }
 
     /// Writes a new record for `address` into `slot` (free, never written, or
-    /// reusable). A missing key is first created empty, since a write on a
-    /// missing key cannot be conditional; the real record goes in by CAS.
+    /// reusable). A missing key is first created empty (never over another VM's
+    /// record: [`SharedStore::create`]); the real record goes in by CAS.
     pub(super) fn register_in(&mut self, slot: u16, address: &str, now_ms: u64) -> bool {
         let key = self.instance_key(slot);
         for _ in 0..self.config.cas_attempts {
             let (record, cas) = self.read_instance(slot);
             let Some(record) = record else {
-                if self
-                    .store
-                    .set(&key, &InstanceRecord::default().encode(), None)
-                    .is_err()
+                // Err(CasMismatch): another VM registered here meanwhile.
+                if let Err(SetError::Failed) =
+                    self.store.create(&key, &InstanceRecord::default().encode())
                 {
                     return false;
                 }
