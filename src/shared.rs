@@ -42,6 +42,15 @@ pub trait SharedStore {
     fn create(&self, key: &str, value: &[u8]) -> Result<(), SetError> {
         self.set(key, value, Some(CREATE_ONLY_CAS))
     }
+
+    /// Writes `value` over what a `get` returned with token `read`: by CAS if
+    /// the key existed, by [`SharedStore::create`] if it was missing.
+    fn replace(&self, key: &str, value: &[u8], read: Option<u32>) -> Result<(), SetError> {
+        match read {
+            Some(cas) => self.set(key, value, Some(cas)),
+            None => self.create(key, value),
+        }
+    }
 }
 
 impl<T: SharedStore + ?Sized> SharedStore for &T {
@@ -150,6 +159,25 @@ mod tests {
         store.set("k", b"theirs", None).unwrap();
         assert_eq!(store.create("k", b"empty"), Err(SetError::CasMismatch));
         assert_eq!(store.get("k").0.as_deref(), Some(&b"theirs"[..]));
+    }
+
+    #[test]
+    fn replace_writes_over_what_was_read_or_creates_what_was_missing() {
+        let store = MemoryStore::new();
+        let (_, missing) = store.get("k");
+        store.replace("k", b"first", missing).unwrap();
+        // Read as missing, but created since: not overwritten.
+        assert_eq!(
+            store.replace("k", b"late", missing),
+            Err(SetError::CasMismatch)
+        );
+        let (_, read) = store.get("k");
+        store.replace("k", b"second", read).unwrap();
+        assert_eq!(
+            store.replace("k", b"stale", read),
+            Err(SetError::CasMismatch)
+        );
+        assert_eq!(store.get("k").0.as_deref(), Some(&b"second"[..]));
     }
 
     #[test]

@@ -140,12 +140,8 @@ impl<S: SharedStore> LoadTracker<S> {
                 return RouteUpdate::Kept(current);
             };
             bucket.upsert(changed, 0);
-            let written = match cas {
-                Some(cas) => self.store.set(&name, &bucket.encode(), Some(cas)),
-                // A new bucket: never over another VM's first entries.
-                None => self.store.create(&name, &bucket.encode()),
-            };
-            match written {
+            // A new bucket is created, never over another VM's first entries.
+            match self.store.replace(&name, &bucket.encode(), cas) {
                 Ok(()) => {
                     self.keep_route_copy(changed, now_ms);
                     return RouteUpdate::Written;

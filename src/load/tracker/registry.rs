@@ -214,12 +214,8 @@ impl<S: SharedStore> LoadTracker<S> {
             let (current, _) = value.as_deref().map_or((0, 0), decode_epoch);
             let mut next = current.wrapping_add(1).to_le_bytes().to_vec();
             next.extend_from_slice(&now_ms.to_le_bytes());
-            let written = match cas {
-                Some(cas) => self.store.set(&key, &next, Some(cas)),
-                // The first bump: never over another VM's.
-                None => self.store.create(&key, &next),
-            };
-            match written {
+            // The first bump creates the key, never over another VM's.
+            match self.store.replace(&key, &next, cas) {
                 Err(SetError::CasMismatch) => continue,
                 _ => return,
             }
