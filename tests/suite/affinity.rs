@@ -142,7 +142,7 @@ async fn key_balancing_gives_every_instance_an_even_share_of_prefixes() {
     // fails for ~3 % of fleets (their ports decide Maglev's table; seen: one
     // instance got none), no fault of the filter: then start a new fleet.
     let mut attempts = 0;
-    let (harness, mut rng, early, kinds, fleet_known_at) = loop {
+    let (harness, mut rng, early, kinds, fleet_known_at, seen) = loop {
         attempts += 1;
         let config = config.clone();
         let harness = Harness::start_with(move |b| b.concurrency(2).plugin_config(config));
@@ -157,15 +157,12 @@ async fn key_balancing_gives_every_instance_an_even_share_of_prefixes() {
             .iter()
             .filter_map(|(label, _)| seen[&format!("{label} first")].first())
             .collect();
-        if reached.len() == INSTANCES || attempts == 3 {
-            break (harness, rng, early, kinds, fleet_known_at);
+        let reached = reached.len();
+        if reached == INSTANCES || attempts == 3 {
+            break (harness, rng, early, kinds, fleet_known_at, seen);
         }
-        println!(
-            "Maglev's first requests reached {} of {INSTANCES} instances: new fleet",
-            reached.len()
-        );
+        println!("Maglev's first requests reached {reached} of {INSTANCES} instances: new fleet");
     };
-    let seen = instances_by_round(&harness);
     let owned_by = |labels: &[(String, String)], seen: &BTreeMap<String, BTreeSet<String>>| {
         let mut owned: BTreeMap<String, usize> = BTreeMap::new();
         for (label, _) in labels {

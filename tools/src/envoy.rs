@@ -310,11 +310,7 @@ impl EnvoyBuilder {
             .with_context(|| format!("parsing {}", self.config.display()))?;
         let wasm = match (self.filter, self.wasm) {
             (FilterMode::Without, _) => None,
-            (_, Some(path)) if path.is_file() => Some(path),
-            (_, Some(path)) => bail!(
-                "the prefix-router filter is missing at {}: {WASM_BUILD_HINT}",
-                path.display()
-            ),
+            (_, Some(path)) => Some(existing(path, "the prefix-router filter", WASM_BUILD_HINT)?),
             (_, None) => Some(require_wasm()?),
         };
         let wasm = wasm.map(absolute).transpose()?;

@@ -32,7 +32,7 @@ use super::cpu::process_cpu_ns;
 use super::instant_upstream::{CountsSnapshot, InstantUpstream};
 use super::stats::{median, percentile, sorted};
 use super::{bodies, load_average};
-use crate::envoy::{Envoy, ENVOY_VERSION};
+use crate::envoy::{Envoy, EnvoyBuilder, ENVOY_VERSION};
 
 /// The filter's default key header (the upstream counts requests carrying it).
 const KEY_HEADER: &str = "x-prefix-route-key";
@@ -388,10 +388,7 @@ fn start_envoy(
     plugin_config: Option<serde_json::Value>,
     upstream: std::net::SocketAddr,
 ) -> anyhow::Result<Envoy> {
-    let mut builder = Envoy::builder()
-        .upstreams([upstream])
-        .concurrency(opts.envoy_workers)
-        .log_level("warning");
+    let mut builder = envoy_builder(opts, upstream);
     match plugin_config {
         Some(plugin_config) => {
             if let Some(wasm) = &opts.wasm {
@@ -404,6 +401,14 @@ fn start_envoy(
     Ok(builder.start()?)
 }
 
+/// What every configuration shares: `envoy/envoy.yaml` in front of `upstream`.
+fn envoy_builder(opts: &OverheadOptions, upstream: std::net::SocketAddr) -> EnvoyBuilder {
+    Envoy::builder()
+        .upstreams([upstream])
+        .concurrency(opts.envoy_workers)
+        .log_level("warning")
+}
+
 /// Envoy from `envoy/envoy.yaml` with the floor filter in the listener only
 /// (it counts nothing, so it has no upstream position).
 fn start_floor_envoy(
@@ -412,10 +417,7 @@ fn start_floor_envoy(
     prefix_length: usize,
     upstream: std::net::SocketAddr,
 ) -> anyhow::Result<Envoy> {
-    Ok(Envoy::builder()
-        .upstreams([upstream])
-        .concurrency(opts.envoy_workers)
-        .log_level("warning")
+    Ok(envoy_builder(opts, upstream)
         .listener_filter_only()
         .wasm(floor_wasm)
         .plugin_config(prefix_length.to_string())
