@@ -44,6 +44,36 @@ impl Strategy {
     }
 }
 
+/// Where requests are counted in flight on the instance that serves them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Counting {
+    /// The same module also runs as the cluster's upstream filter, which sees
+    /// the chosen instance when the upstream request starts: exact counts, and
+    /// a new key's target is learned from its first request on.
+    UpstreamFilter,
+    /// The listener filter alone: a request is counted where the decision
+    /// predicted it would go, and corrected (or, for a key not learned yet,
+    /// counted and learned) when its response headers name the instance. One
+    /// filter fewer per request, and what Istio's `WasmPlugin` can deploy; but
+    /// a new key's first requests are only pending until a response arrives.
+    Listener,
+}
+
+impl Counting {
+    const NAMES: [(&'static str, Counting); 2] = [
+        ("UPSTREAM_FILTER", Counting::UpstreamFilter),
+        ("LISTENER", Counting::Listener),
+    ];
+
+    /// The configuration spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Counting::UpstreamFilter => "UPSTREAM_FILTER",
+            Counting::Listener => "LISTENER",
+        }
+    }
+}
+
 /// One path rule: a path ending in `suffix` speaks `api`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PathRule {
@@ -87,6 +117,8 @@ pub struct Config {
     /// in percent of an even share (100 = as even as possible). `None`
     /// (`null`, the default): keys stay where Maglev puts them.
     pub key_balance_factor: Option<u32>,
+    /// Where in-flight requests are counted (see [`Counting`]).
+    pub counting: Counting,
 }
 
 pub const PREFIX_LENGTH_RANGE: (u64, u64) = (1024, 65536);
@@ -119,7 +151,7 @@ const RESERVED_KEY_HEADERS: [&str; 9] = [
 /// and `load::COUNTED_HEADER`); no configured header may reuse them.
 const INTERNAL_HEADERS: [&str; 2] = [crate::strategy::ROUTE_HEADER, crate::load::COUNTED_HEADER];
 
-const FIELDS: [&str; 13] = [
+const FIELDS: [&str; 14] = [
     "strategy",
     "prefix_length",
     "concurrency_threshold",
@@ -133,6 +165,7 @@ const FIELDS: [&str; 13] = [
     "decision_header",
     "instance_ttl_ms",
     "key_balance_factor",
+    "counting",
 ];
 
 /// Default of `host_header`.
@@ -154,6 +187,7 @@ impl Default for Config {
             decision_header: None,
             instance_ttl_ms: 60_000,
             key_balance_factor: None,
+            counting: Counting::UpstreamFilter,
         }
     }
 }
@@ -445,6 +479,19 @@ impl Config {
                     }
                 }
             }
+            "counting" => {
+                let text = string(name, value)?;
+                self.counting = Counting::NAMES
+                    .iter()
+                    .find(|(n, _)| *n == text)
+                    .map(|(_, c)| *c)
+                    .ok_or_else(|| {
+                        error(
+                            name,
+                            format!("{} is not one of UPSTREAM_FILTER, LISTENER", shown(value)),
+                        )
+                    })?;
+            }
             // `reject_unknown` ran first; kept total so a field listed in
             // FIELDS but not handled here is still an error, not a no-op.
             _ => return Err(error(name, "unknown field")),
@@ -590,6 +637,7 @@ mod tests {
             decision_header: None,
             instance_ttl_ms: 60_000,
             key_balance_factor: None,
+            counting: Counting::UpstreamFilter,
         };
         assert_eq!(parse(""), Ok(defaults.clone()));
         assert_eq!(parse(" \n"), Ok(defaults.clone()));
@@ -808,6 +856,28 @@ mod tests {
         // decision header off.
         let c = parse(r#"{"host_header":null,"decision_header":null}"#).unwrap();
         assert_eq!((c.host_header, c.decision_header), (None, None));
+    }
+
+    #[test]
+    fn counting_is_upstream_filter_or_listener() {
+        let counting = |text: &str| parse(text).map(|c| c.counting);
+        assert_eq!(counting("{}"), Ok(Counting::UpstreamFilter));
+        assert_eq!(
+            counting(r#"{"counting":"UPSTREAM_FILTER"}"#),
+            Ok(Counting::UpstreamFilter)
+        );
+        assert_eq!(
+            counting(r#"{"counting":"LISTENER"}"#),
+            Ok(Counting::Listener)
+        );
+        assert_eq!(
+            err(r#"{"counting":"listener"}"#),
+            r#"counting: "listener" is not one of UPSTREAM_FILTER, LISTENER"#
+        );
+        assert_eq!(
+            err(r#"{"counting":true}"#),
+            "counting: expected a string, got a boolean (true)"
+        );
     }
 
     #[test]

@@ -4,8 +4,8 @@
 //! the debug response header. Kept out of the glue so every rule (spoofing,
 //! header ownership, the policy a configuration selects) is tested natively.
 
-use crate::config::{Config, Strategy, DEFAULT_HOST_HEADER};
-use crate::load::{LoadConfig, LoadView, UpstreamStart, COUNTED_HEADER};
+use crate::config::{Config, Counting, Strategy, DEFAULT_HOST_HEADER};
+use crate::load::{LoadConfig, LoadView, UpstreamStart, COUNTED_HEADER, PENDING_MARK};
 use crate::strategy::{
     self, DecisionKind, LeastOutstanding, Policy, PrefixAware, RandomPolicy, Routed, RoutingPolicy,
     ROUTE_HEADER,
@@ -80,8 +80,58 @@ pub fn header_writes<'c>(
         put(host.as_str(), decision.host_override.as_deref());
     }
     put(ROUTE_HEADER, decision.route);
-    put(COUNTED_HEADER, decision.counted.as_deref());
+    // Only an upstream filter reads it; counting in the listener, the stream
+    // keeps it ([`ListenerCount`]) and a header write is saved.
+    if config.counting == Counting::UpstreamFilter {
+        put(COUNTED_HEADER, decision.counted.as_deref());
+    }
     writes
+}
+
+/// With `counting: LISTENER`, what the listener keeps of its decision until
+/// the response headers, where `upstream.address` names the instance Envoy
+/// chose and the listener does what the upstream filter would have done at
+/// the request's start: learn the key's target, count the request where it
+/// went unless the decision already counted it there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListenerCount {
+    key: Option<String>,
+    overridden: bool,
+    counted: Option<String>,
+}
+
+impl ListenerCount {
+    /// What `decision` left for the response (the same facts the upstream
+    /// filter reads from the headers [`header_writes`] sets).
+    pub fn of(config: &Config, decision: &strategy::Decision) -> Self {
+        Self {
+            key: decision.key.clone(),
+            overridden: config.host_header.is_some() && decision.host_override.is_some(),
+            counted: decision.counted.clone(),
+        }
+    }
+
+    /// For [`crate::load::LoadTracker::upstream_started`], once the
+    /// response came from `address`.
+    pub fn start<'a>(&'a self, address: &'a str) -> UpstreamStart<'a> {
+        upstream_start(
+            address,
+            self.key.as_deref(),
+            self.overridden,
+            self.counted.as_deref(),
+        )
+    }
+
+    /// True if the decision's count (if any) stands: it was taken on
+    /// `address`, or none was taken. False: the decision counted the request
+    /// on another instance than Envoy chose; give that ticket back before
+    /// [`Self::start`] counts the request where it really went.
+    pub fn count_stands(&self, address: &str) -> bool {
+        match self.counted.as_deref() {
+            None | Some(PENDING_MARK) => true,
+            Some(counted) => counted == address,
+        }
+    }
 }
 
 /// What the upstream filter hands the tracker, from the request headers the
@@ -116,7 +166,7 @@ pub fn decision_header_value(kind: DecisionKind, instance: Option<&str>) -> Stri
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::load::{LoadTracker, PENDING_MARK};
+    use crate::load::LoadTracker;
     use crate::shared::MemoryStore;
     use crate::strategy::LEAST_REQUEST_ROUTE;
 
@@ -332,6 +382,84 @@ mod tests {
             "shared-data reads and writes of one steady request"
         );
         assert!(load.snapshot(22).iter().all(|l| l.in_flight == 0));
+    }
+
+    #[test]
+    fn counting_in_the_listener_writes_no_counted_header() {
+        let decision = strategy::Decision {
+            key: Some(KEY.into()),
+            counted: Some("10.0.0.2:8000".into()),
+            ..strategy::Decision::bare(DecisionKind::Prefix)
+        };
+        let names = |json: &str| -> Vec<&'static str> {
+            let c = config(json);
+            header_writes(&c, &decision)
+                .into_iter()
+                .map(|(name, _)| {
+                    if name == COUNTED_HEADER {
+                        COUNTED_HEADER
+                    } else {
+                        "other"
+                    }
+                })
+                .collect()
+        };
+        assert_eq!(names("{}"), vec!["other", COUNTED_HEADER]);
+        assert_eq!(names(r#"{"counting":"LISTENER"}"#), vec!["other"]);
+    }
+
+    /// `counting: LISTENER` on one store: a new key's first request is
+    /// pending until its response names the instance, which counts it and
+    /// learns the target; the next is claimed there at the decision and its
+    /// response confirms the count; one that Envoy sent elsewhere than
+    /// predicted moves its count; releases bring every count back to zero.
+    #[test]
+    fn listener_counting_learns_and_corrects_at_the_response() {
+        let c = config(r#"{"concurrency_threshold":4,"counting":"LISTENER"}"#);
+        let policy = policy_for(&c);
+        let store = MemoryStore::new();
+        let mut load = LoadTracker::new(&store, load_config(&c), 42);
+        let (a, b) = ("10.0.0.1:80", "10.0.0.2:80");
+        let in_flight = |load: &mut LoadTracker<&MemoryStore>, addr: &str| {
+            load.snapshot(50)
+                .into_iter()
+                .find(|l| l.address == addr)
+                .map(|l| l.in_flight)
+        };
+
+        let first = route(&policy, Some(KEY), &mut load, 1, 10);
+        assert_eq!(first.ticket, None);
+        let first_count = ListenerCount::of(&c, &first.decision);
+        assert!(first_count.count_stands(a));
+        let first_ticket = load.upstream_started(first_count.start(a), 11);
+        assert!(first_ticket.is_some(), "counted at its response");
+        assert_eq!(in_flight(&mut load, a), Some(1));
+
+        let second = route(&policy, Some(KEY), &mut load, 2, 12);
+        assert_eq!(
+            second.decision.counted.as_deref(),
+            Some(a),
+            "claimed: learned"
+        );
+        let second_count = ListenerCount::of(&c, &second.decision);
+        assert!(second_count.count_stands(a));
+        assert_eq!(load.upstream_started(second_count.start(a), 13), None);
+        assert_eq!(in_flight(&mut load, a), Some(2), "not counted twice");
+
+        let third = route(&policy, Some(KEY), &mut load, 3, 14);
+        let third_count = ListenerCount::of(&c, &third.decision);
+        assert!(!third_count.count_stands(b), "predicted a, went to b");
+        load.release(third.ticket.expect("claimed on a"), 15);
+        let moved = load.upstream_started(third_count.start(b), 15);
+        assert!(moved.is_some());
+        assert_eq!(in_flight(&mut load, a), Some(2));
+        assert_eq!(in_flight(&mut load, b), Some(1));
+
+        let tickets = [first_ticket, second.ticket, moved];
+        for t in tickets.into_iter().flatten() {
+            load.release(t, 16);
+        }
+        assert!(load.snapshot(17).iter().all(|l| l.in_flight == 0));
     }
 
     #[test]

@@ -9,7 +9,9 @@
 //! HTTP filter, where `upstream.address` is readable at request headers, it
 //! counts the request on the instance Envoy chose and learns the key's target.
 //! Both roles of a worker VM share one [`LoadTracker`] (a VM-global), and all
-//! VMs with the same `vm_id` share its tables through shared data.
+//! VMs with the same `vm_id` share its tables through shared data. With
+//! `counting: LISTENER` there is no upstream filter: the listener does its
+//! work when the response headers name the instance ([`ListenerCount`]).
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -19,7 +21,7 @@ use std::rc::Rc;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel};
 
-use crate::config::Config;
+use crate::config::{Config, Counting};
 use crate::host::{self, HostStatus, HostStore};
 use crate::load::{LoadTracker, Ticket, COUNTED_HEADER};
 use crate::metrics::{
@@ -29,7 +31,7 @@ use crate::metrics::{
 use crate::request::{
     BodyVerdict, Decision, HeadersVerdict, LocalReply, RequestHead, RequestRouter,
 };
-use crate::steering;
+use crate::steering::{self, ListenerCount};
 use crate::strategy::{DecisionKind, Policy};
 
 /// Root tick: heartbeat, count repair, gauges.
@@ -252,7 +254,7 @@ impl RootContext for PrefixRouterRoot {
         match Config::parse(&bytes) {
             Ok(config) => {
                 log::info!(
-                    "prefix-router: configured: strategy {}, prefix_length {}, concurrency_threshold {}, max_body_bytes {}, key_header {}, host_header {}, tenant_header {}, decision_header {}, instance_ttl_ms {}, include_model {}, body_tenant {}, {} path rules",
+                    "prefix-router: configured: strategy {}, prefix_length {}, concurrency_threshold {}, max_body_bytes {}, key_header {}, host_header {}, tenant_header {}, decision_header {}, instance_ttl_ms {}, include_model {}, body_tenant {}, counting {}, {} path rules",
                     config.strategy.as_str(),
                     config.prefix_length,
                     config.concurrency_threshold,
@@ -264,6 +266,7 @@ impl RootContext for PrefixRouterRoot {
                     config.instance_ttl_ms,
                     config.include_model,
                     config.body_tenant,
+                    config.counting.as_str(),
                     config.path_rules.len()
                 );
                 self.policy = Rc::new(steering::policy_for(&config));
@@ -318,6 +321,7 @@ impl RootContext for PrefixRouterRoot {
             upstream: false,
             ticket: None,
             decided: None,
+            listener_count: None,
         }))
     }
 
@@ -339,6 +343,8 @@ struct PrefixRouterHttp {
     ticket: Option<Ticket>,
     /// The routing decision's kind, for the debug response header.
     decided: Option<DecisionKind>,
+    /// `counting: LISTENER`: the decision's facts, for its response headers.
+    listener_count: Option<ListenerCount>,
 }
 
 impl PrefixRouterHttp {
@@ -364,7 +370,35 @@ impl PrefixRouterHttp {
         }
         self.metrics.increment_decision(routed.decision.kind);
         self.decided = Some(routed.decision.kind);
+        if self.config.counting == Counting::Listener {
+            self.listener_count = Some(ListenerCount::of(&self.config, &routed.decision));
+        }
         self.ticket = routed.ticket;
+    }
+
+    /// `counting: LISTENER`, at the response headers: the request reached
+    /// `address`. Moves the decision's count there if it was taken elsewhere,
+    /// counts it if it was not counted yet, learns the key's target.
+    fn count_at_response(&mut self, count: &ListenerCount, address: &str) {
+        let now = now_ms();
+        let stale = if count.count_stands(address) {
+            None
+        } else {
+            self.ticket.take()
+        };
+        let counted = with_tracker(&self.config, |t| {
+            if let Some(ticket) = stale {
+                t.release(ticket, now);
+            }
+            t.upstream_started(count.start(address), now)
+        });
+        if let Some(ticket) = counted {
+            // At most one count per stream: a decision's count that stood
+            // made `upstream_started` count nothing.
+            if let Some(previous) = self.ticket.replace(ticket) {
+                with_tracker(&self.config, |t| t.release(previous, now));
+            }
+        }
     }
 
     fn reject(&self, reply: &LocalReply) -> Action {
@@ -440,9 +474,13 @@ impl Context for PrefixRouterHttp {
 
 impl HttpContext for PrefixRouterHttp {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
-        if let Some(address) = upstream_address() {
-            self.upstream = true;
-            return self.start_upstream(&address);
+        // Counting in the listener, the module runs nowhere else (the role
+        // check is a host call saved).
+        if self.config.counting == Counting::UpstreamFilter {
+            if let Some(address) = upstream_address() {
+                self.upstream = true;
+                return self.start_upstream(&address);
+            }
         }
         let headers = read_request_headers();
         // First, whatever happens next: a client must never choose the key,
@@ -500,8 +538,13 @@ impl HttpContext for PrefixRouterHttp {
         if self.upstream {
             return Action::Continue;
         }
+        let count = self.listener_count.take();
+        let wanted = count.is_some() || self.config.decision_header.is_some();
+        let instance = if wanted { upstream_address() } else { None };
+        if let (Some(count), Some(address)) = (&count, &instance) {
+            self.count_at_response(count, address);
+        }
         if let (Some(header), Some(kind)) = (&self.config.decision_header, self.decided) {
-            let instance = upstream_address();
             let value = steering::decision_header_value(kind, instance.as_deref());
             warn_on_error(
                 "write response header",

@@ -1,0 +1,126 @@
+//! `counting: LISTENER` through a real Envoy with two workers and no upstream
+//! filter on the cluster: the listener counts each request where its decision
+//! predicted it would go and learns a key's instance from the response
+//! headers. A known key's burst is capped at its target as with the upstream
+//! filter; counts return to zero; the filter's internal headers never reach an
+//! instance; bodies arrive byte for byte.
+
+use std::time::Duration;
+
+use harness::load::{
+    burst, check_burst, prefix_request, shoot, wait_gauges_zero, warm_up, Ending, BURST_HOLD,
+    COUNTED_HEADER, DECISION_HEADER, ROUTE_HEADER,
+};
+use harness::{bodies, Harness, Outgoing};
+
+const WARM_UP_KEYS: usize = 40;
+
+fn start(strategy: &str, threshold: u32) -> Harness {
+    let config = serde_json::json!({
+        "strategy": strategy,
+        "concurrency_threshold": threshold,
+        "decision_header": DECISION_HEADER,
+        "counting": "LISTENER",
+    })
+    .to_string();
+    Harness::start_with(move |b| {
+        b.concurrency(2)
+            .listener_filter_only()
+            .plugin_config(config)
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_known_keys_burst_is_capped_at_its_target_and_counts_return_to_zero() {
+    let harness = start("PREFIX_AWARE", 3);
+    harness.fleet.set_hold_all(Duration::ZERO);
+    warm_up(&harness, WARM_UP_KEYS).await;
+    // Counting in the listener learns a key's instance from its first
+    // response; until then its requests go out pending, uncapped (the burst
+    // below would not be capped without this request).
+    let first = shoot(
+        harness.envoy.listener_addr(),
+        prefix_request("known", 1000),
+        Ending::Complete,
+    )
+    .await;
+    assert_eq!(first.kind(), Some("prefix"), "{first:?}");
+    harness.fleet.set_hold_all(BURST_HOLD);
+    let report = burst(&harness, "known", 12, 5).await;
+    assert_eq!(
+        first.served_by.as_deref(),
+        Some(report.target.as_str()),
+        "the key moved between its first request and the follow-ups"
+    );
+    check_burst(
+        &report,
+        12,
+        3,
+        "12 concurrent requests of a known prefix, threshold 3, counting in the listener",
+    );
+    let (gauges, took) = wait_gauges_zero(&harness.envoy, Duration::from_secs(5));
+    println!("gauges back to zero after {took:?}: {gauges:?}");
+    assert_eq!(
+        gauges.len(),
+        7,
+        "one in-flight gauge per instance: {gauges:?}"
+    );
+}
+
+/// No upstream filter is there to strip the filter's internal headers: none
+/// may reach an instance (the counted header is never written, the route
+/// header is removed by the route), and bodies pass byte for byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn internal_headers_never_reach_an_instance_and_bodies_pass_untouched() {
+    for strategy in ["PREFIX_AWARE", "LEAST_OUTSTANDING_REQUESTS"] {
+        let harness = start(strategy, 2);
+        harness.fleet.set_hold_all(Duration::from_millis(200));
+        let mut rng = bodies::rng(7);
+        let sent: Vec<(String, Vec<u8>)> = (0..12)
+            .map(|n| {
+                let body = bodies::bytes(&mut rng, 4096 + 997 * n);
+                (format!("{strategy}-{n}"), body)
+            })
+            .collect();
+        // Concurrent; half of them share one prefix.
+        let requests = sent
+            .iter()
+            .enumerate()
+            .map(|(n, (id, body))| {
+                let mut body = body.clone();
+                if n % 2 == 0 {
+                    body[..4096].fill(b'a');
+                }
+                Outgoing::post("/invocations", body).id(id)
+            })
+            .collect();
+        let replies = harness.send_all(requests, 12).await;
+        assert!(replies.iter().all(|r| r.status == 200), "{strategy}");
+        for (n, (id, body)) in sent.iter().enumerate() {
+            let record = harness.record_of(id);
+            let mut expected = body.clone();
+            if n % 2 == 0 {
+                expected[..4096].fill(b'a');
+            }
+            assert_eq!(record.body_sha256, bodies::sha256(&expected), "{id}");
+            for internal in [COUNTED_HEADER, ROUTE_HEADER] {
+                assert_eq!(
+                    record.header_values(internal),
+                    Vec::<&str>::new(),
+                    "{strategy}: {internal} reached the instance: {:?}",
+                    record.headers
+                );
+            }
+        }
+        // LEAST_OUTSTANDING_REQUESTS is routed by the route header alone.
+        let least = harness
+            .envoy
+            .stat("cluster.vllm_least_request.upstream_rq_total");
+        let least = least.expect("admin /stats").unwrap_or(0);
+        match strategy {
+            "LEAST_OUTSTANDING_REQUESTS" => assert_eq!(least, 12, "{strategy}"),
+            _ => assert_eq!(least, 0, "{strategy}"),
+        }
+        wait_gauges_zero(&harness.envoy, Duration::from_secs(5));
+    }
+}
