@@ -98,17 +98,35 @@ pub struct ListenerCount {
     key: Option<String>,
     overridden: bool,
     counted: Option<String>,
+    check_due: bool,
 }
 
 impl ListenerCount {
     /// What `decision` left for the response (the same facts the upstream
-    /// filter reads from the headers [`header_writes`] sets).
-    pub fn of(config: &Config, decision: &strategy::Decision) -> Self {
+    /// filter reads from the headers [`header_writes`] sets). `check_due`:
+    /// [`crate::load::LoadTracker::response_check_due`] for its key.
+    pub fn of(config: &Config, decision: &strategy::Decision, check_due: bool) -> Self {
         Self {
             key: decision.key.clone(),
             overridden: config.host_header.is_some() && decision.host_override.is_some(),
             counted: decision.counted.clone(),
+            check_due,
         }
+    }
+
+    /// Whether to read, at the response, where the request went. Always for
+    /// a request not counted yet (to count it and learn its key's target) or
+    /// sent by the host-override header (to notice a nominated instance that
+    /// is gone); a request claimed on its key's learned target only when the
+    /// key's periodic check is due: Maglev sends the key there until the
+    /// fleet changes.
+    pub fn check_at_response(&self) -> bool {
+        let claimed_on_target = !self.overridden
+            && self
+                .counted
+                .as_deref()
+                .is_some_and(|counted| counted != PENDING_MARK);
+        self.check_due || !claimed_on_target
     }
 
     /// For [`crate::load::LoadTracker::upstream_started`], once the
@@ -350,38 +368,48 @@ mod tests {
     }
 
     /// Each shared-data access is a host call with a lock and a copy in
-    /// Envoy: a request of a known key, from decision to release, makes four
+    /// Envoy: a request of a known key, from decision to release, makes three
     /// reads and two writes (the key's route comes from the VM's copy, the
     /// decision's lookup of the target record is reused by its claim, and the
-    /// upstream filter's by its check).
+    /// upstream filter's by its check), and one read more within a second of
+    /// the key being learned, when its pending marks may still count.
     #[test]
-    fn a_steady_request_costs_four_shared_reads_and_two_writes() {
+    fn a_steady_request_costs_three_shared_reads_and_two_writes() {
         let c = config(r#"{"concurrency_threshold":4}"#);
         let policy = policy_for(&c);
         let store = MemoryStore::new();
         let mut load = LoadTracker::new(&store, load_config(&c), 7);
         let address = "10.0.0.1:80";
-        // Warm: the key's first request learns its target.
-        let first = route(&policy, Some(KEY), &mut load, 1, 10);
-        let started = upstream_start(address, Some(KEY), false, first.decision.counted.as_deref());
-        let warm = load.upstream_started(started, 10);
-        for t in warm.into_iter().chain(first.ticket) {
-            load.release(t, 11);
-        }
-
-        let (reads, writes) = (store.reads(), store.successful_sets());
-        let routed = route(&policy, Some(KEY), &mut load, 2, 20);
-        assert_eq!(routed.decision.counted.as_deref(), Some(address));
-        let upstream =
-            load.upstream_started(upstream_start(address, Some(KEY), false, Some(address)), 20);
-        assert_eq!(upstream, None, "counted by the decision");
-        load.release(routed.ticket.expect("claimed"), 21);
+        let steady = |load: &mut LoadTracker<&MemoryStore>, now: u64| {
+            let (reads, writes) = (store.reads(), store.successful_sets());
+            let routed = route(&policy, Some(KEY), load, 2, now);
+            let counted = routed.decision.counted.clone();
+            let started = upstream_start(address, Some(KEY), false, counted.as_deref());
+            let upstream = load.upstream_started(started, now);
+            for ticket in upstream.into_iter().chain(routed.ticket) {
+                load.release(ticket, now + 1);
+            }
+            let cost = (reads, writes);
+            let cost = (store.reads() - cost.0, store.successful_sets() - cost.1);
+            assert!(load.snapshot(now + 2).iter().all(|l| l.in_flight == 0));
+            (counted, cost.0, cost.1)
+        };
+        // The key's first request learns its target.
+        let (first, ..) = steady(&mut load, 10);
+        assert_eq!(first.as_deref(), Some(PENDING_MARK));
+        let claimed = Some(address.to_string());
         assert_eq!(
-            (store.reads() - reads, store.successful_sets() - writes),
-            (4, 2),
-            "shared-data reads and writes of one steady request"
+            steady(&mut load, 20),
+            (claimed.clone(), 4, 2),
+            "just learned"
         );
-        assert!(load.snapshot(22).iter().all(|l| l.in_flight == 0));
+        // The VM's route copy is a second old: read again, kept.
+        steady(&mut load, 1_500);
+        assert_eq!(
+            steady(&mut load, 1_600),
+            (claimed, 3, 2),
+            "learned long ago"
+        );
     }
 
     #[test]
@@ -429,7 +457,8 @@ mod tests {
 
         let first = route(&policy, Some(KEY), &mut load, 1, 10);
         assert_eq!(first.ticket, None);
-        let first_count = ListenerCount::of(&c, &first.decision);
+        let first_count = ListenerCount::of(&c, &first.decision, false);
+        assert!(first_count.check_at_response(), "pending: always checked");
         assert!(first_count.count_stands(a));
         let first_ticket = load.upstream_started(first_count.start(a), 11);
         assert!(first_ticket.is_some(), "counted at its response");
@@ -441,13 +470,18 @@ mod tests {
             Some(a),
             "claimed: learned"
         );
-        let second_count = ListenerCount::of(&c, &second.decision);
+        let second_count = ListenerCount::of(&c, &second.decision, false);
+        assert!(
+            !second_count.check_at_response(),
+            "claimed on target, not due"
+        );
+        assert!(ListenerCount::of(&c, &second.decision, true).check_at_response());
         assert!(second_count.count_stands(a));
         assert_eq!(load.upstream_started(second_count.start(a), 13), None);
         assert_eq!(in_flight(&mut load, a), Some(2), "not counted twice");
 
         let third = route(&policy, Some(KEY), &mut load, 3, 14);
-        let third_count = ListenerCount::of(&c, &third.decision);
+        let third_count = ListenerCount::of(&c, &third.decision, false);
         assert!(!third_count.count_stands(b), "predicted a, went to b");
         load.release(third.ticket.expect("claimed on a"), 15);
         let moved = load.upstream_started(third_count.start(b), 15);
@@ -460,6 +494,26 @@ mod tests {
             load.release(t, 16);
         }
         assert!(load.snapshot(17).iter().all(|l| l.in_flight == 0));
+    }
+
+    #[test]
+    fn requests_sent_by_the_host_override_or_not_counted_are_always_checked() {
+        let c = config(r#"{"counting":"LISTENER"}"#);
+        let decision = |host: Option<&str>, counted: Option<&str>| strategy::Decision {
+            key: Some(KEY.into()),
+            host_override: host.map(String::from),
+            counted: counted.map(String::from),
+            ..strategy::Decision::bare(DecisionKind::Overflow)
+        };
+        let at = "10.0.0.2:8000";
+        let checked = |d: strategy::Decision| ListenerCount::of(&c, &d, false).check_at_response();
+        assert!(!checked(decision(None, Some(at))));
+        assert!(checked(decision(Some(at), Some(at))));
+        assert!(checked(decision(None, None)));
+        assert!(checked(decision(None, Some(PENDING_MARK))));
+        // Without a host header nothing is sent by override.
+        let c = config(r#"{"counting":"LISTENER","host_header":null}"#);
+        assert!(!ListenerCount::of(&c, &decision(Some(at), Some(at)), false).check_at_response());
     }
 
     #[test]

@@ -358,8 +358,12 @@ impl PrefixRouterHttp {
         let now = now_ms();
         let random = random_u64(now ^ u64::from(self.context_id));
         let policy = Rc::clone(&self.policy);
-        let routed = with_tracker(&self.config, |t| {
-            steering::route(&policy, decision.key.as_deref(), t, random, now)
+        let listener = self.config.counting == Counting::Listener;
+        let (routed, check_due) = with_tracker(&self.config, |t| {
+            let routed = steering::route(&policy, decision.key.as_deref(), t, random, now);
+            let key = routed.decision.key.as_deref().filter(|_| listener);
+            let check_due = key.is_some_and(|key| t.response_check_due(key, now));
+            (routed, check_due)
         });
         for (name, value) in steering::header_writes(&self.config, &routed.decision) {
             warn_on_error(
@@ -370,8 +374,9 @@ impl PrefixRouterHttp {
         }
         self.metrics.increment_decision(routed.decision.kind);
         self.decided = Some(routed.decision.kind);
-        if self.config.counting == Counting::Listener {
-            self.listener_count = Some(ListenerCount::of(&self.config, &routed.decision));
+        if listener {
+            let count = ListenerCount::of(&self.config, &routed.decision, check_due);
+            self.listener_count = Some(count);
         }
         self.ticket = routed.ticket;
     }
@@ -539,10 +544,15 @@ impl HttpContext for PrefixRouterHttp {
             return Action::Continue;
         }
         let count = self.listener_count.take();
-        let wanted = count.is_some() || self.config.decision_header.is_some();
+        let check = count.as_ref().is_some_and(ListenerCount::check_at_response);
+        let wanted = check || self.config.decision_header.is_some();
         let instance = if wanted { upstream_address() } else { None };
         if let (Some(count), Some(address)) = (&count, &instance) {
-            self.count_at_response(count, address);
+            // Read for the debug header only: still acted on if it shows
+            // the decision's count on the wrong instance.
+            if check || !count.count_stands(address) {
+                self.count_at_response(count, address);
+            }
         }
         if let (Some(header), Some(kind)) = (&self.config.decision_header, self.decided) {
             let value = steering::decision_header_value(kind, instance.as_deref());

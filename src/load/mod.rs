@@ -30,7 +30,7 @@ mod tracker;
 #[cfg(test)]
 mod tests;
 
-pub use tracker::LoadTracker;
+pub use tracker::{LoadTracker, RESPONSE_CHECK_MS};
 
 /// Request header naming the instance the downstream decision already counted
 /// (the upstream filter then does not count the request again). Internal: the

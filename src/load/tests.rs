@@ -677,6 +677,17 @@ fn a_lost_blind_request_stops_counting_after_the_pending_ttl() {
 }
 
 #[test]
+fn a_response_check_is_due_once_a_second_per_key() {
+    let store = Rc::new(MemoryStore::new());
+    let mut w = worker(&store, 1);
+    assert!(w.response_check_due("k", 5));
+    assert!(!w.response_check_due("k", 6), "asked = checked");
+    assert!(w.response_check_due("other", 6), "per key");
+    assert!(!w.response_check_due("k", 5 + RESPONSE_CHECK_MS - 1));
+    assert!(w.response_check_due("k", 5 + RESPONSE_CHECK_MS));
+}
+
+#[test]
 fn a_new_instance_ttl_applies_to_the_kept_tables() {
     let store = Rc::new(MemoryStore::new());
     let mut w = worker(&store, 1);

@@ -8,21 +8,24 @@
 use std::time::Duration;
 
 use harness::load::{
-    burst, check_burst, prefix_request, shoot, wait_gauges_zero, warm_up, Ending, BURST_HOLD,
-    COUNTED_HEADER, DECISION_HEADER, ROUTE_HEADER,
+    assert_all_ok, burst, check_burst, prefix_request, served, shoot, shoot_all, wait_gauges_zero,
+    warm_up, Ending, BURST_HOLD, COUNTED_HEADER, DECISION_HEADER, ROUTE_HEADER,
 };
 use harness::{bodies, Harness, Outgoing};
 
 const WARM_UP_KEYS: usize = 40;
 
 fn start(strategy: &str, threshold: u32) -> Harness {
-    let config = serde_json::json!({
+    start_with_config(serde_json::json!({
         "strategy": strategy,
         "concurrency_threshold": threshold,
         "decision_header": DECISION_HEADER,
         "counting": "LISTENER",
-    })
-    .to_string();
+    }))
+}
+
+fn start_with_config(config: serde_json::Value) -> Harness {
+    let config = config.to_string();
     Harness::start_with(move |b| {
         b.concurrency(2)
             .listener_filter_only()
@@ -65,6 +68,44 @@ async fn a_known_keys_burst_is_capped_at_its_target_and_counts_return_to_zero() 
         7,
         "one in-flight gauge per instance: {gauges:?}"
     );
+}
+
+/// Without the debug decision header the listener reads where a request
+/// claimed on its key's target went only once a second per key: the cap must
+/// hold all the same, and the counts return to zero.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_cap_holds_without_the_decision_header() {
+    let harness = start_with_config(serde_json::json!({
+        "concurrency_threshold": 3,
+        "counting": "LISTENER",
+    }));
+    harness.fleet.set_hold_all(Duration::ZERO);
+    warm_up(&harness, WARM_UP_KEYS).await;
+    let addr = harness.envoy.listener_addr();
+    let first = shoot(addr, prefix_request("quiet", 1000), Ending::Complete).await;
+    let target = first.served_by.clone().expect("served");
+    harness.fleet.set_hold_all(BURST_HOLD);
+    for round in 0..2 {
+        harness.fleet.wait_idle(Duration::from_secs(10)).unwrap();
+        harness.fleet.reset_max_in_flight();
+        let requests = (0..12)
+            .map(|n| prefix_request("quiet", round * 12 + n))
+            .collect();
+        let outcomes = shoot_all(addr, requests).await;
+        assert_all_ok(&outcomes, "burst");
+        let max = harness.fleet.max_in_flight();
+        println!(
+            "round {round}: served {:?}, max in flight {max:?}",
+            served(&outcomes)
+        );
+        assert_eq!(
+            max.get(&target).copied(),
+            Some(3),
+            "round {round}: the target {target} holds exactly the cap: {max:?}"
+        );
+        assert!(max.values().all(|n| *n <= 3), "{max:?}");
+    }
+    wait_gauges_zero(&harness.envoy, Duration::from_secs(5));
 }
 
 /// No upstream filter is there to strip the filter's internal headers: none

@@ -17,6 +17,17 @@ impl<S: SharedStore> LoadTracker<S> {
             .map_or(0, |b| b.count(hash, now_ms, self.config.pending_ttl_ms))
     }
 
+    /// Whether `key` may have pending requests, which only a worker that
+    /// found no target for it marks (then at most `pending_ttl_ms` long). A
+    /// key this VM copied the route of within [`ROUTE_COPY_MS`], learned
+    /// longer ago than that, has none left but those of a worker that lost
+    /// its entry meanwhile (a full bucket evicted it): the read of the
+    /// pending table, a host call on every claim, is saved.
+    pub(super) fn may_have_pending(&self, key: &str, now_ms: u64) -> bool {
+        self.route_copy(key_hash(key), now_ms)
+            .is_none_or(|copy| now_ms.saturating_sub(copy.learned_ms) <= self.config.pending_ttl_ms)
+    }
+
     /// Adds or removes one pending request of `key`. A missing bucket is
     /// created empty first, never over another VM's ([`SharedStore::create`]).
     pub(super) fn update_pending(&mut self, key: &str, add: bool, now_ms: u64) {

@@ -36,8 +36,16 @@ const PROBE_LEN: u16 = 8;
 /// at most this long.
 const ROUTE_COPY_MS: u64 = 1_000;
 
-/// Most route copies a VM keeps (cleared when full, like `slot_of`).
+/// Most route copies a VM keeps (cleared when full, like `slot_of`); also
+/// the most keys whose last response check it remembers.
 const MAX_ROUTE_COPIES: usize = 4_096;
+
+/// Counting in the listener, how often one VM checks at a response where a
+/// request claimed on its key's learned target really went (reading
+/// `upstream.address` and the instance record: two host calls). Fleet
+/// changes remap keys rarely; a remapped key is counted on its old instance
+/// for at most this long per VM.
+pub const RESPONSE_CHECK_MS: u64 = 1_000;
 
 /// This VM's own count on one instance slot.
 #[derive(Debug, Clone)]
@@ -67,6 +75,9 @@ pub struct LoadTracker<S: SharedStore> {
     /// Copies of learned routes by key hash, with when they were last read
     /// or written here (see [`ROUTE_COPY_MS`]).
     route_copies: HashMap<u64, (RouteEntry, u64)>,
+    /// When this VM last had a response checked for a key (by key hash),
+    /// counting in the listener (see [`LoadTracker::response_check_due`]).
+    checked_keys: HashMap<u64, u64>,
     /// The instance record a lookup just read, for the claim or check that
     /// follows it in the same decision (one shared-data read, a host call,
     /// fewer). See [`LoadTracker::read_instance_at`].
@@ -110,6 +121,7 @@ impl<S: SharedStore> LoadTracker<S> {
             scanned_epoch: None,
             recent: None,
             route_copies: HashMap::new(),
+            checked_keys: HashMap::new(),
             config,
         }
     }
@@ -186,6 +198,25 @@ impl<S: SharedStore> LoadTracker<S> {
             Claim::Claimed(ticket) => Some(ticket),
             _ => None,
         }
+    }
+
+    /// Counting in the listener: whether a request of `key` claimed on its
+    /// learned target should have its response checked (true once per
+    /// [`RESPONSE_CHECK_MS`] per key and VM; asking counts as checking, so
+    /// concurrent requests do not all check).
+    pub fn response_check_due(&mut self, key: &str, now_ms: u64) -> bool {
+        let hash = key_hash(key);
+        let due = self
+            .checked_keys
+            .get(&hash)
+            .is_none_or(|at| now_ms.saturating_sub(*at) >= RESPONSE_CHECK_MS);
+        if due {
+            if self.checked_keys.len() >= MAX_ROUTE_COPIES {
+                self.checked_keys.clear();
+            }
+            self.checked_keys.insert(hash, now_ms);
+        }
+        due
     }
 
     /// Gives a ticket back: the request it counted has ended. Call exactly once
@@ -311,7 +342,9 @@ impl<S: SharedStore> LoadView for LoadTracker<S> {
             return Claim::Gone;
         }
         let pending = match (key, cap) {
-            (Some(key), Some(_)) => self.pending_of(key, now_ms),
+            (Some(key), Some(_)) if self.may_have_pending(key, now_ms) => {
+                self.pending_of(key, now_ms)
+            }
             _ => 0,
         };
         self.add(

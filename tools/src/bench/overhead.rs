@@ -1,10 +1,9 @@
 //! `bench overhead`: what the filter adds to each request. The same Envoy
 //! configuration (`envoy/envoy.yaml`) runs four ways in front of the same
 //! instant upstream: without the filter, with the filter routing
-//! (PREFIX_AWARE), with the filter loaded but idle (strategy RANDOM: it sees
-//! every callback but reads no body), which splits the cost into "a wasm
-//! filter in the chain" and "holding the headers and reading the prefix", and
-//! with the floor filter (`tools/floor-filter`: the least a prefix router can
+//! (PREFIX_AWARE, as shipped: listener filter and the cluster's upstream
+//! filter), with the filter counting in the listener alone (PREFIX_AWARE,
+//! `counting: LISTENER`, no upstream filter), and with the floor filter (`tools/floor-filter`: the least a prefix router can
 //! do in proxy-wasm, in the listener only), which tells what proxy-wasm costs
 //! on this machine apart from what this filter adds to it.
 //! - latency: one request at a time per configuration, interleaved request by
@@ -196,11 +195,13 @@ pub struct CaseResult {
     pub floor_p99_added_us: f64,
     pub floor_rps_ratio: f64,
     pub floor_cpu_added_us: f64,
-    /// The same for the idle filter (RANDOM: every callback, no body read).
-    pub idle_p50_added_us: f64,
-    pub idle_p99_added_us: f64,
-    pub idle_rps_ratio: f64,
-    pub idle_cpu_added_us: f64,
+    /// The same for PREFIX_AWARE with `counting: LISTENER` (listener filter
+    /// only), and whether its p50 added meets the case's target.
+    pub listener_p50_added_us: f64,
+    pub listener_p99_added_us: f64,
+    pub listener_rps_ratio: f64,
+    pub listener_cpu_added_us: f64,
+    pub listener_target_met: Option<bool>,
     /// Per-round p50 added (PREFIX_AWARE): the spread shows the noise.
     pub p50_added_us_rounds: Vec<f64>,
     pub rps_ratio_rounds: Vec<f64>,
@@ -208,7 +209,7 @@ pub struct CaseResult {
     pub target_met: Option<bool>,
     pub without_filter: SideFigures,
     pub floor_filter: SideFigures,
-    pub idle_filter: SideFigures,
+    pub listener_counting: SideFigures,
     pub with_filter: SideFigures,
 }
 
@@ -235,7 +236,7 @@ pub struct OverheadReport {
 /// The configurations compared, in the order of the measurement arrays.
 const WITHOUT: usize = 0;
 const FLOOR: usize = 1;
-const IDLE: usize = 2;
+const LISTENER: usize = 2;
 const WITH: usize = 3;
 const SIDES: usize = 4;
 
@@ -256,11 +257,6 @@ pub fn run(
     };
     let upstream = InstantUpstream::start(KEY_HEADER)?;
     let without = start_envoy(opts, None, upstream.addr())?;
-    let idle = start_envoy(
-        opts,
-        Some(json!({"strategy": "RANDOM", "key_header": KEY_HEADER})),
-        upstream.addr(),
-    )?;
     let mut results = Vec::new();
     for case in cases() {
         progress(&format!(
@@ -276,31 +272,28 @@ pub fn run(
             })),
             upstream.addr(),
         )?;
+        let listener = start_listener_counting_envoy(opts, case.prefix_length, upstream.addr())?;
         let floor = start_floor_envoy(opts, &floor_wasm, case.prefix_length, upstream.addr())?;
-        let envoys = [&without, &floor, &idle, &with];
+        let envoys = [&without, &floor, &listener, &with];
         let result = measure_case(&runtime, opts, &case, envoys, &upstream)
             .with_context(|| format!("case {}", case.name))?;
         progress(&format!(
-            "  p50 {:.0} / floor {:.0} / idle {:.0} / with {:.0} µs (+{:.0}; floor +{:.0}), p99 {:.0} / {:.0} / {:.0} µs (+{:.0}), rps {:.0} / {:.0} / {:.0} (x{:.3}), Envoy CPU per request {:.0} / {:.0} / {:.0} µs (+{:.0}; floor +{:.0})",
+            "  p50 without {:.0} / floor {:.0} / listener counting {:.0} / as shipped {:.0} µs (added: floor +{:.0}, listener +{:.0}, shipped +{:.0}), p99 added +{:.0} / +{:.0}, rps ratio x{:.3} / x{:.3}, Envoy CPU per request {:.0} µs without (added: floor +{:.0}, listener +{:.0}, shipped +{:.0})",
             result.without_filter.p50_us,
             result.floor_filter.p50_us,
-            result.idle_filter.p50_us,
+            result.listener_counting.p50_us,
             result.with_filter.p50_us,
-            result.p50_added_us,
             result.floor_p50_added_us,
-            result.without_filter.p99_us,
-            result.idle_filter.p99_us,
-            result.with_filter.p99_us,
+            result.listener_p50_added_us,
+            result.p50_added_us,
+            result.listener_p99_added_us,
             result.p99_added_us,
-            result.without_filter.rps,
-            result.idle_filter.rps,
-            result.with_filter.rps,
+            result.listener_rps_ratio,
             result.rps_ratio,
             result.without_filter.cpu_us_per_request,
-            result.idle_filter.cpu_us_per_request,
-            result.with_filter.cpu_us_per_request,
+            result.floor_cpu_added_us,
+            result.listener_cpu_added_us,
             result.cpu_added_us,
-            result.floor_cpu_added_us
         ));
         results.push(result);
     }
@@ -409,6 +402,27 @@ fn envoy_builder(opts: &OverheadOptions, upstream: std::net::SocketAddr) -> Envo
         .log_level("warning")
 }
 
+/// Envoy from `envoy/envoy.yaml` with this filter in the listener only,
+/// PREFIX_AWARE and `counting: LISTENER`.
+fn start_listener_counting_envoy(
+    opts: &OverheadOptions,
+    prefix_length: usize,
+    upstream: std::net::SocketAddr,
+) -> anyhow::Result<Envoy> {
+    let mut builder = envoy_builder(opts, upstream).listener_filter_only();
+    if let Some(wasm) = &opts.wasm {
+        builder = builder.wasm(wasm);
+    }
+    Ok(builder
+        .plugin_config_json(&json!({
+            "strategy": "PREFIX_AWARE",
+            "prefix_length": prefix_length,
+            "key_header": KEY_HEADER,
+            "counting": "LISTENER",
+        }))
+        .start()?)
+}
+
 /// Envoy from `envoy/envoy.yaml` with the floor filter in the listener only
 /// (it counts nothing, so it has no upstream position).
 fn start_floor_envoy(
@@ -503,18 +517,18 @@ fn measure_case(
                     case.body_bytes
                 );
             }
-            keyed_ok[index] &= if index == WITH || index == FLOOR {
-                seen.unkeyed == 0
-            } else {
+            keyed_ok[index] &= if index == WITHOUT {
                 seen.keyed == 0
+            } else {
+                seen.unkeyed == 0
             };
         }
     }
     if keyed_ok.contains(&false) {
         bail!(
-            "the filters did not behave as configured: every request through PREFIX_AWARE and the \
-             floor filter must carry {KEY_HEADER}, none through RANDOM or plain Envoy \
-             (without, floor, idle, with: {keyed_ok:?})"
+            "the filters did not behave as configured: every request through a filter must carry \
+             {KEY_HEADER}, none through plain Envoy \
+             (without, floor, listener counting, as shipped: {keyed_ok:?})"
         );
     }
     let figures: Vec<SideFigures> = sides.iter().map(figures).collect();
@@ -546,10 +560,13 @@ fn measure_case(
         floor_p99_added_us: added(FLOOR, |f| f.p99_us),
         floor_rps_ratio: median(&ratio_rounds(FLOOR)),
         floor_cpu_added_us: cpu_added(FLOOR),
-        idle_p50_added_us: added(IDLE, |f| f.p50_us),
-        idle_p99_added_us: added(IDLE, |f| f.p99_us),
-        idle_rps_ratio: median(&ratio_rounds(IDLE)),
-        idle_cpu_added_us: cpu_added(IDLE),
+        listener_p50_added_us: added(LISTENER, |f| f.p50_us),
+        listener_p99_added_us: added(LISTENER, |f| f.p99_us),
+        listener_rps_ratio: median(&ratio_rounds(LISTENER)),
+        listener_cpu_added_us: cpu_added(LISTENER),
+        listener_target_met: case
+            .target_p50_added_us
+            .map(|t| added(LISTENER, |f| f.p50_us) <= t),
         p50_added_us_rounds: sides[WITH]
             .round_p50_us
             .iter()
@@ -561,7 +578,7 @@ fn measure_case(
         target_met: case.target_p50_added_us.map(|t| p50_added_us <= t),
         without_filter: figures[WITHOUT].clone(),
         floor_filter: figures[FLOOR].clone(),
-        idle_filter: figures[IDLE].clone(),
+        listener_counting: figures[LISTENER].clone(),
         with_filter: figures[WITH].clone(),
     })
 }
@@ -606,34 +623,39 @@ fn per_request(total: f64, requests: u64) -> f64 {
 pub fn markdown(report: &OverheadReport) -> String {
     let mut out = String::new();
     out.push_str(
-        "| case | body | prefix_length | p50 without → with (µs) | p50 added (µs) | p99 added (µs) | rps without → with | rps ratio | Envoy CPU per request without → with (µs) | idle filter: p50 added, rps ratio, CPU added | floor filter: p50 added, CPU added | target p50 added |\n",
+        "| case | body | prefix_length | p50 without (µs) | p50 added: as shipped / `counting: LISTENER` / floor (µs) | p99 added: as shipped / LISTENER (µs) | rps ratio: as shipped / LISTENER | Envoy CPU per request without (µs) | CPU added: as shipped / LISTENER / floor (µs) | target p50 added: as shipped / LISTENER |\n",
     );
-    out.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
+    out.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
     for case in &report.cases {
-        let target = match (case.target_p50_added_us, case.target_met) {
-            (Some(t), Some(true)) => format!("≤ {t:.0} µs: met"),
-            (Some(t), _) => format!("≤ {t:.0} µs: **missed**"),
-            _ => "-".to_string(),
+        let verdict = |met: Option<bool>| match met {
+            Some(true) => "met",
+            Some(false) => "**missed**",
+            None => "-",
+        };
+        let target = match case.target_p50_added_us {
+            Some(t) => format!(
+                "≤ {t:.0} µs: {} / {}",
+                verdict(case.target_met),
+                verdict(case.listener_target_met)
+            ),
+            None => "-".to_string(),
         };
         out.push_str(&format!(
-            "| {} | {} | {} | {:.0} → {:.0} | {:.0} | {:.0} | {:.0} → {:.0} | {:.3} | {:.0} → {:.0} (+{:.0}) | {:.0} µs, {:.3}, +{:.0} µs | {:.0} µs, +{:.0} µs | {} |\n",
+            "| {} | {} | {} | {:.0} | {:.0} / {:.0} / {:.0} | {:.0} / {:.0} | {:.3} / {:.3} | {:.0} | +{:.0} / +{:.0} / +{:.0} | {} |\n",
             case.name,
             human_bytes(case.body_bytes),
             case.prefix_length,
             case.without_filter.p50_us,
-            case.with_filter.p50_us,
             case.p50_added_us,
-            case.p99_added_us,
-            case.without_filter.rps,
-            case.with_filter.rps,
-            case.rps_ratio,
-            case.without_filter.cpu_us_per_request,
-            case.with_filter.cpu_us_per_request,
-            case.cpu_added_us,
-            case.idle_p50_added_us,
-            case.idle_rps_ratio,
-            case.idle_cpu_added_us,
+            case.listener_p50_added_us,
             case.floor_p50_added_us,
+            case.p99_added_us,
+            case.listener_p99_added_us,
+            case.rps_ratio,
+            case.listener_rps_ratio,
+            case.without_filter.cpu_us_per_request,
+            case.cpu_added_us,
+            case.listener_cpu_added_us,
             case.floor_cpu_added_us,
             target
         ));
