@@ -287,6 +287,22 @@ fn integer_in(field: &str, value: &Value, (lo, hi): (u64, u64)) -> Result<u64, C
     }
 }
 
+/// One of the spellings in `names` (an enum's configuration names).
+fn one_of<T: Copy>(name: &str, value: &Value, names: &[(&str, T)]) -> Result<T, ConfigError> {
+    let text = string(name, value)?;
+    names
+        .iter()
+        .find(|(spelling, _)| *spelling == text)
+        .map(|(_, item)| *item)
+        .ok_or_else(|| {
+            let allowed: Vec<&str> = names.iter().map(|(spelling, _)| *spelling).collect();
+            error(
+                name,
+                format!("{} is not one of {}", shown(value), allowed.join(", ")),
+            )
+        })
+}
+
 fn string<'v>(field: &str, value: &'v Value) -> Result<&'v str, ConfigError> {
     value
         .as_str()
@@ -426,22 +442,7 @@ impl Config {
 
     fn apply_field(&mut self, name: &str, value: &Value) -> Result<(), ConfigError> {
         match name {
-            "strategy" => {
-                let text = string(name, value)?;
-                self.strategy = Strategy::NAMES
-                    .iter()
-                    .find(|(n, _)| *n == text)
-                    .map(|(_, s)| *s)
-                    .ok_or_else(|| {
-                        error(
-                            name,
-                            format!(
-                                "{} is not one of PREFIX_AWARE, LEAST_OUTSTANDING_REQUESTS, RANDOM",
-                                shown(value)
-                            ),
-                        )
-                    })?;
-            }
+            "strategy" => self.strategy = one_of(name, value, &Strategy::NAMES)?,
             "prefix_length" => {
                 self.prefix_length = to_usize(integer_in(name, value, PREFIX_LENGTH_RANGE)?)
             }
@@ -479,19 +480,7 @@ impl Config {
                     }
                 }
             }
-            "counting" => {
-                let text = string(name, value)?;
-                self.counting = Counting::NAMES
-                    .iter()
-                    .find(|(n, _)| *n == text)
-                    .map(|(_, c)| *c)
-                    .ok_or_else(|| {
-                        error(
-                            name,
-                            format!("{} is not one of UPSTREAM_FILTER, LISTENER", shown(value)),
-                        )
-                    })?;
-            }
+            "counting" => self.counting = one_of(name, value, &Counting::NAMES)?,
             // `reject_unknown` ran first; kept total so a field listed in
             // FIELDS but not handled here is still an error, not a no-op.
             _ => return Err(error(name, "unknown field")),
