@@ -341,20 +341,7 @@ fn api_kind(field: &str, value: &Value) -> Result<ApiKind, ConfigError> {
         ("responses", ApiKind::Responses),
         ("invoke", ApiKind::Invoke),
     ];
-    let name = string(field, value)?;
-    NAMES
-        .iter()
-        .find(|(n, _)| *n == name)
-        .map(|(_, api)| *api)
-        .ok_or_else(|| {
-            error(
-                field,
-                format!(
-                    "{} is not one of chat_completions, completions, responses, invoke",
-                    shown(value)
-                ),
-            )
-        })
+    one_of(field, value, &NAMES)
 }
 
 fn path_rules(value: &Value) -> Result<Vec<PathRule>, ConfigError> {
@@ -738,6 +725,10 @@ mod tests {
             "strategy: expected a string, got a number (1)"
         );
         assert_eq!(
+            err(r#"{"counting":true}"#),
+            "counting: expected a string, got a boolean (true)"
+        );
+        assert_eq!(
             err("[1]"),
             "configuration: expected a JSON object, got an array ([1])"
         );
@@ -859,13 +850,10 @@ mod tests {
             counting(r#"{"counting":"LISTENER"}"#),
             Ok(Counting::Listener)
         );
+        // Spellings are exact (the wrong type is in `wrong_types_are_named`).
         assert_eq!(
             err(r#"{"counting":"listener"}"#),
             r#"counting: "listener" is not one of UPSTREAM_FILTER, LISTENER"#
-        );
-        assert_eq!(
-            err(r#"{"counting":true}"#),
-            "counting: expected a string, got a boolean (true)"
         );
     }
 
