@@ -5,7 +5,10 @@
 //! header ownership, the policy a configuration selects) is tested natively.
 
 use crate::config::{Config, Counting, Strategy, DEFAULT_HOST_HEADER};
-use crate::load::{LoadConfig, LoadView, UpstreamStart, COUNTED_HEADER, PENDING_MARK};
+use crate::load::{
+    LoadConfig, LoadTracker, LoadView, Ticket, UpstreamStart, COUNTED_HEADER, PENDING_MARK,
+};
+use crate::shared::SharedStore;
 use crate::strategy::{
     self, DecisionKind, LeastOutstanding, Policy, PrefixAware, RandomPolicy, Routed, RoutingPolicy,
     ROUTE_HEADER,
@@ -142,12 +145,43 @@ impl ListenerCount {
 
     /// True if the decision's count (if any) stands: it was taken on
     /// `address`, or none was taken. False: the decision counted the request
-    /// on another instance than Envoy chose; give that ticket back before
-    /// [`Self::start`] counts the request where it really went.
+    /// on another instance than Envoy chose.
     pub fn count_stands(&self, address: &str) -> bool {
         match self.counted.as_deref() {
             None | Some(PENDING_MARK) => true,
             Some(counted) => counted == address,
+        }
+    }
+
+    /// The response came from `address`: gives back `held` (the decision's
+    /// ticket) if it counts the request on another instance, lets the
+    /// tracker register the instance, learn the key's target and count the
+    /// request where it went if nothing counts it there. Returns the one
+    /// ticket the stream holds from now on.
+    pub fn settle<S: SharedStore>(
+        &self,
+        address: &str,
+        held: Option<Ticket>,
+        tracker: &mut LoadTracker<S>,
+        now_ms: u64,
+    ) -> Option<Ticket> {
+        let held = match held {
+            Some(stale) if !self.count_stands(address) => {
+                tracker.release(stale, now_ms);
+                None
+            }
+            held => held,
+        };
+        match tracker.upstream_started(self.start(address), now_ms) {
+            Some(counted) => {
+                // A decision's count that stood made the tracker count
+                // nothing; keep at most one count per stream regardless.
+                if let Some(previous) = held {
+                    tracker.release(previous, now_ms);
+                }
+                Some(counted)
+            }
+            None => held,
         }
     }
 }
@@ -184,7 +218,6 @@ pub fn decision_header_value(kind: DecisionKind, instance: Option<&str>) -> Stri
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::load::LoadTracker;
     use crate::shared::MemoryStore;
     use crate::strategy::LEAST_REQUEST_ROUTE;
 
@@ -459,8 +492,7 @@ mod tests {
         assert_eq!(first.ticket, None);
         let first_count = ListenerCount::of(&c, &first.decision, false);
         assert!(first_count.check_at_response(), "pending: always checked");
-        assert!(first_count.count_stands(a));
-        let first_ticket = load.upstream_started(first_count.start(a), 11);
+        let first_ticket = first_count.settle(a, first.ticket, &mut load, 11);
         assert!(first_ticket.is_some(), "counted at its response");
         assert_eq!(in_flight(&mut load, a), Some(1));
 
@@ -476,20 +508,27 @@ mod tests {
             "claimed on target, not due"
         );
         assert!(ListenerCount::of(&c, &second.decision, true).check_at_response());
-        assert!(second_count.count_stands(a));
-        assert_eq!(load.upstream_started(second_count.start(a), 13), None);
+        let claimed = second.ticket.as_ref().map(Ticket::slot);
+        let second_ticket = second_count.settle(a, second.ticket, &mut load, 13);
+        assert_eq!(second_ticket.as_ref().map(Ticket::slot), claimed, "kept");
         assert_eq!(in_flight(&mut load, a), Some(2), "not counted twice");
 
         let third = route(&policy, Some(KEY), &mut load, 3, 14);
+        assert!(third.ticket.is_some(), "claimed on a");
         let third_count = ListenerCount::of(&c, &third.decision, false);
         assert!(!third_count.count_stands(b), "predicted a, went to b");
-        load.release(third.ticket.expect("claimed on a"), 15);
-        let moved = load.upstream_started(third_count.start(b), 15);
+        let moved = third_count.settle(b, third.ticket, &mut load, 15);
         assert!(moved.is_some());
-        assert_eq!(in_flight(&mut load, a), Some(2));
+        assert_eq!(
+            in_flight(&mut load, a),
+            Some(2),
+            "the claim on a given back"
+        );
         assert_eq!(in_flight(&mut load, b), Some(1));
+        let fourth = route(&policy, Some(KEY), &mut load, 4, 16);
+        assert_eq!(fourth.decision.counted.as_deref(), Some(b), "relearned: b");
 
-        let tickets = [first_ticket, second.ticket, moved];
+        let tickets = [first_ticket, second_ticket, moved, fourth.ticket];
         for t in tickets.into_iter().flatten() {
             load.release(t, 16);
         }

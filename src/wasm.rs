@@ -412,24 +412,8 @@ impl PrefixRouterHttp {
     /// counts it if it was not counted yet, learns the key's target.
     fn count_at_response(&mut self, count: &ListenerCount, address: &str) {
         let now = now_ms();
-        let stale = if count.count_stands(address) {
-            None
-        } else {
-            self.ticket.take()
-        };
-        let counted = with_tracker(&self.config, |t| {
-            if let Some(ticket) = stale {
-                t.release(ticket, now);
-            }
-            t.upstream_started(count.start(address), now)
-        });
-        if let Some(ticket) = counted {
-            // At most one count per stream: a decision's count that stood
-            // made `upstream_started` count nothing.
-            if let Some(previous) = self.ticket.replace(ticket) {
-                with_tracker(&self.config, |t| t.release(previous, now));
-            }
-        }
+        let held = self.ticket.take();
+        self.ticket = with_tracker(&self.config, |t| count.settle(address, held, t, now));
     }
 
     fn reject(&self, reply: &LocalReply) -> Action {
