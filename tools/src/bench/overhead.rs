@@ -3,9 +3,10 @@
 //! instant upstream: without the filter, with the filter routing
 //! (PREFIX_AWARE, as shipped: listener filter and the cluster's upstream
 //! filter), with the filter counting in the listener alone (PREFIX_AWARE,
-//! `counting: LISTENER`, no upstream filter), and with the floor filter (`tools/floor-filter`: the least a prefix router can
-//! do in proxy-wasm, in the listener only), which tells what proxy-wasm costs
-//! on this machine apart from what this filter adds to it.
+//! `counting: LISTENER`, no upstream filter), and with the floor filter
+//! (`tools/floor-filter`: the least a prefix router can do in proxy-wasm, in
+//! the listener only), which tells what proxy-wasm costs on this machine apart
+//! from what this filter adds to it.
 //! - latency: one request at a time per configuration, interleaved request by
 //!   request across the configurations (so all see the same machine noise);
 //!   each request's latency is its own cost, not queueing behind others;
@@ -265,11 +266,7 @@ pub fn run(
         ));
         let with = start_envoy(
             opts,
-            Some(json!({
-                "strategy": "PREFIX_AWARE",
-                "prefix_length": case.prefix_length,
-                "key_header": KEY_HEADER,
-            })),
+            Some(prefix_aware_config(case.prefix_length)),
             upstream.addr(),
         )?;
         let listener = start_listener_counting_envoy(opts, case.prefix_length, upstream.addr())?;
@@ -344,11 +341,7 @@ pub fn load_for_profiling(
     let plugin_config = match configuration {
         Configuration::Without => None,
         Configuration::Idle => Some(json!({"strategy": "RANDOM", "key_header": KEY_HEADER})),
-        Configuration::With => Some(json!({
-            "strategy": "PREFIX_AWARE",
-            "prefix_length": case.prefix_length,
-            "key_header": KEY_HEADER,
-        })),
+        Configuration::With => Some(prefix_aware_config(case.prefix_length)),
     };
     let envoy = start_envoy(opts, plugin_config, upstream.addr())?;
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -375,13 +368,31 @@ pub fn load_for_profiling(
     Ok(phase.rps())
 }
 
+/// The plugin configuration of the PREFIX_AWARE configurations.
+fn prefix_aware_config(prefix_length: usize) -> serde_json::Value {
+    json!({
+        "strategy": "PREFIX_AWARE",
+        "prefix_length": prefix_length,
+        "key_header": KEY_HEADER,
+    })
+}
+
 /// Envoy from `envoy/envoy.yaml`, with the plugin configuration given, or without the filter.
 fn start_envoy(
     opts: &OverheadOptions,
     plugin_config: Option<serde_json::Value>,
     upstream: std::net::SocketAddr,
 ) -> anyhow::Result<Envoy> {
-    let mut builder = envoy_builder(opts, upstream);
+    start_from(opts, envoy_builder(opts, upstream), plugin_config)
+}
+
+/// `builder` with this filter (its .wasm from `opts`) and `plugin_config`,
+/// or without the filter.
+fn start_from(
+    opts: &OverheadOptions,
+    mut builder: EnvoyBuilder,
+    plugin_config: Option<serde_json::Value>,
+) -> anyhow::Result<Envoy> {
     match plugin_config {
         Some(plugin_config) => {
             if let Some(wasm) = &opts.wasm {
@@ -409,18 +420,10 @@ fn start_listener_counting_envoy(
     prefix_length: usize,
     upstream: std::net::SocketAddr,
 ) -> anyhow::Result<Envoy> {
-    let mut builder = envoy_builder(opts, upstream).listener_filter_only();
-    if let Some(wasm) = &opts.wasm {
-        builder = builder.wasm(wasm);
-    }
-    Ok(builder
-        .plugin_config_json(&json!({
-            "strategy": "PREFIX_AWARE",
-            "prefix_length": prefix_length,
-            "key_header": KEY_HEADER,
-            "counting": "LISTENER",
-        }))
-        .start()?)
+    let mut config = prefix_aware_config(prefix_length);
+    config["counting"] = json!("LISTENER");
+    let builder = envoy_builder(opts, upstream).listener_filter_only();
+    start_from(opts, builder, Some(config))
 }
 
 /// Envoy from `envoy/envoy.yaml` with the floor filter in the listener only
@@ -543,6 +546,7 @@ fn measure_case(
             .collect()
     };
     let p50_added_us = added(WITH, |f| f.p50_us);
+    let listener_p50_added_us = added(LISTENER, |f| f.p50_us);
     let cpu_added = |index: usize| added(index, |f| f.cpu_us_per_request);
     let rps_ratio_rounds = ratio_rounds(WITH);
     Ok(CaseResult {
@@ -560,13 +564,11 @@ fn measure_case(
         floor_p99_added_us: added(FLOOR, |f| f.p99_us),
         floor_rps_ratio: median(&ratio_rounds(FLOOR)),
         floor_cpu_added_us: cpu_added(FLOOR),
-        listener_p50_added_us: added(LISTENER, |f| f.p50_us),
+        listener_p50_added_us,
         listener_p99_added_us: added(LISTENER, |f| f.p99_us),
         listener_rps_ratio: median(&ratio_rounds(LISTENER)),
         listener_cpu_added_us: cpu_added(LISTENER),
-        listener_target_met: case
-            .target_p50_added_us
-            .map(|t| added(LISTENER, |f| f.p50_us) <= t),
+        listener_target_met: case.target_p50_added_us.map(|t| listener_p50_added_us <= t),
         p50_added_us_rounds: sides[WITH]
             .round_p50_us
             .iter()
