@@ -11,7 +11,7 @@ use harness::load::{
     assert_all_ok, burst, check_burst, prefix_request, served, shoot, shoot_all, wait_gauges_zero,
     warm_up, Ending, BURST_HOLD, COUNTED_HEADER, DECISION_HEADER, ROUTE_HEADER,
 };
-use harness::{bodies, Harness, Outgoing};
+use harness::{bodies, Harness, Outgoing, INSTANCES};
 
 const WARM_UP_KEYS: usize = 40;
 
@@ -65,7 +65,7 @@ async fn a_known_keys_burst_is_capped_at_its_target_and_counts_return_to_zero() 
     println!("gauges back to zero after {took:?}: {gauges:?}");
     assert_eq!(
         gauges.len(),
-        7,
+        INSTANCES,
         "one in-flight gauge per instance: {gauges:?}"
     );
 }
