@@ -1,7 +1,8 @@
-//! An HTTP/1.1 client whose request framing the test controls: a
-//! `content-length` or a chunked body, written in pieces of a chosen size, the
-//! first few pieces a moment apart so Envoy (and the filter) really receive
-//! them as separate reads.
+//! An HTTP client whose request framing the test controls: over HTTP/1.1 a
+//! `content-length` or a chunked body, over HTTP/2 (cleartext, prior
+//! knowledge) DATA frames ending the stream or followed by trailers; written in
+//! pieces of a chosen size, the first few pieces a moment apart so Envoy (and
+//! the filter) really receive them as separate reads.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -25,7 +26,22 @@ pub enum Framing {
     ContentLength,
     /// `transfer-encoding: chunked`, one chunk per piece.
     Chunked,
+    /// HTTP/2 with `content-length`, one DATA frame per piece (hyper may split
+    /// a piece by flow control); the last frame ends the stream.
+    Http2,
+    /// HTTP/2 without `content-length`: DATA frames, then a trailers frame
+    /// ends the stream (no DATA frame carries END_STREAM).
+    Http2Trailers,
 }
+
+impl Framing {
+    fn is_http2(self) -> bool {
+        matches!(self, Framing::Http2 | Framing::Http2Trailers)
+    }
+}
+
+/// The trailer [`Framing::Http2Trailers`] sends.
+pub const TRAILER: (&str, &str) = ("x-test-trailer", "end");
 
 /// A request to send.
 #[derive(Debug, Clone)]
@@ -122,6 +138,8 @@ impl Reply {
 /// A body fed piece by piece from a channel; its size is left to the headers.
 struct PieceBody {
     pieces: mpsc::Receiver<Bytes>,
+    /// Sent once the pieces are over (HTTP/2 only).
+    trailers: Option<HeaderMap>,
 }
 
 impl Body for PieceBody {
@@ -132,9 +150,10 @@ impl Body for PieceBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        self.pieces
-            .poll_recv(cx)
-            .map(|piece| piece.map(|bytes| Ok(Frame::data(bytes))))
+        match self.pieces.poll_recv(cx) {
+            Poll::Ready(None) => Poll::Ready(self.trailers.take().map(|t| Ok(Frame::trailers(t)))),
+            other => other.map(|piece| piece.map(|bytes| Ok(Frame::data(bytes)))),
+        }
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -200,17 +219,43 @@ async fn exchange(addr: SocketAddr, request: Outgoing) -> anyhow::Result<Reply> 
         .await
         .with_context(|| format!("connecting to {addr}"))?;
     stream.set_nodelay(true)?;
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .context("HTTP/1.1 handshake")?;
-    // Aborted however this exchange ends, also when a caller's timeout drops it
-    // midway: that is how tests abort a request (the connection closes).
-    let connection = AbortOnDrop(tokio::spawn(connection));
+    let io = TokioIo::new(stream);
+    // The connection task is aborted however this exchange ends, also when a
+    // caller's timeout drops it midway: that is how tests abort a request (the
+    // connection closes).
+    let (mut sender, _connection) = if request.framing.is_http2() {
+        let (sender, connection) =
+            hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), io)
+                .await
+                .context("HTTP/2 handshake")?;
+        (
+            Sender::Http2(sender),
+            AbortOnDrop(tokio::spawn(async move {
+                connection.await.map_err(anyhow::Error::from)
+            })),
+        )
+    } else {
+        let (sender, connection) = hyper::client::conn::http1::handshake(io)
+            .await
+            .context("HTTP/1.1 handshake")?;
+        (
+            Sender::Http1(sender),
+            AbortOnDrop(tokio::spawn(async move {
+                connection.await.map_err(anyhow::Error::from)
+            })),
+        )
+    };
 
-    let mut builder = hyper::Request::builder()
-        .method(request.method.as_str())
-        .uri(request.path.as_str())
-        .header("host", "prefix-router.test");
+    // HTTP/2 takes the authority from an absolute URI; HTTP/1.1 sends the path
+    // and a host header.
+    let mut builder = hyper::Request::builder().method(request.method.as_str());
+    builder = if request.framing.is_http2() {
+        builder.uri(format!("http://prefix-router.test{}", request.path))
+    } else {
+        builder
+            .uri(request.path.as_str())
+            .header("host", "prefix-router.test")
+    };
     for (name, value) in &request.headers {
         builder = builder.header(
             HeaderName::from_bytes(name.as_bytes())?,
@@ -218,12 +263,20 @@ async fn exchange(addr: SocketAddr, request: Outgoing) -> anyhow::Result<Reply> 
         );
     }
     let response = match request.body {
-        None => sender.send_request(builder.body(NoBody.boxed())?).await,
+        None => sender.send(builder.body(NoBody.boxed())?).await,
         Some(body) => {
             builder = match request.framing {
-                Framing::ContentLength => builder.header("content-length", body.len()),
+                Framing::ContentLength | Framing::Http2 => {
+                    builder.header("content-length", body.len())
+                }
                 Framing::Chunked => builder.header("transfer-encoding", "chunked"),
+                Framing::Http2Trailers => builder,
             };
+            let trailers = (request.framing == Framing::Http2Trailers).then(|| {
+                let mut trailers = HeaderMap::new();
+                trailers.insert(TRAILER.0, HeaderValue::from_static(TRAILER.1));
+                trailers
+            });
             let (pieces, receiver) = mpsc::channel(16);
             let writer = tokio::spawn(write_pieces(
                 body,
@@ -231,9 +284,11 @@ async fn exchange(addr: SocketAddr, request: Outgoing) -> anyhow::Result<Reply> 
                 request.paced_pieces,
                 pieces,
             ));
-            let sent = sender
-                .send_request(builder.body(PieceBody { pieces: receiver }.boxed())?)
-                .await;
+            let body = PieceBody {
+                pieces: receiver,
+                trailers,
+            };
+            let sent = sender.send(builder.body(body.boxed())?).await;
             writer.abort();
             sent
         }
@@ -248,12 +303,31 @@ async fn exchange(addr: SocketAddr, request: Outgoing) -> anyhow::Result<Reply> 
         .await
         .context("reading the response body")?
         .to_bytes();
-    drop(connection);
     Ok(Reply {
         status,
         headers,
         body,
     })
+}
+
+type BoxBody = http_body_util::combinators::BoxBody<Bytes, Infallible>;
+
+/// One connection's request sender, either protocol.
+enum Sender {
+    Http1(hyper::client::conn::http1::SendRequest<BoxBody>),
+    Http2(hyper::client::conn::http2::SendRequest<BoxBody>),
+}
+
+impl Sender {
+    async fn send(
+        &mut self,
+        request: hyper::Request<BoxBody>,
+    ) -> hyper::Result<hyper::Response<hyper::body::Incoming>> {
+        match self {
+            Sender::Http1(sender) => sender.send_request(request).await,
+            Sender::Http2(sender) => sender.send_request(request).await,
+        }
+    }
 }
 
 /// A spawned task aborted when this handle is dropped.

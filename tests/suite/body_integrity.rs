@@ -1,10 +1,14 @@
 //! The upstream receives the client's body byte for byte, whatever its size,
-//! framing (content-length or chunked) and the pieces it arrives in, on both
-//! APIs, valid JSON or not; and the filter never causes a 413, even for bodies
-//! far larger than what it reads (`max_body_bytes`, 1 MiB by default).
+//! framing (HTTP/1.1 content-length or chunked; HTTP/2 DATA frames, ending the
+//! stream or followed by trailers) and the pieces it arrives in, on both APIs,
+//! valid JSON or not; the filter never causes a 413, even for bodies far larger
+//! than what it reads (`max_body_bytes`, 1 MiB by default); and the key it
+//! writes depends on the body alone, never on how the body travelled.
+
+use std::collections::BTreeMap;
 
 use bytes::Bytes;
-use harness::{bodies, Framing, Harness, Outgoing};
+use harness::{bodies, Framing, Harness, Outgoing, KEY_HEADER};
 
 const SIZES: [usize; 7] = [0, 1, 1023, 4096, 65_536, 70_000, 4 << 20];
 /// Bytes per write; `usize::MAX` writes the body at once.
@@ -13,9 +17,17 @@ const PIECES: [usize; 5] = [1, 1000, 16_384, 65_536, usize::MAX];
 const MAX_WRITES: usize = 70_000;
 /// Pieces sent a moment apart at the start, where the filter decides.
 const PACED: usize = 8;
+const FRAMINGS: [Framing; 4] = [
+    Framing::ContentLength,
+    Framing::Chunked,
+    Framing::Http2,
+    Framing::Http2Trailers,
+];
 
 struct Case {
     id: String,
+    /// Cases of the same body share it (the key must be the same).
+    body_id: String,
     path: &'static str,
     body: Bytes,
     framing: Framing,
@@ -27,13 +39,14 @@ fn cases(kind: &str, path: &'static str, make: impl Fn(usize) -> Option<Vec<u8>>
     for size in SIZES {
         let Some(body) = make(size) else { continue };
         let body = Bytes::from(body);
-        for framing in [Framing::ContentLength, Framing::Chunked] {
+        for framing in FRAMINGS {
             for piece in PIECES {
                 if size.div_ceil(piece.min(size.max(1))) > MAX_WRITES {
                     continue;
                 }
                 out.push(Case {
                     id: format!("{kind}-{size}-{framing:?}-{piece}"),
+                    body_id: format!("{kind}-{size}"),
                     path,
                     body: body.clone(),
                     framing,
@@ -51,6 +64,11 @@ async fn check_integrity(cases: Vec<Case>) {
         .iter()
         .map(|c| (c.id.clone(), c.body.len(), bodies::sha256(&c.body)))
         .collect();
+    let body_ids: Vec<String> = cases.iter().map(|c| c.body_id.clone()).collect();
+    let http2_requests = cases
+        .iter()
+        .filter(|c| matches!(c.framing, Framing::Http2 | Framing::Http2Trailers))
+        .count() as u64;
     let requests = cases
         .into_iter()
         .map(|c| {
@@ -62,7 +80,9 @@ async fn check_integrity(cases: Vec<Case>) {
     let replies = harness.send_all(requests, 6).await;
 
     let mut failures = Vec::new();
-    for ((id, len, sha), reply) in expected.iter().zip(&replies) {
+    // Per body, the key each framing gave it, and that framing's request id.
+    let mut keys: BTreeMap<&str, BTreeMap<Vec<String>, &str>> = BTreeMap::new();
+    for (((id, len, sha), reply), body_id) in expected.iter().zip(&replies).zip(&body_ids) {
         if reply.status != 200 {
             failures.push(format!("{id}: HTTP {} {}", reply.status, reply.text()));
             continue;
@@ -70,6 +90,20 @@ async fn check_integrity(cases: Vec<Case>) {
         let found = harness
             .fleet
             .records_with_header(harness::TEST_ID_HEADER, id);
+        if let [record] = found.as_slice() {
+            let key: Vec<String> = record
+                .header_values(KEY_HEADER)
+                .iter()
+                .map(|v| v.to_string())
+                .collect();
+            // Only an empty body has no key.
+            if key.len() != usize::from(*len > 0) {
+                failures.push(format!(
+                    "{id}: {len} bytes arrived with {KEY_HEADER} {key:?}"
+                ));
+            }
+            keys.entry(body_id).or_default().entry(key).or_insert(id);
+        }
         match found.as_slice() {
             [record] if record.body_len == *len && record.body_sha256 == *sha => {}
             [record] => failures.push(format!(
@@ -78,6 +112,24 @@ async fn check_integrity(cases: Vec<Case>) {
             )),
             _ => failures.push(format!("{id}: reached the upstreams {} times", found.len())),
         }
+    }
+    for (body_id, by_key) in &keys {
+        if by_key.len() > 1 {
+            failures.push(format!(
+                "{body_id}: the same body got different keys depending on its framing: {by_key:?}"
+            ));
+        }
+    }
+    // Envoy saw HTTP/2 requests, not a client that fell back to HTTP/1.1.
+    let http2_seen = harness
+        .envoy
+        .stat("http.ingress_http.downstream_rq_http2_total")
+        .expect("admin /stats")
+        .unwrap_or(0);
+    if http2_seen != http2_requests {
+        failures.push(format!(
+            "Envoy counted {http2_seen} HTTP/2 requests, the test sent {http2_requests}"
+        ));
     }
     println!("{} bodies checked", expected.len());
     assert!(
