@@ -6,12 +6,20 @@
 //! Only the glue between spans (`{`, keys, `:`, `,`, `[`, `]`, `}`) is checked
 //! here; every span the sink keeps is parsed by `serde_json` there. Spans the
 //! sink skips (values it no longer needs) are only delimited: never copied,
-//! never parsed, never validated.
+//! never parsed, never validated. In spans the sink wants capped
+//! ([`Sink::string_cap`]), strings longer than the cap are cut as they arrive,
+//! so a system prompt of hundreds of KiB is not held whole to read its first
+//! characters.
 
 use std::borrow::Cow;
 
-use super::span::SpanScanner;
+use super::long_strings::{cap_arriving, cap_long_strings};
+use super::span::{skip_string, SpanScanner};
 use super::FallbackReason;
+
+/// A capped span is cut while it arrives once it holds this many bytes (and
+/// again each time it doubles); smaller spans are cut once complete.
+const CUT_ARRIVING_FROM: usize = 64 * 1024;
 
 /// What the sink wants of a top-level value that starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,6 +47,11 @@ pub(crate) trait Sink {
     fn end_array(&mut self, key: &str) -> Result<(), FallbackReason>;
     /// The top-level object ended.
     fn end_object(&mut self) -> Result<(), FallbackReason>;
+    /// The most characters of any one string the value of `key` (or, with
+    /// `element`, each element of it) can use: longer strings reach
+    /// [`Sink::value`] or [`Sink::element`] cut to that many (see
+    /// `long_strings`). `None`: whole.
+    fn string_cap(&self, key: &str, element: bool) -> Option<usize>;
     /// Everything wanted from the body is known.
     fn satisfied(&self) -> bool;
 }
@@ -90,6 +103,15 @@ pub(crate) struct Document {
     buf: Vec<u8>,
     /// The current span is skipped: not accumulated, not handed on.
     skipping: bool,
+    /// The current span's strings are cut to this many characters.
+    string_cap: Option<usize>,
+    /// `buf` is cut (`cap_arriving`) when it grows past this many bytes.
+    cut_at: usize,
+    /// Bytes from which a capped span is first cut while arriving.
+    cut_arriving_from: usize,
+    /// Inside a string already cut: the bytes up to its closing quote are
+    /// dropped. The value is `skip_string`'s `escaped`.
+    dropping: Option<bool>,
     key: String,
 }
 
@@ -127,15 +149,47 @@ impl Document {
             span: SpanScanner::new(),
             buf: Vec::new(),
             skipping: false,
+            string_cap: None,
+            cut_at: CUT_ARRIVING_FROM,
+            cut_arriving_from: CUT_ARRIVING_FROM,
+            dropping: None,
             key: String::new(),
         }
     }
 
-    fn start_span(&mut self, next: At, skipping: bool) {
+    /// Cuts arriving spans from `bytes` on (tests use small values).
+    #[cfg(test)]
+    fn cutting_arriving_from(mut self, bytes: usize) -> Self {
+        self.cut_arriving_from = bytes;
+        self
+    }
+
+    fn start_span(&mut self, next: At, skipping: bool, string_cap: Option<usize>) {
         self.span = SpanScanner::new();
         self.buf.clear();
         self.skipping = skipping;
+        self.string_cap = string_cap.filter(|_| !skipping);
+        self.cut_at = self.cut_arriving_from;
+        self.dropping = None;
         self.at = next;
+    }
+
+    /// Cuts the long strings of a capped span that is still arriving, once
+    /// it is large.
+    fn cut_arriving(&mut self) {
+        let Some(max_chars) = self.string_cap else {
+            return;
+        };
+        if self.buf.len() <= self.cut_at {
+            return;
+        }
+        let (kept, dropping) = cap_arriving(&self.buf, max_chars);
+        if let Cow::Owned(kept) = kept {
+            self.buf = kept;
+        }
+        self.dropping = dropping;
+        // Doubling keeps the total work of the cuts linear in the span.
+        self.cut_at = (2 * self.buf.len()).max(self.buf.len() + self.cut_arriving_from);
     }
 
     /// Inspects `bytes` (the next bytes of the body) until the sink is
@@ -175,6 +229,16 @@ impl Document {
         sink: &mut S,
     ) -> Result<(usize, bool), (usize, FallbackReason)> {
         if matches!(self.at, At::InKey | At::InValue | At::InElement) {
+            if let Some(escaped) = self.dropping.as_mut() {
+                // The rest of a string already cut: dropped up to its closing
+                // quote, which is then scanned and kept like any byte.
+                let Some(end) = skip_string(rest, 0, escaped) else {
+                    return Ok((rest.len(), false));
+                };
+                self.dropping = None;
+                self.span.skipped_string_contents();
+                return Ok((end - 1, false));
+            }
             let scanned = self.span.scan(rest);
             let used = scanned.consumed;
             if self.skipping {
@@ -188,6 +252,7 @@ impl Document {
             }
             self.buf.extend_from_slice(rest.get(..used).unwrap_or(rest));
             if !scanned.complete {
+                self.cut_arriving();
                 return Ok((used, false));
             }
             self.span_complete(sink).map_err(|reason| (used, reason))?;
@@ -207,7 +272,7 @@ impl Document {
             // first byte only); anything else that is not `{` is not ours.
             (At::BeforeObject, b'[') => return fail(FallbackReason::UnexpectedShape),
             (At::FirstKeyOrEnd | At::Key, b'"') => {
-                self.start_span(At::InKey, false);
+                self.start_span(At::InKey, false, None);
                 return Ok((0, false));
             }
             (At::FirstKeyOrEnd | At::CommaOrEnd, b'}') => {
@@ -221,7 +286,8 @@ impl Document {
                 if usage == ValueUse::Elements && b == b'[' {
                     self.at = At::FirstElementOrEnd;
                 } else {
-                    self.start_span(At::InValue, usage == ValueUse::Skip);
+                    let cap = sink.string_cap(&self.key, false);
+                    self.start_span(At::InValue, usage == ValueUse::Skip, cap);
                     return Ok((0, false));
                 }
             }
@@ -232,7 +298,8 @@ impl Document {
             }
             (At::FirstElementOrEnd | At::Element, b) if !cannot_start_value(b) => {
                 let skipping = !sink.wants_element(&self.key);
-                self.start_span(At::InElement, skipping);
+                let cap = sink.string_cap(&self.key, true);
+                self.start_span(At::InElement, skipping, cap);
                 return Ok((0, false));
             }
             (At::ElementCommaOrEnd, b',') => self.at = At::Element,
@@ -240,6 +307,14 @@ impl Document {
             _ => return fail(FallbackReason::InvalidJson),
         }
         Ok((1, false))
+    }
+
+    /// The completed span, its strings cut to the span's cap.
+    fn capped(&self) -> Cow<'_, [u8]> {
+        match self.string_cap {
+            Some(max_chars) => cap_long_strings(&self.buf, max_chars),
+            None => Cow::Borrowed(&self.buf),
+        }
     }
 
     fn span_complete<S: Sink>(&mut self, sink: &mut S) -> Result<(), FallbackReason> {
@@ -252,11 +327,11 @@ impl Document {
             }
             At::InValue => {
                 self.at = At::CommaOrEnd;
-                sink.value(&self.key, &self.buf)?;
+                sink.value(&self.key, &self.capped())?;
             }
             At::InElement => {
                 self.at = At::ElementCommaOrEnd;
-                sink.element(&self.key, &self.buf)?;
+                sink.element(&self.key, &self.capped())?;
             }
             _ => {}
         }
@@ -275,6 +350,8 @@ mod tests {
         events: Vec<String>,
         /// Skip every element of streamed arrays.
         skip_elements: bool,
+        /// What [`Sink::string_cap`] answers for every key.
+        string_cap: Option<usize>,
     }
 
     impl Sink for Recorder {
@@ -287,6 +364,9 @@ mod tests {
         }
         fn wants_element(&self, _key: &str) -> bool {
             !self.skip_elements
+        }
+        fn string_cap(&self, _key: &str, _element: bool) -> Option<usize> {
+            self.string_cap
         }
         fn value(&mut self, key: &str, span: &[u8]) -> Result<(), FallbackReason> {
             serde_json::from_slice::<serde::de::IgnoredAny>(span).map_err(|e| reason_of(&e))?;
@@ -327,6 +407,115 @@ mod tests {
             }
         }
         (sink.events, Outcome::NeedMore, consumed)
+    }
+
+    /// Walks `body` in pieces of `step` bytes with strings capped at
+    /// `max_chars`, cut while arriving from `cut_from` bytes on; returns the
+    /// events and the most bytes the walker held at once.
+    fn walk_capped(
+        body: &[u8],
+        step: usize,
+        max_chars: usize,
+        cut_from: usize,
+    ) -> (Vec<String>, usize) {
+        let mut sink = Recorder {
+            string_cap: Some(max_chars),
+            ..Recorder::default()
+        };
+        let mut doc = Document::new().cutting_arriving_from(cut_from);
+        let mut held = 0;
+        for piece in body.chunks(step) {
+            let s = doc.feed(piece, &mut sink);
+            held = held.max(doc.buf.len());
+            assert_eq!(
+                s.outcome,
+                Outcome::NeedMore,
+                "step {step}: {:?}",
+                sink.events
+            );
+        }
+        (sink.events, held)
+    }
+
+    #[test]
+    fn strings_cut_while_arriving_are_cut_as_the_whole_span_would_be() {
+        // Characters of every width and escape kind, including a surrogate
+        // pair, escaped quotes and backslashes, in strings of many lengths.
+        let pieces = [
+            "ab",
+            "é",
+            "日",
+            "🦀",
+            r"\n",
+            r"\\",
+            r#"\""#,
+            r"\u00e9",
+            r"\ud83e\udd80",
+            r#"\\\""#,
+        ];
+        let mut strings = Vec::new();
+        for n in 0..pieces.len() {
+            for len in [0, 1, 5, 9, 23] {
+                let content: String = (0..len)
+                    .map(|i| pieces[(n + i * 7) % pieces.len()])
+                    .collect();
+                strings.push(format!("\"{content}\""));
+            }
+        }
+        let elements: Vec<String> = strings
+            .chunks(3)
+            .map(|three| {
+                format!(
+                    r#"{{"k{}:[{}],"n":12345}}"#,
+                    &three[0][1..],
+                    three[1..].join(",")
+                )
+            })
+            .chain(strings.iter().cloned())
+            .collect();
+        let body = format!(r#"{{"s":[{}],"v":{}}}"#, elements.join(","), strings[24]);
+        let capped = |span: &str, max_chars: usize| {
+            String::from_utf8(cap_long_strings(span.as_bytes(), max_chars).into_owned()).unwrap()
+        };
+        for max_chars in [1, 3, 8] {
+            let mut expected: Vec<String> = elements
+                .iter()
+                .map(|e| format!("s[]={}", capped(e, max_chars)))
+                .collect();
+            expected.push("s]".to_string());
+            expected.push(format!("v={}", capped(&strings[24], max_chars)));
+            expected.push("}".to_string());
+            for cut_from in [0, 5, 40] {
+                for step in [1, 2, 3, 7, 13, 64, body.len()] {
+                    let (events, _) = walk_capped(body.as_bytes(), step, max_chars, cut_from);
+                    assert_eq!(
+                        events, expected,
+                        "max_chars {max_chars}, cut from {cut_from}, step {step}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_long_string_is_not_held_whole() {
+        // A system prompt of over 1 MiB, arriving in the host's 64 KiB slices.
+        let prompt = r"It is a truth universally acknowledged, é 日本 \\ \n. ".repeat(20_000);
+        let body = format!(r#"{{"s":[{{"role":"system","content":"{prompt}"}}]}}"#);
+        assert!(body.len() > 1 << 20);
+        let (events, held) = walk_capped(body.as_bytes(), 64 * 1024, 4096, CUT_ARRIVING_FROM);
+        let element = &body[6..body.len() - 2];
+        let whole =
+            String::from_utf8(cap_long_strings(element.as_bytes(), 4096).into_owned()).unwrap();
+        assert_eq!(
+            events,
+            [format!("s[]={whole}"), "s]".to_string(), "}".to_string()]
+        );
+        assert!(
+            held <= CUT_ARRIVING_FROM + 64 * 1024,
+            "held {held} bytes of a {} byte body",
+            body.len()
+        );
     }
 
     #[test]

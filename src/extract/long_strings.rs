@@ -97,21 +97,31 @@ fn char_len(content: &[u8], at: usize) -> Option<usize> {
     })
 }
 
-/// `span` (one complete JSON value) with each string longer than
-/// `max_chars` characters cut to its first `max_chars`; borrowed when none is.
-pub(crate) fn cap_long_strings(span: &[u8], max_chars: usize) -> Cow<'_, [u8]> {
-    // A string has at least as many bytes as characters.
-    if span.len() <= max_chars {
-        return Cow::Borrowed(span);
-    }
+/// The longest character: a surrogate pair written as two `\uXXXX` escapes.
+const MAX_CHAR_BYTES: usize = 12;
+
+/// A string still open at the end of a span that is still arriving.
+struct Unterminated {
+    /// Where its contents start.
+    start: usize,
+    /// The span ends in a backslash that escapes the next byte.
+    escaped: bool,
+}
+
+/// Cuts every complete string of `span` longer than `max_chars` characters;
+/// also says where a string left open at its end starts.
+fn cap_complete_strings(span: &[u8], max_chars: usize) -> (Cow<'_, [u8]>, Option<Unterminated>) {
     let mut out: Option<Vec<u8>> = None;
     // span[..copied] is already in `out`.
     let mut copied = 0;
     let mut from = 0;
+    let mut open = None;
     // Outside strings, every `"` opens one.
-    while let Some(open) = span.get(from..).and_then(|rest| memchr::memchr(b'"', rest)) {
-        let start = from + open + 1;
-        let Some(end) = skip_string(span, start, &mut false) else {
+    while let Some(quote) = span.get(from..).and_then(|rest| memchr::memchr(b'"', rest)) {
+        let start = from + quote + 1;
+        let mut escaped = false;
+        let Some(end) = skip_string(span, start, &mut escaped) else {
+            open = Some(Unterminated { start, escaped });
             break;
         };
         let close = end - 1;
@@ -126,13 +136,50 @@ pub(crate) fn cap_long_strings(span: &[u8], max_chars: usize) -> Cow<'_, [u8]> {
         }
         from = end;
     }
-    match out {
+    let capped = match out {
         None => Cow::Borrowed(span),
         Some(mut kept) => {
             kept.extend_from_slice(span.get(copied..).unwrap_or_default());
             Cow::Owned(kept)
         }
+    };
+    (capped, open)
+}
+
+/// `span` (one complete JSON value) with each string longer than
+/// `max_chars` characters cut to its first `max_chars`; borrowed when none is.
+pub(crate) fn cap_long_strings(span: &[u8], max_chars: usize) -> Cow<'_, [u8]> {
+    // A string has at least as many bytes as characters.
+    if span.len() <= max_chars {
+        return Cow::Borrowed(span);
     }
+    cap_complete_strings(span, max_chars).0
+}
+
+/// The same cut for the start of a value that is still arriving, so that a
+/// long string does not have to be held whole: complete strings are cut as
+/// [`cap_long_strings`] cuts them, and a string open at the end that already
+/// has more than `max_chars` characters loses everything after them. Then
+/// `Some(escaped)`: the caller drops the next bytes up to that string's closing
+/// quote (`skip_string` with `escaped`) and goes on from the quote, which
+/// gives what [`cap_long_strings`] gives for the whole value.
+pub(crate) fn cap_arriving(span: &[u8], max_chars: usize) -> (Cow<'_, [u8]>, Option<bool>) {
+    let (capped, open) = cap_complete_strings(span, max_chars);
+    let Some(Unterminated { start, escaped }) = open else {
+        return (capped, None);
+    };
+    let content = span.get(start..).unwrap_or_default();
+    let cut = cut_after_chars(content, max_chars);
+    // Only a cut followed by a whole character's worth of bytes is sure to be
+    // where the whole string would be cut (the last character may still be
+    // arriving).
+    if cut + MAX_CHAR_BYTES > content.len() {
+        return (capped, None);
+    }
+    // The open string is the tail of `span` and of `capped` alike.
+    let mut kept = capped.into_owned();
+    kept.truncate(kept.len() - (content.len() - cut));
+    (Cow::Owned(kept), Some(escaped))
 }
 
 #[cfg(test)]

@@ -84,7 +84,10 @@
 //! Values read before a fallback or cut (`model`, `prompt_cache_key`) are
 //! still returned. Memory held: the first `prefix_length` raw bytes, the
 //! canonical text (at most `prefix_length` characters per section), and the
-//! one value being delimited (at most `max_body_bytes`).
+//! one value being delimited (at most `max_body_bytes`). A value the text is
+//! read from is held with its strings cut to `prefix_length` characters once
+//! it passes 64 KiB, so a long system prompt costs about 64 KiB plus one read
+//! of the body (at most 64 KiB), not its length.
 
 mod canonical;
 mod document;
@@ -163,7 +166,7 @@ enum Mode {
     /// OpenAI body that fell back (`fallback` says why).
     Raw { fallback: Option<FallbackReason> },
     /// Walking an OpenAI-compatible JSON body.
-    Json(Document),
+    Json(Box<Document>),
 }
 
 /// Why `feed` said `Done`.
@@ -193,7 +196,7 @@ impl Extractor {
         let (mode, reader) = match kind {
             ApiKind::Invoke => (Mode::Raw { fallback: None }, None),
             _ => (
-                Mode::Json(Document::new()),
+                Mode::Json(Box::new(Document::new())),
                 Some(Box::new(OpenAiReader::new(
                     kind,
                     limits.prefix_length,

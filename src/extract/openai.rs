@@ -15,7 +15,6 @@ use serde_json::{Map, Value};
 
 use super::canonical::{CanonicalText, Section};
 use super::document::{reason_of, Sink, ValueUse};
-use super::long_strings::cap_long_strings;
 use super::FallbackReason;
 use crate::classify::ApiKind;
 
@@ -183,15 +182,14 @@ impl Sink for OpenAiReader {
                 return Err(SHAPE);
             }
             Field::Prompt => {
-                let prompt = parse::<String>(&cap_long_strings(span, self.string_cap))?;
+                let prompt = parse::<String>(span)?;
                 let section = self.section(ONLY)?;
                 section.field("text", &prompt);
                 section.end_record();
                 self.complete(ONLY)?;
             }
             Field::Instructions => {
-                let span = cap_long_strings(span, self.string_cap);
-                if let Some(instructions) = parse::<Option<String>>(&span)? {
+                if let Some(instructions) = parse::<Option<String>>(span)? {
                     let section = self.section(INSTRUCTIONS)?;
                     section.field("instructions", &instructions);
                     section.end_record();
@@ -200,7 +198,7 @@ impl Sink for OpenAiReader {
             }
             Field::Input => {
                 // A string input is one user message.
-                let input = parse::<String>(&cap_long_strings(span, self.string_cap))?;
+                let input = parse::<String>(span)?;
                 let section = self.section(INPUT)?;
                 section.field("role", "user");
                 section.field("text", &input);
@@ -216,8 +214,7 @@ impl Sink for OpenAiReader {
 
     fn element(&mut self, key: &str, span: &[u8]) -> Result<(), FallbackReason> {
         let field = self.field(key);
-        // Only the first `prefix_length` characters of a string can count.
-        let value = parse::<Value>(&cap_long_strings(span, self.string_cap))?;
+        let value = parse::<Value>(span)?;
         match field {
             Field::Messages => chat_message(self.section(ONLY)?, &value),
             Field::Prompt => self.prompt_element(&value),
@@ -254,6 +251,17 @@ impl Sink for OpenAiReader {
             Ok(())
         } else {
             Err(SHAPE)
+        }
+    }
+
+    fn string_cap(&self, key: &str, element: bool) -> Option<usize> {
+        // Only the first `prefix_length` characters of a string can count.
+        // `model`, `prompt_cache_key` and other fields are read whole, and so
+        // is a `messages` that is not an array (it is only checked).
+        match self.field(key) {
+            Field::Prompt | Field::Instructions | Field::Input => Some(self.string_cap),
+            Field::Messages if element => Some(self.string_cap),
+            _ => None,
         }
     }
 

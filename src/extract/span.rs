@@ -104,6 +104,21 @@ impl SpanScanner {
         SpanScanner::Fresh
     }
 
+    /// The caller dropped the rest of the string the scanner is in, up to
+    /// (not including) its closing quote, which it feeds next: no byte before
+    /// that quote escapes it.
+    pub(crate) fn skipped_string_contents(&mut self) {
+        match self {
+            SpanScanner::String { escaped }
+            | SpanScanner::Container {
+                in_string: true,
+                escaped,
+                ..
+            } => *escaped = false,
+            _ => debug_assert!(false, "not inside a string: {self:?}"),
+        }
+    }
+
     /// Scans the next bytes of the span; call again with the following bytes
     /// until `complete`.
     pub(crate) fn scan(&mut self, bytes: &[u8]) -> Scanned {
