@@ -151,6 +151,58 @@ pub fn ensure_openai_sdk() -> anyhow::Result<Option<PathBuf>> {
     Ok(Some(dir))
 }
 
+/// Prometheus's `promtool` checks and unit-tests `examples/prometheus/alerts.yml`:
+/// PROMTOOL, else `promtool` on PATH, else Debian's `prometheus` package
+/// downloaded and unpacked into the target directory (`apt-get download` and
+/// `dpkg-deb -x`: no root, nothing installed or started).
+pub fn ensure_promtool() -> anyhow::Result<PathBuf> {
+    let runs = |binary: &std::path::Path| {
+        Command::new(binary)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if let Some(given) = std::env::var_os("PROMTOOL").filter(|v| !v.is_empty()) {
+        let given = PathBuf::from(given);
+        if runs(&given) {
+            return Ok(given);
+        }
+        bail!("PROMTOOL={} does not run", given.display());
+    }
+    if runs(std::path::Path::new("promtool")) {
+        return Ok(PathBuf::from("promtool"));
+    }
+    let dir = envoy::target_dir().join("prometheus-deb");
+    let binary = dir.join("root/usr/bin/promtool");
+    if !runs(&binary) {
+        eprintln!(
+            "xtask: promtool not found; unpacking Debian's prometheus package into {}",
+            dir.display()
+        );
+        std::fs::create_dir_all(&dir)?;
+        run(Command::new("apt-get")
+            .args(["download", "prometheus"])
+            .current_dir(&dir))
+        .context(
+            "downloading Debian's prometheus package for promtool (or install promtool \
+             from prometheus.io and put it on PATH or in PROMTOOL)",
+        )?;
+        let deb = std::fs::read_dir(&dir)?
+            .filter_map(Result::ok)
+            .map(|entry| entry.path())
+            .find(|path| path.extension().is_some_and(|e| e == "deb"))
+            .context("apt-get download left no .deb")?;
+        run(Command::new("dpkg-deb")
+            .arg("-x")
+            .arg(&deb)
+            .arg(dir.join("root")))?;
+    }
+    if !runs(&binary) {
+        bail!("{} does not run; set PROMTOOL", binary.display());
+    }
+    Ok(binary)
+}
+
 /// Node.js runs the wasm32-wasip1 unit tests (see `.cargo/config.toml`).
 pub fn ensure_node() -> anyhow::Result<()> {
     match Command::new("node").arg("--version").output() {

@@ -44,6 +44,7 @@ pub fn test(cargo_test_args: &[String]) -> anyhow::Result<()> {
     let found = prereqs::ensure_all()?;
     prereqs::ensure_node()?;
     let openai_pythonpath = prereqs::ensure_openai_sdk()?;
+    let promtool = prereqs::ensure_promtool()?;
     let wasm = build_wasm()?;
     let floor_wasm = build_floor_wasm()?;
     // Both suites run even if the first fails, so one run shows every failure.
@@ -53,7 +54,8 @@ pub fn test(cargo_test_args: &[String]) -> anyhow::Result<()> {
         .args(cargo_test_args)
         .env("PREFIX_ROUTER_WASM", &wasm)
         .env("PREFIX_ROUTER_FLOOR_WASM", &floor_wasm)
-        .env("ENVOY_BIN", &found.envoy);
+        .env("ENVOY_BIN", &found.envoy)
+        .env("PROMTOOL", &promtool);
     if let Some(dir) = &openai_pythonpath {
         native_tests.env("PYTHONPATH", dir);
     }
