@@ -123,30 +123,42 @@ fn warn_if_other_version(binary: &PathBuf) {
     }
 }
 
-/// The OpenAI Python SDK version the client tests were written against.
-const OPENAI_SDK: &str = "openai==3.57.0";
+/// Python packages the integration tests import, as (module, pinned requirement):
+/// the OpenAI SDK the client tests drive, and the Kubernetes schemas the
+/// manifests in `examples/kubernetes/` are checked against.
+const PYTHON_DEPS: [(&str, &str); 2] = [
+    ("openai", "openai==3.57.0"),
+    ("kubernetes_validate", "kubernetes-validate==1.37.0"),
+];
 
-/// Makes `import openai` work for the integration tests that drive the
-/// official SDK: the system Python's if it has one, else an install into the
-/// target directory. Returns the PYTHONPATH entry to export (None: the system
-/// Python's own).
-pub fn ensure_openai_sdk() -> anyhow::Result<Option<PathBuf>> {
-    let importable = |pythonpath: Option<&PathBuf>| {
+/// Makes the [`PYTHON_DEPS`] importable: the system Python's if it has them
+/// all, else installs the missing ones into the target directory. Returns the
+/// PYTHONPATH entry to export (None: the system Python's own).
+pub fn ensure_python_deps() -> anyhow::Result<Option<PathBuf>> {
+    let importable = |module: &str, pythonpath: Option<&PathBuf>| {
         let mut python = Command::new("python3");
-        python.args(["-c", "import openai"]);
+        python.args(["-c", &format!("import {module}")]);
         if let Some(dir) = pythonpath {
             python.env("PYTHONPATH", dir);
         }
         python.output().is_ok_and(|o| o.status.success())
     };
-    if importable(None) {
+    if PYTHON_DEPS
+        .iter()
+        .all(|(module, _)| importable(module, None))
+    {
         return Ok(None);
     }
     let dir = envoy::target_dir().join("python-deps");
-    if !importable(Some(&dir)) {
-        eprintln!("xtask: the OpenAI Python SDK is missing; installing {OPENAI_SDK} from PyPI");
-        pip_install_into(&dir, OPENAI_SDK)
-            .context("installing the OpenAI Python SDK with pip (needs python3 with pip)")?;
+    for (module, requirement) in PYTHON_DEPS {
+        if !importable(module, Some(&dir)) {
+            eprintln!(
+                "xtask: Python module {module} is missing; installing {requirement} from PyPI"
+            );
+            pip_install_into(&dir, requirement).with_context(|| {
+                format!("installing {requirement} with pip (needs python3 with pip)")
+            })?;
+        }
     }
     Ok(Some(dir))
 }

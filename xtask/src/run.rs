@@ -43,7 +43,7 @@ pub fn build_wasm_package(package: &str, file: &str) -> anyhow::Result<PathBuf> 
 pub fn test(cargo_test_args: &[String]) -> anyhow::Result<()> {
     let found = prereqs::ensure_all()?;
     prereqs::ensure_node()?;
-    let openai_pythonpath = prereqs::ensure_openai_sdk()?;
+    let python_path = prereqs::ensure_python_deps()?;
     let promtool = prereqs::ensure_promtool()?;
     let wasm = build_wasm()?;
     let floor_wasm = build_floor_wasm()?;
@@ -56,7 +56,7 @@ pub fn test(cargo_test_args: &[String]) -> anyhow::Result<()> {
         .env("PREFIX_ROUTER_FLOOR_WASM", &floor_wasm)
         .env("ENVOY_BIN", &found.envoy)
         .env("PROMTOOL", &promtool);
-    if let Some(dir) = &openai_pythonpath {
+    if let Some(dir) = &python_path {
         native_tests.env("PYTHONPATH", dir);
     }
     let native = run(&mut native_tests);
