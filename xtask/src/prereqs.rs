@@ -192,13 +192,22 @@ pub fn ensure_promtool() -> anyhow::Result<PathBuf> {
             dir.display()
         );
         std::fs::create_dir_all(&dir)?;
-        run(Command::new("apt-get")
-            .args(["download", "prometheus"])
-            .current_dir(&dir))
-        .context(
-            "downloading Debian's prometheus package for promtool (or install promtool \
-             from prometheus.io and put it on PATH or in PROMTOOL)",
-        )?;
+        let download = || {
+            run(Command::new("apt-get")
+                .args(["download", "prometheus"])
+                .current_dir(&dir))
+        };
+        // A machine whose package lists were never fetched knows no package:
+        // fetch them once (root only) and try again.
+        download()
+            .or_else(|_| {
+                run(Command::new("apt-get").arg("update"))?;
+                download()
+            })
+            .context(
+                "downloading Debian's prometheus package for promtool (or install promtool \
+                 from prometheus.io and put it on PATH or in PROMTOOL)",
+            )?;
         let deb = std::fs::read_dir(&dir)?
             .filter_map(Result::ok)
             .map(|entry| entry.path())
