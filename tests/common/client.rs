@@ -35,7 +35,8 @@ pub enum Framing {
 }
 
 impl Framing {
-    fn is_http2(self) -> bool {
+    /// Sent over HTTP/2 (prior knowledge).
+    pub fn is_http2(self) -> bool {
         matches!(self, Framing::Http2 | Framing::Http2Trailers)
     }
 }

@@ -65,10 +65,7 @@ async fn check_integrity(cases: Vec<Case>) {
         .map(|c| (c.id.clone(), c.body.len(), bodies::sha256(&c.body)))
         .collect();
     let body_ids: Vec<String> = cases.iter().map(|c| c.body_id.clone()).collect();
-    let http2_requests = cases
-        .iter()
-        .filter(|c| matches!(c.framing, Framing::Http2 | Framing::Http2Trailers))
-        .count() as u64;
+    let http2_requests = cases.iter().filter(|c| c.framing.is_http2()).count() as u64;
     let requests = cases
         .into_iter()
         .map(|c| {

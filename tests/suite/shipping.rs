@@ -1011,32 +1011,20 @@ fn kubernetes_manifests_pass_kubernetes_schemas() {
         .into_iter()
         .map(|rel| format!("{}/{rel}", kube::DIR))
         .collect();
-    let output = std::process::Command::new("python3")
-        .args([
-            "-m",
-            "kubernetes_validate",
-            "--strict",
-            "--quiet",
-            "--kubernetes-version",
-            "1.31",
-        ])
-        .args(&files)
-        .current_dir(root())
-        .output()
-        .expect("running python3");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    assert!(
-        !text.contains("No module named kubernetes_validate"),
+    run_check(
+        Command::new("python3")
+            .args([
+                "-m",
+                "kubernetes_validate",
+                "--strict",
+                "--quiet",
+                "--kubernetes-version",
+                "1.31",
+            ])
+            .args(&files)
+            .current_dir(root()),
         "install kubernetes-validate (`python3 -m pip install kubernetes-validate`; \
-         cargo xtask test does this)"
-    );
-    assert!(
-        output.status.success(),
-        "{files:?} fail Kubernetes' schemas:\n{text}"
+         cargo xtask test does this)",
     );
 }
 
@@ -1382,22 +1370,25 @@ fn promtool() -> PathBuf {
 
 /// Runs `promtool` in `examples/prometheus/`; panics with its output unless it succeeds.
 fn run_promtool(args: &[&str]) {
-    let binary = promtool();
-    let output = std::process::Command::new(&binary)
-        .args(args)
-        .current_dir(root().join("examples/prometheus"))
+    run_check(
+        Command::new(promtool())
+            .args(args)
+            .current_dir(root().join("examples/prometheus")),
+        "run the tests with `cargo xtask test`, which fetches it, or put Prometheus's \
+         promtool on PATH or in PROMTOOL",
+    );
+}
+
+/// Runs a checking tool; panics with its output unless it succeeds, and with
+/// `install_hint` too, in case the tool (or a module it loads) is missing.
+fn run_check(command: &mut Command, install_hint: &str) {
+    let shown = format!("{command:?}");
+    let output = command
         .output()
-        .unwrap_or_else(|e| {
-            panic!(
-                "cannot run {} ({e}): run the tests with `cargo xtask test`, which fetches \
-                 it, or put Prometheus's promtool on PATH or in PROMTOOL",
-                binary.display()
-            )
-        });
+        .unwrap_or_else(|e| panic!("cannot run {shown} ({e}): {install_hint}"));
     assert!(
         output.status.success(),
-        "promtool {}:\n{}{}",
-        args.join(" "),
+        "{shown} failed (if it is missing: {install_hint}):\n{}{}",
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     );
