@@ -16,8 +16,9 @@
 //! Added latency is a configuration's percentile minus the no-filter one over
 //! all rounds' samples pooled; the throughput ratio is the median over rounds
 //! of that round's requests per second over the no-filter one. Envoy's own CPU
-//! time per request, over the throughput phases, tells CPU cost apart from
-//! waiting.
+//! time per request, over the throughput phases and over the latency phases
+//! (one request at a time, where every request starts on cold caches and costs
+//! several times more), tells CPU cost apart from waiting.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -167,6 +168,10 @@ pub struct SideFigures {
     pub rps: f64,
     /// Envoy's CPU time (all threads) per request over the throughput phases.
     pub cpu_us_per_request: f64,
+    /// The same over the latency phases, one request at a time: what the
+    /// latency can be made of; more than under throughput where every request
+    /// starts on cold caches.
+    pub cpu_us_per_request_one_at_a_time: f64,
     pub latency_samples: usize,
     pub failures: u64,
     /// Fraction of requests that reached the upstream with the key header.
@@ -291,6 +296,14 @@ pub fn run(
             result.floor_cpu_added_us,
             result.listener_cpu_added_us,
             result.cpu_added_us,
+        ));
+        let one_at_a_time = |side: &SideFigures| side.cpu_us_per_request_one_at_a_time;
+        progress(&format!(
+            "  Envoy CPU per request one at a time {:.0} µs without (added: floor +{:.0}, listener +{:.0}, shipped +{:.0})",
+            one_at_a_time(&result.without_filter),
+            one_at_a_time(&result.floor_filter) - one_at_a_time(&result.without_filter),
+            one_at_a_time(&result.listener_counting) - one_at_a_time(&result.without_filter),
+            one_at_a_time(&result.with_filter) - one_at_a_time(&result.without_filter),
         ));
         results.push(result);
     }
@@ -449,6 +462,8 @@ struct Side {
     round_rps: Vec<f64>,
     /// Envoy CPU time over the throughput phases (whose requests `counts` has).
     cpu_ns: u64,
+    /// Envoy CPU time over the latency phases (one request per sample).
+    one_at_a_time_cpu_ns: u64,
     failures: u64,
     counts: CountsSnapshot,
 }
@@ -482,9 +497,12 @@ fn measure_case(
     for round in 0..opts.rounds {
         // The key header tells which configuration a request went through only
         // per phase, so count the interleaved phase in aggregate.
+        let cpu_before = envoys_cpu_ns(&envoys)?;
         let latency = runtime.block_on(closed_loop::interleaved(&targets, opts.latency_phase))?;
-        for (side, phase) in sides.iter_mut().zip(latency) {
+        let cpu_after = envoys_cpu_ns(&envoys)?;
+        for (index, (side, phase)) in sides.iter_mut().zip(latency).enumerate() {
             check(&phase, "latency phase")?;
+            side.one_at_a_time_cpu_ns += cpu_after[index].saturating_sub(cpu_before[index]);
             side.round_p50_us
                 .push(percentile(&sorted(phase.latencies_us.clone()), 50.0));
             side.failures += phase.failures;
@@ -585,6 +603,16 @@ fn measure_case(
     })
 }
 
+/// Each Envoy's CPU time so far, in the order given.
+fn envoys_cpu_ns(envoys: &[&Envoy; SIDES]) -> anyhow::Result<[u64; SIDES]> {
+    let mut cpu_ns = [0; SIDES];
+    for (cpu_ns, envoy) in cpu_ns.iter_mut().zip(envoys) {
+        let pid = envoy.pid().context("Envoy exited during the benchmark")?;
+        *cpu_ns = process_cpu_ns(pid)?;
+    }
+    Ok(cpu_ns)
+}
+
 fn check(phase: &PhaseResult, what: &str) -> anyhow::Result<()> {
     if phase.latencies_us.is_empty() || phase.failures > 0 {
         bail!(
@@ -606,6 +634,10 @@ fn figures(side: &Side) -> SideFigures {
         p99_us: percentile(&samples, 99.0),
         rps: median(&side.round_rps),
         cpu_us_per_request: per_request(side.cpu_ns as f64 / 1_000.0, requests),
+        cpu_us_per_request_one_at_a_time: per_request(
+            side.one_at_a_time_cpu_ns as f64 / 1_000.0,
+            samples.len() as u64,
+        ),
         latency_samples: samples.len(),
         failures: side.failures,
         keyed_fraction: per_request(side.counts.keyed as f64, requests),
@@ -625,9 +657,9 @@ fn per_request(total: f64, requests: u64) -> f64 {
 pub fn markdown(report: &OverheadReport) -> String {
     let mut out = String::new();
     out.push_str(
-        "| case | body | prefix_length | p50 without (µs) | p50 added: as shipped / `counting: LISTENER` / floor (µs) | p99 added: as shipped / LISTENER (µs) | rps ratio: as shipped / LISTENER | Envoy CPU per request without (µs) | CPU added: as shipped / LISTENER / floor (µs) | target p50 added: as shipped / LISTENER |\n",
+        "| case | body | prefix_length | p50 without (µs) | p50 added: as shipped / `counting: LISTENER` / floor (µs) | p99 added: as shipped / LISTENER (µs) | rps ratio: as shipped / LISTENER | Envoy CPU per request without (µs) | CPU added: as shipped / LISTENER / floor (µs) | CPU added one at a time: as shipped / LISTENER / floor (µs) | target p50 added: as shipped / LISTENER |\n",
     );
-    out.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
+    out.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
     for case in &report.cases {
         let verdict = |met: Option<bool>| match met {
             Some(true) => "met",
@@ -642,8 +674,12 @@ pub fn markdown(report: &OverheadReport) -> String {
             ),
             None => "-".to_string(),
         };
+        let one_at_a_time_added = |side: &SideFigures| {
+            side.cpu_us_per_request_one_at_a_time
+                - case.without_filter.cpu_us_per_request_one_at_a_time
+        };
         out.push_str(&format!(
-            "| {} | {} | {} | {:.0} | {:.0} / {:.0} / {:.0} | {:.0} / {:.0} | {:.3} / {:.3} | {:.0} | +{:.0} / +{:.0} / +{:.0} | {} |\n",
+            "| {} | {} | {} | {:.0} | {:.0} / {:.0} / {:.0} | {:.0} / {:.0} | {:.3} / {:.3} | {:.0} | +{:.0} / +{:.0} / +{:.0} | +{:.0} / +{:.0} / +{:.0} | {} |\n",
             case.name,
             human_bytes(case.body_bytes),
             case.prefix_length,
@@ -659,6 +695,9 @@ pub fn markdown(report: &OverheadReport) -> String {
             case.cpu_added_us,
             case.listener_cpu_added_us,
             case.floor_cpu_added_us,
+            one_at_a_time_added(&case.with_filter),
+            one_at_a_time_added(&case.listener_counting),
+            one_at_a_time_added(&case.floor_filter),
             target
         ));
     }
