@@ -193,6 +193,8 @@ pub struct CaseResult {
     pub rps_ratio: f64,
     /// PREFIX_AWARE filter minus no filter, Envoy CPU time per request.
     pub cpu_added_us: f64,
+    /// The same over the latency phases (one request at a time).
+    pub cpu_added_one_at_a_time_us: f64,
     /// PREFIX_AWARE minus the floor filter, p50: what this filter adds over
     /// the least a proxy-wasm prefix router costs.
     pub p50_added_over_floor_us: f64,
@@ -201,12 +203,14 @@ pub struct CaseResult {
     pub floor_p99_added_us: f64,
     pub floor_rps_ratio: f64,
     pub floor_cpu_added_us: f64,
+    pub floor_cpu_added_one_at_a_time_us: f64,
     /// The same for PREFIX_AWARE with `counting: LISTENER` (listener filter
     /// only), and whether its p50 added meets the case's target.
     pub listener_p50_added_us: f64,
     pub listener_p99_added_us: f64,
     pub listener_rps_ratio: f64,
     pub listener_cpu_added_us: f64,
+    pub listener_cpu_added_one_at_a_time_us: f64,
     pub listener_target_met: Option<bool>,
     /// Per-round p50 added (PREFIX_AWARE): the spread shows the noise.
     pub p50_added_us_rounds: Vec<f64>,
@@ -297,13 +301,12 @@ pub fn run(
             result.listener_cpu_added_us,
             result.cpu_added_us,
         ));
-        let one_at_a_time = |side: &SideFigures| side.cpu_us_per_request_one_at_a_time;
         progress(&format!(
             "  Envoy CPU per request one at a time {:.0} µs without (added: floor +{:.0}, listener +{:.0}, shipped +{:.0})",
-            one_at_a_time(&result.without_filter),
-            one_at_a_time(&result.floor_filter) - one_at_a_time(&result.without_filter),
-            one_at_a_time(&result.listener_counting) - one_at_a_time(&result.without_filter),
-            one_at_a_time(&result.with_filter) - one_at_a_time(&result.without_filter),
+            result.without_filter.cpu_us_per_request_one_at_a_time,
+            result.floor_cpu_added_one_at_a_time_us,
+            result.listener_cpu_added_one_at_a_time_us,
+            result.cpu_added_one_at_a_time_us,
         ));
         results.push(result);
     }
@@ -566,6 +569,8 @@ fn measure_case(
     let p50_added_us = added(WITH, |f| f.p50_us);
     let listener_p50_added_us = added(LISTENER, |f| f.p50_us);
     let cpu_added = |index: usize| added(index, |f| f.cpu_us_per_request);
+    let cpu_added_one_at_a_time =
+        |index: usize| added(index, |f| f.cpu_us_per_request_one_at_a_time);
     let rps_ratio_rounds = ratio_rounds(WITH);
     Ok(CaseResult {
         name: case.name.to_string(),
@@ -577,15 +582,18 @@ fn measure_case(
         p99_added_us: added(WITH, |f| f.p99_us),
         rps_ratio: median(&rps_ratio_rounds),
         cpu_added_us: cpu_added(WITH),
+        cpu_added_one_at_a_time_us: cpu_added_one_at_a_time(WITH),
         p50_added_over_floor_us: figures[WITH].p50_us - figures[FLOOR].p50_us,
         floor_p50_added_us: added(FLOOR, |f| f.p50_us),
         floor_p99_added_us: added(FLOOR, |f| f.p99_us),
         floor_rps_ratio: median(&ratio_rounds(FLOOR)),
         floor_cpu_added_us: cpu_added(FLOOR),
+        floor_cpu_added_one_at_a_time_us: cpu_added_one_at_a_time(FLOOR),
         listener_p50_added_us,
         listener_p99_added_us: added(LISTENER, |f| f.p99_us),
         listener_rps_ratio: median(&ratio_rounds(LISTENER)),
         listener_cpu_added_us: cpu_added(LISTENER),
+        listener_cpu_added_one_at_a_time_us: cpu_added_one_at_a_time(LISTENER),
         listener_target_met: case.target_p50_added_us.map(|t| listener_p50_added_us <= t),
         p50_added_us_rounds: sides[WITH]
             .round_p50_us
@@ -674,10 +682,6 @@ pub fn markdown(report: &OverheadReport) -> String {
             ),
             None => "-".to_string(),
         };
-        let one_at_a_time_added = |side: &SideFigures| {
-            side.cpu_us_per_request_one_at_a_time
-                - case.without_filter.cpu_us_per_request_one_at_a_time
-        };
         out.push_str(&format!(
             "| {} | {} | {} | {:.0} | {:.0} / {:.0} / {:.0} | {:.0} / {:.0} | {:.3} / {:.3} | {:.0} | +{:.0} / +{:.0} / +{:.0} | +{:.0} / +{:.0} / +{:.0} | {} |\n",
             case.name,
@@ -695,9 +699,9 @@ pub fn markdown(report: &OverheadReport) -> String {
             case.cpu_added_us,
             case.listener_cpu_added_us,
             case.floor_cpu_added_us,
-            one_at_a_time_added(&case.with_filter),
-            one_at_a_time_added(&case.listener_counting),
-            one_at_a_time_added(&case.floor_filter),
+            case.cpu_added_one_at_a_time_us,
+            case.listener_cpu_added_one_at_a_time_us,
+            case.floor_cpu_added_one_at_a_time_us,
             target
         ));
     }
