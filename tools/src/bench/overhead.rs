@@ -514,16 +514,13 @@ fn measure_case(
         for step in 0..SIDES {
             let index = (round + step) % SIDES;
             let before = upstream.counts();
-            let pid = envoys[index]
-                .pid()
-                .context("Envoy exited during the benchmark")?;
-            let cpu_before = process_cpu_ns(pid)?;
+            let cpu_before = envoy_cpu_ns(envoys[index])?;
             let throughput = runtime.block_on(closed_loop::run(
                 &targets[index],
                 opts.throughput_concurrency,
                 opts.throughput_phase,
             ))?;
-            let cpu_used = process_cpu_ns(pid)?.saturating_sub(cpu_before);
+            let cpu_used = envoy_cpu_ns(envoys[index])?.saturating_sub(cpu_before);
             check(&throughput, "throughput phase")?;
             let seen = upstream.counts().since(before);
             let side = &mut sides[index];
@@ -611,12 +608,17 @@ fn measure_case(
     })
 }
 
+/// Envoy's CPU time so far (all threads).
+fn envoy_cpu_ns(envoy: &Envoy) -> anyhow::Result<u64> {
+    let pid = envoy.pid().context("Envoy exited during the benchmark")?;
+    process_cpu_ns(pid)
+}
+
 /// Each Envoy's CPU time so far, in the order given.
 fn envoys_cpu_ns(envoys: &[&Envoy; SIDES]) -> anyhow::Result<[u64; SIDES]> {
     let mut cpu_ns = [0; SIDES];
     for (cpu_ns, envoy) in cpu_ns.iter_mut().zip(envoys) {
-        let pid = envoy.pid().context("Envoy exited during the benchmark")?;
-        *cpu_ns = process_cpu_ns(pid)?;
+        *cpu_ns = envoy_cpu_ns(envoy)?;
     }
     Ok(cpu_ns)
 }
