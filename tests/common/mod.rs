@@ -12,6 +12,7 @@ pub mod load;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
 use prefix_router_tools::envoy::{Envoy, EnvoyBuilder};
 use prefix_router_tools::upstream::{RecordedRequest, UpstreamFleet};
@@ -136,6 +137,33 @@ pub fn instances_by_label(
         }
     }
     groups
+}
+
+/// How often [`wait_until`] looks again.
+const POLL_EVERY: Duration = Duration::from_millis(10);
+
+/// Reads `probe` until `ready` holds of the reading, for at most `timeout`;
+/// returns that reading and how long it took. Panics naming `what` (the
+/// condition) with the last reading if it never holds: a test that goes on
+/// without the state it needs cannot tell whether it tested.
+pub async fn wait_until<T: std::fmt::Debug>(
+    what: &str,
+    timeout: Duration,
+    mut probe: impl FnMut() -> T,
+    ready: impl Fn(&T) -> bool,
+) -> (T, Duration) {
+    let start = Instant::now();
+    loop {
+        let reading = probe();
+        if ready(&reading) {
+            return (reading, start.elapsed());
+        }
+        assert!(
+            start.elapsed() < timeout,
+            "not true within {timeout:?}: {what}; last seen {reading:?}"
+        );
+        tokio::time::sleep(POLL_EVERY).await;
+    }
 }
 
 /// The project's Envoy configuration files.

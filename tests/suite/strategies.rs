@@ -4,7 +4,7 @@
 //! uniformly, and the same balance measure tells RANDOM apart (so it can fail).
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -18,6 +18,8 @@ use prefix_router_tools::upstream::HOLD_HEADER;
 const HOLDS_MS: [u64; INSTANCES] = [100, 200, 300, 450, 600, 800, 1000];
 const CLIENTS: usize = 21;
 const SAMPLE_EVERY: Duration = Duration::from_millis(50);
+/// Bound on the ramp-up (every client's first request answered).
+const RAMP_UP_LIMIT: Duration = Duration::from_secs(10);
 
 struct Balance {
     /// Samples with the load in steady state (all clients' requests in flight, ±2).
@@ -27,6 +29,8 @@ struct Balance {
     /// Spread (max − min) -> samples.
     histogram: BTreeMap<u32, usize>,
     outcomes: Vec<Outcome>,
+    /// From the clients' start until every one had its first request answered.
+    ramp_up: Duration,
 }
 
 impl Balance {
@@ -35,8 +39,10 @@ impl Balance {
     }
 }
 
-/// `CLIENTS` closed-loop clients for `duration` (after 1 s of ramp-up),
-/// in-flight counts sampled at the instances.
+/// `CLIENTS` closed-loop clients for `duration`, counted from the moment
+/// every client has had its first request answered (the ramp-up: until then
+/// the in-flight counts are those of the clients' common start, not of the
+/// closed loop); in-flight counts sampled at the instances.
 async fn steady_load(harness: &Harness, duration: Duration) -> Balance {
     for (index, hold) in HOLDS_MS.iter().enumerate() {
         harness
@@ -45,23 +51,34 @@ async fn steady_load(harness: &Harness, duration: Duration) -> Balance {
             .unwrap();
     }
     let stop = Arc::new(AtomicBool::new(false));
+    let first_answered = Arc::new(AtomicUsize::new(0));
     let addr = harness.envoy.listener_addr();
     let clients: Vec<_> = (0..CLIENTS)
         .map(|client| {
             let stop = Arc::clone(&stop);
+            let first_answered = Arc::clone(&first_answered);
             tokio::spawn(async move {
                 let mut outcomes = Vec::new();
                 let mut n = 0;
                 while !stop.load(Ordering::SeqCst) {
                     let request = prefix_request(&format!("steady-{}", n % 5), client * 10_000 + n);
                     outcomes.push(shoot(addr, request, Ending::Complete).await);
+                    if n == 0 {
+                        first_answered.fetch_add(1, Ordering::SeqCst);
+                    }
                     n += 1;
                 }
                 outcomes
             })
         })
         .collect();
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (_, ramp_up) = harness::wait_until(
+        &format!("every one of the {CLIENTS} clients has had its first request answered"),
+        RAMP_UP_LIMIT,
+        || first_answered.load(Ordering::SeqCst),
+        |answered| *answered >= CLIENTS,
+    )
+    .await;
     let end = Instant::now() + duration;
     let mut histogram = BTreeMap::new();
     let (mut samples, mut balanced) = (0, 0);
@@ -88,6 +105,7 @@ async fn steady_load(harness: &Harness, duration: Duration) -> Balance {
         balanced,
         histogram,
         outcomes,
+        ramp_up,
     }
 }
 
@@ -97,7 +115,8 @@ async fn least_outstanding_keeps_instances_balanced_under_steady_load() {
     let balance = steady_load(&harness, Duration::from_secs(10)).await;
     assert_all_ok(&balance.outcomes, "LEAST_OUTSTANDING_REQUESTS");
     println!(
-        "LEAST_OUTSTANDING_REQUESTS, {CLIENTS} clients, holds {HOLDS_MS:?} ms: {} requests, {:.1}% of {} samples with max-min <= 2, spreads {:?}, requests per instance {:?}, decisions {:?}",
+        "LEAST_OUTSTANDING_REQUESTS, {CLIENTS} clients, holds {HOLDS_MS:?} ms, ramp-up {:?}: {} requests, {:.1}% of {} samples with max-min <= 2, spreads {:?}, requests per instance {:?}, decisions {:?}",
+        balance.ramp_up,
         balance.outcomes.len(),
         balance.fraction() * 100.0,
         balance.samples,
@@ -149,10 +168,17 @@ async fn random_spreads_uniformly_and_does_not_balance_in_flight() {
     let balance = steady_load(&harness, Duration::from_secs(5)).await;
     assert_all_ok(&balance.outcomes, "RANDOM");
     println!(
-        "RANDOM under the same steady load: {:.1}% of {} samples with max-min <= 2, spreads {:?}",
+        "RANDOM under the same steady load, ramp-up {:?}: {:.1}% of {} samples with max-min <= 2, spreads {:?}",
+        balance.ramp_up,
         balance.fraction() * 100.0,
         balance.samples,
         balance.histogram
+    );
+    // Without steady samples the fraction below is 0 and says nothing.
+    assert!(
+        balance.samples >= 50,
+        "too few steady samples: {}",
+        balance.samples
     );
     assert!(balance.fraction() < 0.95, "{:?}", balance.histogram);
     let all_random = kinds(&balance.outcomes).get("random").copied();
