@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use harness::load::{
     assert_all_ok, overload_harness, plugin_config, prefix_request, shoot, Ending, Outcome,
 };
-use harness::{envoy_config, Harness, Outgoing, KEY_HEADER};
+use harness::{envoy_config, Harness, Outgoing, KEY_HEADER, TEST_ID_HEADER};
 use prefix_router_tools::upstream::HOLD_HEADER;
 
 /// The harness part, valid for any filter version: a new `key_header` applies
@@ -130,6 +130,31 @@ fn instance_per_prefix(outcomes: &[&(usize, Outcome)]) -> BTreeMap<usize, BTreeS
     by_prefix
 }
 
+/// Requests of each prefix the instances must have received under the first
+/// configuration before it changes.
+const BEFORE_PER_PREFIX: usize = 100;
+/// Requests decided under the first configuration and still held by the
+/// instances when it changes.
+const HELD: usize = 6;
+/// How long the instances hold them: far longer than a switch takes.
+const HELD_FOR: &str = "3000";
+/// Bound on each wait for the load to reach a state.
+const READY_LIMIT: Duration = Duration::from_secs(20);
+
+/// Requests the instances received whose test id is `<label>#<n>`.
+fn arrived(harness: &Harness, label: &str) -> usize {
+    let prefix = format!("{label}#");
+    harness
+        .fleet
+        .records()
+        .iter()
+        .filter(|r| {
+            r.header(TEST_ID_HEADER)
+                .is_some_and(|id| id.starts_with(&prefix))
+        })
+        .count()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn live_switch_prefix_aware_random_prefix_aware_under_load() {
     // A threshold far above this load: the cap is not under test here, and an
@@ -138,19 +163,39 @@ async fn live_switch_prefix_aware_random_prefix_aware_under_load() {
     let harness = overload_harness(&plugin_config("PREFIX_AWARE", THRESHOLD));
     let pid = harness.envoy.pid();
     let stop = Arc::new(AtomicBool::new(false));
-    // Requests held across the switches must finish too.
     let addr = harness.envoy.listener_addr();
-    let held: Vec<_> = (0..6)
-        .map(|n| {
-            let request = prefix_request("switch-held", n).header(HOLD_HEADER, "3000");
-            tokio::spawn(shoot(addr, request, Ending::Complete))
-        })
-        .collect();
 
-    let (outcomes, switches) = tokio::join!(load(&harness, Arc::clone(&stop)), async {
+    let (outcomes, (switches, held)) = tokio::join!(load(&harness, Arc::clone(&stop)), async {
         let envoy = &harness.envoy;
+        let per_prefix = || {
+            (0..PREFIXES)
+                .map(|p| arrived(&harness, &format!("switch-{p}")))
+                .collect::<Vec<_>>()
+        };
+        let (before, before_took) = harness::wait_until(
+            &format!("the instances received {BEFORE_PER_PREFIX} requests of each prefix under PREFIX_AWARE"),
+            READY_LIMIT,
+            per_prefix,
+            |counts| counts.iter().all(|n| *n >= BEFORE_PER_PREFIX),
+        )
+        .await;
+        // Requests held across the switch must finish too: decided now, and
+        // at the instances before the configuration changes.
+        let held: Vec<_> = (0..HELD)
+            .map(|n| {
+                let request = prefix_request("switch-held", n).header(HOLD_HEADER, HELD_FOR);
+                tokio::spawn(shoot(addr, request, Ending::Complete))
+            })
+            .collect();
+        let (_, held_took) = harness::wait_until(
+            &format!("the instances hold the {HELD} held requests"),
+            READY_LIMIT,
+            || arrived(&harness, "switch-held"),
+            |n| *n >= HELD,
+        )
+        .await;
+        println!("{before:?} requests per prefix at the instances after {before_took:?}, the held ones {held_took:?} later");
         let mut switches = Vec::new();
-        tokio::time::sleep(Duration::from_secs(2)).await;
         for strategy in ["RANDOM", "PREFIX_AWARE"] {
             let at = Instant::now();
             tokio::task::block_in_place(|| {
@@ -161,7 +206,7 @@ async fn live_switch_prefix_aware_random_prefix_aware_under_load() {
             tokio::time::sleep(Duration::from_secs(4)).await;
         }
         stop.store(true, Ordering::SeqCst);
-        switches
+        (switches, held)
     });
     let mut held_outcomes = Vec::new();
     for task in held {
@@ -174,6 +219,14 @@ async fn live_switch_prefix_aware_random_prefix_aware_under_load() {
 
     let (_, random_at, random_applied) = switches[0];
     let (_, back_at, back_applied) = switches[1];
+    let not_across: Vec<&Outcome> = held_outcomes
+        .iter()
+        .filter(|o| o.started >= random_at || o.finished <= random_at + random_applied)
+        .collect();
+    assert!(
+        not_across.is_empty(),
+        "held requests not in flight across the switch to RANDOM (applied {random_applied:?} after it began): {not_across:?}"
+    );
     let phase = |from: Instant, to: Instant, want: &str| {
         let in_phase: Vec<&(usize, Outcome)> = outcomes
             .iter()
@@ -223,11 +276,13 @@ async fn live_switch_prefix_aware_random_prefix_aware_under_load() {
         before.iter().all(|(_, o)| o.kind() == Some("prefix")),
         "before the switch"
     );
+    assert_eq!(before_map.len(), PREFIXES, "prefixes before the switch");
     assert!(before_map.values().all(|s| s.len() == 1), "{before_map:?}");
 
     let random = phase(random_at, back_at, "random");
     let random_map = instance_per_prefix(&random);
     println!("RANDOM phase, instances per prefix: {random_map:?}");
+    assert_eq!(random_map.len(), PREFIXES, "prefixes in the RANDOM phase");
     assert!(
         random_map.values().all(|s| s.len() >= 3),
         "under RANDOM each prefix should spread: {random_map:?}"
