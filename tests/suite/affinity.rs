@@ -3,8 +3,9 @@
 //! instance, and distinct prefixes spread over the fleet.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
 
-use harness::load::{parse_decision, DECISION_HEADER};
+use harness::load::{in_flight_gauges, parse_decision, DECISION_HEADER};
 use harness::{bodies, envoy_config, instances_by_label, Harness, Outgoing, INSTANCES};
 use rand::Rng;
 
@@ -115,6 +116,36 @@ fn instances_by_round(harness: &Harness) -> BTreeMap<String, BTreeSet<String>> {
     })
 }
 
+/// How long the filter's known fleet must stay the same before it places
+/// new keys directly (`KNOWN_FLEET_SETTLED_MS` in `src/load/tracker/balance.rs`).
+const KNOWN_FLEET_SETTLED: Duration = Duration::from_secs(10);
+/// Envoy dates a registration by the wall clock, the test by the monotonic one.
+const CLOCK_MARGIN: Duration = Duration::from_millis(100);
+
+/// The latest the filter's known fleet can have changed: it registers an
+/// instance when it first sends it a request (the upstream filter, at the
+/// request headers), before the instance records that request. Panics
+/// unless every instance has received a request.
+fn fleet_known_by(harness: &Harness) -> Instant {
+    let records = harness.fleet.records();
+    harness
+        .fleet
+        .names()
+        .iter()
+        .map(|name| {
+            records
+                .iter()
+                .filter(|r| &r.instance == name)
+                .map(|r| r.received_at)
+                .min()
+                .unwrap_or_else(|| {
+                    panic!("{name} never received a request: the filter cannot know it")
+                })
+        })
+        .max()
+        .expect("a fleet")
+}
+
 fn labelled(rng: &mut impl rand::Rng, label: &str, count: usize) -> Vec<(String, String)> {
     (0..count)
         .map(|n| (format!("{label}{n}"), bodies::text(rng, PREFIX_BYTES)))
@@ -142,16 +173,13 @@ async fn key_balancing_gives_every_instance_an_even_share_of_prefixes() {
     // fails for ~3 % of fleets (their ports decide Maglev's table; seen: one
     // instance got none), no fault of the filter: then start a new fleet.
     let mut attempts = 0;
-    let (harness, mut rng, early, kinds, fleet_known_at, seen) = loop {
+    let (harness, mut rng, early, kinds, seen) = loop {
         attempts += 1;
         let config = config.clone();
         let harness = Harness::start_with(move |b| b.concurrency(2).plugin_config(config));
         let mut rng = bodies::rng(0xba1a);
         let early = labelled(&mut rng, "p", HOT);
         let kinds = rounds_of(&harness, &early, 4).await;
-        // Every instance first served within these rounds, so the known
-        // fleet has not changed since.
-        let fleet_known_at = std::time::Instant::now();
         let seen = instances_by_round(&harness);
         let reached: BTreeSet<&String> = early
             .iter()
@@ -159,7 +187,7 @@ async fn key_balancing_gives_every_instance_an_even_share_of_prefixes() {
             .collect();
         let reached = reached.len();
         if reached == INSTANCES || attempts == 3 {
-            break (harness, rng, early, kinds, fleet_known_at, seen);
+            break (harness, rng, early, kinds, seen);
         }
         println!("Maglev's first requests reached {reached} of {INSTANCES} instances: new fleet");
     };
@@ -207,11 +235,30 @@ async fn key_balancing_gives_every_instance_an_even_share_of_prefixes() {
         "uneven: {owned:?} (Maglev: {maglev:?})"
     );
 
-    // The filter has known the same 7 instances for 10 s (plus a margin),
-    // counted from the end of the rounds that introduced them: counted from
-    // Envoy's start, a slow first round on a busy machine left the fleet
-    // unsettled at the second phase (seen: 0 of 35 placed at once).
-    let settled_at = fleet_known_at + std::time::Duration::from_secs(11);
+    // The filter places new keys directly once its known fleet has been the
+    // same for KNOWN_FLEET_SETTLED. It exports no stat of when that fleet
+    // last changed, so the test dates the change from the instances' records
+    // (counted from Envoy's start instead, a slow first round on a busy
+    // machine left the fleet unsettled: seen 0 of 35 placed at once).
+    let addrs = harness.fleet.addrs();
+    harness::wait_until(
+        &format!("the filter's in-flight gauges name the {INSTANCES} instances, no other"),
+        Duration::from_secs(5),
+        || in_flight_gauges(&harness.envoy),
+        |gauges| {
+            gauges.len() == INSTANCES
+                && addrs.iter().all(|addr| {
+                    let name = prefix_router::metrics::in_flight_gauge_name(&addr.to_string());
+                    gauges.keys().any(|g| g.ends_with(&name))
+                })
+        },
+    )
+    .await;
+    let settled_at = fleet_known_by(&harness) + KNOWN_FLEET_SETTLED + CLOCK_MARGIN;
+    println!(
+        "known fleet settled {:?} after the early rounds",
+        settled_at.saturating_duration_since(Instant::now())
+    );
     tokio::time::sleep_until(settled_at.into()).await;
     let late = labelled(&mut rng, "q", HOT);
     let kinds = rounds_of(&harness, &late, 3).await;
