@@ -174,9 +174,10 @@ async fn random_spreads_uniformly_and_does_not_balance_in_flight() {
         balance.samples,
         balance.histogram
     );
-    // Without steady samples the fraction below is 0 and says nothing.
+    // Without steady samples the fraction below is 0 and says nothing (a
+    // 5 s load under two busy loops gave 60).
     assert!(
-        balance.samples >= 50,
+        balance.samples >= 20,
         "too few steady samples: {}",
         balance.samples
     );
