@@ -236,7 +236,8 @@ async fn key_balancing_gives_every_instance_an_even_share_of_prefixes() {
     );
 
     // The filter places new keys directly once its known fleet has been the
-    // same for KNOWN_FLEET_SETTLED. It exports no stat of when that fleet
+    // same for KNOWN_FLEET_SETTLED. Its in-flight gauges show which
+    // instances it knows (all 7, no other), but no stat shows when that set
     // last changed, so the test dates the change from the instances' records
     // (counted from Envoy's start instead, a slow first round on a busy
     // machine left the fleet unsettled: seen 0 of 35 placed at once).
@@ -256,7 +257,7 @@ async fn key_balancing_gives_every_instance_an_even_share_of_prefixes() {
     .await;
     let settled_at = fleet_known_by(&harness) + KNOWN_FLEET_SETTLED + CLOCK_MARGIN;
     println!(
-        "known fleet settled {:?} after the early rounds",
+        "the known fleet settles {:?} after the early rounds end",
         settled_at.saturating_duration_since(Instant::now())
     );
     tokio::time::sleep_until(settled_at.into()).await;
