@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Drives the official OpenAI Python SDK through Envoy and prefix-router for
-tests/suite/shipping.rs, so the routing is proven with a client nobody here wrote.
+tests/suite/shipping/clients.rs, so the routing is proven with a client nobody here wrote.
 
 Reads a JSON plan on stdin:
   {"base_url": "http://127.0.0.1:PORT/v1", "model": "...",

@@ -1,0 +1,449 @@
+//! What the shipping tests share: reading the repository's files and YAML,
+//! navigating and rewriting Envoy configurations, `envoy --mode validate`,
+//! the docker-compose file's structure (the compose and Kubernetes tests both
+//! read it), and small HTTP and tool-running helpers.
+//!
+//! Each `tests/suite/shipping/*.rs` is its own test binary and uses only part
+//! of this module, so unused items are expected in any one of them.
+#![allow(dead_code)]
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use prefix_router_tools::envoy::{self, Envoy};
+use serde_yaml::{Mapping, Value};
+
+pub const KEY_HEADER: &str = "x-prefix-route-key";
+pub const TENANT_HEADER: &str = "x-amzn-sagemaker-prefix-aware-id";
+/// The overload design's `host_header`, read by Envoy's override_host policy.
+pub const HOST_HEADER: &str = "x-prefix-route-host";
+pub const WASM_TYPE: &str = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm";
+/// Where `cargo build --release --target wasm32-wasip1 -p prefix-router` writes the filter.
+pub const WASM_BUILD_OUTPUT: &str = "target/wasm32-wasip1/release/prefix_router.wasm";
+
+// ---------------------------------------------------------------------------
+// Files and YAML
+// ---------------------------------------------------------------------------
+
+pub fn root() -> PathBuf {
+    envoy::workspace_root()
+}
+
+pub fn read(rel: &str) -> String {
+    let path = root().join(rel);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
+}
+
+/// A YAML file with `<<:` merge keys resolved (compose uses them).
+pub fn yaml(rel: &str) -> Value {
+    let mut value: Value =
+        serde_yaml::from_str(&read(rel)).unwrap_or_else(|e| panic!("{rel} is not valid YAML: {e}"));
+    value
+        .apply_merge()
+        .unwrap_or_else(|e| panic!("{rel}: merge keys: {e}"));
+    value
+}
+
+pub fn s<'a>(value: &'a Value, what: &str) -> &'a str {
+    value
+        .as_str()
+        .unwrap_or_else(|| panic!("{what} is not a string: {value:?}"))
+}
+
+pub fn seq<'a>(value: &'a Value, what: &str) -> &'a Vec<Value> {
+    value
+        .as_sequence()
+        .unwrap_or_else(|| panic!("{what} is not a list: {value:?}"))
+}
+
+pub fn strings(value: &Value, what: &str) -> Vec<String> {
+    seq(value, what)
+        .iter()
+        .map(|v| match v {
+            Value::String(text) => text.clone(),
+            Value::Number(n) => n.to_string(),
+            other => panic!("{what}: {other:?} is not a string"),
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------
+// Envoy configuration helpers
+// ---------------------------------------------------------------------------
+
+pub fn hcm(config: &Value) -> &Value {
+    &config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+}
+
+pub fn wasm_filter(config: &Value) -> &Value {
+    seq(&hcm(config)["http_filters"], "http_filters")
+        .iter()
+        .find(|f| f["typed_config"]["@type"] == WASM_TYPE)
+        .expect("no wasm HTTP filter")
+}
+
+pub fn plugin_config_json(plugin: &Value) -> serde_json::Value {
+    let text = s(
+        &plugin["configuration"]["value"],
+        "plugin configuration value",
+    );
+    serde_json::from_str(text).expect("plugin configuration is not JSON")
+}
+
+/// Points every wasm filter (listener and clusters' upstream filters) at `filename`.
+pub fn set_wasm_filename(config: &mut Value, filename: &str) {
+    let mut count = 0;
+    replace_wasm_filenames(config, filename, &mut count);
+    assert!(count > 0, "no wasm module path in the configuration");
+}
+
+pub fn replace_wasm_filenames(node: &mut Value, filename: &str, count: &mut usize) {
+    match node {
+        Value::Mapping(map) => {
+            for (key, value) in map.iter_mut() {
+                let is_module = key == "filename"
+                    && value
+                        .as_str()
+                        .is_some_and(|f| f.ends_with("prefix_router.wasm"));
+                if is_module {
+                    *value = Value::String(filename.to_string());
+                    *count += 1;
+                } else {
+                    replace_wasm_filenames(value, filename, count);
+                }
+            }
+        }
+        Value::Sequence(items) => {
+            for item in items {
+                replace_wasm_filenames(item, filename, count);
+            }
+        }
+        _ => {}
+    }
+}
+
+pub fn port(socket_address: &Value, what: &str) -> u16 {
+    socket_address["port_value"]
+        .as_u64()
+        .and_then(|p| u16::try_from(p).ok())
+        .unwrap_or_else(|| panic!("{what} has no port_value"))
+}
+
+/// (host, port) of every endpoint of a cluster's load assignment.
+pub fn endpoints(assignment: &Value) -> Vec<(String, u16)> {
+    let mut out = Vec::new();
+    for locality in seq(&assignment["endpoints"], "endpoints") {
+        for lb in seq(&locality["lb_endpoints"], "lb_endpoints") {
+            let socket = &lb["endpoint"]["address"]["socket_address"];
+            out.push((
+                s(&socket["address"], "endpoint address").to_string(),
+                port(socket, "endpoint"),
+            ));
+        }
+    }
+    out
+}
+
+/// Removes `path` (mapping keys) from `value`, failing if it is absent, so a
+/// declared difference that disappears is noticed too.
+pub fn remove(value: &mut Value, path: &[&str]) {
+    let (last, parents) = path.split_last().expect("empty path");
+    let mut node = value;
+    for key in parents {
+        node = node
+            .get_mut(*key)
+            .unwrap_or_else(|| panic!("no {} to remove", path.join(".")));
+    }
+    node.as_mapping_mut()
+        .and_then(|m| m.remove(*last))
+        .unwrap_or_else(|| panic!("no {} to remove", path.join(".")));
+}
+
+pub fn first_cluster(config: &mut Value) -> &mut Value {
+    &mut config["static_resources"]["clusters"][0]
+}
+
+pub fn clusters_mut(config: &mut Value) -> &mut Vec<Value> {
+    config["static_resources"]["clusters"]
+        .as_sequence_mut()
+        .expect("no static clusters")
+}
+
+/// Runs `envoy --mode validate` on `config` (written to a temp file) and fails
+/// the test with Envoy's output if it is refused.
+/// `copy` (with its expected differences already removed) equals
+/// `envoy/envoy.yaml` (likewise trimmed). Mapping equality ignores key order,
+/// so reordering a file is not drift.
+pub fn assert_no_drift(copy: &Value, shipped: &Value, copy_path: &str, expected_differences: &str) {
+    assert!(
+        copy == shipped,
+        "{copy_path} drifted from envoy/envoy.yaml beyond {expected_differences}:\n{}\n---\n{}",
+        serde_yaml::to_string(copy).unwrap(),
+        serde_yaml::to_string(shipped).unwrap()
+    );
+}
+
+pub fn assert_envoy_accepts(config: &Value, what: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("envoy.yaml");
+    std::fs::write(&path, serde_yaml::to_string(config).unwrap()).unwrap();
+    let validation = envoy::validate_config(&path, &root())
+        .unwrap_or_else(|e| panic!("cannot run envoy --mode validate: {e:#}"));
+    assert!(
+        validation.accepted,
+        "Envoy refused {what}:\n{}",
+        validation.output
+    );
+}
+
+pub fn built_wasm() -> String {
+    envoy::require_wasm()
+        .unwrap_or_else(|e| panic!("{e:#}"))
+        .canonicalize()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned()
+}
+// ---------------------------------------------------------------------------
+// docker-compose.yml
+// ---------------------------------------------------------------------------
+
+pub mod compose {
+    use super::*;
+
+    pub fn file() -> Value {
+        yaml("docker-compose.yml")
+    }
+
+    pub fn services(compose: &Value) -> &Mapping {
+        compose["services"]
+            .as_mapping()
+            .expect("compose has no services")
+    }
+
+    pub fn service<'a>(compose: &'a Value, name: &str) -> &'a Value {
+        compose["services"]
+            .get(name)
+            .unwrap_or_else(|| panic!("compose has no service {name}"))
+    }
+
+    pub fn profiles(service: &Value) -> Vec<String> {
+        match service.get("profiles") {
+            None => Vec::new(),
+            Some(list) => strings(list, "profiles"),
+        }
+    }
+
+    pub fn args(service: &Value, what: &str) -> Vec<String> {
+        strings(&service["command"], what)
+    }
+
+    pub fn flag<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
+        args.iter()
+            .position(|a| a == flag)
+            .and_then(|i| args.get(i + 1))
+            .map(String::as_str)
+    }
+
+    /// Bind mounts as (source, target, mount), long and short syntax.
+    pub fn binds(service: &Value) -> Vec<(String, String, Value)> {
+        let Some(volumes) = service.get("volumes") else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for volume in seq(volumes, "volumes") {
+            match volume {
+                Value::String(short) => {
+                    let parts: Vec<&str> = short.split(':').collect();
+                    if parts[0].starts_with('.') || parts[0].starts_with('/') {
+                        out.push((parts[0].to_string(), parts[1].to_string(), volume.clone()));
+                    }
+                }
+                long if long["type"] == "bind" => out.push((
+                    s(&long["source"], "bind source").to_string(),
+                    s(&long["target"], "bind target").to_string(),
+                    long.clone(),
+                )),
+                _ => {}
+            }
+        }
+        out
+    }
+
+    /// Named volumes a service uses.
+    pub fn named_volumes(service: &Value) -> Vec<String> {
+        let Some(volumes) = service.get("volumes") else {
+            return Vec::new();
+        };
+        seq(volumes, "volumes")
+            .iter()
+            .filter_map(|v| match v {
+                Value::String(short) if !short.starts_with('.') && !short.starts_with('/') => {
+                    short.split(':').next().map(str::to_string)
+                }
+                long if long["type"] == "volume" => long["source"].as_str().map(str::to_string),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Container ports a service publishes.
+    pub fn published_container_ports(service: &Value) -> BTreeSet<u16> {
+        match service.get("ports") {
+            None => BTreeSet::new(),
+            Some(ports) => strings(ports, "ports")
+                .iter()
+                .map(|p| {
+                    p.rsplit(':')
+                        .next()
+                        .and_then(|c| c.parse().ok())
+                        .unwrap_or_else(|| panic!("port mapping {p:?}"))
+                })
+                .collect(),
+        }
+    }
+
+    /// The names a service answers to on the default network.
+    pub fn dns_names(name: &str, service: &Value) -> Vec<String> {
+        let mut names = vec![name.to_string()];
+        if let Some(aliases) = service
+            .get("networks")
+            .and_then(|n| n.get("default"))
+            .and_then(|d| d.get("aliases"))
+        {
+            names.extend(strings(aliases, "aliases"));
+        }
+        names
+    }
+
+    /// The Envoy configuration file compose mounts at /etc/envoy/envoy.yaml.
+    pub fn envoy_config_source(compose: &Value) -> String {
+        binds(service(compose, "envoy"))
+            .into_iter()
+            .find(|(_, target, _)| target == "/etc/envoy/envoy.yaml")
+            .map(|(source, _, _)| source.trim_start_matches("./").to_string())
+            .expect("envoy mounts no /etc/envoy/envoy.yaml")
+    }
+
+    /// Instance services active under `profile`: (DNS names, port) each.
+    pub fn instances_in_profile(compose: &Value, profile: &str) -> Vec<(Vec<String>, u16)> {
+        let mut out = Vec::new();
+        for (name, svc) in services(compose) {
+            let name = s(name, "service name");
+            if name == "envoy"
+                || name == "prometheus"
+                || !profiles(svc).contains(&profile.to_string())
+            {
+                continue;
+            }
+            let args = args(svc, name);
+            let port: u16 = flag(&args, "--port")
+                .unwrap_or_else(|| panic!("{name} sets no --port"))
+                .parse()
+                .unwrap();
+            out.push((dns_names(name, svc), port));
+        }
+        out
+    }
+}
+/// The Envoy configuration at `rel` (for containers or a cluster: DNS-named,
+/// health-checked instances) is `envoy/envoy.yaml` but for the admin address,
+/// the `.wasm` path and the clusters' endpoints.
+pub fn assert_only_deployment_differs(rel: &str) {
+    let mut copy = yaml(rel);
+    let mut shipped = yaml("envoy/envoy.yaml");
+    for config in [&mut copy, &mut shipped] {
+        remove(config, &["admin", "address"]);
+        set_wasm_filename(config, "WASM");
+        for cluster in clusters_mut(config) {
+            remove(cluster, &["type"]);
+            remove(cluster, &["load_assignment"]);
+        }
+    }
+    for cluster in clusters_mut(&mut copy) {
+        remove(cluster, &["dns_lookup_family"]);
+        remove(cluster, &["health_checks"]);
+    }
+    assert_no_drift(
+        &copy,
+        &shipped,
+        rel,
+        "admin address, .wasm path and cluster endpoints",
+    );
+}
+
+// ---------------------------------------------------------------------------
+// HTTP through Envoy (the Istio and EDS tests)
+// ---------------------------------------------------------------------------
+
+/// POST through Envoy; returns `x-served-by`, failing on a non-200.
+pub fn post(envoy: &Envoy, path: &str, headers: &[(&str, &str)], body: &[u8]) -> String {
+    let mut request =
+        ureq::post(&format!("{}{path}", envoy.base_url())).timeout(Duration::from_secs(10));
+    for (name, value) in headers {
+        request = request.set(name, value);
+    }
+    let response = request
+        .send_bytes(body)
+        .unwrap_or_else(|e| panic!("POST {path}: {e}\n{}", envoy.log()));
+    assert_eq!(response.status(), 200);
+    response
+        .header("x-served-by")
+        .expect("no x-served-by")
+        .to_string()
+}
+
+// ---------------------------------------------------------------------------
+// Dashboards (the EDS and the metrics-doc tests) and checking tools
+// ---------------------------------------------------------------------------
+
+/// The filter's metric names used in the PromQL snippet and the Grafana dashboard.
+pub fn dashboard_metric_names() -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    let in_name = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    for rel in [
+        "examples/prometheus/queries.promql",
+        "examples/prometheus/grafana-dashboard.json",
+        "examples/prometheus/alerts.yml",
+    ] {
+        // Expressions only: comments name plugins and files, not metrics.
+        let text: String = read(rel)
+            .lines()
+            .filter(|line| !line.trim_start().starts_with('#'))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let mut rest = text.as_str();
+        while let Some(found) = rest.find("prefix_router_") {
+            // The whole name, also when it is Envoy's (`envoy_wasm_prefix_router_...`).
+            let start = rest[..found]
+                .rfind(|c: char| !in_name(c))
+                .map_or(0, |i| i + 1);
+            let tail = &rest[start..];
+            let end = tail.find(|c: char| !in_name(c)).unwrap_or(tail.len());
+            names.insert(tail[..end].to_string());
+            rest = &tail[end..];
+        }
+    }
+    assert!(
+        names.len() >= 4,
+        "dashboards use too few filter metrics: {names:?}"
+    );
+    names
+}
+
+/// Runs a checking tool; panics with its output unless it succeeds, and with
+/// `install_hint` too, in case the tool (or a module it loads) is missing.
+pub fn run_check(command: &mut Command, install_hint: &str) {
+    let shown = format!("{command:?}");
+    let output = command
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {shown} ({e}): {install_hint}"));
+    assert!(
+        output.status.success(),
+        "{shown} failed (if it is missing: {install_hint}):\n{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
