@@ -449,7 +449,7 @@ mod tests {
     }
 
     #[test]
-    fn property_paths_end_each_segment_with_nul() {
+    fn property_paths_separate_segments_with_nul_and_end_without_one() {
         assert_eq!(
             serialize_property_path(&["upstream", "address"]),
             b"upstream\0address".to_vec()

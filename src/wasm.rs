@@ -1,6 +1,6 @@
 //! The proxy-wasm glue: one root context per plugin (configuration, policy,
 //! metric ids, the 1 s tick) and one HTTP context per request, which feeds
-//! the sans-IO [`RequestRouter`] and carries out its verdicts. Every decision
+//! the sans-IO [`RequestReader`] and carries out its verdicts. Every decision
 //! is made in `request`, `steering`, `strategy` and `load`; this file only
 //! moves bytes between Envoy and them.
 //!
@@ -22,17 +22,18 @@ use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel};
 
 use crate::config::{Config, Counting};
+use crate::headers::{COUNTED_HEADER, INTERNAL_REQUEST_HEADERS};
 use crate::host::{self, HostStatus, HostStore};
-use crate::load::{LoadTracker, Ticket, COUNTED_HEADER};
+use crate::load::{LoadTracker, Ticket, UpstreamStart};
 use crate::metrics::{
     decision_counter_name, decision_index, in_flight_gauge_name, recording_for, Counter,
     BYTES_INSPECTED, DECISION_KINDS,
 };
 use crate::request::{
-    BodyVerdict, Decision, HeadersVerdict, LocalReply, RequestHead, RequestRouter,
+    BodyVerdict, HeadersVerdict, KeyDerivation, LocalReply, RequestHead, RequestReader,
 };
 use crate::steering::{self, ListenerCount};
-use crate::strategy::{DecisionKind, Policy};
+use crate::strategy::{DecisionKind, Policy, RoutingPolicy};
 
 /// Root tick: heartbeat, count repair, gauges.
 const TICK_PERIOD_MS: u32 = 1_000;
@@ -190,8 +191,8 @@ impl MetricIds {
         }
     }
 
-    fn record_decision(&self, decision: &Decision) {
-        let recording = recording_for(decision);
+    fn record_derivation(&self, derivation: &KeyDerivation) {
+        let recording = recording_for(derivation);
         for counter in recording.counters {
             self.increment(counter);
         }
@@ -342,7 +343,7 @@ impl RootContext for PrefixRouterRoot {
             context_id,
             config: Rc::clone(&self.config),
             policy: Rc::clone(&self.policy),
-            router: RequestRouter::new(Rc::clone(&self.config)),
+            reader: RequestReader::new(Rc::clone(&self.config)),
             metrics: Rc::clone(&self.metrics),
             upstream: false,
             ticket: None,
@@ -361,7 +362,7 @@ struct PrefixRouterHttp {
     /// The configuration and policy this request started with.
     config: Rc<Config>,
     policy: Rc<Policy>,
-    router: RequestRouter,
+    reader: RequestReader,
     metrics: Rc<MetricIds>,
     /// Runs as the cluster's upstream filter (counts, does not decide).
     upstream: bool,
@@ -379,29 +380,29 @@ impl PrefixRouterHttp {
     }
 
     /// Runs the policy and writes every header it governs.
-    fn route(&mut self, decision: &Decision) {
-        self.metrics.record_decision(decision);
+    fn route(&mut self, derivation: &KeyDerivation) {
+        self.metrics.record_derivation(derivation);
         let now = now_ms();
         let random = random_u64(now ^ u64::from(self.context_id));
         let policy = Rc::clone(&self.policy);
         let listener = self.config.counting == Counting::Listener;
         let (routed, check_due) = with_tracker(&self.config, |t| {
-            let routed = steering::route(&policy, decision.key.as_deref(), t, random, now);
-            let key = routed.decision.key.as_deref().filter(|_| listener);
+            let routed = policy.decide(derivation.key.as_deref(), t, random, now);
+            let key = routed.headers.key.as_deref().filter(|_| listener);
             let check_due = key.is_some_and(|key| t.response_check_due(key, now));
             (routed, check_due)
         });
-        for (name, value) in steering::header_writes(&self.config, &routed.decision) {
+        for (name, value) in steering::header_writes(&self.config, &routed.headers) {
             warn_on_error(
                 "write header",
                 name,
                 host::replace_request_header(name, value.as_bytes()),
             );
         }
-        self.metrics.increment_decision(routed.decision.kind);
-        self.decided = Some(routed.decision.kind);
+        self.metrics.increment_decision(routed.headers.kind);
+        self.decided = Some(routed.headers.kind);
         if listener {
-            let count = ListenerCount::of(&self.config, &routed.decision, check_due);
+            let count = ListenerCount::of(&self.config, &routed.headers, check_due);
             self.listener_count = Some(count);
         }
         self.ticket = routed.ticket;
@@ -435,9 +436,9 @@ impl PrefixRouterHttp {
     fn body_action(&mut self, verdict: BodyVerdict) -> Action {
         match verdict {
             BodyVerdict::Pause => Action::Pause,
-            BodyVerdict::Continue(decision) => {
+            BodyVerdict::Continue(derivation) => {
                 // Before Continue: once the headers leave, writes are lost.
-                self.route(&decision);
+                self.route(&derivation);
                 Action::Continue
             }
             BodyVerdict::AlreadyDecided => Action::Continue,
@@ -458,15 +459,15 @@ impl PrefixRouterHttp {
             .host_header
             .as_deref()
             .is_some_and(|h| headers.contains(h));
-        let start = steering::upstream_start(
+        let start = UpstreamStart {
             address,
-            text(&self.config().key_header),
+            key: text(&self.config().key_header),
             overridden,
-            text(COUNTED_HEADER),
-        );
+            counted: text(COUNTED_HEADER),
+        };
         let now = now_ms();
         self.ticket = with_tracker(&self.config, |t| t.upstream_started(start, now));
-        for name in steering::UPSTREAM_STRIPPED {
+        for name in INTERNAL_REQUEST_HEADERS {
             if headers.contains(name) {
                 warn_on_error("remove header", name, host::remove_request_header(name));
             }
@@ -505,14 +506,14 @@ impl HttpContext for PrefixRouterHttp {
                 warn_on_error("remove header", name, host::remove_request_header(name));
             }
         }
-        let verdict = self.router.on_request_headers(RequestHead {
+        let verdict = self.reader.on_request_headers(RequestHead {
             path: headers.get(":path").unwrap_or_default(),
             tenant_header: headers.get(&self.config().tenant_header),
             end_of_stream,
         });
         match verdict {
-            HeadersVerdict::Continue(decision) => {
-                self.route(&decision);
+            HeadersVerdict::Continue(derivation) => {
+                self.route(&derivation);
                 Action::Continue
             }
             HeadersVerdict::PauseForBody => Action::Pause,
@@ -525,7 +526,7 @@ impl HttpContext for PrefixRouterHttp {
             return Action::Continue;
         }
         let verdict = self
-            .router
+            .reader
             .on_request_body(
                 body_size,
                 end_of_stream,
@@ -545,7 +546,7 @@ impl HttpContext for PrefixRouterHttp {
         if self.upstream {
             return Action::Continue;
         }
-        let verdict = self.router.on_request_trailers();
+        let verdict = self.reader.on_request_trailers();
         self.body_action(verdict)
     }
 
