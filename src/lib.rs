@@ -30,24 +30,23 @@
 //! - [`steering`]: from a policy's decision to the headers the glue writes.
 //! - [`strategy`]: the routing policies (prefix-aware with overflow, least
 //!   outstanding, random).
+//! - [`plugin`]: what the filter does in each proxy-wasm callback, over the
+//!   [`host::Host`] trait (Envoy's headers, buffers, metrics, properties,
+//!   clock and shared data).
 //!
-//! The proxy-wasm glue (`wasm`, over the panic-free host calls in `host`)
-//! is compiled only into the `.wasm` itself.
+//! The proxy-wasm glue (`wasm`: the SDK's traits forwarding to [`plugin`],
+//! over the panic-free ABI calls of `host::AbiHost`) is compiled only into
+//! the `.wasm` itself.
 
 pub mod classify;
 pub mod config;
 pub mod extract;
 pub mod headers;
-// The ABI calls exist only in the .wasm and only the glue (`wasm`, absent from
-// native and test builds) calls them; the encoding helpers are tested natively.
-#[cfg_attr(
-    not(all(target_arch = "wasm32", not(test))),
-    allow(dead_code, unused_imports)
-)]
-mod host;
+pub mod host;
 pub mod key;
 pub mod load;
 pub mod metrics;
+pub mod plugin;
 pub mod request;
 pub mod shared;
 pub mod steering;

@@ -403,7 +403,7 @@ mod tests {
             let routed = policy.decide(Some(KEY), load, 2, now);
             let counted = routed.headers.counted.clone();
             let started = UpstreamStart {
-                address: address,
+                address,
                 key: Some(KEY),
                 overridden: false,
                 counted: counted.as_deref(),
