@@ -27,7 +27,7 @@
 //! - [`metrics`]: the names of the stats the filter exports.
 //! - [`shared`]: the proxy-wasm shared-data contract, with an in-memory store.
 //! - [`load`]: in-flight accounting and learned tables in shared data.
-//! - [`steering`]: from a policy's decision to the headers the glue writes.
+//! - [`steering`]: from a policy's decision to the headers the plugin writes.
 //! - [`strategy`]: the routing policies (prefix-aware with overflow, least
 //!   outstanding, random).
 //! - [`plugin`]: what the filter does in each proxy-wasm callback, over the

@@ -1,5 +1,5 @@
 //! The stats the filter exports, and which of them a decision moves. Kept
-//! apart from the glue so the mapping is tested natively.
+//! apart from the callbacks (`plugin`) so the mapping is tested on its own.
 //!
 //! Envoy files wasm metrics under the custom namespace `wasmcustom`
 //! (`/stats`: `wasmcustom.prefix_router.no_key`). `/stats/prometheus`

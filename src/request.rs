@@ -1,5 +1,5 @@
 //! The per-request state machine: from the request head and the body as it
-//! arrives to a verdict the proxy-wasm glue carries out. Sans-IO: it never
+//! arrives to a verdict the plugin (`plugin::Stream`) carries out. Sans-IO: it never
 //! calls the host, so every path (chunked arrival, the late body callback
 //! after `Continue`, the body limit, invalid tenants) is tested natively.
 //!
@@ -23,7 +23,7 @@ use crate::extract::{Extraction, Extractor, FallbackReason, Limits, PrefixSource
 use crate::key::{routing_key, KeyMaterial};
 use crate::tenant::{validate_header_tenant, TenantSource};
 
-/// What the glue reads from the request headers.
+/// What the plugin reads from the request headers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RequestHead<'a> {
     /// `:path`, query included (classification strips it).

@@ -2,9 +2,9 @@
 //! the configuration and a [`RouteHeaders`] to what the filter does with the
 //! request headers: which client-sent headers to strip, which headers the
 //! decision sets, what the listener keeps for the response when it counts
-//! there, and the debug response header. Kept out of the glue so every rule
-//! (spoofing, header ownership, the policy a configuration selects) is tested
-//! natively.
+//! there, and the debug response header. Kept out of the callbacks
+//! (`plugin`) so every rule (spoofing, header ownership, the policy a
+//! configuration selects) is tested on its own.
 
 use crate::config::{Config, Counting, Strategy};
 use crate::headers::{COUNTED_HEADER, DEFAULT_HOST_HEADER, PENDING_MARK, ROUTE_HEADER};

@@ -23,9 +23,10 @@ thread_local! {
     static VM: RefCell<Vm<AbiHost>> = RefCell::new(Vm::new(AbiHost));
 }
 
-/// Runs `f` on the VM's state. Envoy calls into a VM one callback at a time;
-/// should a callback ever come while another holds the state, it does
-/// nothing (`otherwise`) rather than panic and kill the VM.
+/// Runs `f` on the VM's state. Envoy calls into a VM one callback at a time
+/// and defers what could call back into it (a local reply is sent after the
+/// callback returns); should a callback still come while another holds the
+/// state, it does nothing (`otherwise`) rather than panic and kill the VM.
 fn with_vm<R>(otherwise: R, f: impl FnOnce(&mut Vm<AbiHost>) -> R) -> R {
     VM.with(|cell| match cell.try_borrow_mut() {
         Ok(mut vm) => f(&mut vm),
