@@ -1,6 +1,6 @@
 //! The per-request state machine: from the request head and the body as it
-//! arrives to a verdict the plugin (`plugin::Stream`) carries out. Sans-IO: it never
-//! calls the host, so every path (chunked arrival, the late body callback
+//! arrives to a verdict the plugin (`plugin::Stream`) carries out. Sans-IO:
+//! it never calls the host, so every path (chunked arrival, the late body callback
 //! after `Continue`, the body limit, invalid tenants) is tested natively.
 //!
 //! Lifecycle, as Envoy drives it:

@@ -352,7 +352,7 @@ fn the_upstream_role_counts_where_envoy_sent_the_request_and_strips_the_internal
 /// A downstream request's host calls: the role check, one header read,
 /// the body read, the clock, the header writes; the release at the end.
 #[test]
-fn a_keyed_request_makes_the_host_calls_it_made_before() {
+fn a_keyed_request_reads_headers_and_body_once_and_writes_two_headers() {
     let (host, mut vm, root) = configured("{}");
     // The key's first request, counted and learned by the upstream filter.
     let mut first = invoke(&host, &mut vm, &root, 3);
