@@ -18,10 +18,11 @@ use std::rc::Rc;
 use std::time::Instant;
 
 use prefix_router::config::Config;
-use prefix_router::load::LoadTracker;
-use prefix_router::request::{BodyVerdict, HeadersVerdict, RequestHead, RequestRouter};
+use prefix_router::load::{LoadTracker, UpstreamStart};
+use prefix_router::request::{BodyVerdict, HeadersVerdict, RequestHead, RequestReader};
 use prefix_router::shared::MemoryStore;
 use prefix_router::steering;
+use prefix_router::strategy::RoutingPolicy;
 
 /// Envoy's body callbacks deliver up to this much at once here.
 const CHUNK: usize = 16 * 1024;
@@ -110,14 +111,14 @@ fn config(json: &str) -> Rc<Config> {
 
 /// Headers and body callbacks as Envoy makes them; panics unless a key comes out.
 fn read_request(config: &Rc<Config>, path: &str, body: &[u8]) -> String {
-    let mut router = RequestRouter::new(Rc::clone(config));
+    let mut reader = RequestReader::new(Rc::clone(config));
     let head = RequestHead {
         path: path.as_bytes(),
         tenant_header: None,
         end_of_stream: false,
     };
     assert_eq!(
-        router.on_request_headers(head),
+        reader.on_request_headers(head),
         HeadersVerdict::PauseForBody
     );
     let mut buffered = 0;
@@ -125,9 +126,9 @@ fn read_request(config: &Rc<Config>, path: &str, body: &[u8]) -> String {
         buffered += chunk.len();
         let end = buffered == body.len();
         let mut read = |start: usize, len: usize| body.get(start..start + len).map(<[u8]>::to_vec);
-        match router.on_request_body(buffered, end, &mut read) {
+        match reader.on_request_body(buffered, end, &mut read) {
             BodyVerdict::Pause => continue,
-            BodyVerdict::Continue(decision) => return decision.key.expect("keyed"),
+            BodyVerdict::Continue(derivation) => return derivation.key.expect("keyed"),
             BodyVerdict::AlreadyDecided => break,
         }
     }
@@ -145,7 +146,12 @@ fn route_requests(strategy: &str) -> impl FnMut() {
     let mut tracker = LoadTracker::new(MemoryStore::new(), steering::load_config(&config), 7);
     let mut now_ms = 1_000_000u64;
     for address in INSTANCES {
-        let start = steering::upstream_start(address, None, false, None);
+        let start = UpstreamStart {
+            address,
+            key: None,
+            overridden: false,
+            counted: None,
+        };
         if let Some(ticket) = tracker.upstream_started(start, now_ms) {
             tracker.release(ticket, now_ms);
         }
@@ -158,18 +164,18 @@ fn route_requests(strategy: &str) -> impl FnMut() {
         let k = n % keys.len();
         let key = &keys[k];
         let random = (n as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        let routed = steering::route(&policy, Some(key), &mut tracker, random, now_ms);
-        let decision = &routed.decision;
+        let routed = policy.decide(Some(key), &mut tracker, random, now_ms);
+        let decision = &routed.headers;
         let address = decision
             .host_override
             .as_deref()
             .unwrap_or(INSTANCES[k % INSTANCES.len()]);
-        let start = steering::upstream_start(
+        let start = UpstreamStart {
             address,
-            Some(key),
-            decision.host_override.is_some(),
-            decision.counted.as_deref(),
-        );
+            key: Some(key),
+            overridden: decision.host_override.is_some(),
+            counted: decision.counted.as_deref(),
+        };
         let upstream_ticket = tracker.upstream_started(start, now_ms);
         for ticket in [routed.ticket, upstream_ticket].into_iter().flatten() {
             tracker.release(ticket, now_ms);

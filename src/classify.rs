@@ -1,4 +1,5 @@
-//! Which API a request speaks, decided from its path alone (query excluded).
+//! Which API a request speaks, decided from its path alone (query excluded),
+//! and the path rules that say so (the configuration holds a list of them).
 
 /// The API a request speaks, which decides how its routing prefix is read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -13,7 +14,27 @@ pub enum ApiKind {
     Responses,
 }
 
-use crate::config::PathRule;
+/// One path rule: a path ending in `suffix` speaks `api`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PathRule {
+    pub suffix: String,
+    pub api: ApiKind,
+}
+
+/// `/chat/completions` first: `/completions` is its suffix too.
+pub fn default_path_rules() -> Vec<PathRule> {
+    [
+        ("/chat/completions", ApiKind::ChatCompletions),
+        ("/completions", ApiKind::Completions),
+        ("/responses", ApiKind::Responses),
+    ]
+    .into_iter()
+    .map(|(suffix, api)| PathRule {
+        suffix: suffix.to_string(),
+        api,
+    })
+    .collect()
+}
 
 /// The API a request at `path` speaks: the first rule whose suffix ends the
 /// path (query and fragment excluded) wins; no match means native invoke.
@@ -34,7 +55,6 @@ pub fn classify(path: &[u8], rules: &[PathRule]) -> ApiKind {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::default_path_rules;
 
     fn kind(path: &str) -> ApiKind {
         classify(path.as_bytes(), &default_path_rules())

@@ -10,15 +10,18 @@ use std::fmt;
 
 use serde_json::{Map, Value};
 
-use crate::classify::ApiKind;
+use crate::classify::{default_path_rules, ApiKind, PathRule};
+use crate::headers::{
+    DEFAULT_HOST_HEADER, DEFAULT_KEY_HEADER, DEFAULT_TENANT_HEADER, INTERNAL_REQUEST_HEADERS,
+};
 
 /// How requests are spread over the instances.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Strategy {
     /// Requests that begin alike get the same key, hence the same instance.
     PrefixAware,
-    /// Least outstanding requests (completed by the overload issue; until
-    /// then the filter writes no key for it).
+    /// Least outstanding requests: Envoy's `least_request` cluster, selected
+    /// through the route header (the filter writes no key for it).
     LeastOutstandingRequests,
     /// No key: Envoy's hashing load balancer picks at random.
     Random,
@@ -74,20 +77,13 @@ impl Counting {
     }
 }
 
-/// One path rule: a path ending in `suffix` speaks `api`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PathRule {
-    pub suffix: String,
-    pub api: ApiKind,
-}
-
 /// The validated plugin configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
     pub strategy: Strategy,
     /// Bytes (raw) or characters (canonical text) of prefix in the key.
     pub prefix_length: usize,
-    /// In-flight cap per target instance (used by the overload issue).
+    /// In-flight cap per target instance (see `docs/overload-design.md`).
     pub concurrency_threshold: u32,
     /// Request header the key is written to (lowercase).
     pub key_header: String,
@@ -147,10 +143,6 @@ const RESERVED_KEY_HEADERS: [&str; 9] = [
     "expect",
 ];
 
-/// Request headers the filter owns internally (see `strategy::ROUTE_HEADER`
-/// and `load::COUNTED_HEADER`); no configured header may reuse them.
-const INTERNAL_HEADERS: [&str; 2] = [crate::strategy::ROUTE_HEADER, crate::load::COUNTED_HEADER];
-
 const FIELDS: [&str; 14] = [
     "strategy",
     "prefix_length",
@@ -168,17 +160,14 @@ const FIELDS: [&str; 14] = [
     "counting",
 ];
 
-/// Default of `host_header`.
-pub const DEFAULT_HOST_HEADER: &str = "x-prefix-route-host";
-
 impl Default for Config {
     fn default() -> Self {
         Config {
             strategy: Strategy::PrefixAware,
             prefix_length: 4096,
             concurrency_threshold: 10,
-            key_header: "x-prefix-route-key".to_string(),
-            tenant_header: "x-amzn-sagemaker-prefix-aware-id".to_string(),
+            key_header: DEFAULT_KEY_HEADER.to_string(),
+            tenant_header: DEFAULT_TENANT_HEADER.to_string(),
             max_body_bytes: 1024 * 1024,
             include_model: true,
             body_tenant: true,
@@ -190,21 +179,6 @@ impl Default for Config {
             counting: Counting::UpstreamFilter,
         }
     }
-}
-
-/// `/chat/completions` first: `/completions` is its suffix too.
-pub fn default_path_rules() -> Vec<PathRule> {
-    [
-        ("/chat/completions", ApiKind::ChatCompletions),
-        ("/completions", ApiKind::Completions),
-        ("/responses", ApiKind::Responses),
-    ]
-    .into_iter()
-    .map(|(suffix, api)| PathRule {
-        suffix: suffix.to_string(),
-        api,
-    })
-    .collect()
 }
 
 /// A rejected configuration. Displays as `<field>: <problem>`, e.g.
@@ -511,7 +485,7 @@ impl Config {
                     ),
                 ));
             }
-            if INTERNAL_HEADERS.contains(&name.as_str()) {
+            if INTERNAL_REQUEST_HEADERS.contains(&name.as_str()) {
                 return Err(error(
                     field,
                     format!("\"{name}\" is used by the filter internally; choose another"),

@@ -1,5 +1,11 @@
-//! The few proxy-wasm host calls the filter makes, without panics.
+//! Everything the filter asks of its host (Envoy), behind one trait,
+//! [`Host`]: headers, body and configuration buffers, local replies, metrics,
+//! properties, the clock, tick period, entropy and shared data. The plugin
+//! logic (`plugin`) is written against the trait, so it is tested natively
+//! with an in-memory host; `AbiHost` implements it over the proxy-wasm ABI, in
+//! the `.wasm` only.
 //!
+//! The ABI side makes the host calls itself, without panics:
 //! `proxy-wasm` 0.2.5 `hostcalls` return `Result` but panic on any status
 //! they do not expect (e.g. `set_map_value` on `BadArgument`, which Envoy
 //! answers to a header write after the headers left), and `get_map_value`
@@ -31,19 +37,103 @@ impl std::fmt::Display for HostStatus {
     }
 }
 
-const STATUS_OK: u32 = 0;
-const STATUS_NOT_FOUND: u32 = 1;
-const STATUS_SERIALIZATION_FAILURE: u32 = 3;
+/// The kinds of metric a host keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetricKind {
+    Counter,
+    Gauge,
+    Histogram,
+}
 
-const STATUS_CAS_MISMATCH: u32 = 8;
+/// What the filter asks of its host. Every call reports the host's refusal
+/// as an error (or, for shared data, as the [`SharedStore`] contract says)
+/// and never panics. One implementation per environment: `AbiHost` in the
+/// `.wasm`, an in-memory one in the tests.
+pub trait Host: SharedStore {
+    /// Every request header, in one call.
+    fn request_headers(&self) -> Result<HeaderMap, HostStatus>;
+    fn replace_request_header(&self, name: &str, value: &[u8]) -> Result<(), HostStatus>;
+    fn remove_request_header(&self, name: &str) -> Result<(), HostStatus>;
+    fn replace_response_header(&self, name: &str, value: &[u8]) -> Result<(), HostStatus>;
+    /// Up to `len` bytes of the buffered request body from `start`; `None`
+    /// if there is no body buffer.
+    fn request_body(&self, start: usize, len: usize) -> Result<Option<Vec<u8>>, HostStatus>;
+    /// The plugin configuration (`size` bytes, as `on_configure` announced).
+    fn plugin_configuration(&self, size: usize) -> Result<Option<Vec<u8>>, HostStatus>;
+    /// Answers the request locally; `details` names the reason in Envoy's
+    /// access log (`%RESPONSE_CODE_DETAILS%`).
+    fn send_local_response(
+        &self,
+        status: u32,
+        details: &str,
+        headers: &[(String, String)],
+        body: &[u8],
+    ) -> Result<(), HostStatus>;
+    fn define_metric(&self, kind: MetricKind, name: &str) -> Result<u32, HostStatus>;
+    fn increment_metric(&self, id: u32, delta: i64) -> Result<(), HostStatus>;
+    /// Sets a gauge, or records a histogram sample.
+    fn record_metric(&self, id: u32, value: u64) -> Result<(), HostStatus>;
+    /// A property (e.g. `["upstream", "address"]`); `None` if not available.
+    fn property(&self, path: &[&str]) -> Result<Option<Vec<u8>>, HostStatus>;
+    /// Host clock, milliseconds since the Unix epoch.
+    fn now_ms(&self) -> Result<u64, HostStatus>;
+    fn set_tick_period_ms(&self, period: u32) -> Result<(), HostStatus>;
+    /// 64 random bits from the host's entropy source, `None` if it fails.
+    fn random_u64(&self) -> Option<u64>;
+}
 
-pub const MAP_HTTP_REQUEST_HEADERS: u32 = 0;
-pub const MAP_HTTP_RESPONSE_HEADERS: u32 = 2;
-pub const BUFFER_HTTP_REQUEST_BODY: u32 = 0;
-pub const BUFFER_PLUGIN_CONFIGURATION: u32 = 7;
-pub const METRIC_COUNTER: u32 = 0;
-pub const METRIC_GAUGE: u32 = 1;
-pub const METRIC_HISTOGRAM: u32 = 2;
+impl<T: Host + ?Sized> Host for std::rc::Rc<T> {
+    fn request_headers(&self) -> Result<HeaderMap, HostStatus> {
+        (**self).request_headers()
+    }
+    fn replace_request_header(&self, name: &str, value: &[u8]) -> Result<(), HostStatus> {
+        (**self).replace_request_header(name, value)
+    }
+    fn remove_request_header(&self, name: &str) -> Result<(), HostStatus> {
+        (**self).remove_request_header(name)
+    }
+    fn replace_response_header(&self, name: &str, value: &[u8]) -> Result<(), HostStatus> {
+        (**self).replace_response_header(name, value)
+    }
+    fn request_body(&self, start: usize, len: usize) -> Result<Option<Vec<u8>>, HostStatus> {
+        (**self).request_body(start, len)
+    }
+    fn plugin_configuration(&self, size: usize) -> Result<Option<Vec<u8>>, HostStatus> {
+        (**self).plugin_configuration(size)
+    }
+    fn send_local_response(
+        &self,
+        status: u32,
+        details: &str,
+        headers: &[(String, String)],
+        body: &[u8],
+    ) -> Result<(), HostStatus> {
+        (**self).send_local_response(status, details, headers, body)
+    }
+    fn define_metric(&self, kind: MetricKind, name: &str) -> Result<u32, HostStatus> {
+        (**self).define_metric(kind, name)
+    }
+    fn increment_metric(&self, id: u32, delta: i64) -> Result<(), HostStatus> {
+        (**self).increment_metric(id, delta)
+    }
+    fn record_metric(&self, id: u32, value: u64) -> Result<(), HostStatus> {
+        (**self).record_metric(id, value)
+    }
+    fn property(&self, path: &[&str]) -> Result<Option<Vec<u8>>, HostStatus> {
+        (**self).property(path)
+    }
+    fn now_ms(&self) -> Result<u64, HostStatus> {
+        (**self).now_ms()
+    }
+    fn set_tick_period_ms(&self, period: u32) -> Result<(), HostStatus> {
+        (**self).set_tick_period_ms(period)
+    }
+    fn random_u64(&self) -> Option<u64> {
+        (**self).random_u64()
+    }
+}
+
+use crate::shared::SharedStore;
 
 /// A property path in the ABI's encoding: segments separated by NUL (as
 /// the proxy-wasm SDK sends it).
@@ -117,15 +207,37 @@ impl HeaderMap {
     pub fn contains(&self, name: &str) -> bool {
         self.get(name).is_some()
     }
+
+    /// A map of these (name, value) pairs, in this order.
+    pub fn from_pairs(pairs: Vec<(Vec<u8>, Vec<u8>)>) -> HeaderMap {
+        HeaderMap { pairs }
+    }
 }
 
 #[cfg(target_arch = "wasm32")]
 mod abi {
-    use super::{
-        HostStatus, STATUS_CAS_MISMATCH, STATUS_NOT_FOUND, STATUS_OK, STATUS_SERIALIZATION_FAILURE,
-    };
+    use super::{HeaderMap, Host, HostStatus, MetricKind};
     use crate::shared::{SetError, SharedStore};
     use std::ptr::{null, null_mut};
+
+    const STATUS_OK: u32 = 0;
+    const STATUS_NOT_FOUND: u32 = 1;
+    const STATUS_SERIALIZATION_FAILURE: u32 = 3;
+    const STATUS_CAS_MISMATCH: u32 = 8;
+
+    const MAP_HTTP_REQUEST_HEADERS: u32 = 0;
+    const MAP_HTTP_RESPONSE_HEADERS: u32 = 2;
+    const BUFFER_HTTP_REQUEST_BODY: u32 = 0;
+    const BUFFER_PLUGIN_CONFIGURATION: u32 = 7;
+
+    /// The ABI's `MetricType`.
+    fn metric_type(kind: MetricKind) -> u32 {
+        match kind {
+            MetricKind::Counter => 0,
+            MetricKind::Gauge => 1,
+            MetricKind::Histogram => 2,
+        }
+    }
 
     #[link(wasm_import_module = "env")]
     extern "C" {
@@ -196,6 +308,13 @@ mod abi {
         fn proxy_set_tick_period_milliseconds(period: u32) -> u32;
     }
 
+    #[link(wasm_import_module = "wasi_snapshot_preview1")]
+    extern "C" {
+        /// WASI's entropy source (the same import Rust's std uses); returns
+        /// an errno, 0 on success.
+        fn random_get(buf: *mut u8, buf_len: usize) -> i32;
+    }
+
     fn check(status: u32) -> Result<(), HostStatus> {
         if status == STATUS_OK {
             Ok(())
@@ -218,28 +337,23 @@ mod abi {
     }
 
     /// Every request header, in one host call.
-    pub fn get_request_headers() -> Result<super::HeaderMap, HostStatus> {
+    fn get_request_headers() -> Result<HeaderMap, HostStatus> {
         let mut data: *mut u8 = null_mut();
         let mut size: usize = 0;
         // SAFETY: pointers are valid for the call; the host writes a buffer
         // it allocated through our allocator.
-        let status = unsafe {
-            proxy_get_header_map_pairs(super::MAP_HTTP_REQUEST_HEADERS, &mut data, &mut size)
-        };
+        let status =
+            unsafe { proxy_get_header_map_pairs(MAP_HTTP_REQUEST_HEADERS, &mut data, &mut size) };
         match status {
             // SAFETY: see `take`.
-            STATUS_OK => super::HeaderMap::decode(&unsafe { take(data, size) })
+            STATUS_OK => HeaderMap::decode(&unsafe { take(data, size) })
                 .ok_or(HostStatus(STATUS_SERIALIZATION_FAILURE)),
-            STATUS_NOT_FOUND => Ok(super::HeaderMap::default()),
+            STATUS_NOT_FOUND => Ok(HeaderMap::default()),
             other => Err(HostStatus(other)),
         }
     }
 
-    pub fn replace_request_header(name: &str, value: &[u8]) -> Result<(), HostStatus> {
-        replace_header(super::MAP_HTTP_REQUEST_HEADERS, name, value)
-    }
-
-    pub fn replace_header(map: u32, name: &str, value: &[u8]) -> Result<(), HostStatus> {
+    fn replace_header(map: u32, name: &str, value: &[u8]) -> Result<(), HostStatus> {
         // SAFETY: pointers valid for the call.
         check(unsafe {
             proxy_replace_header_map_value(
@@ -252,18 +366,12 @@ mod abi {
         })
     }
 
-    pub fn remove_request_header(name: &str) -> Result<(), HostStatus> {
+    fn remove_header(map: u32, name: &str) -> Result<(), HostStatus> {
         // SAFETY: pointers valid for the call.
-        check(unsafe {
-            proxy_remove_header_map_value(
-                super::MAP_HTTP_REQUEST_HEADERS,
-                name.as_ptr(),
-                name.len(),
-            )
-        })
+        check(unsafe { proxy_remove_header_map_value(map, name.as_ptr(), name.len()) })
     }
 
-    pub fn get_buffer(
+    fn get_buffer(
         buffer_type: u32,
         start: usize,
         max_size: usize,
@@ -281,7 +389,7 @@ mod abi {
         }
     }
 
-    pub fn send_local_response(
+    fn send_local_response(
         status_code: u32,
         details: &str,
         headers: &[(String, String)],
@@ -307,25 +415,24 @@ mod abi {
         })
     }
 
-    pub fn define_metric(metric_type: u32, name: &str) -> Result<u32, HostStatus> {
+    fn define_metric(metric_type: u32, name: &str) -> Result<u32, HostStatus> {
         let mut id: u32 = 0;
         // SAFETY: pointers valid for the call.
         check(unsafe { proxy_define_metric(metric_type, name.as_ptr(), name.len(), &mut id) })?;
         Ok(id)
     }
 
-    pub fn increment_metric(id: u32, offset: i64) -> Result<(), HostStatus> {
+    fn increment_metric(id: u32, offset: i64) -> Result<(), HostStatus> {
         // SAFETY: no pointers.
         check(unsafe { proxy_increment_metric(id, offset) })
     }
 
-    pub fn record_metric(id: u32, value: u64) -> Result<(), HostStatus> {
+    fn record_metric(id: u32, value: u64) -> Result<(), HostStatus> {
         // SAFETY: no pointers.
         check(unsafe { proxy_record_metric(id, value) })
     }
 
-    /// A property (e.g. `["upstream", "address"]`); `None` if not available.
-    pub fn get_property(path: &[&str]) -> Result<Option<Vec<u8>>, HostStatus> {
+    fn get_property(path: &[&str]) -> Result<Option<Vec<u8>>, HostStatus> {
         let path = super::serialize_property_path(path);
         let mut data: *mut u8 = null_mut();
         let mut size: usize = 0;
@@ -339,24 +446,82 @@ mod abi {
         }
     }
 
-    /// Host clock, milliseconds since the Unix epoch.
-    pub fn now_ms() -> Result<u64, HostStatus> {
+    fn now_ms() -> Result<u64, HostStatus> {
         let mut nanos: u64 = 0;
         // SAFETY: pointer valid for the call.
         check(unsafe { proxy_get_current_time_nanoseconds(&mut nanos) })?;
         Ok(nanos / 1_000_000)
     }
 
-    pub fn set_tick_period_ms(period: u32) -> Result<(), HostStatus> {
+    fn set_tick_period_ms(period: u32) -> Result<(), HostStatus> {
         // SAFETY: no pointers.
         check(unsafe { proxy_set_tick_period_milliseconds(period) })
     }
 
-    /// Envoy's shared data (one map per `vm_id`, shared by all workers).
-    #[derive(Debug, Clone, Copy, Default)]
-    pub struct HostStore;
+    fn random_u64() -> Option<u64> {
+        let mut bytes = [0u8; 8];
+        // SAFETY: the pointer is valid for `bytes.len()` bytes for the call.
+        let errno = unsafe { random_get(bytes.as_mut_ptr(), bytes.len()) };
+        (errno == 0).then(|| u64::from_le_bytes(bytes))
+    }
 
-    impl SharedStore for HostStore {
+    /// The host the `.wasm` runs in, through the proxy-wasm ABI. Its shared
+    /// data is Envoy's (one map per `vm_id`, shared by all workers).
+    #[derive(Debug, Clone, Copy, Default)]
+    pub struct AbiHost;
+
+    impl Host for AbiHost {
+        fn request_headers(&self) -> Result<HeaderMap, HostStatus> {
+            get_request_headers()
+        }
+        fn replace_request_header(&self, name: &str, value: &[u8]) -> Result<(), HostStatus> {
+            replace_header(MAP_HTTP_REQUEST_HEADERS, name, value)
+        }
+        fn remove_request_header(&self, name: &str) -> Result<(), HostStatus> {
+            remove_header(MAP_HTTP_REQUEST_HEADERS, name)
+        }
+        fn replace_response_header(&self, name: &str, value: &[u8]) -> Result<(), HostStatus> {
+            replace_header(MAP_HTTP_RESPONSE_HEADERS, name, value)
+        }
+        fn request_body(&self, start: usize, len: usize) -> Result<Option<Vec<u8>>, HostStatus> {
+            get_buffer(BUFFER_HTTP_REQUEST_BODY, start, len)
+        }
+        fn plugin_configuration(&self, size: usize) -> Result<Option<Vec<u8>>, HostStatus> {
+            get_buffer(BUFFER_PLUGIN_CONFIGURATION, 0, size)
+        }
+        fn send_local_response(
+            &self,
+            status: u32,
+            details: &str,
+            headers: &[(String, String)],
+            body: &[u8],
+        ) -> Result<(), HostStatus> {
+            send_local_response(status, details, headers, body)
+        }
+        fn define_metric(&self, kind: MetricKind, name: &str) -> Result<u32, HostStatus> {
+            define_metric(metric_type(kind), name)
+        }
+        fn increment_metric(&self, id: u32, delta: i64) -> Result<(), HostStatus> {
+            increment_metric(id, delta)
+        }
+        fn record_metric(&self, id: u32, value: u64) -> Result<(), HostStatus> {
+            record_metric(id, value)
+        }
+        fn property(&self, path: &[&str]) -> Result<Option<Vec<u8>>, HostStatus> {
+            get_property(path)
+        }
+        fn now_ms(&self) -> Result<u64, HostStatus> {
+            now_ms()
+        }
+        fn set_tick_period_ms(&self, period: u32) -> Result<(), HostStatus> {
+            set_tick_period_ms(period)
+        }
+        fn random_u64(&self) -> Option<u64> {
+            random_u64()
+        }
+    }
+
+    impl SharedStore for AbiHost {
         fn get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
             let mut data: *mut u8 = null_mut();
             let mut size: usize = 0;
@@ -394,7 +559,7 @@ mod abi {
 }
 
 #[cfg(target_arch = "wasm32")]
-pub use abi::*;
+pub use abi::AbiHost;
 
 #[cfg(test)]
 mod tests {
@@ -449,7 +614,7 @@ mod tests {
     }
 
     #[test]
-    fn property_paths_end_each_segment_with_nul() {
+    fn property_paths_separate_segments_with_nul_and_end_without_one() {
         assert_eq!(
             serialize_property_path(&["upstream", "address"]),
             b"upstream\0address".to_vec()

@@ -1,5 +1,5 @@
 //! The stats the filter exports, and which of them a decision moves. Kept
-//! apart from the glue so the mapping is tested natively.
+//! apart from the callbacks (`plugin`) so the mapping is tested on its own.
 //!
 //! Envoy files wasm metrics under the custom namespace `wasmcustom`
 //! (`/stats`: `wasmcustom.prefix_router.no_key`). `/stats/prometheus`
@@ -12,7 +12,7 @@
 //! Same-named metrics from all worker VMs add up into one stat.
 
 use crate::classify::ApiKind;
-use crate::request::Decision;
+use crate::request::KeyDerivation;
 use crate::strategy::DecisionKind;
 
 /// Every routing decision kind, in a fixed order (one counter each).
@@ -116,7 +116,7 @@ pub struct Recording {
 }
 
 /// The metrics a decision moves.
-pub fn recording_for(decision: &Decision) -> Recording {
+pub fn recording_for(decision: &KeyDerivation) -> Recording {
     if decision.key.is_none() {
         return Recording {
             counters: vec![Counter::NoKey],
@@ -148,8 +148,8 @@ mod tests {
     use crate::request::NoKeyReason;
     use crate::tenant::TenantSource;
 
-    fn keyed(api: ApiKind) -> Decision {
-        Decision {
+    fn keyed(api: ApiKind) -> KeyDerivation {
+        KeyDerivation {
             key: Some("0123456789abcdef".into()),
             no_key: None,
             api,

@@ -1,14 +1,14 @@
 //! The per-request state machine: from the request head and the body as it
-//! arrives to a verdict the proxy-wasm glue carries out. Sans-IO: it never
-//! calls the host, so every path (chunked arrival, the late body callback
+//! arrives to a verdict the plugin (`plugin::Stream`) carries out. Sans-IO:
+//! it never calls the host, so every path (chunked arrival, the late body callback
 //! after `Continue`, the body limit, invalid tenants) is tested natively.
 //!
 //! Lifecycle, as Envoy drives it:
-//! 1. [`RequestRouter::on_request_headers`] once: validates the tenant
+//! 1. [`RequestReader::on_request_headers`] once: validates the tenant
 //!    header (invalid: [`HeadersVerdict::Reject`], before any body is read),
 //!    classifies the path, and either decides at once (no body, or a
 //!    strategy that needs no key) or asks to pause for the body.
-//! 2. [`RequestRouter::on_request_body`] per body callback. Envoy passes the
+//! 2. [`RequestReader::on_request_body`] per body callback. Envoy passes the
 //!    whole buffered size each time; only the bytes not seen yet are read,
 //!    each once. Once a decision is out, every later call answers
 //!    [`BodyVerdict::AlreadyDecided`]: Envoy keeps calling after `Continue`
@@ -23,7 +23,7 @@ use crate::extract::{Extraction, Extractor, FallbackReason, Limits, PrefixSource
 use crate::key::{routing_key, KeyMaterial};
 use crate::tenant::{validate_header_tenant, TenantSource};
 
-/// What the glue reads from the request headers.
+/// What the plugin reads from the request headers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RequestHead<'a> {
     /// `:path`, query included (classification strips it).
@@ -42,7 +42,7 @@ pub struct LocalReply {
     pub body: Vec<u8>,
 }
 
-/// Why a decision carries no key.
+/// Why a request has no routing key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NoKeyReason {
     /// No body bytes: the headers ended the stream, or the body was empty.
@@ -51,9 +51,11 @@ pub enum NoKeyReason {
     Strategy(Strategy),
 }
 
-/// The routing decision for one request, and what metrics need of it.
+/// How one request's routing key came out of its head and body (or why it
+/// has none), and what metrics need of it. The policy then decides where the
+/// request goes ([`crate::strategy::RouteHeaders`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Decision {
+pub struct KeyDerivation {
     /// The key header value (16 lowercase hex digits), or no key.
     pub key: Option<String>,
     /// Set exactly when `key` is `None`.
@@ -75,7 +77,7 @@ pub struct Decision {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HeadersVerdict {
     /// Decided already (no body, or no key needed): let the request go.
-    Continue(Decision),
+    Continue(KeyDerivation),
     /// Hold the headers until the body callbacks decide.
     PauseForBody,
     /// Answer locally; nothing reaches an upstream.
@@ -88,7 +90,7 @@ pub enum BodyVerdict {
     /// Keep buffering: not decided yet.
     Pause,
     /// Decided now: write the key (if any), then let the request go.
-    Continue(Decision),
+    Continue(KeyDerivation),
     /// Decided earlier (or rejected): touch nothing, let data flow.
     AlreadyDecided,
 }
@@ -113,14 +115,14 @@ enum State {
 /// Routes one request. Holds the configuration it started with, so a
 /// configuration change never alters a request half-way.
 #[derive(Debug)]
-pub struct RequestRouter {
+pub struct RequestReader {
     config: Rc<Config>,
     state: State,
 }
 
-impl RequestRouter {
+impl RequestReader {
     pub fn new(config: Rc<Config>) -> Self {
-        RequestRouter {
+        RequestReader {
             config,
             state: State::AwaitingHeaders,
         }
@@ -144,10 +146,10 @@ impl RequestRouter {
             }
         };
         if head.end_of_stream {
-            return HeadersVerdict::Continue(no_key_decision(api, NoKeyReason::NoBody));
+            return HeadersVerdict::Continue(unkeyed_derivation(api, NoKeyReason::NoBody));
         }
         if self.config.strategy != Strategy::PrefixAware {
-            return HeadersVerdict::Continue(no_key_decision(
+            return HeadersVerdict::Continue(unkeyed_derivation(
                 api,
                 NoKeyReason::Strategy(self.config.strategy),
             ));
@@ -225,7 +227,7 @@ impl RequestRouter {
     }
 
     /// Ends body reading and computes the decision.
-    fn decide(&mut self) -> Decision {
+    fn decide(&mut self) -> KeyDerivation {
         let State::ReadingBody {
             api,
             header_tenant,
@@ -234,12 +236,12 @@ impl RequestRouter {
         } = std::mem::replace(&mut self.state, State::Decided)
         else {
             // Only called while reading; a harmless answer otherwise.
-            return no_key_decision(ApiKind::Invoke, NoKeyReason::NoBody);
+            return unkeyed_derivation(ApiKind::Invoke, NoKeyReason::NoBody);
         };
         if seen == 0 {
-            return no_key_decision(api, NoKeyReason::NoBody);
+            return unkeyed_derivation(api, NoKeyReason::NoBody);
         }
-        keyed_decision(
+        keyed_derivation(
             api,
             header_tenant.as_deref(),
             extractor.finish(),
@@ -261,12 +263,12 @@ pub fn extraction_limits(config: &Config, have_header_tenant: bool) -> Limits {
 
 /// The key and metrics of a request whose body was read. The header tenant
 /// wins over the body's `prompt_cache_key`.
-pub fn keyed_decision(
+pub fn keyed_derivation(
     api: ApiKind,
     header_tenant: Option<&str>,
     extraction: Extraction,
     include_model: bool,
-) -> Decision {
+) -> KeyDerivation {
     let (tenant, tenant_source) = match (header_tenant, &extraction.body_tenant) {
         (Some(t), _) => (Some(t.as_bytes()), TenantSource::Header),
         (None, Some(t)) => (Some(t.as_bytes()), TenantSource::Body),
@@ -284,7 +286,7 @@ pub fn keyed_decision(
         source: extraction.source,
         prefix: &extraction.prefix,
     });
-    Decision {
+    KeyDerivation {
         key: Some(key),
         no_key: None,
         api,
@@ -296,8 +298,8 @@ pub fn keyed_decision(
     }
 }
 
-fn no_key_decision(api: ApiKind, reason: NoKeyReason) -> Decision {
-    Decision {
+fn unkeyed_derivation(api: ApiKind, reason: NoKeyReason) -> KeyDerivation {
+    KeyDerivation {
         key: None,
         no_key: Some(reason),
         api,
@@ -346,12 +348,12 @@ mod tests {
         }
 
         /// Appends a chunk and runs the body callback as Envoy would.
-        fn arrive(&mut self, router: &mut RequestRouter, chunk: &[u8], eos: bool) -> BodyVerdict {
+        fn arrive(&mut self, reader: &mut RequestReader, chunk: &[u8], eos: bool) -> BodyVerdict {
             self.buffered.extend_from_slice(chunk);
             let size = self.buffered.len();
             let buffered = &self.buffered;
             let reads = &mut self.reads;
-            router.on_request_body(size, eos, &mut |start, len| {
+            reader.on_request_body(size, eos, &mut |start, len| {
                 reads.push((start, len));
                 let end = start.checked_add(len)?.min(buffered.len());
                 buffered.get(start..end).map(<[u8]>::to_vec)
@@ -384,7 +386,7 @@ mod tests {
         })
     }
 
-    fn continued(verdict: BodyVerdict) -> Decision {
+    fn continued(verdict: BodyVerdict) -> KeyDerivation {
         match verdict {
             BodyVerdict::Continue(d) => d,
             other => panic!("expected Continue, got {other:?}"),
@@ -397,22 +399,22 @@ mod tests {
 
     #[test]
     fn chunked_body_is_read_once_and_keyed_on_its_prefix() {
-        let mut router = RequestRouter::new(small());
+        let mut reader = RequestReader::new(small());
         assert_eq!(
-            router.on_request_headers(head("/invocations", None)),
+            reader.on_request_headers(head("/invocations", None)),
             HeadersVerdict::PauseForBody
         );
         let data = body(3000);
         let mut fake = FakeBody::new();
         assert_eq!(
-            fake.arrive(&mut router, &data[..10], false),
+            fake.arrive(&mut reader, &data[..10], false),
             BodyVerdict::Pause
         );
         assert_eq!(
-            fake.arrive(&mut router, &data[10..600], false),
+            fake.arrive(&mut reader, &data[10..600], false),
             BodyVerdict::Pause
         );
-        let d = continued(fake.arrive(&mut router, &data[600..2000], false));
+        let d = continued(fake.arrive(&mut reader, &data[600..2000], false));
         // Each byte read once, from where the last read stopped, and no
         // more than the prefix still lacks.
         assert_eq!(fake.reads, vec![(0, 10), (10, 590), (600, 424)]);
@@ -426,18 +428,18 @@ mod tests {
 
     #[test]
     fn callbacks_after_the_decision_read_nothing_and_change_nothing() {
-        let mut router = RequestRouter::new(small());
-        router.on_request_headers(head("/invocations", None));
+        let mut reader = RequestReader::new(small());
+        reader.on_request_headers(head("/invocations", None));
         let mut fake = FakeBody::new();
-        continued(fake.arrive(&mut router, &body(2000), false));
+        continued(fake.arrive(&mut reader, &body(2000), false));
         let reads = fake.reads.len();
         // Envoy's late callback after Continue: size 0, end of stream.
         assert_eq!(
-            router.on_request_body(0, true, &mut |_, _| panic!("read after decision")),
+            reader.on_request_body(0, true, &mut |_, _| panic!("read after decision")),
             BodyVerdict::AlreadyDecided
         );
         assert_eq!(
-            fake.arrive(&mut router, b"more", true),
+            fake.arrive(&mut reader, b"more", true),
             BodyVerdict::AlreadyDecided
         );
         assert_eq!(fake.reads.len(), reads);
@@ -445,14 +447,14 @@ mod tests {
 
     #[test]
     fn short_body_is_decided_at_end_of_stream() {
-        let mut router = RequestRouter::new(small());
-        router.on_request_headers(head("/invocations", None));
+        let mut reader = RequestReader::new(small());
+        reader.on_request_headers(head("/invocations", None));
         let mut fake = FakeBody::new();
         assert_eq!(
-            fake.arrive(&mut router, b"hello ", false),
+            fake.arrive(&mut reader, b"hello ", false),
             BodyVerdict::Pause
         );
-        let d = continued(fake.arrive(&mut router, b"world", true));
+        let d = continued(fake.arrive(&mut reader, b"world", true));
         assert_eq!(d.key, Some(raw_key(None, b"hello world")));
         assert!(d.short);
         assert_eq!(d.bytes_inspected, 11);
@@ -460,19 +462,19 @@ mod tests {
 
     #[test]
     fn end_of_stream_with_no_new_bytes_still_decides() {
-        let mut router = RequestRouter::new(small());
-        router.on_request_headers(head("/invocations", None));
+        let mut reader = RequestReader::new(small());
+        reader.on_request_headers(head("/invocations", None));
         let mut fake = FakeBody::new();
-        assert_eq!(fake.arrive(&mut router, b"abc", false), BodyVerdict::Pause);
-        let d = continued(fake.arrive(&mut router, b"", true));
+        assert_eq!(fake.arrive(&mut reader, b"abc", false), BodyVerdict::Pause);
+        let d = continued(fake.arrive(&mut reader, b"", true));
         assert_eq!(d.key, Some(raw_key(None, b"abc")));
         assert_eq!(fake.reads, vec![(0, 3)]);
     }
 
     #[test]
     fn no_body_gets_no_key() {
-        let mut router = RequestRouter::new(small());
-        let verdict = router.on_request_headers(RequestHead {
+        let mut reader = RequestReader::new(small());
+        let verdict = reader.on_request_headers(RequestHead {
             end_of_stream: true,
             ..head("/v1/chat/completions", None)
         });
@@ -482,17 +484,17 @@ mod tests {
         assert_eq!((d.key, d.no_key), (None, Some(NoKeyReason::NoBody)));
         assert_eq!(d.api, ApiKind::ChatCompletions);
         assert_eq!(
-            router.on_request_body(0, true, &mut |_, _| None),
+            reader.on_request_body(0, true, &mut |_, _| None),
             BodyVerdict::AlreadyDecided
         );
     }
 
     #[test]
     fn empty_body_gets_no_key() {
-        let mut router = RequestRouter::new(small());
-        router.on_request_headers(head("/invocations", None));
+        let mut reader = RequestReader::new(small());
+        reader.on_request_headers(head("/invocations", None));
         let mut fake = FakeBody::new();
-        let d = continued(fake.arrive(&mut router, b"", true));
+        let d = continued(fake.arrive(&mut reader, b"", true));
         assert_eq!((d.key, d.no_key), (None, Some(NoKeyReason::NoBody)));
         assert!(fake.reads.is_empty());
     }
@@ -500,17 +502,17 @@ mod tests {
     #[test]
     fn body_limit_decides_without_holding_more() {
         // prefix_length 4096 = max_body_bytes: the prefix fills exactly at the limit.
-        let mut router =
-            RequestRouter::new(config(r#"{"prefix_length":4096,"max_body_bytes":4096}"#));
-        router.on_request_headers(head("/invocations", None));
+        let mut reader =
+            RequestReader::new(config(r#"{"prefix_length":4096,"max_body_bytes":4096}"#));
+        reader.on_request_headers(head("/invocations", None));
         let data = body(10_000);
         let mut fake = FakeBody::new();
         assert_eq!(
-            fake.arrive(&mut router, &data[..3000], false),
+            fake.arrive(&mut reader, &data[..3000], false),
             BodyVerdict::Pause
         );
         // One chunk crossing the limit: only up to the limit is read.
-        let d = continued(fake.arrive(&mut router, &data[3000..6000], false));
+        let d = continued(fake.arrive(&mut reader, &data[3000..6000], false));
         assert_eq!(fake.reads, vec![(0, 3000), (3000, 1096)]);
         assert_eq!(d.bytes_inspected, 4096);
         assert_eq!(d.key, Some(raw_key(None, &data[..4096])));
@@ -520,17 +522,17 @@ mod tests {
     fn limit_reached_before_extractor_is_done_still_continues() {
         // A chat body whose text never reaches prefix_length within the
         // limit must not be held past max_body_bytes.
-        let mut router =
-            RequestRouter::new(config(r#"{"prefix_length":4096,"max_body_bytes":4096}"#));
-        router.on_request_headers(head("/v1/chat/completions", None));
+        let mut reader =
+            RequestReader::new(config(r#"{"prefix_length":4096,"max_body_bytes":4096}"#));
+        reader.on_request_headers(head("/v1/chat/completions", None));
         let mut fake = FakeBody::new();
         let mut data = br#"{"messages":[{"role":"user","content":""#.to_vec();
         data.extend(std::iter::repeat_n(b' ', 8000));
         assert_eq!(
-            fake.arrive(&mut router, &data[..2000], false),
+            fake.arrive(&mut reader, &data[..2000], false),
             BodyVerdict::Pause
         );
-        let d = continued(fake.arrive(&mut router, &data[2000..], false));
+        let d = continued(fake.arrive(&mut reader, &data[2000..], false));
         assert_eq!(d.bytes_inspected, 4096);
         assert!(d.key.is_some());
         assert_eq!(fake.reads.last(), Some(&(2000, 2096)));
@@ -538,13 +540,13 @@ mod tests {
 
     #[test]
     fn large_buffer_is_read_in_slices_only_while_needed() {
-        let mut router = RequestRouter::new(config(
+        let mut reader = RequestReader::new(config(
             r#"{"prefix_length":40000,"max_body_bytes":1048576}"#,
         ));
-        router.on_request_headers(head("/invocations", None));
+        reader.on_request_headers(head("/invocations", None));
         let data = body(200_000);
         let mut fake = FakeBody::new();
-        let d = continued(fake.arrive(&mut router, &data, false));
+        let d = continued(fake.arrive(&mut reader, &data, false));
         // One read of exactly the 40000-byte prefix; the rest is never copied.
         assert_eq!(fake.reads, vec![(0, 40000)]);
         assert_eq!(d.key, Some(raw_key(None, &data[..40000])));
@@ -552,14 +554,14 @@ mod tests {
 
     #[test]
     fn json_is_read_in_large_slices_up_to_the_limit() {
-        let mut router =
-            RequestRouter::new(config(r#"{"prefix_length":1024,"max_body_bytes":150000}"#));
-        router.on_request_headers(head("/v1/chat/completions", None));
+        let mut reader =
+            RequestReader::new(config(r#"{"prefix_length":1024,"max_body_bytes":150000}"#));
+        reader.on_request_headers(head("/v1/chat/completions", None));
         // No tenant header: the body is read on for a `prompt_cache_key`.
         let mut data = br#"{"messages":[{"role":"user","content":"hi"}],"x":""#.to_vec();
         data.extend(std::iter::repeat_n(b'a', 200_000));
         let mut fake = FakeBody::new();
-        let d = continued(fake.arrive(&mut router, &data, false));
+        let d = continued(fake.arrive(&mut reader, &data, false));
         let slice = READ_SLICE_BYTES;
         assert_eq!(
             fake.reads,
@@ -570,15 +572,15 @@ mod tests {
 
     #[test]
     fn a_read_failure_waits_for_the_next_callback() {
-        let mut router = RequestRouter::new(small());
-        router.on_request_headers(head("/invocations", None));
+        let mut reader = RequestReader::new(small());
+        reader.on_request_headers(head("/invocations", None));
         assert_eq!(
-            router.on_request_body(100, false, &mut |_, _| None),
+            reader.on_request_body(100, false, &mut |_, _| None),
             BodyVerdict::Pause
         );
         let data = body(1500);
         let mut reads = Vec::new();
-        let d = continued(router.on_request_body(1500, false, &mut |start, len| {
+        let d = continued(reader.on_request_body(1500, false, &mut |start, len| {
             reads.push((start, len));
             data.get(start..start + len).map(<[u8]>::to_vec)
         }));
@@ -588,19 +590,19 @@ mod tests {
 
     #[test]
     fn short_and_oversized_reads_feed_each_byte_once() {
-        let mut router = RequestRouter::new(small());
-        router.on_request_headers(head("/invocations", None));
+        let mut reader = RequestReader::new(small());
+        reader.on_request_headers(head("/invocations", None));
         let data = body(2000);
         // Host gives back only 100 of the 500 asked.
         assert_eq!(
-            router.on_request_body(500, false, &mut |s, _| data
+            reader.on_request_body(500, false, &mut |s, _| data
                 .get(s..s + 100)
                 .map(<[u8]>::to_vec)),
             BodyVerdict::Pause
         );
         // Host gives back more than asked (everything from start); asked
         // only for what the 1024-byte prefix still lacks.
-        let d = continued(router.on_request_body(1500, false, &mut |s, len| {
+        let d = continued(reader.on_request_body(1500, false, &mut |s, len| {
             assert_eq!((s, len), (100, 924));
             data.get(s..).map(<[u8]>::to_vec)
         }));
@@ -613,9 +615,9 @@ mod tests {
     fn invalid_tenant_header_is_rejected_before_the_body() {
         let cfg = small();
         for bad in [&b""[..], b"tab\there", &[b'x'; 65]] {
-            let mut router = RequestRouter::new(cfg.clone());
+            let mut reader = RequestReader::new(cfg.clone());
             let HeadersVerdict::Reject(reply) =
-                router.on_request_headers(head("/invocations", Some(bad)))
+                reader.on_request_headers(head("/invocations", Some(bad)))
             else {
                 panic!("accepted {bad:?}")
             };
@@ -630,7 +632,7 @@ mod tests {
             let message = json["error"]["message"].as_str().unwrap();
             assert!(message.contains("1 to 64 printable ASCII"), "{message}");
             assert_eq!(
-                router.on_request_body(10, true, &mut |_, _| panic!("body read after reject")),
+                reader.on_request_body(10, true, &mut |_, _| panic!("body read after reject")),
                 BodyVerdict::AlreadyDecided
             );
         }
@@ -638,8 +640,8 @@ mod tests {
 
     #[test]
     fn invalid_tenant_is_rejected_even_without_body_or_key() {
-        let mut router = RequestRouter::new(config(r#"{"strategy":"RANDOM"}"#));
-        let verdict = router.on_request_headers(RequestHead {
+        let mut reader = RequestReader::new(config(r#"{"strategy":"RANDOM"}"#));
+        let verdict = reader.on_request_headers(RequestHead {
             end_of_stream: true,
             ..head("/x", Some(b"\x01"))
         });
@@ -654,12 +656,12 @@ mod tests {
         let cfg = small();
         let data = body(1100);
         let key_for = |tenant: Option<&[u8]>| {
-            let mut router = RequestRouter::new(cfg.clone());
+            let mut reader = RequestReader::new(cfg.clone());
             assert_eq!(
-                router.on_request_headers(head("/invocations", tenant)),
+                reader.on_request_headers(head("/invocations", tenant)),
                 HeadersVerdict::PauseForBody
             );
-            continued(FakeBody::new().arrive(&mut router, &data, true))
+            continued(FakeBody::new().arrive(&mut reader, &data, true))
         };
         let a = key_for(Some(b"team-a"));
         let b = key_for(Some(b"team-b"));
@@ -699,13 +701,13 @@ mod tests {
         // Delivered in 2 KiB pieces: how far the body had to arrive before
         // the filter decided.
         let keyed = |json: &str, body: &str| {
-            let mut router = RequestRouter::new(config(json));
-            router.on_request_headers(head("/v1/chat/completions", None));
+            let mut reader = RequestReader::new(config(json));
+            reader.on_request_headers(head("/v1/chat/completions", None));
             let mut fake = FakeBody::new();
             let pieces: Vec<&[u8]> = body.as_bytes().chunks(2048).collect();
             for (index, piece) in pieces.iter().enumerate() {
                 let last = index + 1 == pieces.len();
-                if let BodyVerdict::Continue(decision) = fake.arrive(&mut router, piece, last) {
+                if let BodyVerdict::Continue(decision) = fake.arrive(&mut reader, piece, last) {
                     return (decision, (index + 1) * 2048);
                 }
             }
@@ -733,7 +735,7 @@ mod tests {
 
     #[test]
     fn header_tenant_wins_over_body_tenant() {
-        let d = keyed_decision(
+        let d = keyed_derivation(
             ApiKind::ChatCompletions,
             Some("hdr"),
             extraction(Some("body"), None),
@@ -741,7 +743,7 @@ mod tests {
         );
         assert_eq!(d.tenant_source, TenantSource::Header);
         assert_eq!(d.key, canonical_key(Some("hdr"), None));
-        let d = keyed_decision(
+        let d = keyed_derivation(
             ApiKind::ChatCompletions,
             None,
             extraction(Some("body"), None),
@@ -749,21 +751,21 @@ mod tests {
         );
         assert_eq!(d.tenant_source, TenantSource::Body);
         assert_eq!(d.key, canonical_key(Some("body"), None));
-        let d = keyed_decision(ApiKind::ChatCompletions, None, extraction(None, None), true);
+        let d = keyed_derivation(ApiKind::ChatCompletions, None, extraction(None, None), true);
         assert_eq!(d.tenant_source, TenantSource::None);
         assert_eq!(d.key, canonical_key(None, None));
     }
 
     #[test]
     fn model_is_keyed_only_when_configured() {
-        let d = keyed_decision(
+        let d = keyed_derivation(
             ApiKind::ChatCompletions,
             None,
             extraction(None, Some("m1")),
             true,
         );
         assert_eq!(d.key, canonical_key(None, Some("m1")));
-        let d = keyed_decision(
+        let d = keyed_derivation(
             ApiKind::ChatCompletions,
             None,
             extraction(None, Some("m1")),
@@ -777,7 +779,7 @@ mod tests {
         let mut x = extraction(None, None);
         x.fallback = Some(FallbackReason::InvalidJson);
         x.source = PrefixSource::RawBytes;
-        let d = keyed_decision(ApiKind::Responses, None, x, true);
+        let d = keyed_derivation(ApiKind::Responses, None, x, true);
         assert_eq!(d.api, ApiKind::Responses);
         assert_eq!(d.fallback, Some(FallbackReason::InvalidJson));
         assert_eq!(d.prefix_source, Some(PrefixSource::RawBytes));
@@ -805,9 +807,9 @@ mod tests {
             ),
             (2048, 1_048_576, false)
         );
-        let mut router = RequestRouter::new(cfg);
-        router.on_request_headers(head("/v1/chat/completions", Some(b"t")));
-        let State::ReadingBody { header_tenant, .. } = &router.state else {
+        let mut reader = RequestReader::new(cfg);
+        reader.on_request_headers(head("/v1/chat/completions", Some(b"t")));
+        let State::ReadingBody { header_tenant, .. } = &reader.state else {
             panic!("not reading")
         };
         assert_eq!(header_tenant.as_deref(), Some("t"));
@@ -822,8 +824,8 @@ mod tests {
                 Strategy::LeastOutstandingRequests,
             ),
         ] {
-            let mut router = RequestRouter::new(config(&format!(r#"{{"strategy":"{strategy}"}}"#)));
-            let verdict = router.on_request_headers(head("/v1/responses", None));
+            let mut reader = RequestReader::new(config(&format!(r#"{{"strategy":"{strategy}"}}"#)));
+            let verdict = reader.on_request_headers(head("/v1/responses", None));
             let HeadersVerdict::Continue(d) = verdict else {
                 panic!("{verdict:?}")
             };
@@ -831,7 +833,7 @@ mod tests {
             assert_eq!(d.no_key, Some(NoKeyReason::Strategy(value)));
             assert_eq!(d.api, ApiKind::Responses);
             assert_eq!(
-                FakeBody::new().arrive(&mut router, b"{}", true),
+                FakeBody::new().arrive(&mut reader, b"{}", true),
                 BodyVerdict::AlreadyDecided
             );
         }
@@ -839,44 +841,44 @@ mod tests {
 
     #[test]
     fn classification_uses_configured_rules() {
-        let mut router = RequestRouter::new(config(
+        let mut reader = RequestReader::new(config(
             r#"{"path_rules":[{"suffix":"/generate","api":"completions"}]}"#,
         ));
-        router.on_request_headers(head("/v1/generate?x=1", None));
-        let d = continued(FakeBody::new().arrive(&mut router, b"{\"prompt\":\"hi\"}", true));
+        reader.on_request_headers(head("/v1/generate?x=1", None));
+        let d = continued(FakeBody::new().arrive(&mut reader, b"{\"prompt\":\"hi\"}", true));
         assert_eq!(d.api, ApiKind::Completions);
-        let mut router = RequestRouter::new(config(r#"{"path_rules":[]}"#));
-        router.on_request_headers(head("/v1/chat/completions", None));
-        let d = continued(FakeBody::new().arrive(&mut router, b"{}", true));
+        let mut reader = RequestReader::new(config(r#"{"path_rules":[]}"#));
+        reader.on_request_headers(head("/v1/chat/completions", None));
+        let d = continued(FakeBody::new().arrive(&mut reader, b"{}", true));
         assert_eq!(d.api, ApiKind::Invoke);
     }
 
     #[test]
     fn trailers_end_the_body() {
-        let mut router = RequestRouter::new(small());
-        router.on_request_headers(head("/invocations", None));
+        let mut reader = RequestReader::new(small());
+        reader.on_request_headers(head("/invocations", None));
         let mut fake = FakeBody::new();
         assert_eq!(
-            fake.arrive(&mut router, b"short body", false),
+            fake.arrive(&mut reader, b"short body", false),
             BodyVerdict::Pause
         );
-        let d = continued(router.on_request_trailers());
+        let d = continued(reader.on_request_trailers());
         assert_eq!(d.key, Some(raw_key(None, b"short body")));
-        assert_eq!(router.on_request_trailers(), BodyVerdict::AlreadyDecided);
+        assert_eq!(reader.on_request_trailers(), BodyVerdict::AlreadyDecided);
         // Trailers right after headers: no body bytes, no key.
-        let mut router = RequestRouter::new(small());
-        router.on_request_headers(head("/invocations", None));
+        let mut reader = RequestReader::new(small());
+        reader.on_request_headers(head("/invocations", None));
         assert_eq!(
-            continued(router.on_request_trailers()).no_key,
+            continued(reader.on_request_trailers()).no_key,
             Some(NoKeyReason::NoBody)
         );
     }
 
     #[test]
     fn body_before_headers_reads_nothing() {
-        let mut router = RequestRouter::new(small());
+        let mut reader = RequestReader::new(small());
         assert_eq!(
-            router.on_request_body(10, true, &mut |_, _| panic!("read before headers")),
+            reader.on_request_body(10, true, &mut |_, _| panic!("read before headers")),
             BodyVerdict::AlreadyDecided
         );
     }

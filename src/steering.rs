@@ -1,17 +1,17 @@
-//! From configuration and routing decision to what the glue does with Envoy's
-//! headers: which client-sent headers to strip, which headers a
-//! [`strategy::Decision`] sets or removes, what the upstream filter reads, and
-//! the debug response header. Kept out of the glue so every rule (spoofing,
-//! header ownership, the policy a configuration selects) is tested natively.
+//! Steering: carrying a policy's decision out through Envoy's headers. From
+//! the configuration and a [`RouteHeaders`] to what the filter does with the
+//! request headers: which client-sent headers to strip, which headers the
+//! decision sets, what the listener keeps for the response when it counts
+//! there, and the debug response header. Kept out of the callbacks
+//! (`plugin`) so every rule (spoofing, header ownership, the policy a
+//! configuration selects) is tested on its own.
 
-use crate::config::{Config, Counting, Strategy, DEFAULT_HOST_HEADER};
-use crate::load::{
-    LoadConfig, LoadTracker, LoadView, Ticket, UpstreamStart, COUNTED_HEADER, PENDING_MARK,
-};
+use crate::config::{Config, Counting, Strategy};
+use crate::headers::{COUNTED_HEADER, DEFAULT_HOST_HEADER, PENDING_MARK, ROUTE_HEADER};
+use crate::load::{LoadConfig, LoadTracker, Ticket, UpstreamStart};
 use crate::shared::SharedStore;
 use crate::strategy::{
-    self, DecisionKind, LeastOutstanding, Policy, PrefixAware, RandomPolicy, Routed, RoutingPolicy,
-    ROUTE_HEADER,
+    DecisionKind, LeastOutstanding, Policy, PrefixAware, RandomPolicy, RouteHeaders,
 };
 
 /// The routing policy a configuration selects (rebuilt on every configure).
@@ -53,25 +53,11 @@ pub fn owned_request_headers(config: &Config) -> Vec<&str> {
     names
 }
 
-/// Runs the policy for a request whose key (if any) is known.
-pub fn route(
-    policy: &Policy,
-    key: Option<&str>,
-    load: &mut dyn LoadView,
-    random: u64,
-    now_ms: u64,
-) -> Routed {
-    policy.decide(key, load, random, now_ms)
-}
-
 /// The request headers carrying out `decision`, with their values. A header
 /// the decision leaves unset needs no removal: every header it governs is in
 /// [`owned_request_headers`], removed when the request started, and nothing
 /// but this filter writes them (one host call per header saved).
-pub fn header_writes<'c>(
-    config: &'c Config,
-    decision: &strategy::Decision,
-) -> Vec<(&'c str, String)> {
+pub fn header_writes<'c>(config: &'c Config, decision: &RouteHeaders) -> Vec<(&'c str, String)> {
     let mut writes = Vec::with_capacity(3);
     let mut put = |name: &'c str, value: Option<&str>| {
         if let Some(value) = value {
@@ -108,7 +94,7 @@ impl ListenerCount {
     /// What `decision` left for the response (the same facts the upstream
     /// filter reads from the headers [`header_writes`] sets). `check_due`:
     /// [`crate::load::LoadTracker::response_check_due`] for its key.
-    pub fn of(config: &Config, decision: &strategy::Decision, check_due: bool) -> Self {
+    pub fn of(config: &Config, decision: &RouteHeaders, check_due: bool) -> Self {
         Self {
             key: decision.key.clone(),
             overridden: config.host_header.is_some() && decision.host_override.is_some(),
@@ -135,12 +121,12 @@ impl ListenerCount {
     /// For [`crate::load::LoadTracker::upstream_started`], once the
     /// response came from `address`.
     pub fn start<'a>(&'a self, address: &'a str) -> UpstreamStart<'a> {
-        upstream_start(
+        UpstreamStart {
             address,
-            self.key.as_deref(),
-            self.overridden,
-            self.counted.as_deref(),
-        )
+            key: self.key.as_deref(),
+            overridden: self.overridden,
+            counted: self.counted.as_deref(),
+        }
     }
 
     /// True if the decision's count (if any) stands: it was taken on
@@ -186,26 +172,6 @@ impl ListenerCount {
     }
 }
 
-/// What the upstream filter hands the tracker, from the request headers the
-/// downstream filter left (and the chosen host's address).
-pub fn upstream_start<'a>(
-    address: &'a str,
-    key: Option<&'a str>,
-    host_header_present: bool,
-    counted: Option<&'a str>,
-) -> UpstreamStart<'a> {
-    UpstreamStart {
-        address,
-        key,
-        overridden: host_header_present,
-        counted,
-    }
-}
-
-/// Internal headers the upstream filter removes before the request reaches
-/// the instance.
-pub const UPSTREAM_STRIPPED: [&str; 2] = [COUNTED_HEADER, ROUTE_HEADER];
-
 /// Value of the debug `decision_header`: `<kind>; instance=<ip:port>`, or
 /// just the kind when no upstream host was chosen.
 pub fn decision_header_value(kind: DecisionKind, instance: Option<&str>) -> String {
@@ -218,8 +184,9 @@ pub fn decision_header_value(kind: DecisionKind, instance: Option<&str>) -> Stri
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::headers::LEAST_REQUEST_ROUTE;
     use crate::shared::MemoryStore;
-    use crate::strategy::LEAST_REQUEST_ROUTE;
+    use crate::strategy::RoutingPolicy;
 
     fn config(json: &str) -> Config {
         Config::parse(json.as_bytes()).unwrap()
@@ -294,11 +261,11 @@ mod tests {
     #[test]
     fn a_decision_sets_the_headers_it_governs_and_all_of_them_are_stripped_first() {
         let c = config("{}");
-        let decision = strategy::Decision {
+        let decision = RouteHeaders {
             key: Some(KEY.into()),
             host_override: Some("10.0.0.2:8000".into()),
             counted: Some("10.0.0.2:8000".into()),
-            ..strategy::Decision::bare(DecisionKind::Overflow)
+            ..RouteHeaders::bare(DecisionKind::Overflow)
         };
         assert_eq!(
             header_writes(&c, &decision),
@@ -308,14 +275,14 @@ mod tests {
                 ("x-prefix-router-counted", "10.0.0.2:8000".to_string()),
             ]
         );
-        let bare = strategy::Decision::bare(DecisionKind::Random);
+        let bare = RouteHeaders::bare(DecisionKind::Random);
         assert_eq!(
             header_writes(&config(r#"{"host_header":null}"#), &bare),
             vec![]
         );
         // Writes only set; what a decision leaves unset must already be gone:
         // every header any decision can write is stripped at request start.
-        let everything = strategy::Decision {
+        let everything = RouteHeaders {
             route: Some(LEAST_REQUEST_ROUTE),
             ..decision
         };
@@ -349,38 +316,56 @@ mod tests {
         let store = MemoryStore::new();
         let mut load = LoadTracker::new(&store, load_config(&c), 42);
         // Another instance becomes known through an unrelated request.
-        let other = load.upstream_started(upstream_start("10.0.0.9:80", None, false, None), 0);
+        let other = load.upstream_started(
+            UpstreamStart {
+                address: "10.0.0.9:80",
+                key: None,
+                overridden: false,
+                counted: None,
+            },
+            0,
+        );
         let mut tickets = Vec::new();
         tickets.extend(other);
 
-        let first = route(&policy, Some(KEY), &mut load, 1, 10);
-        assert_eq!(first.decision.kind, DecisionKind::Prefix);
-        assert_eq!(first.decision.counted.as_deref(), Some(PENDING_MARK));
+        let first = policy.decide(Some(KEY), &mut load, 1, 10);
+        assert_eq!(first.headers.kind, DecisionKind::Prefix);
+        assert_eq!(first.headers.counted.as_deref(), Some(PENDING_MARK));
         let t = load.upstream_started(
-            upstream_start("10.0.0.1:80", Some(KEY), false, Some(PENDING_MARK)),
+            UpstreamStart {
+                address: "10.0.0.1:80",
+                key: Some(KEY),
+                overridden: false,
+                counted: Some(PENDING_MARK),
+            },
             11,
         );
         tickets.extend(t);
 
-        let second = route(&policy, Some(KEY), &mut load, 2, 12);
-        assert_eq!(second.decision.kind, DecisionKind::Prefix);
-        assert_eq!(second.decision.counted.as_deref(), Some("10.0.0.1:80"));
-        assert_eq!(second.decision.host_override, None);
+        let second = policy.decide(Some(KEY), &mut load, 2, 12);
+        assert_eq!(second.headers.kind, DecisionKind::Prefix);
+        assert_eq!(second.headers.counted.as_deref(), Some("10.0.0.1:80"));
+        assert_eq!(second.headers.host_override, None);
         // Counted by the decision: the upstream filter does not count again.
         assert_eq!(
             load.upstream_started(
-                upstream_start("10.0.0.1:80", Some(KEY), false, Some("10.0.0.1:80")),
+                UpstreamStart {
+                    address: "10.0.0.1:80",
+                    key: Some(KEY),
+                    overridden: false,
+                    counted: Some("10.0.0.1:80"),
+                },
                 13
             ),
             None
         );
         tickets.extend(second.ticket);
 
-        let third = route(&policy, Some(KEY), &mut load, 3, 14);
-        assert_eq!(third.decision.kind, DecisionKind::Overflow);
-        assert_eq!(third.decision.host_override.as_deref(), Some("10.0.0.9:80"));
+        let third = policy.decide(Some(KEY), &mut load, 3, 14);
+        assert_eq!(third.headers.kind, DecisionKind::Overflow);
+        assert_eq!(third.headers.host_override.as_deref(), Some("10.0.0.9:80"));
         assert_eq!(
-            header_writes(&c, &third.decision).get(1),
+            header_writes(&c, &third.headers).get(1),
             Some(&("x-prefix-route-host", "10.0.0.9:80".to_string()))
         );
         tickets.extend(third.ticket);
@@ -415,9 +400,14 @@ mod tests {
         let address = "10.0.0.1:80";
         let steady = |load: &mut LoadTracker<&MemoryStore>, now: u64| {
             let (reads, writes) = (store.reads(), store.successful_sets());
-            let routed = route(&policy, Some(KEY), load, 2, now);
-            let counted = routed.decision.counted.clone();
-            let started = upstream_start(address, Some(KEY), false, counted.as_deref());
+            let routed = policy.decide(Some(KEY), load, 2, now);
+            let counted = routed.headers.counted.clone();
+            let started = UpstreamStart {
+                address,
+                key: Some(KEY),
+                overridden: false,
+                counted: counted.as_deref(),
+            };
             let upstream = load.upstream_started(started, now);
             for ticket in upstream.into_iter().chain(routed.ticket) {
                 load.release(ticket, now + 1);
@@ -446,10 +436,10 @@ mod tests {
 
     #[test]
     fn counting_in_the_listener_writes_no_counted_header() {
-        let decision = strategy::Decision {
+        let decision = RouteHeaders {
             key: Some(KEY.into()),
             counted: Some("10.0.0.2:8000".into()),
-            ..strategy::Decision::bare(DecisionKind::Prefix)
+            ..RouteHeaders::bare(DecisionKind::Prefix)
         };
         let names = |json: &str| -> Vec<String> {
             let c = config(json);
@@ -485,34 +475,34 @@ mod tests {
                 .map(|l| l.in_flight)
         };
 
-        let first = route(&policy, Some(KEY), &mut load, 1, 10);
+        let first = policy.decide(Some(KEY), &mut load, 1, 10);
         assert_eq!(first.ticket, None);
-        let first_count = ListenerCount::of(&c, &first.decision, false);
+        let first_count = ListenerCount::of(&c, &first.headers, false);
         assert!(first_count.check_at_response(), "pending: always checked");
         let first_ticket = first_count.settle(a, first.ticket, &mut load, 11);
         assert!(first_ticket.is_some(), "counted at its response");
         assert_eq!(in_flight(&mut load, a), Some(1));
 
-        let second = route(&policy, Some(KEY), &mut load, 2, 12);
+        let second = policy.decide(Some(KEY), &mut load, 2, 12);
         assert_eq!(
-            second.decision.counted.as_deref(),
+            second.headers.counted.as_deref(),
             Some(a),
             "claimed: learned"
         );
-        let second_count = ListenerCount::of(&c, &second.decision, false);
+        let second_count = ListenerCount::of(&c, &second.headers, false);
         assert!(
             !second_count.check_at_response(),
             "claimed on target, not due"
         );
-        assert!(ListenerCount::of(&c, &second.decision, true).check_at_response());
+        assert!(ListenerCount::of(&c, &second.headers, true).check_at_response());
         let claimed = second.ticket.as_ref().map(Ticket::slot);
         let second_ticket = second_count.settle(a, second.ticket, &mut load, 13);
         assert_eq!(second_ticket.as_ref().map(Ticket::slot), claimed, "kept");
         assert_eq!(in_flight(&mut load, a), Some(2), "not counted twice");
 
-        let third = route(&policy, Some(KEY), &mut load, 3, 14);
+        let third = policy.decide(Some(KEY), &mut load, 3, 14);
         assert!(third.ticket.is_some(), "claimed on a");
-        let third_count = ListenerCount::of(&c, &third.decision, false);
+        let third_count = ListenerCount::of(&c, &third.headers, false);
         assert!(!third_count.count_stands(b), "predicted a, went to b");
         let moved = third_count.settle(b, third.ticket, &mut load, 15);
         assert!(moved.is_some());
@@ -522,8 +512,8 @@ mod tests {
             "the claim on a given back"
         );
         assert_eq!(in_flight(&mut load, b), Some(1));
-        let fourth = route(&policy, Some(KEY), &mut load, 4, 16);
-        assert_eq!(fourth.decision.counted.as_deref(), Some(b), "relearned: b");
+        let fourth = policy.decide(Some(KEY), &mut load, 4, 16);
+        assert_eq!(fourth.headers.counted.as_deref(), Some(b), "relearned: b");
 
         let tickets = [first_ticket, second_ticket, moved, fourth.ticket];
         for t in tickets.into_iter().flatten() {
@@ -535,14 +525,14 @@ mod tests {
     #[test]
     fn requests_sent_by_the_host_override_or_not_counted_are_always_checked() {
         let c = config(r#"{"counting":"LISTENER"}"#);
-        let decision = |host: Option<&str>, counted: Option<&str>| strategy::Decision {
+        let decision = |host: Option<&str>, counted: Option<&str>| RouteHeaders {
             key: Some(KEY.into()),
             host_override: host.map(String::from),
             counted: counted.map(String::from),
-            ..strategy::Decision::bare(DecisionKind::Overflow)
+            ..RouteHeaders::bare(DecisionKind::Overflow)
         };
         let at = "10.0.0.2:8000";
-        let checked = |d: strategy::Decision| ListenerCount::of(&c, &d, false).check_at_response();
+        let checked = |d: RouteHeaders| ListenerCount::of(&c, &d, false).check_at_response();
         assert!(!checked(decision(None, Some(at))));
         assert!(checked(decision(Some(at), Some(at))));
         assert!(checked(decision(None, None)));
@@ -557,9 +547,9 @@ mod tests {
         let c = config(r#"{"strategy":"LEAST_OUTSTANDING_REQUESTS"}"#);
         let store = MemoryStore::new();
         let mut load = LoadTracker::new(&store, load_config(&c), 1);
-        let routed = route(&policy_for(&c), None, &mut load, 0, 0);
+        let routed = policy_for(&c).decide(None, &mut load, 0, 0);
         assert_eq!(
-            header_writes(&c, &routed.decision),
+            header_writes(&c, &routed.headers),
             vec![("x-prefix-router-lb", LEAST_REQUEST_ROUTE.to_string())]
         );
     }

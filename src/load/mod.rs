@@ -32,15 +32,6 @@ mod tests;
 
 pub use tracker::{LoadTracker, RESPONSE_CHECK_MS};
 
-/// Request header naming the instance the downstream decision already counted
-/// (the upstream filter then does not count the request again). Internal: the
-/// filter removes any client-sent value before deciding.
-pub const COUNTED_HEADER: &str = "x-prefix-router-counted";
-
-/// [`COUNTED_HEADER`] value for a request routed before its key's target was
-/// known: the upstream filter counts it and clears its pending mark.
-pub const PENDING_MARK: &str = "pending";
-
 /// Sizes, times and namespace of the shared tables.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LoadConfig {

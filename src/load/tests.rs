@@ -5,6 +5,7 @@ use std::cell::Cell;
 use std::rc::Rc;
 
 use super::*;
+use crate::headers::PENDING_MARK;
 use crate::shared::{MemoryStore, SetError, SharedStore};
 
 const A: &str = "10.0.0.1:8000";

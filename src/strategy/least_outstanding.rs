@@ -5,7 +5,8 @@
 //! spread of 0-1 requests (see `docs/overload-design.md`), which the filter's
 //! own counts could not beat.
 
-use super::{Decision, DecisionKind, Routed, RoutingPolicy, LEAST_REQUEST_ROUTE};
+use super::{DecisionKind, RouteHeaders, Routed, RoutingPolicy};
+use crate::headers::LEAST_REQUEST_ROUTE;
 use crate::load::LoadView;
 
 /// See the module documentation.
@@ -21,9 +22,9 @@ impl RoutingPolicy for LeastOutstanding {
         _now_ms: u64,
     ) -> Routed {
         // The upstream filter still counts the request for the in-flight gauge.
-        Routed::untracked(Decision {
+        Routed::untracked(RouteHeaders {
             route: Some(LEAST_REQUEST_ROUTE),
-            ..Decision::bare(DecisionKind::LeastOutstanding)
+            ..RouteHeaders::bare(DecisionKind::LeastOutstanding)
         })
     }
 }
@@ -39,10 +40,10 @@ mod tests {
         let store = MemoryStore::new();
         let mut load = LoadTracker::new(&store, LoadConfig::default(), 1);
         let routed = LeastOutstanding.decide(Some("0123456789abcdef"), &mut load, 7, 0);
-        assert_eq!(routed.decision.kind, DecisionKind::LeastOutstanding);
-        assert_eq!(routed.decision.route, Some(LEAST_REQUEST_ROUTE));
-        assert_eq!(routed.decision.key, None);
-        assert_eq!(routed.decision.host_override, None);
+        assert_eq!(routed.headers.kind, DecisionKind::LeastOutstanding);
+        assert_eq!(routed.headers.route, Some(LEAST_REQUEST_ROUTE));
+        assert_eq!(routed.headers.key, None);
+        assert_eq!(routed.headers.host_override, None);
         assert_eq!(routed.ticket, None);
     }
 }

@@ -1,33 +1,26 @@
-//! Routing policies: given the routing key the request state machine computed,
-//! decide which headers steer Envoy (key header for Maglev, host-override
-//! header, route-selection header) and claim the in-flight slot the request
-//! will use. One file per policy behind one trait, like SGLang router's
+//! Routing policies (the configured `strategy`): given the routing key the
+//! request reader derived, decide where the request goes, as the values of
+//! the headers that steer Envoy (key header for Maglev, host-override header,
+//! route-selection header), and claim the in-flight slot the request will
+//! use. One file per policy behind one trait, like SGLang router's
 //! `policies/`; [`Policy`] dispatches on the configured strategy.
 //!
-//! The glue applies a [`Decision`] by writing or removing each header (after
-//! removing whatever the client sent in them), and keeps the [`Routed::ticket`]
-//! until the stream's `on_done`.
+//! `steering` writes a [`RouteHeaders`] onto the request (every header it
+//! governs was removed from the client's request first), and the stream keeps
+//! the [`Routed::ticket`] until its `on_done`.
 
 mod least_outstanding;
 mod prefix_aware;
 mod random;
 
 #[cfg(test)]
-mod sim;
+mod scenarios;
 
 pub use least_outstanding::LeastOutstanding;
 pub use prefix_aware::{salted_key, PrefixAware};
 pub use random::RandomPolicy;
 
 use crate::load::{LoadView, Ticket};
-
-/// Request header that selects the Envoy route (and so the cluster) for
-/// strategies Envoy's own load balancers implement. Internal: the filter
-/// removes any client-sent value before deciding.
-pub const ROUTE_HEADER: &str = "x-prefix-router-lb";
-
-/// [`ROUTE_HEADER`] value routed to the `least_request` (FULL_SCAN) cluster.
-pub const LEAST_REQUEST_ROUTE: &str = "least_request";
 
 /// Why a request went where it went (one metric per kind).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -60,23 +53,25 @@ impl DecisionKind {
     }
 }
 
-/// The headers to set on the request; `None` means remove the header.
+/// What a policy decided for one request: why (`kind`, for metrics and the
+/// debug header) and the value of each request header that carries it out;
+/// `None` leaves the header absent.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Decision {
+pub struct RouteHeaders {
     pub kind: DecisionKind,
     /// Value of the key header (Maglev hashes it); may be a salted key.
     pub key: Option<String>,
     /// Value of the configured host header (`ip:port`, for `override_host`).
     pub host_override: Option<String>,
-    /// Value of [`ROUTE_HEADER`].
+    /// Value of [`crate::headers::ROUTE_HEADER`].
     pub route: Option<&'static str>,
-    /// Value of [`crate::load::COUNTED_HEADER`]: the instance this decision
+    /// Value of [`crate::headers::COUNTED_HEADER`]: the instance this decision
     /// already counted the request on.
     pub counted: Option<String>,
 }
 
-impl Decision {
-    /// A decision of `kind` that sets nothing.
+impl RouteHeaders {
+    /// A decision of `kind` that sets no header.
     pub fn bare(kind: DecisionKind) -> Self {
         Self {
             kind,
@@ -88,18 +83,18 @@ impl Decision {
     }
 }
 
-/// A decision plus the count it took, if any.
+/// A policy's decision plus the count it took, if any.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Routed {
-    pub decision: Decision,
+    pub headers: RouteHeaders,
     /// Hold it in the stream; give it to `LoadTracker::release` in `on_done`.
     pub ticket: Option<Ticket>,
 }
 
 impl Routed {
-    fn untracked(decision: Decision) -> Self {
+    fn untracked(headers: RouteHeaders) -> Self {
         Self {
-            decision,
+            headers,
             ticket: None,
         }
     }

@@ -21,8 +21,9 @@
 
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
-use super::{Decision, DecisionKind, Routed, RoutingPolicy};
-use crate::load::{Claim, InstanceRef, LoadView, Target, Ticket, PENDING_MARK};
+use super::{DecisionKind, RouteHeaders, Routed, RoutingPolicy};
+use crate::headers::PENDING_MARK;
+use crate::load::{Claim, InstanceRef, LoadView, Target, Ticket};
 
 /// Salts tried for one overflow (bounds the lookups per request).
 const DEFAULT_MAX_SALTS: u8 = 8;
@@ -83,11 +84,11 @@ impl PrefixAware {
             (DecisionKind::Prefix, None)
         };
         Routed {
-            decision: Decision {
+            headers: RouteHeaders {
                 key: Some(key.to_string()),
                 host_override,
                 counted: ticket.as_ref().map(|_| target.instance.address.clone()),
-                ..Decision::bare(kind)
+                ..RouteHeaders::bare(kind)
             },
             ticket,
         }
@@ -125,11 +126,11 @@ impl PrefixAware {
     ) -> Routed {
         let counted = ticket.as_ref().and(instance).map(|i| i.address.clone());
         Routed {
-            decision: Decision {
+            headers: RouteHeaders {
                 key: Some(key),
                 host_override,
                 counted,
-                ..Decision::bare(DecisionKind::Overflow)
+                ..RouteHeaders::bare(DecisionKind::Overflow)
             },
             ticket,
         }
@@ -226,7 +227,7 @@ impl RoutingPolicy for PrefixAware {
         now_ms: u64,
     ) -> Routed {
         let Some(key) = key else {
-            return Routed::untracked(Decision::bare(DecisionKind::NoKey));
+            return Routed::untracked(RouteHeaders::bare(DecisionKind::NoKey));
         };
         // A new key under balancing is placed before its first request.
         let (target, placed_now) = match (load.target_of(key, now_ms), self.key_balance_percent) {
@@ -241,10 +242,10 @@ impl RoutingPolicy for PrefixAware {
             // Not learned yet: Maglev routes; the request is pending for its
             // key until the upstream filter counts it and learns the target
             // (before this worker decides again: it runs right after us).
-            return Routed::untracked(Decision {
+            return Routed::untracked(RouteHeaders {
                 key: Some(key.to_string()),
                 counted: Some(PENDING_MARK.to_string()),
-                ..Decision::bare(DecisionKind::Prefix)
+                ..RouteHeaders::bare(DecisionKind::Prefix)
             });
         };
         if let (Some(percent), false) = (self.key_balance_percent, placed_now) {
@@ -399,8 +400,8 @@ mod tests {
     fn known_target_under_the_cap_is_claimed_with_the_cap() {
         let mut script = script_with_full_target(2);
         let routed = PrefixAware::new(3, true).decide(Some(KEY), &mut script, 0, 0);
-        assert_eq!(routed.decision.kind, DecisionKind::Prefix);
-        assert_eq!(routed.decision.counted, Some(instance(1).address));
+        assert_eq!(routed.headers.kind, DecisionKind::Prefix);
+        assert_eq!(routed.headers.counted, Some(instance(1).address));
         assert_eq!(routed.ticket, Some(ticket(1)));
         assert_eq!(script.claims, vec![(1, Some(3))]);
     }
@@ -411,7 +412,7 @@ mod tests {
         script.others = vec![instance(2)];
         script.loads.insert(2, 1);
         let routed = PrefixAware::new(3, true).decide(Some(KEY), &mut script, 0, 0);
-        let d = &routed.decision;
+        let d = &routed.headers;
         assert_eq!(d.kind, DecisionKind::Overflow);
         assert_eq!(d.host_override, Some(instance(2).address));
         assert_eq!(d.counted, Some(instance(2).address));
@@ -430,9 +431,9 @@ mod tests {
         // Another worker claims instance 2 between our read and our claim.
         script.raced = Some(2);
         let routed = PrefixAware::new(3, true).decide(Some(KEY), &mut script, 0, 0);
-        assert_eq!(routed.decision.kind, DecisionKind::Overflow);
-        assert_eq!(routed.decision.host_override, Some(instance(3).address));
-        assert_eq!(routed.decision.counted, Some(instance(3).address));
+        assert_eq!(routed.headers.kind, DecisionKind::Overflow);
+        assert_eq!(routed.headers.host_override, Some(instance(3).address));
+        assert_eq!(routed.headers.counted, Some(instance(3).address));
         assert_eq!(routed.ticket, Some(ticket(3)));
         assert_eq!(
             script.claims,
@@ -448,7 +449,7 @@ mod tests {
         // Every capped claim on instance 2 finds it one fuller than just read.
         script.always_raced = Some(2);
         let routed = PrefixAware::new(10, true).decide(Some(KEY), &mut script, 0, 0);
-        assert_eq!(routed.decision.kind, DecisionKind::Overflow);
+        assert_eq!(routed.headers.kind, DecisionKind::Overflow);
         assert_eq!(routed.ticket, Some(ticket(2)));
         assert_eq!(
             script.claims,
@@ -469,8 +470,8 @@ mod tests {
         script.others = vec![instance(2)];
         script.loads.insert(2, 3);
         let routed = PrefixAware::new(3, true).decide(Some(KEY), &mut script, 0, 0);
-        assert_eq!(routed.decision.kind, DecisionKind::Prefix);
-        assert_eq!(routed.decision.host_override, None);
+        assert_eq!(routed.headers.kind, DecisionKind::Prefix);
+        assert_eq!(routed.headers.host_override, None);
         assert_eq!(routed.ticket, Some(ticket(1)));
         assert_eq!(script.claims.last(), Some(&(1, None)));
     }
@@ -480,9 +481,9 @@ mod tests {
         let mut script = script_with_full_target(0);
         script.contended = true;
         let routed = PrefixAware::new(3, true).decide(Some(KEY), &mut script, 0, 0);
-        assert_eq!(routed.decision.kind, DecisionKind::Prefix);
+        assert_eq!(routed.headers.kind, DecisionKind::Prefix);
         assert_eq!(
-            routed.decision.counted, None,
+            routed.headers.counted, None,
             "the upstream filter will count it"
         );
         assert_eq!(routed.ticket, None);
@@ -492,9 +493,9 @@ mod tests {
     fn an_unknown_target_is_left_to_maglev_marked_pending() {
         let mut script = Script::default();
         let routed = PrefixAware::new(3, true).decide(Some(KEY), &mut script, 0, 0);
-        assert_eq!(routed.decision.kind, DecisionKind::Prefix);
-        assert_eq!(routed.decision.key.as_deref(), Some(KEY));
-        assert_eq!(routed.decision.counted.as_deref(), Some(PENDING_MARK));
+        assert_eq!(routed.headers.kind, DecisionKind::Prefix);
+        assert_eq!(routed.headers.key.as_deref(), Some(KEY));
+        assert_eq!(routed.headers.counted.as_deref(), Some(PENDING_MARK));
         assert_eq!(routed.ticket, None);
         assert_eq!(script.blind, vec![KEY.to_string()]);
         assert!(script.claims.is_empty());
@@ -507,10 +508,10 @@ mod tests {
         script.targets.insert(salted_key(KEY, 1), instance(1));
         script.targets.insert(salted_key(KEY, 3), instance(5));
         let routed = PrefixAware::new(3, false).decide(Some(KEY), &mut script, 0, 0);
-        assert_eq!(routed.decision.kind, DecisionKind::Overflow);
-        assert_eq!(routed.decision.key, Some(salted_key(KEY, 3)));
-        assert_eq!(routed.decision.host_override, None);
-        assert_eq!(routed.decision.counted, Some(instance(5).address));
+        assert_eq!(routed.headers.kind, DecisionKind::Overflow);
+        assert_eq!(routed.headers.key, Some(salted_key(KEY, 3)));
+        assert_eq!(routed.headers.host_override, None);
+        assert_eq!(routed.headers.counted, Some(instance(5).address));
     }
 
     #[test]
@@ -519,9 +520,9 @@ mod tests {
         script.targets.insert(salted_key(KEY, 1), instance(5));
         script.loads.insert(5, 3);
         let routed = PrefixAware::new(3, false).decide(Some(KEY), &mut script, 0, 0);
-        assert_eq!(routed.decision.key, Some(salted_key(KEY, 2)));
+        assert_eq!(routed.headers.key, Some(salted_key(KEY, 2)));
         assert_eq!(
-            routed.decision.counted, None,
+            routed.headers.counted, None,
             "unknown instance: upstream counts"
         );
         assert_eq!(routed.ticket, None);
@@ -534,8 +535,8 @@ mod tests {
             script.targets.insert(salted_key(KEY, salt), instance(1));
         }
         let routed = PrefixAware::new(3, false).decide(Some(KEY), &mut script, 0, 0);
-        assert_eq!(routed.decision.kind, DecisionKind::Prefix);
-        assert_eq!(routed.decision.key.as_deref(), Some(KEY));
+        assert_eq!(routed.headers.kind, DecisionKind::Prefix);
+        assert_eq!(routed.headers.key.as_deref(), Some(KEY));
     }
 
     #[test]
@@ -544,7 +545,7 @@ mod tests {
         script.placements.insert(KEY.to_string(), instance(4));
         let policy = PrefixAware::new(3, true).with_key_balance(Some(110));
         let routed = policy.decide(Some(KEY), &mut script, 0, 0);
-        let d = &routed.decision;
+        let d = &routed.headers;
         assert_eq!(d.kind, DecisionKind::Placed);
         assert_eq!(d.host_override, Some(instance(4).address));
         assert_eq!(d.key.as_deref(), Some(KEY), "kept for Maglev's fallback");
@@ -562,14 +563,14 @@ mod tests {
         script.others = vec![instance(2)];
         let policy = PrefixAware::new(3, true).with_key_balance(Some(100));
         let routed = policy.decide(Some(KEY), &mut script, 0, 0);
-        assert_eq!(routed.decision.kind, DecisionKind::Overflow);
-        assert_eq!(routed.decision.host_override, Some(instance(2).address));
+        assert_eq!(routed.headers.kind, DecisionKind::Overflow);
+        assert_eq!(routed.headers.host_override, Some(instance(2).address));
 
         script.loads.insert(2, 3);
         let routed = policy.decide(Some(KEY), &mut script, 0, 0);
-        assert_eq!(routed.decision.kind, DecisionKind::Placed);
-        assert_eq!(routed.decision.host_override, Some(instance(4).address));
-        assert_eq!(routed.decision.counted, Some(instance(4).address));
+        assert_eq!(routed.headers.kind, DecisionKind::Placed);
+        assert_eq!(routed.headers.host_override, Some(instance(4).address));
+        assert_eq!(routed.headers.counted, Some(instance(4).address));
     }
 
     #[test]
@@ -581,7 +582,7 @@ mod tests {
             let mut script = script_with_full_target(0);
             script.placements.insert(KEY.to_string(), instance(4));
             let routed = policy.decide(Some(KEY), &mut script, 0, 0);
-            assert_eq!(routed.decision.host_override, None);
+            assert_eq!(routed.headers.host_override, None);
             assert_eq!(routed.ticket, Some(ticket(1)));
             assert!(script.balanced.is_empty());
         }
@@ -591,7 +592,7 @@ mod tests {
     fn no_key_sets_nothing() {
         let mut script = Script::default();
         let routed = PrefixAware::new(3, true).decide(None, &mut script, 0, 0);
-        assert_eq!(routed.decision, Decision::bare(DecisionKind::NoKey));
+        assert_eq!(routed.headers, RouteHeaders::bare(DecisionKind::NoKey));
         assert_eq!(routed.ticket, None);
     }
 

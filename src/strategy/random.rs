@@ -2,7 +2,7 @@
 //! host at random (Envoy's `thread_aware_lb_impl.cc`), uniformly over the
 //! healthy hosts (each holds an equal share of the Maglev table).
 
-use super::{Decision, DecisionKind, Routed, RoutingPolicy};
+use super::{DecisionKind, RouteHeaders, Routed, RoutingPolicy};
 use crate::load::LoadView;
 
 /// See the module documentation.
@@ -17,7 +17,7 @@ impl RoutingPolicy for RandomPolicy {
         _random: u64,
         _now_ms: u64,
     ) -> Routed {
-        Routed::untracked(Decision::bare(DecisionKind::Random))
+        Routed::untracked(RouteHeaders::bare(DecisionKind::Random))
     }
 }
 
@@ -32,7 +32,7 @@ mod tests {
         let store = MemoryStore::new();
         let mut load = LoadTracker::new(&store, LoadConfig::default(), 1);
         let routed = RandomPolicy.decide(Some("0123456789abcdef"), &mut load, 7, 0);
-        assert_eq!(routed.decision, Decision::bare(DecisionKind::Random));
+        assert_eq!(routed.headers, RouteHeaders::bare(DecisionKind::Random));
         assert_eq!(routed.ticket, None);
     }
 }

@@ -16,8 +16,8 @@ use super::pending::PendingBucket;
 use super::routes::{RouteBucket, RouteEntry};
 use super::{
     Claim, InstanceLoad, InstanceRef, LoadConfig, LoadView, Target, Ticket, UpstreamStart,
-    PENDING_MARK,
 };
+use crate::headers::PENDING_MARK;
 use crate::shared::{SetError, SharedStore};
 
 mod balance;

@@ -1,0 +1,65 @@
+//! Envoy's ids for the filter's counters and histogram, defined once per root
+//! context, and how a request's derivation and decision move them (through
+//! the VM's batch, handed to Envoy on the tick).
+
+use super::vm::{define_metric, Vm};
+use crate::host::{Host, MetricKind};
+use crate::metrics::{
+    decision_counter_name, decision_index, recording_for, Counter, BYTES_INSPECTED, DECISION_KINDS,
+};
+use crate::request::KeyDerivation;
+use crate::strategy::DecisionKind;
+
+/// `None` where defining failed (the filter then routes without counting
+/// rather than failing requests).
+#[derive(Debug, Default)]
+pub struct MetricIds {
+    counters: [Option<u32>; Counter::ALL.len()],
+    decisions: [Option<u32>; DECISION_KINDS.len()],
+    bytes_inspected: Option<u32>,
+}
+
+impl MetricIds {
+    pub fn define(host: &impl Host) -> MetricIds {
+        let mut ids = MetricIds::default();
+        for counter in Counter::ALL {
+            if let Some(slot) = ids.counters.get_mut(counter.index()) {
+                *slot = define_metric(host, MetricKind::Counter, counter.name());
+            }
+        }
+        for (slot, kind) in ids.decisions.iter_mut().zip(DECISION_KINDS) {
+            *slot = define_metric(host, MetricKind::Counter, &decision_counter_name(kind));
+        }
+        ids.bytes_inspected = define_metric(host, MetricKind::Histogram, BYTES_INSPECTED);
+        ids
+    }
+
+    /// Nothing defined (yet, or every definition failed).
+    pub fn is_empty(&self) -> bool {
+        self.bytes_inspected.is_none()
+            && self.counters.iter().all(Option::is_none)
+            && self.decisions.iter().all(Option::is_none)
+    }
+
+    pub fn increment<H: Host + Clone>(&self, vm: &mut Vm<H>, counter: Counter) {
+        if let Some(Some(id)) = self.counters.get(counter.index()) {
+            vm.count_later(*id);
+        }
+    }
+
+    pub fn increment_decision<H: Host + Clone>(&self, vm: &mut Vm<H>, kind: DecisionKind) {
+        if let Some(Some(id)) = self.decisions.get(decision_index(kind)) {
+            vm.count_later(*id);
+        }
+    }
+
+    pub fn record_derivation<H: Host + Clone>(&self, vm: &mut Vm<H>, derivation: &KeyDerivation) {
+        let recording = recording_for(derivation);
+        for counter in recording.counters {
+            self.increment(vm, counter);
+        }
+        if let (Some(id), Some(bytes)) = (self.bytes_inspected, recording.bytes_inspected) {
+            vm.record_later(id, bytes);
+        }
+    }
+}

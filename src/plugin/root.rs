@@ -1,0 +1,124 @@
+//! One root context per plugin: its configuration (read and validated on
+//! every `on_configure`), the policy that configuration selects, its metric
+//! ids, and the 1 s tick (metric flush, heartbeat, count repair, gauges).
+
+use std::rc::Rc;
+
+use super::metric_ids::MetricIds;
+use super::stream::Stream;
+use super::vm::Vm;
+use super::warn_on_error;
+use crate::config::Config;
+use crate::host::Host;
+use crate::steering;
+use crate::strategy::Policy;
+
+/// Root tick: heartbeat, count repair, gauges, metric flush.
+pub const TICK_PERIOD_MS: u32 = 1_000;
+
+/// See the module documentation.
+#[derive(Debug)]
+pub struct PluginRoot {
+    config: Rc<Config>,
+    policy: Rc<Policy>,
+    metrics: Rc<MetricIds>,
+}
+
+impl Default for PluginRoot {
+    /// The default configuration until `on_configure` brings one.
+    fn default() -> Self {
+        let config = Config::default();
+        PluginRoot {
+            policy: Rc::new(steering::policy_for(&config)),
+            config: Rc::new(config),
+            metrics: Rc::new(MetricIds::default()),
+        }
+    }
+}
+
+impl PluginRoot {
+    /// `on_configure`: reads and validates the configuration; false (Envoy
+    /// then rejects it) if it cannot be read or is invalid, and the previous
+    /// configuration stays.
+    pub fn configure<H: Host + Clone>(
+        &mut self,
+        vm: &mut Vm<H>,
+        configuration_size: usize,
+    ) -> bool {
+        let host = vm.host();
+        // No configuration at all means all defaults (no buffer to read).
+        let bytes = match configuration_size {
+            0 => Ok(None),
+            size => host.plugin_configuration(size),
+        };
+        let bytes = match bytes {
+            Ok(bytes) => bytes.unwrap_or_default(),
+            Err(status) => {
+                log::error!("prefix-router: cannot read the plugin configuration: {status}");
+                return false;
+            }
+        };
+        match Config::parse(&bytes) {
+            Ok(config) => {
+                log::info!(
+                    "prefix-router: configured: strategy {}, prefix_length {}, concurrency_threshold {}, max_body_bytes {}, key_header {}, host_header {}, tenant_header {}, decision_header {}, instance_ttl_ms {}, include_model {}, body_tenant {}, counting {}, {} path rules",
+                    config.strategy.as_str(),
+                    config.prefix_length,
+                    config.concurrency_threshold,
+                    config.max_body_bytes,
+                    config.key_header,
+                    config.host_header.as_deref().unwrap_or("(none: overflow re-keys)"),
+                    config.tenant_header,
+                    config.decision_header.as_deref().unwrap_or("(none)"),
+                    config.instance_ttl_ms,
+                    config.include_model,
+                    config.body_tenant,
+                    config.counting.as_str(),
+                    config.path_rules.len()
+                );
+                self.policy = Rc::new(steering::policy_for(&config));
+                self.config = Rc::new(config);
+                // Once per root context: on_configure runs again on updates.
+                if self.metrics.is_empty() {
+                    self.metrics = Rc::new(MetricIds::define(host));
+                }
+                warn_on_error(
+                    "set tick period",
+                    "root",
+                    host.set_tick_period_ms(TICK_PERIOD_MS),
+                );
+                true
+            }
+            Err(error) => {
+                log::error!("prefix-router: invalid plugin configuration, rejected: {error}");
+                false
+            }
+        }
+    }
+
+    /// `on_tick`: hands the VM's batched metrics to Envoy; once per period
+    /// across the VM's roots, renews the VM's lease, repairs its counts and
+    /// publishes the in-flight gauges.
+    pub fn tick<H: Host + Clone>(&self, vm: &mut Vm<H>) {
+        vm.flush_metrics();
+        let now = vm.now_ms();
+        if !vm.tick_due(now, TICK_PERIOD_MS) {
+            return;
+        }
+        let loads = vm.with_tracker(&self.config, |t| {
+            t.tick(now);
+            t.snapshot(now)
+        });
+        vm.publish_gauges(&loads);
+    }
+
+    /// `create_http_context`: a stream that keeps this root's configuration,
+    /// policy and metric ids for its whole life.
+    pub fn new_stream(&self) -> Stream {
+        Stream::new(
+            Rc::clone(&self.config),
+            Rc::clone(&self.policy),
+            Rc::clone(&self.metrics),
+        )
+    }
+}

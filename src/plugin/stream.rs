@@ -1,0 +1,289 @@
+//! One HTTP stream's callbacks: feeds the sans-IO [`RequestReader`], runs the
+//! policy once the key is known, writes the headers that carry the decision
+//! out, counts in the upstream role (or at the response with `counting:
+//! LISTENER`), and gives its in-flight count back exactly once at the end.
+
+use std::rc::Rc;
+
+use super::metric_ids::MetricIds;
+use super::vm::Vm;
+use super::{warn_on_error, Flow};
+use crate::config::{Config, Counting};
+use crate::headers::{COUNTED_HEADER, INTERNAL_REQUEST_HEADERS};
+use crate::host::{HeaderMap, Host};
+use crate::load::{Ticket, UpstreamStart};
+use crate::metrics::Counter;
+use crate::request::{
+    BodyVerdict, HeadersVerdict, KeyDerivation, LocalReply, RequestHead, RequestReader,
+};
+use crate::steering::{self, ListenerCount};
+use crate::strategy::{DecisionKind, Policy, RoutingPolicy};
+
+/// See the module documentation.
+#[derive(Debug)]
+pub struct Stream {
+    /// The configuration and policy this request started with.
+    config: Rc<Config>,
+    policy: Rc<Policy>,
+    reader: RequestReader,
+    metrics: Rc<MetricIds>,
+    /// Runs as the cluster's upstream filter (counts, does not decide).
+    upstream: bool,
+    /// The in-flight count this stream holds; released once, in `on_done`.
+    ticket: Option<Ticket>,
+    /// The routing decision's kind, for the debug response header.
+    decided: Option<DecisionKind>,
+    /// `counting: LISTENER`: the decision's facts, for its response headers.
+    listener_count: Option<ListenerCount>,
+}
+
+impl Stream {
+    pub fn new(config: Rc<Config>, policy: Rc<Policy>, metrics: Rc<MetricIds>) -> Self {
+        Stream {
+            reader: RequestReader::new(Rc::clone(&config)),
+            config,
+            policy,
+            metrics,
+            upstream: false,
+            ticket: None,
+            decided: None,
+            listener_count: None,
+        }
+    }
+
+    /// `on_http_request_headers`.
+    pub fn on_request_headers<H: Host + Clone>(
+        &mut self,
+        vm: &mut Vm<H>,
+        end_of_stream: bool,
+    ) -> Flow {
+        // Counting in the listener, the module runs nowhere else (the role
+        // check is a host call saved).
+        if self.config.counting == Counting::UpstreamFilter {
+            if let Some(address) = upstream_address(vm.host()) {
+                self.upstream = true;
+                return self.start_upstream(vm, &address);
+            }
+        }
+        let headers = read_request_headers(vm.host());
+        // First, whatever happens next: a client must never choose the key,
+        // the instance, the route or the counts.
+        for name in steering::owned_request_headers(&self.config) {
+            if headers.contains(name) {
+                warn_on_error("remove header", name, vm.host().remove_request_header(name));
+            }
+        }
+        let verdict = self.reader.on_request_headers(RequestHead {
+            path: headers.get(":path").unwrap_or_default(),
+            tenant_header: headers.get(&self.config.tenant_header),
+            end_of_stream,
+        });
+        match verdict {
+            HeadersVerdict::Continue(derivation) => {
+                self.route(vm, &derivation);
+                Flow::Continue
+            }
+            HeadersVerdict::PauseForBody => Flow::Pause,
+            HeadersVerdict::Reject(reply) => self.reject(vm, &reply),
+        }
+    }
+
+    /// `on_http_request_body`.
+    pub fn on_request_body<H: Host + Clone>(
+        &mut self,
+        vm: &mut Vm<H>,
+        body_size: usize,
+        end_of_stream: bool,
+    ) -> Flow {
+        if self.upstream {
+            return Flow::Continue;
+        }
+        let host = vm.host();
+        let verdict = self
+            .reader
+            .on_request_body(body_size, end_of_stream, &mut |start, len| match host
+                .request_body(start, len)
+            {
+                Ok(bytes) => bytes,
+                Err(status) => {
+                    log::warn!("prefix-router: cannot read request body: {status}");
+                    None
+                }
+            });
+        self.body_flow(vm, verdict)
+    }
+
+    /// `on_http_request_trailers`.
+    pub fn on_request_trailers<H: Host + Clone>(&mut self, vm: &mut Vm<H>) -> Flow {
+        if self.upstream {
+            return Flow::Continue;
+        }
+        let verdict = self.reader.on_request_trailers();
+        self.body_flow(vm, verdict)
+    }
+
+    /// `on_http_response_headers`: with `counting: LISTENER`, counts the
+    /// request where it went if its decision calls for it; writes the debug
+    /// decision header if configured.
+    pub fn on_response_headers<H: Host + Clone>(&mut self, vm: &mut Vm<H>) -> Flow {
+        if self.upstream {
+            return Flow::Continue;
+        }
+        let count = self.listener_count.take();
+        let check = count.as_ref().is_some_and(ListenerCount::check_at_response);
+        let wanted = check || self.config.decision_header.is_some();
+        let instance = if wanted {
+            upstream_address(vm.host())
+        } else {
+            None
+        };
+        if let (Some(count), Some(address)) = (&count, &instance) {
+            // Read for the debug header only: still acted on if it shows
+            // the decision's count on the wrong instance.
+            if check || !count.count_stands(address) {
+                self.count_at_response(vm, count, address);
+            }
+        }
+        if let (Some(header), Some(kind)) = (&self.config.decision_header, self.decided) {
+            let value = steering::decision_header_value(kind, instance.as_deref());
+            warn_on_error(
+                "write response header",
+                header,
+                vm.host().replace_response_header(header, value.as_bytes()),
+            );
+        }
+        Flow::Continue
+    }
+
+    /// `on_done`: every stream end (completed, aborted, reset, timed out,
+    /// local reply) comes here once, so the count is given back exactly once.
+    pub fn on_done<H: Host + Clone>(&mut self, vm: &mut Vm<H>) {
+        if let Some(ticket) = self.ticket.take() {
+            let now = vm.now_ms();
+            vm.with_tracker(&self.config, |t| t.release(ticket, now));
+        }
+    }
+
+    /// Runs the policy and writes every header it governs.
+    fn route<H: Host + Clone>(&mut self, vm: &mut Vm<H>, derivation: &KeyDerivation) {
+        self.metrics.record_derivation(vm, derivation);
+        let now = vm.now_ms();
+        let random = vm.random();
+        let policy = Rc::clone(&self.policy);
+        let listener = self.config.counting == Counting::Listener;
+        let (routed, check_due) = vm.with_tracker(&self.config, |t| {
+            let routed = policy.decide(derivation.key.as_deref(), t, random, now);
+            let key = routed.headers.key.as_deref().filter(|_| listener);
+            let check_due = key.is_some_and(|key| t.response_check_due(key, now));
+            (routed, check_due)
+        });
+        for (name, value) in steering::header_writes(&self.config, &routed.headers) {
+            warn_on_error(
+                "write header",
+                name,
+                vm.host().replace_request_header(name, value.as_bytes()),
+            );
+        }
+        self.metrics.increment_decision(vm, routed.headers.kind);
+        self.decided = Some(routed.headers.kind);
+        if listener {
+            let count = ListenerCount::of(&self.config, &routed.headers, check_due);
+            self.listener_count = Some(count);
+        }
+        self.ticket = routed.ticket;
+    }
+
+    /// `counting: LISTENER`, at the response headers: the request reached
+    /// `address`. Moves the decision's count there if it was taken elsewhere,
+    /// counts it if it was not counted yet, learns the key's target.
+    fn count_at_response<H: Host + Clone>(
+        &mut self,
+        vm: &mut Vm<H>,
+        count: &ListenerCount,
+        address: &str,
+    ) {
+        let now = vm.now_ms();
+        let held = self.ticket.take();
+        self.ticket = vm.with_tracker(&self.config, |t| count.settle(address, held, t, now));
+    }
+
+    fn reject<H: Host + Clone>(&self, vm: &mut Vm<H>, reply: &LocalReply) -> Flow {
+        self.metrics.increment(vm, Counter::TenantRejected);
+        warn_on_error(
+            "send local reply",
+            "invalid_tenant_header",
+            vm.host().send_local_response(
+                reply.status,
+                "prefix_router_invalid_tenant_header",
+                &reply.headers,
+                &reply.body,
+            ),
+        );
+        // The local reply ends the stream; nothing goes upstream.
+        Flow::Pause
+    }
+
+    fn body_flow<H: Host + Clone>(&mut self, vm: &mut Vm<H>, verdict: BodyVerdict) -> Flow {
+        match verdict {
+            BodyVerdict::Pause => Flow::Pause,
+            BodyVerdict::Continue(derivation) => {
+                // Before Continue: once the headers leave, writes are lost.
+                self.route(vm, &derivation);
+                Flow::Continue
+            }
+            BodyVerdict::AlreadyDecided => Flow::Continue,
+        }
+    }
+
+    /// Upstream role: count the request on the chosen instance, learn the
+    /// key's target, and keep the internal headers from the instance.
+    fn start_upstream<H: Host + Clone>(&mut self, vm: &mut Vm<H>, address: &str) -> Flow {
+        let headers = read_request_headers(vm.host());
+        let text = |name: &str| {
+            headers
+                .get(name)
+                .and_then(|value| std::str::from_utf8(value).ok())
+        };
+        let overridden = self
+            .config
+            .host_header
+            .as_deref()
+            .is_some_and(|h| headers.contains(h));
+        let start = UpstreamStart {
+            address,
+            key: text(&self.config.key_header),
+            overridden,
+            counted: text(COUNTED_HEADER),
+        };
+        let now = vm.now_ms();
+        self.ticket = vm.with_tracker(&self.config, |t| t.upstream_started(start, now));
+        for name in INTERNAL_REQUEST_HEADERS {
+            if headers.contains(name) {
+                warn_on_error("remove header", name, vm.host().remove_request_header(name));
+            }
+        }
+        Flow::Continue
+    }
+}
+
+/// `upstream.address` (`ip:port`): readable in the upstream filter from the
+/// request headers on, and downstream once a response came from upstream.
+fn upstream_address(host: &impl Host) -> Option<String> {
+    match host.property(&["upstream", "address"]) {
+        Ok(Some(bytes)) if !bytes.is_empty() => String::from_utf8(bytes).ok(),
+        Ok(_) => None,
+        Err(status) => {
+            log::debug!("prefix-router: upstream.address unavailable: {status}");
+            None
+        }
+    }
+}
+
+/// All request headers in one host call (empty, with a warning, if the
+/// host refuses: the request then goes on unrouted rather than failing).
+fn read_request_headers(host: &impl Host) -> HeaderMap {
+    host.request_headers().unwrap_or_else(|status| {
+        log::warn!("prefix-router: cannot read the request headers: {status}");
+        HeaderMap::default()
+    })
+}

@@ -1,0 +1,487 @@
+//! The plugin's callbacks against the in-memory host: what reaches Envoy's
+//! headers, metrics and local replies, and what the load tables count.
+
+use std::rc::Rc;
+
+use super::*;
+use crate::headers::{COUNTED_HEADER, PENDING_MARK, ROUTE_HEADER};
+use crate::host::{Host, MetricKind};
+use crate::load::InstanceLoad;
+use crate::metrics::{in_flight_gauge_name, Counter, BYTES_INSPECTED, DECISION_KINDS};
+use crate::testing::memory_host::MemoryHost;
+
+type TestVm = Vm<Rc<MemoryHost>>;
+
+const KEY_HEADER: &str = "x-prefix-route-key";
+const HOST_HEADER: &str = "x-prefix-route-host";
+const A: &str = "10.0.0.1:8000";
+const B: &str = "10.0.0.2:8000";
+
+fn configured(json: &str) -> (Rc<MemoryHost>, TestVm, PluginRoot) {
+    let host = MemoryHost::new();
+    let mut vm = Vm::new(Rc::clone(&host));
+    let mut root = PluginRoot::default();
+    let size = host.set_configuration(json);
+    assert!(root.configure(&mut vm, size), "{json}");
+    host.take_calls();
+    (host, vm, root)
+}
+
+fn invoke_body(seed: u8) -> Vec<u8> {
+    (0..2_000u32)
+        .map(|i| b'a' + (i as u8 ^ seed) % 26)
+        .collect()
+}
+
+/// A downstream request with `headers` and, if any, a body in one
+/// callback: the stream (still open) and the flow of its last callback.
+fn request(
+    host: &MemoryHost,
+    vm: &mut TestVm,
+    root: &PluginRoot,
+    headers: &[(&str, &str)],
+    body: Option<&[u8]>,
+) -> (Stream, Flow) {
+    host.start_request(headers);
+    let mut stream = root.new_stream();
+    let flow = stream.on_request_headers(vm, body.is_none());
+    let (Flow::Pause, Some(body)) = (flow, body) else {
+        return (stream, flow);
+    };
+    let size = host.arrive(body);
+    let flow = stream.on_request_body(vm, size, true);
+    (stream, flow)
+}
+
+fn invoke(host: &MemoryHost, vm: &mut TestVm, root: &PluginRoot, seed: u8) -> Stream {
+    let body = invoke_body(seed);
+    let (stream, flow) = request(host, vm, root, &[(":path", "/invocations")], Some(&body));
+    assert_eq!(flow, Flow::Continue);
+    stream
+}
+
+/// The upstream filter's stream for a request the listener sent out with
+/// these headers, started on `address`.
+fn upstream(
+    host: &MemoryHost,
+    vm: &mut TestVm,
+    root: &PluginRoot,
+    headers: &[(&str, &str)],
+    address: &str,
+) -> Stream {
+    host.start_request(headers);
+    host.set_property("upstream.address", Some(address));
+    let mut stream = root.new_stream();
+    assert_eq!(stream.on_request_headers(vm, false), Flow::Continue);
+    stream
+}
+
+fn in_flight(vm: &mut TestVm, host: &MemoryHost, address: &str) -> Option<u32> {
+    let now = host.now_ms().unwrap_or_default();
+    let config = crate::config::Config::default();
+    vm.with_tracker(&config, |t| t.snapshot(now))
+        .into_iter()
+        .find(|l| l.address == address)
+        .map(|l| l.in_flight)
+}
+
+#[test]
+fn counters_are_batched_and_flushed_on_the_tick_with_their_deltas() {
+    let (host, mut vm, root) = configured("{}");
+    assert_eq!(
+        host.defined(MetricKind::Counter),
+        Counter::ALL.len() + DECISION_KINDS.len()
+    );
+    assert_eq!(host.defined(MetricKind::Histogram), 1);
+    let mut streams: Vec<Stream> = (0..3).map(|i| invoke(&host, &mut vm, &root, i)).collect();
+    let (no_body, _) = request(&host, &mut vm, &root, &[(":path", "/invocations")], None);
+    streams.push(no_body);
+    assert!(
+        !host.take_calls().iter().any(|c| c == "increment_metric"),
+        "no counter reaches Envoy before the tick"
+    );
+    assert!(host.metric(BYTES_INSPECTED).unwrap().records.is_empty());
+
+    root.tick(&mut vm);
+    let keyed = host.metric(Counter::KeyedInvoke.name()).unwrap();
+    assert_eq!(keyed.increments, vec![3], "one increment of the batch");
+    assert_eq!(host.counter(Counter::NoKey.name()), 1);
+    assert_eq!(host.counter(Counter::ShortBody.name()), 3);
+    assert_eq!(host.counter("prefix_router.decision.prefix"), 3);
+    assert_eq!(host.counter("prefix_router.decision.no_key"), 1);
+    assert_eq!(
+        host.metric(BYTES_INSPECTED).unwrap().records,
+        vec![2_000, 2_000, 2_000]
+    );
+
+    // Nothing new: the next tick hands nothing to Envoy.
+    host.advance_ms(1_000);
+    root.tick(&mut vm);
+    assert_eq!(
+        host.metric(Counter::KeyedInvoke.name()).unwrap().increments,
+        vec![3]
+    );
+    invoke(&host, &mut vm, &root, 9);
+    host.advance_ms(1_000);
+    root.tick(&mut vm);
+    assert_eq!(
+        host.metric(Counter::KeyedInvoke.name()).unwrap().increments,
+        vec![3, 1]
+    );
+    for mut stream in streams {
+        stream.on_done(&mut vm);
+    }
+}
+
+#[test]
+fn histogram_samples_past_the_batch_bound_are_recorded_at_once() {
+    let (host, mut vm, _root) = configured("{}");
+    let id = host
+        .define_metric(MetricKind::Histogram, BYTES_INSPECTED)
+        .unwrap();
+    for value in 0..MAX_PENDING_SAMPLES as u64 {
+        vm.record_later(id, value);
+    }
+    assert!(host.metric(BYTES_INSPECTED).unwrap().records.is_empty());
+    vm.record_later(id, 7);
+    assert_eq!(host.metric(BYTES_INSPECTED).unwrap().records, vec![7]);
+    vm.flush_metrics();
+    let records = host.metric(BYTES_INSPECTED).unwrap().records;
+    assert_eq!(records.len(), MAX_PENDING_SAMPLES + 1);
+    assert_eq!(records.get(1..4), Some(&[0, 1, 2][..]));
+}
+
+fn load(address: &str, in_flight: u32) -> InstanceLoad {
+    InstanceLoad {
+        address: address.to_string(),
+        in_flight,
+        fresh: true,
+    }
+}
+
+#[test]
+fn the_gauge_of_an_instance_that_left_drops_to_zero() {
+    let host = MemoryHost::new();
+    let mut vm = Vm::new(Rc::clone(&host));
+    vm.publish_gauges(&[load(A, 2), load(B, 1)]);
+    assert_eq!(host.gauge(&in_flight_gauge_name(A)), Some(2));
+    assert_eq!(host.gauge(&in_flight_gauge_name(B)), Some(1));
+    vm.publish_gauges(&[load(B, 3)]);
+    assert_eq!(host.gauge(&in_flight_gauge_name(A)), Some(0), "left: 0");
+    assert_eq!(host.gauge(&in_flight_gauge_name(B)), Some(3));
+    // Back again: the same gauge, not a second one.
+    vm.publish_gauges(&[load(A, 1), load(B, 3)]);
+    assert_eq!(host.gauge(&in_flight_gauge_name(A)), Some(1));
+    assert_eq!(host.defined(MetricKind::Gauge), 2);
+}
+
+#[test]
+fn no_more_than_max_gauges_are_defined() {
+    let host = MemoryHost::new();
+    let mut vm = Vm::new(Rc::clone(&host));
+    let loads: Vec<InstanceLoad> = (0..MAX_GAUGES + 6)
+        .map(|i| load(&format!("10.0.1.{i}:80"), 1))
+        .collect();
+    vm.publish_gauges(&loads);
+    assert_eq!(host.defined(MetricKind::Gauge), MAX_GAUGES);
+    vm.publish_gauges(&loads);
+    assert_eq!(host.defined(MetricKind::Gauge), MAX_GAUGES);
+    let beyond = in_flight_gauge_name(&format!("10.0.1.{}:80", MAX_GAUGES));
+    assert_eq!(host.gauge(&beyond), None);
+}
+
+#[test]
+fn two_roots_ticking_in_the_same_period_do_the_work_once() {
+    let (host, mut vm, listener) = configured("{}");
+    let mut upstream = PluginRoot::default();
+    let size = host.set_configuration("{}");
+    assert!(upstream.configure(&mut vm, size));
+    listener.tick(&mut vm);
+    let reads = host.store().reads();
+    assert!(reads > 0, "the tick reads the tables");
+    host.advance_ms(10);
+    upstream.tick(&mut vm);
+    assert_eq!(host.store().reads(), reads, "done already this period");
+    host.advance_ms(u64::from(TICK_PERIOD_MS));
+    upstream.tick(&mut vm);
+    assert!(host.store().reads() > reads, "next period: done again");
+}
+
+#[test]
+fn configure_defines_the_metrics_once_and_sets_the_tick() {
+    let (host, mut vm, mut root) = configured(r#"{"concurrency_threshold":3}"#);
+    assert_eq!(host.tick_period_ms(), Some(TICK_PERIOD_MS));
+    let defined = host.defined(MetricKind::Counter);
+    let size = host.set_configuration(r#"{"concurrency_threshold":4}"#);
+    assert!(root.configure(&mut vm, size));
+    assert!(
+        !host
+            .take_calls()
+            .iter()
+            .any(|c| c.starts_with("define_metric")),
+        "a reconfiguration defines nothing again"
+    );
+    assert_eq!(host.defined(MetricKind::Counter), defined);
+    let size = host.set_configuration(r#"{"concurrency_threshold":0}"#);
+    assert!(!root.configure(&mut vm, size), "out of range: rejected");
+    assert!(root.configure(&mut vm, 0), "no configuration: defaults");
+}
+
+#[test]
+fn client_sent_owned_headers_are_removed_before_deciding() {
+    let (host, mut vm, root) = configured(r#"{"strategy":"RANDOM"}"#);
+    let spoofed = [
+        (":path", "/invocations"),
+        (KEY_HEADER, "0000000000000000"),
+        (HOST_HEADER, "10.9.9.9:1"),
+        (ROUTE_HEADER, "least_request"),
+        (COUNTED_HEADER, A),
+        ("x-other", "kept"),
+    ];
+    let (mut stream, flow) = request(&host, &mut vm, &root, &spoofed, Some(&invoke_body(1)));
+    assert_eq!(flow, Flow::Continue);
+    assert_eq!(
+        host.request_header_names(),
+        vec![":path".to_string(), "x-other".to_string()],
+        "RANDOM sets none of them"
+    );
+    stream.on_done(&mut vm);
+
+    let (host, mut vm, root) = configured("{}");
+    let (mut stream, _) = request(&host, &mut vm, &root, &spoofed, Some(&invoke_body(1)));
+    let key = host.request_header(KEY_HEADER).unwrap();
+    assert_ne!(key, "0000000000000000");
+    assert_eq!(key.len(), 16);
+    assert_eq!(host.request_header(HOST_HEADER), None);
+    assert_eq!(host.request_header(ROUTE_HEADER), None);
+    assert_eq!(
+        host.request_header(COUNTED_HEADER).as_deref(),
+        Some(PENDING_MARK),
+        "a new key goes out pending"
+    );
+    stream.on_done(&mut vm);
+}
+
+#[test]
+fn an_invalid_tenant_gets_the_local_reply_and_pause() {
+    let (host, mut vm, root) = configured("{}");
+    let long = "t".repeat(65);
+    let headers = [
+        (":path", "/v1/chat/completions"),
+        ("x-amzn-sagemaker-prefix-aware-id", long.as_str()),
+    ];
+    host.start_request(&headers);
+    let mut stream = root.new_stream();
+    assert_eq!(stream.on_request_headers(&mut vm, false), Flow::Pause);
+    let replies = host.replies();
+    assert_eq!(replies.len(), 1);
+    let reply = &replies[0];
+    assert_eq!(reply.status, 400);
+    assert_eq!(reply.details, "prefix_router_invalid_tenant_header");
+    let body: serde_json::Value = serde_json::from_slice(&reply.body).unwrap();
+    assert_eq!(body["error"]["type"], "invalid_tenant_header");
+    assert_eq!(host.request_header(KEY_HEADER), None);
+    // Envoy may still call the body callback: it reads and writes nothing.
+    host.take_calls();
+    let size = host.arrive(b"{}");
+    assert_eq!(stream.on_request_body(&mut vm, size, true), Flow::Continue);
+    assert_eq!(host.take_calls(), Vec::<String>::new());
+    root.tick(&mut vm);
+    assert_eq!(host.counter(Counter::TenantRejected.name()), 1);
+    assert_eq!(host.counter(Counter::NoKey.name()), 0);
+}
+
+#[test]
+fn the_decision_header_names_the_kind_and_the_instance() {
+    let (host, mut vm, root) = configured(r#"{"decision_header":"x-decision"}"#);
+    let mut stream = invoke(&host, &mut vm, &root, 2);
+    host.set_property("upstream.address", Some(A));
+    assert_eq!(stream.on_response_headers(&mut vm), Flow::Continue);
+    assert_eq!(
+        host.response_header("x-decision").as_deref(),
+        Some("prefix; instance=10.0.0.1:8000")
+    );
+    stream.on_done(&mut vm);
+
+    let (mut stream, _) = request(&host, &mut vm, &root, &[(":path", "/x")], None);
+    stream.on_response_headers(&mut vm);
+    assert_eq!(
+        host.response_header("x-decision").as_deref(),
+        Some("no_key")
+    );
+    stream.on_done(&mut vm);
+
+    let (host, mut vm, root) = configured("{}");
+    let mut stream = invoke(&host, &mut vm, &root, 2);
+    host.set_property("upstream.address", Some(A));
+    host.take_calls();
+    stream.on_response_headers(&mut vm);
+    assert_eq!(
+        host.take_calls(),
+        Vec::<String>::new(),
+        "no decision header, counted upstream: the response is not touched"
+    );
+    stream.on_done(&mut vm);
+}
+
+#[test]
+fn the_upstream_role_counts_where_envoy_sent_the_request_and_strips_the_internal_headers() {
+    let (host, mut vm, root) = configured("{}");
+    let sent = [
+        (":path", "/invocations"),
+        (KEY_HEADER, "00000000000000aa"),
+        (COUNTED_HEADER, PENDING_MARK),
+        (ROUTE_HEADER, "x"),
+    ];
+    let mut stream = upstream(&host, &mut vm, &root, &sent, A);
+    assert_eq!(
+        host.request_header_names(),
+        vec![":path".to_string(), KEY_HEADER.to_string()]
+    );
+    assert_eq!(in_flight(&mut vm, &host, A), Some(1));
+    // The body passes untouched (no read): the listener decided already.
+    host.take_calls();
+    let size = host.arrive(b"body");
+    assert_eq!(stream.on_request_body(&mut vm, size, true), Flow::Continue);
+    assert_eq!(stream.on_response_headers(&mut vm), Flow::Continue);
+    assert_eq!(host.take_calls(), Vec::<String>::new());
+    stream.on_done(&mut vm);
+    assert_eq!(in_flight(&mut vm, &host, A), Some(0), "released on done");
+}
+
+/// A downstream request's host calls: the role check, one header read,
+/// the body read, the clock, the header writes; the release at the end.
+#[test]
+fn a_keyed_request_reads_headers_and_body_once_and_writes_two_headers() {
+    let (host, mut vm, root) = configured("{}");
+    // The key's first request, counted and learned by the upstream filter.
+    let mut first = invoke(&host, &mut vm, &root, 3);
+    let key = host.request_header(KEY_HEADER).unwrap();
+    let sent = [(KEY_HEADER, key.as_str()), (COUNTED_HEADER, PENDING_MARK)];
+    let mut first_upstream = upstream(&host, &mut vm, &root, &sent, A);
+    first_upstream.on_done(&mut vm);
+    first.on_done(&mut vm);
+    host.take_calls();
+    let mut stream = invoke(&host, &mut vm, &root, 3);
+    assert_eq!(
+        host.take_calls(),
+        vec![
+            "property upstream.address",
+            "request_headers",
+            "request_body",
+            "now_ms",
+            "replace_request_header x-prefix-route-key",
+            "replace_request_header x-prefix-router-counted",
+        ]
+    );
+    stream.on_done(&mut vm);
+    assert_eq!(host.take_calls(), vec!["now_ms"]);
+}
+
+#[test]
+fn a_body_ended_by_trailers_is_decided_at_the_trailers() {
+    let (host, mut vm, root) = configured("{}");
+    host.start_request(&[(":path", "/invocations")]);
+    let mut stream = root.new_stream();
+    assert_eq!(stream.on_request_headers(&mut vm, false), Flow::Pause);
+    let size = host.arrive(b"short body");
+    assert_eq!(stream.on_request_body(&mut vm, size, false), Flow::Pause);
+    assert_eq!(host.request_header(KEY_HEADER), None);
+    assert_eq!(stream.on_request_trailers(&mut vm), Flow::Continue);
+    assert!(host.request_header(KEY_HEADER).is_some());
+    stream.on_done(&mut vm);
+}
+
+/// `counting: LISTENER`: the first request of a key is counted at its
+/// response; the next, claimed on the learned target, reads nothing at its
+/// response unless its check is due or a decision header wants the
+/// instance, and is moved if Envoy sent it elsewhere.
+#[test]
+fn counting_at_the_response_acts_only_when_it_should() {
+    let (host, mut vm, root) = configured(r#"{"counting":"LISTENER"}"#);
+    // Counting in the listener: no role check at the request headers.
+    host.set_property("upstream.address", Some(B));
+    let mut first = invoke(&host, &mut vm, &root, 4);
+    assert!(!host.take_calls().iter().any(|c| c.starts_with("property")));
+    assert_eq!(
+        host.request_header(COUNTED_HEADER),
+        None,
+        "no counted header for a filter that is not there"
+    );
+    assert_eq!(in_flight(&mut vm, &host, A), None, "nothing counted yet");
+    host.set_property("upstream.address", Some(A));
+    first.on_response_headers(&mut vm);
+    assert_eq!(
+        in_flight(&mut vm, &host, A),
+        Some(1),
+        "counted at its response"
+    );
+
+    let mut second = invoke(&host, &mut vm, &root, 4);
+    assert_eq!(
+        in_flight(&mut vm, &host, A),
+        Some(2),
+        "claimed at the decision"
+    );
+    host.set_property("upstream.address", Some(A));
+    host.take_calls();
+    second.on_response_headers(&mut vm);
+    assert_eq!(
+        host.take_calls(),
+        Vec::<String>::new(),
+        "claimed on the target, check not due: nothing read"
+    );
+    assert_eq!(in_flight(&mut vm, &host, A), Some(2), "not counted twice");
+    for mut stream in [first, second] {
+        stream.on_done(&mut vm);
+    }
+    assert_eq!(in_flight(&mut vm, &host, A), Some(0));
+
+    // With a decision header the instance is read anyway, and a count taken
+    // on the wrong instance moves.
+    let (host, mut vm, root) =
+        configured(r#"{"counting":"LISTENER","decision_header":"x-decision"}"#);
+    let mut first = invoke(&host, &mut vm, &root, 5);
+    host.set_property("upstream.address", Some(A));
+    first.on_response_headers(&mut vm);
+    first.on_done(&mut vm);
+    let mut second = invoke(&host, &mut vm, &root, 5);
+    assert_eq!(in_flight(&mut vm, &host, A), Some(1), "claimed on A");
+    host.set_property("upstream.address", Some(B));
+    second.on_response_headers(&mut vm);
+    assert_eq!(in_flight(&mut vm, &host, A), Some(0), "moved off A");
+    assert_eq!(in_flight(&mut vm, &host, B), Some(1), "onto B");
+    assert_eq!(
+        host.response_header("x-decision").as_deref(),
+        Some("prefix; instance=10.0.0.2:8000")
+    );
+    second.on_done(&mut vm);
+    assert_eq!(in_flight(&mut vm, &host, B), Some(0));
+}
+
+#[test]
+fn random_numbers_need_no_host_entropy() {
+    let host = MemoryHost::new();
+    host.set_entropy(None);
+    let mut vm = Vm::new(Rc::clone(&host));
+    let draws: Vec<u64> = (0..4).map(|_| vm.random()).collect();
+    for (i, a) in draws.iter().enumerate() {
+        for b in &draws[i + 1..] {
+            assert_ne!(a, b, "{draws:?}");
+        }
+    }
+    let seeded = |entropy: u64| {
+        let host = MemoryHost::new();
+        host.set_entropy(Some(entropy));
+        Vm::new(host).random()
+    };
+    assert_ne!(seeded(1), seeded(2), "VMs with their own entropy differ");
+    assert_eq!(
+        host.take_calls()
+            .iter()
+            .filter(|c| *c == "random_u64")
+            .count(),
+        1,
+        "the host's entropy is asked once per VM"
+    );
+}

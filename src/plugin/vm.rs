@@ -1,0 +1,221 @@
+//! One worker VM's state, shared by every root and stream context of the VM
+//! (listener and upstream filters, old and new configurations): the handle on
+//! the shared load tables, the metric updates not yet handed to Envoy, the
+//! in-flight gauges, when the tick last did its work, and the random source.
+//! Kept across configuration updates (Envoy reuses the VM for them).
+
+use std::collections::HashMap;
+
+use super::warn_on_error;
+use crate::config::Config;
+use crate::host::{Host, MetricKind};
+use crate::load::{InstanceLoad, LoadTracker};
+use crate::metrics::in_flight_gauge_name;
+use crate::steering;
+
+/// Most in-flight gauges one VM defines (Envoy never deletes a stat); the
+/// registry holds at most this many instances anyway.
+pub const MAX_GAUGES: usize = 64;
+
+/// Most histogram samples a VM holds between ticks; past it a sample is
+/// recorded at once.
+pub const MAX_PENDING_SAMPLES: usize = 8_192;
+
+/// See the module documentation.
+#[derive(Debug)]
+pub struct Vm<H: Host + Clone> {
+    host: H,
+    /// Created on first use (its nonce needs the random source).
+    tracker: Option<LoadTracker<H>>,
+    /// When this VM last ran the tick's work (0: never).
+    last_tick_ms: u64,
+    /// In-flight gauge ids by instance address.
+    gauges: HashMap<String, u32>,
+    /// Counter increments not yet handed to Envoy, by metric id: counting
+    /// locally and flushing on the tick spares two host calls per request
+    /// (Prometheus scrapes every few seconds; the counters lag by one tick).
+    pending_counts: Vec<(u32, u64)>,
+    /// Histogram samples not yet handed to Envoy, by metric id: recorded on
+    /// the tick too, so the request's path makes one host call fewer (each
+    /// sample is still recorded once, at most a tick late).
+    pending_samples: Vec<(u32, u64)>,
+    /// splitmix64 state; seeded on first use.
+    random_state: Option<u64>,
+}
+
+impl<H: Host + Clone> Vm<H> {
+    pub fn new(host: H) -> Self {
+        Vm {
+            host,
+            tracker: None,
+            last_tick_ms: 0,
+            gauges: HashMap::new(),
+            pending_counts: Vec::new(),
+            pending_samples: Vec::new(),
+            random_state: None,
+        }
+    }
+
+    pub fn host(&self) -> &H {
+        &self.host
+    }
+
+    /// The host clock; 0, with a warning, if the host cannot tell.
+    pub fn now_ms(&self) -> u64 {
+        self.host.now_ms().unwrap_or_else(|status| {
+            log::warn!("prefix-router: cannot read the clock: {status}");
+            0
+        })
+    }
+
+    /// A fresh random number (the random policy's choice, the tracker's VM
+    /// nonce). A splitmix64 sequence seeded once per VM from the host's
+    /// entropy (WASI `random_get`, through a call that reports failure), or,
+    /// should that fail, from the clock: std's `RandomState::new` panics when
+    /// `random_get` fails, and a panic kills the VM for every request of the
+    /// worker. The numbers need to be uniform, not secret; host entropy keeps
+    /// the seeds (so the nonces) of VMs started in the same millisecond apart.
+    pub fn random(&mut self) -> u64 {
+        let state = match self.random_state {
+            Some(state) => state,
+            None => self.host.random_u64().unwrap_or_else(|| {
+                log::warn!("prefix-router: no host entropy; random numbers seeded from the clock");
+                self.now_ms()
+            }),
+        };
+        let (next, output) = splitmix64(state);
+        self.random_state = Some(next);
+        output
+    }
+
+    /// Runs `f` on this VM's tracker, creating it on first use. The tracker is
+    /// shared by every plugin of the VM, so each call applies the caller's own
+    /// `instance_ttl_ms` rather than whichever plugin configured last.
+    pub fn with_tracker<R>(
+        &mut self,
+        config: &Config,
+        f: impl FnOnce(&mut LoadTracker<H>) -> R,
+    ) -> R {
+        let nonce = if self.tracker.is_none() {
+            self.random()
+        } else {
+            0
+        };
+        let host = &self.host;
+        let tracker = self.tracker.get_or_insert_with(|| {
+            LoadTracker::new(host.clone(), steering::load_config(config), nonce)
+        });
+        tracker.set_instance_ttl_ms(config.instance_ttl_ms);
+        f(tracker)
+    }
+
+    /// Counts one increment of counter `id`, handed to Envoy on the tick.
+    pub fn count_later(&mut self, id: u32) {
+        match self
+            .pending_counts
+            .iter_mut()
+            .find(|(pending_id, _)| *pending_id == id)
+        {
+            Some((_, delta)) => *delta += 1,
+            None => self.pending_counts.push((id, 1)),
+        }
+    }
+
+    /// Holds a sample of histogram `id` for the tick (recorded at once if
+    /// [`MAX_PENDING_SAMPLES`] are held already).
+    pub fn record_later(&mut self, id: u32, value: u64) {
+        if self.pending_samples.len() < MAX_PENDING_SAMPLES {
+            self.pending_samples.push((id, value));
+        } else {
+            self.record_sample(id, value);
+        }
+    }
+
+    fn record_sample(&self, id: u32, value: u64) {
+        warn_on_error(
+            "record metric",
+            "histogram",
+            self.host.record_metric(id, value),
+        );
+    }
+
+    /// Hands this VM's counted increments and held histogram samples to Envoy.
+    pub fn flush_metrics(&mut self) {
+        for (id, delta) in std::mem::take(&mut self.pending_counts) {
+            let delta = i64::try_from(delta).unwrap_or(i64::MAX);
+            warn_on_error(
+                "increment metric",
+                "counter",
+                self.host.increment_metric(id, delta),
+            );
+        }
+        for (id, value) in std::mem::take(&mut self.pending_samples) {
+            self.record_sample(id, value);
+        }
+    }
+
+    /// Whether the tick's work is due at `now` (and if so, marks it done):
+    /// every plugin of the VM (listener filter, each cluster's upstream
+    /// filter) has a root that ticks; one tick per period does the work.
+    pub fn tick_due(&mut self, now: u64, period_ms: u32) -> bool {
+        let due = now.saturating_sub(self.last_tick_ms) >= u64::from(period_ms / 2);
+        if due {
+            self.last_tick_ms = now;
+        }
+        due
+    }
+
+    /// Sets every known instance's in-flight gauge (each VM computes the same
+    /// totals from shared data; same-named gauges are one Envoy stat). Gauges
+    /// of instances no longer registered drop to 0; past [`MAX_GAUGES`] no
+    /// gauge is defined.
+    pub fn publish_gauges(&mut self, loads: &[InstanceLoad]) {
+        for (address, id) in &self.gauges {
+            if !loads.iter().any(|l| &l.address == address) {
+                warn_on_error("set gauge", address, self.host.record_metric(*id, 0));
+            }
+        }
+        for load in loads {
+            let id = match self.gauges.get(&load.address) {
+                Some(id) => Some(*id),
+                None if self.gauges.len() < MAX_GAUGES => {
+                    let name = in_flight_gauge_name(&load.address);
+                    let id = define_metric(&self.host, MetricKind::Gauge, &name);
+                    if let Some(id) = id {
+                        self.gauges.insert(load.address.clone(), id);
+                    }
+                    id
+                }
+                None => None,
+            };
+            if let Some(id) = id {
+                warn_on_error(
+                    "set gauge",
+                    &load.address,
+                    self.host.record_metric(id, u64::from(load.in_flight)),
+                );
+            }
+        }
+    }
+}
+
+/// Defines a metric; `None`, with a warning, if the host refuses (the filter
+/// then routes without that metric rather than failing requests).
+pub(super) fn define_metric(host: &impl Host, kind: MetricKind, name: &str) -> Option<u32> {
+    match host.define_metric(kind, name) {
+        Ok(id) => Some(id),
+        Err(status) => {
+            log::warn!("prefix-router: cannot define metric {name}: {status}");
+            None
+        }
+    }
+}
+
+/// One splitmix64 step: (next state, output).
+fn splitmix64(state: u64) -> (u64, u64) {
+    let next = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = next;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    (next, z ^ (z >> 31))
+}
