@@ -387,7 +387,7 @@ async fn orca_load_reports_match_metrics_on_non_streaming_openai_responses_only(
     let asked = "endpoint-load-metrics-format: TEXT\r\n";
     let (head, _) = post(a.addr(), "/v1/chat/completions", asked, chat).await;
     let expected = format!(
-        "TEXT named_metrics.kv_cache_usage_perc={kv:?}, named_metrics.num_requests_waiting={:?}",
+        "TEXT named_metrics.num_requests_waiting={:?}, named_metrics.kv_cache_usage_perc={kv:?}",
         metric(a.addr(), "vllm:num_requests_waiting").await
     );
     assert_eq!(

@@ -154,21 +154,23 @@ impl MetricsSnapshot {
 }
 
 /// The request header that asks for an ORCA load report on the response, as
-/// vLLM reads it (`vllm/entrypoints/openai/orca_metrics.py`).
+/// vLLM 0.33 reads it (`vllm/entrypoints/openai/chat_completion/api_router.py`).
 pub const ORCA_FORMAT_HEADER: &str = "endpoint-load-metrics-format";
 
 /// The response header carrying the ORCA load report.
 pub const ORCA_REPORT_HEADER: &str = "endpoint-load-metrics";
 
 impl MetricsSnapshot {
-    /// The `endpoint-load-metrics` value vLLM sends when a request asked for
-    /// `format` (`TEXT` or `JSON`, any case; `None` for any other): the
-    /// named metrics `kv_cache_usage_perc` and `num_requests_waiting`, floats
-    /// printed as Python prints them (`2.0`, `0.4`).
+    /// The `endpoint-load-metrics` value vLLM 0.33 sends when a request
+    /// asked for `format` (`TEXT` or `JSON`, any case; `None` for any other):
+    /// `num_requests_waiting` and `kv_cache_usage_perc` in the order vLLM
+    /// registers their gauges (`vllm/entrypoints/serve/utils/orca_metrics.py`
+    /// reads its Prometheus registry), floats printed as Python prints them
+    /// (`2.0`, `0.4`).
     pub fn orca_report(&self, format: &str) -> Option<String> {
         let metrics = [
-            ("kv_cache_usage_perc", self.kv_cache_usage),
             ("num_requests_waiting", self.num_requests_waiting as f64),
+            ("kv_cache_usage_perc", self.kv_cache_usage),
         ];
         if format.eq_ignore_ascii_case("text") {
             let pairs: Vec<String> = metrics
@@ -242,13 +244,13 @@ mod tests {
         let snap = snapshot(2, 0.4);
         assert_eq!(
             snap.orca_report("TEXT").as_deref(),
-            Some("TEXT named_metrics.kv_cache_usage_perc=0.4, named_metrics.num_requests_waiting=2.0")
+            Some("TEXT named_metrics.num_requests_waiting=2.0, named_metrics.kv_cache_usage_perc=0.4")
         );
         assert_eq!(snap.orca_report("text"), snap.orca_report("TEXT"));
         assert_eq!(
             snapshot(0, 0.0).orca_report("json").as_deref(),
             Some(
-                r#"JSON {"named_metrics": {"kv_cache_usage_perc": 0.0, "num_requests_waiting": 0.0}}"#
+                r#"JSON {"named_metrics": {"num_requests_waiting": 0.0, "kv_cache_usage_perc": 0.0}}"#
             )
         );
         let json = snap.orca_report("JSON").unwrap();
