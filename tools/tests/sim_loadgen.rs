@@ -342,3 +342,117 @@ async fn spawned_fleet_counters_match_what_clients_saw() {
         (reports[0].prompt_tokens + reports[1].prompt_tokens) as f64
     );
 }
+
+/// One raw HTTP/1.1 POST on a fresh connection with extra header lines;
+/// returns (head, body) once the server closes.
+async fn post(addr: SocketAddr, path: &str, headers: &str, body: &str) -> (String, String) {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let req = format!(
+        "POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n{headers}connection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+    (head.to_string(), body.to_string())
+}
+
+/// The value of response header `name` (lowercase) in a raw head.
+fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
+    head.lines().find_map(|line| {
+        let (n, v) = line.split_once(':')?;
+        n.eq_ignore_ascii_case(name).then(|| v.trim())
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orca_load_reports_match_metrics_on_non_streaming_openai_responses_only() {
+    let a = sim("sim-orca").await;
+    // A long streamed request holds KV blocks, so the report has something to show.
+    let mut held = tokio::net::TcpStream::connect(a.addr()).await.unwrap();
+    let body = r#"{"messages":[{"role":"user","content":"hold these blocks"}],"max_tokens":5000,"stream":true}"#;
+    let req = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    held.write_all(req.as_bytes()).await.unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = held.read(&mut buf).await.unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).contains("200 OK"));
+    let kv = metric(a.addr(), "vllm:kv_cache_usage_perc").await;
+    assert!(kv > 0.0, "the held request holds no KV blocks");
+
+    let chat = r#"{"messages":[{"role":"user","content":"hi"}],"max_tokens":2}"#;
+    let asked = "endpoint-load-metrics-format: TEXT\r\n";
+    let (head, _) = post(a.addr(), "/v1/chat/completions", asked, chat).await;
+    let expected = format!(
+        "TEXT named_metrics.num_requests_waiting={:?}, named_metrics.kv_cache_usage_perc={kv:?}",
+        metric(a.addr(), "vllm:num_requests_waiting").await
+    );
+    assert_eq!(
+        header(&head, "endpoint-load-metrics"),
+        Some(expected.as_str()),
+        "{head}"
+    );
+
+    let completion = r#"{"prompt":"hi","max_tokens":2}"#;
+    let (head, _) = post(
+        a.addr(),
+        "/v1/completions",
+        "endpoint-load-metrics-format: json\r\n",
+        completion,
+    )
+    .await;
+    let report = header(&head, "endpoint-load-metrics").expect("no JSON report");
+    let parsed: serde_json::Value =
+        serde_json::from_str(report.strip_prefix("JSON ").unwrap()).unwrap();
+    assert_eq!(parsed["named_metrics"]["kv_cache_usage_perc"], kv);
+
+    // Not asked, streaming, native invoke, unknown format: no report, as in vLLM.
+    let streamed = r#"{"prompt":"hi","max_tokens":2,"stream":true}"#;
+    for (path, headers, body) in [
+        ("/v1/chat/completions", "", chat),
+        ("/v1/completions", asked, streamed),
+        ("/invocations", asked, "hi"),
+        (
+            "/v1/chat/completions",
+            "endpoint-load-metrics-format: BIN\r\n",
+            chat,
+        ),
+    ] {
+        let (head, _) = post(a.addr(), path, headers, body).await;
+        assert!(head.contains("200 OK"), "{path}: {head}");
+        assert_eq!(
+            header(&head, "endpoint-load-metrics"),
+            None,
+            "{path} {headers:?}: {head}"
+        );
+    }
+    drop(held);
+}
+
+#[tokio::test]
+async fn sglang_router_registration_endpoints_name_the_model_and_no_path() {
+    let a = sim("sim-sglang").await;
+    for path in [
+        "/server_info",
+        "/get_server_info",
+        "/model_info",
+        "/get_model_info",
+    ] {
+        let (head, body) = get(a.addr(), path).await;
+        assert!(head.contains("200 OK"), "{path}: {head}");
+        let info: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(
+            info["served_model_name"],
+            SimConfig::default().model,
+            "{path}"
+        );
+        // A path makes SGLang's router try to download a tokenizer.
+        assert!(
+            info.get("model_path").is_none() && info.get("tokenizer_path").is_none(),
+            "{path}: {body}"
+        );
+    }
+}

@@ -153,6 +153,47 @@ impl MetricsSnapshot {
     }
 }
 
+/// The request header that asks for an ORCA load report on the response, as
+/// vLLM 0.33 reads it (`vllm/entrypoints/openai/chat_completion/api_router.py`).
+pub const ORCA_FORMAT_HEADER: &str = "endpoint-load-metrics-format";
+
+/// The response header carrying the ORCA load report.
+pub const ORCA_REPORT_HEADER: &str = "endpoint-load-metrics";
+
+impl MetricsSnapshot {
+    /// The `endpoint-load-metrics` value vLLM 0.33 sends when a request
+    /// asked for `format` (`TEXT` or `JSON`, any case; `None` for any other):
+    /// `num_requests_waiting` and `kv_cache_usage_perc` in the order vLLM
+    /// registers their gauges (`vllm/entrypoints/serve/utils/orca_metrics.py`
+    /// reads its Prometheus registry), floats printed as Python prints them
+    /// (`2.0`, `0.4`).
+    pub fn orca_report(&self, format: &str) -> Option<String> {
+        let metrics = [
+            ("num_requests_waiting", self.num_requests_waiting as f64),
+            ("kv_cache_usage_perc", self.kv_cache_usage),
+        ];
+        if format.eq_ignore_ascii_case("text") {
+            let pairs: Vec<String> = metrics
+                .iter()
+                .map(|(name, value)| format!("named_metrics.{name}={value:?}"))
+                .collect();
+            Some(format!("TEXT {}", pairs.join(", ")))
+        } else if format.eq_ignore_ascii_case("json") {
+            // json.dumps' default separators: ", " and ": ".
+            let pairs: Vec<String> = metrics
+                .iter()
+                .map(|(name, value)| format!("\"{name}\": {value:?}"))
+                .collect();
+            Some(format!(
+                "JSON {{\"named_metrics\": {{{}}}}}",
+                pairs.join(", ")
+            ))
+        } else {
+            None
+        }
+    }
+}
+
 fn escape_label(v: &str) -> String {
     v.replace('\\', "\\\\")
         .replace('"', "\\\"")
@@ -183,6 +224,42 @@ pub fn parse_sample(text: &str, name: &str) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn snapshot(waiting: usize, kv_cache_usage: f64) -> MetricsSnapshot {
+        MetricsSnapshot {
+            prefix_cache_queries: 0,
+            prefix_cache_hits: 0,
+            prompt_tokens: 0,
+            generation_tokens: 0,
+            request_success: 0,
+            num_requests_running: 0,
+            num_requests_waiting: waiting,
+            kv_cache_usage,
+            ttft: Histogram::new(&TTFT_BUCKETS),
+        }
+    }
+
+    #[test]
+    fn orca_reports_read_like_vllms() {
+        let snap = snapshot(2, 0.4);
+        assert_eq!(
+            snap.orca_report("TEXT").as_deref(),
+            Some("TEXT named_metrics.num_requests_waiting=2.0, named_metrics.kv_cache_usage_perc=0.4")
+        );
+        assert_eq!(snap.orca_report("text"), snap.orca_report("TEXT"));
+        assert_eq!(
+            snapshot(0, 0.0).orca_report("json").as_deref(),
+            Some(
+                r#"JSON {"named_metrics": {"num_requests_waiting": 0.0, "kv_cache_usage_perc": 0.0}}"#
+            )
+        );
+        let json = snap.orca_report("JSON").unwrap();
+        let parsed: serde_json::Value =
+            serde_json::from_str(json.strip_prefix("JSON ").unwrap()).unwrap();
+        assert_eq!(parsed["named_metrics"]["num_requests_waiting"], 2.0);
+        assert_eq!(snap.orca_report("BIN"), None);
+        assert_eq!(snap.orca_report(""), None);
+    }
 
     #[test]
     fn renders_vllm_names_and_parses_back() {

@@ -18,7 +18,14 @@
 //! - `POST /reset_prefix_cache`: empties the cache between benchmark phases
 //!   (409 while requests are in flight).
 //! - Any other `POST` (e.g. `/invocations`): native invoke, the raw body is the prompt.
-//! - `GET /health`, `GET /v1/models`, `GET /metrics` (vLLM's metric names).
+//! - `GET /health`, `GET /v1/models`, `GET /metrics` (vLLM's metric names;
+//!   running, waiting and KV usage follow the engine's state).
+//! - `GET /server_info`, `GET /model_info` (and their `/get_` forms): what
+//!   SGLang's router reads when a worker registers, with no model path.
+//! - A non-streaming chat or completions request with
+//!   `endpoint-load-metrics-format: TEXT` (or `JSON`) gets vLLM's ORCA
+//!   `endpoint-load-metrics` response header (`kv_cache_usage_perc`,
+//!   `num_requests_waiting`, as the response leaves).
 //! - Every response has `x-served-by: <name>`.
 //!
 //! # Calibration (defaults of [`SimConfig`]), Llama 3.1 70B on one 8-GPU instance

@@ -27,6 +27,7 @@ use tokio::time::{sleep_until, Instant};
 
 use super::api::{self, ApiKind, ParsedRequest, ResponseMeta};
 use super::engine::{Engine, Job, Ticket};
+use super::metrics::{ORCA_FORMAT_HEADER, ORCA_REPORT_HEADER};
 use super::prefix_cache::first_block_extra;
 use super::tokenizer;
 use super::SimConfig;
@@ -143,6 +144,15 @@ async fn route(shared: &Shared, req: Request<Incoming>) -> Response<Body> {
             StatusCode::OK,
             &json!({"object": "list", "data": [{"id": cfg.model, "object": "model", "owned_by": "vllm-sim"}]}),
         ),
+        // What SGLang's router asks each worker at registration. Neither names
+        // a model or tokenizer path: the router would try to download it.
+        (Method::GET, "/server_info" | "/get_server_info") => {
+            json_response(StatusCode::OK, &json!({"served_model_name": cfg.model}))
+        }
+        (Method::GET, "/model_info" | "/get_model_info") => json_response(
+            StatusCode::OK,
+            &json!({"served_model_name": cfg.model, "is_generation": true}),
+        ),
         (Method::POST, "/reset_prefix_cache") => {
             if shared.engine.reset_prefix_cache() {
                 full(StatusCode::OK, "text/plain", Bytes::new())
@@ -157,6 +167,11 @@ async fn route(shared: &Shared, req: Request<Incoming>) -> Response<Body> {
             }
         }
         (Method::POST, _) => {
+            let orca_format = req
+                .headers()
+                .get(ORCA_FORMAT_HEADER)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string);
             let body = match Limited::new(req.into_body(), MAX_BODY_BYTES)
                 .collect()
                 .await
@@ -171,13 +186,17 @@ async fn route(shared: &Shared, req: Request<Incoming>) -> Response<Body> {
             };
             let kind = ApiKind::from_path(&path);
             match api::parse(kind, &body, &cfg.model, cfg.default_max_tokens) {
-                Ok(parsed) => generate(shared, parsed).await,
+                Ok(parsed) => generate(shared, parsed, orca_format).await,
                 Err(api::BadRequest(msg)) => {
                     json_response(StatusCode::BAD_REQUEST, &api::error_body(&msg, 400))
                 }
             }
         }
-        (_, "/health" | "/metrics" | "/v1/models") => json_response(
+        (
+            _,
+            "/health" | "/metrics" | "/v1/models" | "/server_info" | "/get_server_info"
+            | "/model_info" | "/get_model_info",
+        ) => json_response(
             StatusCode::METHOD_NOT_ALLOWED,
             &api::error_body("method not allowed", 405),
         ),
@@ -217,7 +236,14 @@ impl Generation {
     }
 }
 
-async fn generate(shared: &Shared, parsed: ParsedRequest) -> Response<Body> {
+/// `orca_format`: the request's `endpoint-load-metrics-format`, if any. Like
+/// vLLM, only a non-streaming OpenAI response (chat or completions) carries
+/// the report, taken as the response leaves.
+async fn generate(
+    shared: &Shared,
+    parsed: ParsedRequest,
+    orca_format: Option<String>,
+) -> Response<Body> {
     let engine = &shared.engine;
     let cfg = engine.config();
     let job = Job {
@@ -277,7 +303,15 @@ async fn generate(shared: &Shared, parsed: ParsedRequest) -> Response<Body> {
         &text,
         gen.usage(admission.hit_tokens),
     );
-    json_response(StatusCode::OK, &body)
+    let mut response = json_response(StatusCode::OK, &body);
+    let report = orca_format
+        .filter(|_| gen.parsed.api != ApiKind::Invoke)
+        .and_then(|format| engine.snapshot().orca_report(&format))
+        .and_then(|report| HeaderValue::from_str(&report).ok());
+    if let Some(report) = report {
+        response.headers_mut().insert(ORCA_REPORT_HEADER, report);
+    }
+    response
 }
 
 /// Streams the tokens as they become due; returns early (freeing the
