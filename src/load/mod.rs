@@ -25,12 +25,20 @@ mod instances;
 mod lease;
 mod pending;
 mod routes;
+mod table;
 mod tracker;
 
 #[cfg(test)]
 mod tests;
 
 pub use tracker::{LoadTracker, RESPONSE_CHECK_MS};
+
+// What key balancing (`crate::strategy::key_balance`) works with.
+pub(crate) use census::{generation, Census};
+pub(crate) use instances::RegistryEpoch;
+pub(crate) use routes::RouteEntry;
+pub(crate) use table::{Change, Updated};
+pub(crate) use tracker::{key_hash, RouteUpdate};
 
 /// Request header naming the instance the downstream decision already counted
 /// (the upstream filter then does not count the request again). Internal: the
@@ -154,6 +162,18 @@ pub struct UpstreamStart<'a> {
     pub overridden: bool,
     /// The `COUNTED_HEADER` value, if any.
     pub counted: Option<&'a str>,
+}
+
+impl UpstreamStart<'_> {
+    /// True if the decision's count (if any) stands: it was taken on
+    /// `address`, or none was taken. False: the decision counted the request
+    /// on another instance than Envoy chose.
+    pub fn decision_count_stands(&self) -> bool {
+        match self.counted {
+            None | Some(PENDING_MARK) => true,
+            Some(counted) => counted == self.address,
+        }
+    }
 }
 
 /// One instance's load, for the in-flight gauge.

@@ -8,6 +8,7 @@
 //! removing whatever the client sent in them), and keeps the [`Routed::ticket`]
 //! until the stream's `on_done`.
 
+pub(crate) mod key_balance;
 mod least_outstanding;
 mod prefix_aware;
 mod random;
