@@ -5,10 +5,7 @@
 //! header ownership, the policy a configuration selects) is tested natively.
 
 use crate::config::{Config, Counting, Strategy, DEFAULT_HOST_HEADER};
-use crate::load::{
-    LoadConfig, LoadTracker, LoadView, Ticket, UpstreamStart, COUNTED_HEADER, PENDING_MARK,
-};
-use crate::shared::SharedStore;
+use crate::load::{LoadConfig, LoadView, UpstreamStart, COUNTED_HEADER, PENDING_MARK};
 use crate::strategy::{
     self, DecisionKind, LeastOutstanding, Policy, PrefixAware, RandomPolicy, Routed, RoutingPolicy,
     ROUTE_HEADER,
@@ -132,8 +129,8 @@ impl ListenerCount {
         self.check_due || !claimed_on_target
     }
 
-    /// For [`crate::load::LoadTracker::upstream_started`], once the
-    /// response came from `address`.
+    /// For [`crate::load::LoadTracker::settle_at_response`] (and
+    /// `upstream_started`), once the response came from `address`.
     pub fn start<'a>(&'a self, address: &'a str) -> UpstreamStart<'a> {
         upstream_start(
             address,
@@ -147,42 +144,7 @@ impl ListenerCount {
     /// `address`, or none was taken. False: the decision counted the request
     /// on another instance than Envoy chose.
     pub fn count_stands(&self, address: &str) -> bool {
-        match self.counted.as_deref() {
-            None | Some(PENDING_MARK) => true,
-            Some(counted) => counted == address,
-        }
-    }
-
-    /// The response came from `address`: gives back `held` (the decision's
-    /// ticket) if it counts the request on another instance, lets the
-    /// tracker register the instance, learn the key's target and count the
-    /// request where it went if nothing counts it there. Returns the one
-    /// ticket the stream holds from now on.
-    pub fn settle<S: SharedStore>(
-        &self,
-        address: &str,
-        held: Option<Ticket>,
-        tracker: &mut LoadTracker<S>,
-        now_ms: u64,
-    ) -> Option<Ticket> {
-        let held = match held {
-            Some(stale) if !self.count_stands(address) => {
-                tracker.release(stale, now_ms);
-                None
-            }
-            held => held,
-        };
-        match tracker.upstream_started(self.start(address), now_ms) {
-            Some(counted) => {
-                // A decision's count that stood made the tracker count
-                // nothing; keep at most one count per stream regardless.
-                if let Some(previous) = held {
-                    tracker.release(previous, now_ms);
-                }
-                Some(counted)
-            }
-            None => held,
-        }
+        self.start(address).decision_count_stands()
     }
 }
 
@@ -218,6 +180,7 @@ pub fn decision_header_value(kind: DecisionKind, instance: Option<&str>) -> Stri
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::load::{LoadTracker, Ticket};
     use crate::shared::MemoryStore;
     use crate::strategy::LEAST_REQUEST_ROUTE;
 
@@ -489,7 +452,7 @@ mod tests {
         assert_eq!(first.ticket, None);
         let first_count = ListenerCount::of(&c, &first.decision, false);
         assert!(first_count.check_at_response(), "pending: always checked");
-        let first_ticket = first_count.settle(a, first.ticket, &mut load, 11);
+        let first_ticket = load.settle_at_response(first_count.start(a), first.ticket, 11);
         assert!(first_ticket.is_some(), "counted at its response");
         assert_eq!(in_flight(&mut load, a), Some(1));
 
@@ -506,7 +469,7 @@ mod tests {
         );
         assert!(ListenerCount::of(&c, &second.decision, true).check_at_response());
         let claimed = second.ticket.as_ref().map(Ticket::slot);
-        let second_ticket = second_count.settle(a, second.ticket, &mut load, 13);
+        let second_ticket = load.settle_at_response(second_count.start(a), second.ticket, 13);
         assert_eq!(second_ticket.as_ref().map(Ticket::slot), claimed, "kept");
         assert_eq!(in_flight(&mut load, a), Some(2), "not counted twice");
 
@@ -514,7 +477,7 @@ mod tests {
         assert!(third.ticket.is_some(), "claimed on a");
         let third_count = ListenerCount::of(&c, &third.decision, false);
         assert!(!third_count.count_stands(b), "predicted a, went to b");
-        let moved = third_count.settle(b, third.ticket, &mut load, 15);
+        let moved = load.settle_at_response(third_count.start(b), third.ticket, 15);
         assert!(moved.is_some());
         assert_eq!(
             in_flight(&mut load, a),

@@ -413,7 +413,9 @@ impl PrefixRouterHttp {
     fn count_at_response(&mut self, count: &ListenerCount, address: &str) {
         let now = now_ms();
         let held = self.ticket.take();
-        self.ticket = with_tracker(&self.config, |t| count.settle(address, held, t, now));
+        self.ticket = with_tracker(&self.config, |t| {
+            t.settle_at_response(count.start(address), held, now)
+        });
     }
 
     fn reject(&self, reply: &LocalReply) -> Action {
