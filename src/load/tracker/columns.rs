@@ -297,6 +297,28 @@ impl Columns {
         (in_flight >= limit.cap).then_some(Claim::Full { in_flight })
     }
 
+    /// [`Columns::add`] without a column to publish into: counts locally
+    /// only (published once the VM holds a lease).
+    fn add_locally<S: SharedStore>(
+        &mut self,
+        tables: &Tables<S>,
+        slot: u16,
+        address: &str,
+        limit: Option<Limit>,
+        now_ms: u64,
+    ) -> Claim {
+        if let Some(limit) = limit {
+            let record: InstanceRecord = tables.read(&instance_key(tables, slot)).record;
+            if record.address != address {
+                return Claim::Gone;
+            }
+            if let Some(full) = self.full_at(tables, slot, &record, limit, now_ms) {
+                return full;
+            }
+        }
+        Claim::Claimed(self.bump_local(slot, address))
+    }
+
     /// Counts one request on `slot`/`address`: atomically against the
     /// limit of a [`Count::Capped`] claim, else unconditionally (a failed
     /// publish is repaired at the tick). `read`: the record as a lookup in
@@ -317,17 +339,7 @@ impl Columns {
         };
         let key = instance_key(tables, slot);
         let Some(column) = self.column else {
-            // No column to publish into: count locally only.
-            if let Some(limit) = limit {
-                let record: InstanceRecord = tables.read(&key).record;
-                if record.address != address {
-                    return Claim::Gone;
-                }
-                if let Some(full) = self.full_at(tables, slot, &record, limit, now_ms) {
-                    return full;
-                }
-            }
-            return Claim::Claimed(self.bump_local(slot, address));
+            return self.add_locally(tables, slot, address, limit, now_ms);
         };
         let counted = tables.update_from(&key, read, |record: &mut InstanceRecord| {
             if record.address != address {

@@ -9,7 +9,7 @@
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
 use super::census::Census;
-use super::instances::RegistryEpoch;
+use super::instances::{InstanceRecord, RegistryEpoch};
 use super::routes::RouteEntry;
 use super::table::{Change, Tables, Updated};
 use super::{
@@ -142,15 +142,8 @@ impl<S: SharedStore> LoadTracker<S> {
         let read = self.registry.take_recent(slot, now_ms);
         if start.counted == Some(start.address) {
             // Already counted by the decision; just keep last-seen fresh.
-            let refresh_ms = (self.config.instance_ttl_ms / 8).max(1);
-            let record = read
-                .unwrap_or_else(|| self.registry.read(tables, slot))
-                .record;
-            let stale = record.address == start.address
-                && (record.suspect || now_ms.saturating_sub(record.last_seen_ms) >= refresh_ms);
-            if stale {
-                self.columns.publish(tables, slot, Some(now_ms));
-            }
+            let record = read.unwrap_or_else(|| self.registry.read(tables, slot));
+            self.refresh_last_seen(slot, &record.record, start.address, now_ms);
             return None;
         }
         let counted = self
@@ -159,6 +152,24 @@ impl<S: SharedStore> LoadTracker<S> {
         match counted {
             Claim::Claimed(ticket) => Some(ticket),
             _ => None,
+        }
+    }
+
+    /// `address` in `slot` is serving: writes its last-seen time if the
+    /// record's is an eighth of the instance TTL old (or it is suspect),
+    /// sparing a shared write per request otherwise.
+    fn refresh_last_seen(
+        &mut self,
+        slot: u16,
+        record: &InstanceRecord,
+        address: &str,
+        now_ms: u64,
+    ) {
+        let refresh_ms = (self.config.instance_ttl_ms / 8).max(1);
+        let stale = record.address == address
+            && (record.suspect || now_ms.saturating_sub(record.last_seen_ms) >= refresh_ms);
+        if stale {
+            self.columns.publish(&self.tables, slot, Some(now_ms));
         }
     }
 
