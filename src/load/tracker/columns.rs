@@ -53,8 +53,8 @@ pub(super) struct Columns {
     vm_lease_ms: u64,
     /// Our column in the count records, while we hold a lease.
     column: Option<u16>,
-    /// Cached lease view, one entry per column.
-    leases: Vec<Option<Lease>>,
+    /// Cached lease view, one entry per column (a free lease: none known).
+    leases: Vec<Lease>,
     local: BTreeMap<u16, LocalCount>,
     last_lease_attempt_ms: Option<u64>,
 }
@@ -70,7 +70,7 @@ impl Columns {
             vm_slots,
             vm_lease_ms,
             column: None,
-            leases: vec![None; usize::from(vm_slots)],
+            leases: vec![Lease::default(); usize::from(vm_slots)],
             local: BTreeMap::new(),
             last_lease_attempt_ms: None,
         }
@@ -114,10 +114,10 @@ impl Columns {
             }
             self.column = Some(column);
             if let Some(entry) = self.leases.get_mut(usize::from(column)) {
-                *entry = Some(Lease {
+                *entry = Lease {
                     nonce: self.nonce,
                     heartbeat_ms: now_ms,
-                });
+                };
             }
             // Our counts now live in a new column: publish them there.
             let slots: Vec<u16> = self.local.keys().copied().collect();
@@ -142,9 +142,9 @@ impl Columns {
     /// Re-reads every column's lease.
     pub(super) fn refresh_leases<S: SharedStore>(&mut self, tables: &Tables<S>) {
         for column in 0..self.vm_slots {
-            let lease: Lease = tables.read(&lease_key(tables, column)).record;
+            let lease = tables.read(&lease_key(tables, column)).record;
             if let Some(entry) = self.leases.get_mut(usize::from(column)) {
-                *entry = Some(lease);
+                *entry = lease;
             }
         }
     }
@@ -162,15 +162,13 @@ impl Columns {
     ) -> bool {
         let index = usize::from(column);
         let lease_ms = self.vm_lease_ms;
-        let matches = |lease: &Option<Lease>| {
-            lease.is_some_and(|l| l.nonce == tag && l.is_live(now_ms, lease_ms))
-        };
+        let matches = |lease: &Lease| lease.nonce == tag && lease.is_live(now_ms, lease_ms);
         match self.leases.get(index) {
             None => return false,
             Some(cached) if matches(cached) => return true,
             Some(_) => {}
         }
-        let fresh = Some(tables.read(&lease_key(tables, column)).record);
+        let fresh = tables.read(&lease_key(tables, column)).record;
         if let Some(entry) = self.leases.get_mut(index) {
             *entry = fresh;
         }
