@@ -221,7 +221,8 @@ pub trait LoadView {
     /// stays there unless that instance already owns `factor_percent` % of
     /// an even share of the live keys; then the key is placed on the first
     /// instance of its own preference order below that bound. Without a
-    /// shared table of placements (the default) nothing moves.
+    /// shared table of placements (the default) nothing moves. The tracker
+    /// answers with the policy in `crate::strategy::key_balance`.
     fn balance(&mut self, key: &str, target: Target, factor_percent: u32, now_ms: u64) -> Target {
         let _ = (key, factor_percent, now_ms);
         target
