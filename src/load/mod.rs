@@ -21,6 +21,7 @@
 
 mod census;
 mod codec;
+pub mod fuzzing;
 mod instances;
 mod lease;
 mod pending;
