@@ -8,8 +8,7 @@
 
 use crate::config::{Config, Counting, Strategy};
 use crate::headers::{COUNTED_HEADER, DEFAULT_HOST_HEADER, PENDING_MARK, ROUTE_HEADER};
-use crate::load::{LoadConfig, LoadTracker, Ticket, UpstreamStart};
-use crate::shared::SharedStore;
+use crate::load::{LoadConfig, UpstreamStart};
 use crate::strategy::{
     DecisionKind, LeastOutstanding, Policy, PrefixAware, RandomPolicy, RouteHeaders,
 };
@@ -118,8 +117,8 @@ impl ListenerCount {
         self.check_due || !claimed_on_target
     }
 
-    /// For [`crate::load::LoadTracker::upstream_started`], once the
-    /// response came from `address`.
+    /// For [`crate::load::LoadTracker::settle_at_response`] (and
+    /// `upstream_started`), once the response came from `address`.
     pub fn start<'a>(&'a self, address: &'a str) -> UpstreamStart<'a> {
         UpstreamStart {
             address,
@@ -133,42 +132,7 @@ impl ListenerCount {
     /// `address`, or none was taken. False: the decision counted the request
     /// on another instance than Envoy chose.
     pub fn count_stands(&self, address: &str) -> bool {
-        match self.counted.as_deref() {
-            None | Some(PENDING_MARK) => true,
-            Some(counted) => counted == address,
-        }
-    }
-
-    /// The response came from `address`: gives back `held` (the decision's
-    /// ticket) if it counts the request on another instance, lets the
-    /// tracker register the instance, learn the key's target and count the
-    /// request where it went if nothing counts it there. Returns the one
-    /// ticket the stream holds from now on.
-    pub fn settle<S: SharedStore>(
-        &self,
-        address: &str,
-        held: Option<Ticket>,
-        tracker: &mut LoadTracker<S>,
-        now_ms: u64,
-    ) -> Option<Ticket> {
-        let held = match held {
-            Some(stale) if !self.count_stands(address) => {
-                tracker.release(stale, now_ms);
-                None
-            }
-            held => held,
-        };
-        match tracker.upstream_started(self.start(address), now_ms) {
-            Some(counted) => {
-                // A decision's count that stood made the tracker count
-                // nothing; keep at most one count per stream regardless.
-                if let Some(previous) = held {
-                    tracker.release(previous, now_ms);
-                }
-                Some(counted)
-            }
-            None => held,
-        }
+        self.start(address).decision_count_stands()
     }
 }
 
@@ -185,6 +149,7 @@ pub fn decision_header_value(kind: DecisionKind, instance: Option<&str>) -> Stri
 mod tests {
     use super::*;
     use crate::headers::LEAST_REQUEST_ROUTE;
+    use crate::load::{LoadTracker, Ticket};
     use crate::shared::MemoryStore;
     use crate::strategy::RoutingPolicy;
 
@@ -479,7 +444,7 @@ mod tests {
         assert_eq!(first.ticket, None);
         let first_count = ListenerCount::of(&c, &first.headers, false);
         assert!(first_count.check_at_response(), "pending: always checked");
-        let first_ticket = first_count.settle(a, first.ticket, &mut load, 11);
+        let first_ticket = load.settle_at_response(first_count.start(a), first.ticket, 11);
         assert!(first_ticket.is_some(), "counted at its response");
         assert_eq!(in_flight(&mut load, a), Some(1));
 
@@ -496,7 +461,7 @@ mod tests {
         );
         assert!(ListenerCount::of(&c, &second.headers, true).check_at_response());
         let claimed = second.ticket.as_ref().map(Ticket::slot);
-        let second_ticket = second_count.settle(a, second.ticket, &mut load, 13);
+        let second_ticket = load.settle_at_response(second_count.start(a), second.ticket, 13);
         assert_eq!(second_ticket.as_ref().map(Ticket::slot), claimed, "kept");
         assert_eq!(in_flight(&mut load, a), Some(2), "not counted twice");
 
@@ -504,7 +469,7 @@ mod tests {
         assert!(third.ticket.is_some(), "claimed on a");
         let third_count = ListenerCount::of(&c, &third.headers, false);
         assert!(!third_count.count_stands(b), "predicted a, went to b");
-        let moved = third_count.settle(b, third.ticket, &mut load, 15);
+        let moved = load.settle_at_response(third_count.start(b), third.ticket, 15);
         assert!(moved.is_some());
         assert_eq!(
             in_flight(&mut load, a),

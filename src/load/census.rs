@@ -12,6 +12,7 @@
 use std::collections::BTreeMap;
 
 use super::codec::{Reader, Writer};
+use super::table::Record;
 
 const CENSUS_VERSION: u8 = 1;
 
@@ -90,8 +91,10 @@ impl Census {
             }
         }
     }
+}
 
-    pub(crate) fn encode(&self) -> Vec<u8> {
+impl Record for Census {
+    fn encode(&self) -> Vec<u8> {
         let mut w = Writer::with_capacity(13 + 6 * (self.current.len() + self.previous.len()));
         w.u8(CENSUS_VERSION).u32(self.generation);
         for counts in [&self.current, &self.previous] {
@@ -104,7 +107,7 @@ impl Census {
         w.finish()
     }
 
-    pub(crate) fn decode(buf: &[u8]) -> Option<Self> {
+    fn decode(buf: &[u8]) -> Option<Self> {
         let mut r = Reader::new(buf);
         if r.u8()? != CENSUS_VERSION {
             return None;

@@ -5,6 +5,7 @@
 //! write that failed is simply repeated later with the then-current truth.
 
 use super::codec::{Reader, Writer};
+use super::table::Record;
 
 const RECORD_VERSION: u8 = 1;
 
@@ -75,8 +76,10 @@ impl InstanceRecord {
             self.cells.pop();
         }
     }
+}
 
-    pub(crate) fn encode(&self) -> Vec<u8> {
+impl Record for InstanceRecord {
+    fn encode(&self) -> Vec<u8> {
         let address = self.address.as_bytes();
         let address = address.get(..MAX_ADDRESS_LEN).unwrap_or(address);
         let cells = self.cells.get(..255).unwrap_or(&self.cells);
@@ -95,7 +98,7 @@ impl InstanceRecord {
     }
 
     /// A foreign or corrupt value decodes as `None`.
-    pub(crate) fn decode(buf: &[u8]) -> Option<Self> {
+    fn decode(buf: &[u8]) -> Option<Self> {
         let mut r = Reader::new(buf);
         if r.u8()? != RECORD_VERSION {
             return None;
@@ -121,6 +124,37 @@ impl InstanceRecord {
             last_seen_ms,
             suspect,
             cells,
+        })
+    }
+}
+
+/// The registry epoch: counts registrations, so other VMs know to rescan the
+/// instance slots, and (since key balancing) when the last one happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct RegistryEpoch {
+    pub(crate) epoch: u64,
+    /// When the epoch last changed (0: never, or written by an older build).
+    pub(crate) changed_ms: u64,
+}
+
+impl Record for RegistryEpoch {
+    fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::with_capacity(16);
+        w.u64(self.epoch).u64(self.changed_ms);
+        w.finish()
+    }
+
+    /// Lenient on purpose, as it always was: an 8-byte epoch from an older
+    /// build has no time, and a word that is not there reads as 0.
+    fn decode(buf: &[u8]) -> Option<Self> {
+        let word = |at: usize| {
+            buf.get(at..at + 8)
+                .and_then(|b| <[u8; 8]>::try_from(b).ok())
+                .map_or(0, u64::from_le_bytes)
+        };
+        Some(Self {
+            epoch: word(0),
+            changed_ms: word(8),
         })
     }
 }
@@ -161,6 +195,27 @@ mod tests {
         }
         assert_eq!(InstanceRecord::decode(&[1, 2, 0xff, 0xfe]), None);
         assert_eq!(InstanceRecord::decode(&[0; 40]), None);
+    }
+
+    #[test]
+    fn the_epoch_round_trips_and_an_older_epoch_has_no_time() {
+        let epoch = RegistryEpoch {
+            epoch: 7,
+            changed_ms: 1_234,
+        };
+        assert_eq!(RegistryEpoch::decode(&epoch.encode()), Some(epoch));
+        let older = 9u64.to_le_bytes();
+        assert_eq!(
+            RegistryEpoch::decode(&older),
+            Some(RegistryEpoch {
+                epoch: 9,
+                changed_ms: 0
+            })
+        );
+        assert_eq!(
+            RegistryEpoch::decode(b"abc"),
+            Some(RegistryEpoch::default())
+        );
     }
 
     #[test]

@@ -5,7 +5,9 @@
 //! VM restart without anyone resetting shared state.
 
 use super::codec::{Reader, Writer};
-use crate::shared::{SetError, SharedStore};
+use super::table::Record;
+use super::table::{Change, Tables, Updated};
+use crate::shared::SharedStore;
 
 const LEASE_VERSION: u8 = 1;
 
@@ -17,14 +19,21 @@ pub(crate) struct Lease {
 }
 
 impl Lease {
-    pub(crate) fn encode(&self) -> Vec<u8> {
+    /// Held by a VM whose last heartbeat is at most `lease_ms` old.
+    pub(crate) fn is_live(&self, now_ms: u64, lease_ms: u64) -> bool {
+        self.nonce != 0 && now_ms.saturating_sub(self.heartbeat_ms) <= lease_ms
+    }
+}
+
+impl Record for Lease {
+    fn encode(&self) -> Vec<u8> {
         let mut w = Writer::with_capacity(17);
         w.u8(LEASE_VERSION).u64(self.nonce).u64(self.heartbeat_ms);
         w.finish()
     }
 
     /// A foreign or corrupt value decodes as `None` (treated as free).
-    pub(crate) fn decode(buf: &[u8]) -> Option<Lease> {
+    fn decode(buf: &[u8]) -> Option<Lease> {
         let mut r = Reader::new(buf);
         if r.u8()? != LEASE_VERSION {
             return None;
@@ -35,18 +44,6 @@ impl Lease {
         };
         r.is_empty().then_some(lease)
     }
-
-    /// Held by a VM whose last heartbeat is at most `lease_ms` old.
-    pub(crate) fn is_live(&self, now_ms: u64, lease_ms: u64) -> bool {
-        self.nonce != 0 && now_ms.saturating_sub(self.heartbeat_ms) <= lease_ms
-    }
-}
-
-/// Reads a lease: `(None, None)` if the key was never written, `(None, cas)` if
-/// it holds something undecodable.
-pub(crate) fn read(store: &impl SharedStore, key: &str) -> (Option<Lease>, Option<u32>) {
-    let (value, cas) = store.get(key);
-    (value.as_deref().and_then(Lease::decode), cas)
 }
 
 /// Outcome of a heartbeat.
@@ -60,64 +57,50 @@ pub(crate) enum Heartbeat {
     Unknown,
 }
 
-pub(crate) fn heartbeat(
-    store: &impl SharedStore,
+/// Renews the lease under `key` if `nonce` still holds it. A missing or
+/// undecodable lease reads as free: lost.
+pub(crate) fn heartbeat<S: SharedStore>(
+    tables: &Tables<S>,
     key: &str,
     nonce: u64,
     now_ms: u64,
-    attempts: u32,
 ) -> Heartbeat {
-    for _ in 0..attempts {
-        let (lease, cas) = read(store, key);
-        match lease {
-            Some(lease) if lease.nonce == nonce => {
-                let fresh = Lease {
-                    nonce,
-                    heartbeat_ms: now_ms.max(lease.heartbeat_ms),
-                };
-                match store.set(key, &fresh.encode(), cas) {
-                    Ok(()) => return Heartbeat::Kept,
-                    Err(SetError::CasMismatch) => continue,
-                    Err(SetError::Failed) => return Heartbeat::Unknown,
-                }
-            }
-            _ => return Heartbeat::Lost,
+    let renewed = tables.update(key, |lease: &mut Lease| {
+        if lease.nonce != nonce {
+            return Change::Keep(());
         }
+        lease.heartbeat_ms = now_ms.max(lease.heartbeat_ms);
+        Change::Write(())
+    });
+    match renewed {
+        Updated::Written(()) => Heartbeat::Kept,
+        Updated::Kept(()) => Heartbeat::Lost,
+        Updated::Failed => Heartbeat::Unknown,
     }
-    Heartbeat::Unknown
 }
 
-/// Tries to take one slot: free, never written, or expired. Creation of a
-/// missing key writes a *free* lease first (a write on a missing key cannot be
-/// conditional), then claims it with compare-and-swap, so two VMs racing for
+/// Tries to take the lease under `key`: free, never written, undecodable or
+/// expired. A missing key is created with our lease only if it is still
+/// missing ([`crate::shared::SharedStore::create`]), so two VMs racing for
 /// the same new slot cannot both win.
-pub(crate) fn try_claim(
-    store: &impl SharedStore,
+pub(crate) fn try_claim<S: SharedStore>(
+    tables: &Tables<S>,
     key: &str,
     nonce: u64,
     now_ms: u64,
     lease_ms: u64,
 ) -> bool {
-    let (mut lease, mut cas) = read(store, key);
-    if cas.is_none() {
-        // Err(CasMismatch): another VM created it meanwhile; read theirs.
-        if let Err(SetError::Failed) = store.create(key, &Lease::default().encode()) {
-            return false;
+    let claimed = tables.update(key, |lease: &mut Lease| {
+        if lease.nonce != nonce && lease.is_live(now_ms, lease_ms) {
+            return Change::Keep(());
         }
-        (lease, cas) = read(store, key);
-    }
-    let claimable = match lease {
-        None => true,
-        Some(lease) => lease.nonce == nonce || !lease.is_live(now_ms, lease_ms),
-    };
-    if !claimable {
-        return false;
-    }
-    let ours = Lease {
-        nonce,
-        heartbeat_ms: now_ms,
-    };
-    store.set(key, &ours.encode(), cas).is_ok()
+        *lease = Lease {
+            nonce,
+            heartbeat_ms: now_ms,
+        };
+        Change::Write(())
+    });
+    claimed == Updated::Written(())
 }
 
 #[cfg(test)]
@@ -155,22 +138,33 @@ mod tests {
         assert!(!Lease::default().is_live(0, 500), "nonce 0 is free");
     }
 
+    fn nonce_in(store: &MemoryStore, key: &str) -> Option<u64> {
+        store
+            .get(key)
+            .0
+            .as_deref()
+            .and_then(Lease::decode)
+            .map(|l| l.nonce)
+    }
+
     #[test]
     fn a_live_slot_cannot_be_taken_and_an_expired_one_can() {
         let store = MemoryStore::new();
-        assert!(try_claim(&store, "vm/0", 1, 1_000, 500));
-        assert!(!try_claim(&store, "vm/0", 2, 1_400, 500));
-        assert!(try_claim(&store, "vm/0", 2, 1_501, 500));
-        assert_eq!(read(&store, "vm/0").0.map(|l| l.nonce), Some(2));
-        assert_eq!(heartbeat(&store, "vm/0", 1, 1_600, 4), Heartbeat::Lost);
-        assert_eq!(heartbeat(&store, "vm/0", 2, 1_600, 4), Heartbeat::Kept);
+        let tables = Tables::new(&store, "t", 4);
+        assert!(try_claim(&tables, "vm/0", 1, 1_000, 500));
+        assert!(!try_claim(&tables, "vm/0", 2, 1_400, 500));
+        assert!(try_claim(&tables, "vm/0", 2, 1_501, 500));
+        assert_eq!(nonce_in(&store, "vm/0"), Some(2));
+        assert_eq!(heartbeat(&tables, "vm/0", 1, 1_600), Heartbeat::Lost);
+        assert_eq!(heartbeat(&tables, "vm/0", 2, 1_600), Heartbeat::Kept);
     }
 
     #[test]
     fn corrupt_slot_is_claimable() {
         let store = MemoryStore::new();
         store.set("vm/0", b"junk", None).unwrap();
-        assert!(try_claim(&store, "vm/0", 7, 10, 500));
-        assert_eq!(read(&store, "vm/0").0.map(|l| l.nonce), Some(7));
+        let tables = Tables::new(&store, "t", 4);
+        assert!(try_claim(&tables, "vm/0", 7, 10, 500));
+        assert_eq!(nonce_in(&store, "vm/0"), Some(7));
     }
 }

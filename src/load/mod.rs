@@ -21,16 +21,27 @@
 
 mod census;
 mod codec;
+pub mod fuzzing;
 mod instances;
 mod lease;
 mod pending;
 mod routes;
+mod table;
 mod tracker;
 
 #[cfg(test)]
 mod tests;
 
 pub use tracker::{LoadTracker, RESPONSE_CHECK_MS};
+
+use crate::headers::PENDING_MARK;
+
+// What key balancing (`crate::strategy::key_balance`) works with.
+pub(crate) use census::{generation, Census};
+pub(crate) use instances::RegistryEpoch;
+pub(crate) use routes::RouteEntry;
+pub(crate) use table::{Change, Updated};
+pub(crate) use tracker::{key_hash, RouteUpdate};
 
 /// Sizes, times and namespace of the shared tables.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -143,8 +154,20 @@ pub struct UpstreamStart<'a> {
     /// True if the request carried a host-override header (then the host was
     /// not Maglev's choice for the key, and nothing is learned about the key).
     pub overridden: bool,
-    /// The `COUNTED_HEADER` value, if any.
+    /// The [`crate::headers::COUNTED_HEADER`] value, if any.
     pub counted: Option<&'a str>,
+}
+
+impl UpstreamStart<'_> {
+    /// True if the decision's count (if any) stands: it was taken on
+    /// `address`, or none was taken. False: the decision counted the request
+    /// on another instance than Envoy chose.
+    pub fn decision_count_stands(&self) -> bool {
+        match self.counted {
+            None | Some(PENDING_MARK) => true,
+            Some(counted) => counted == self.address,
+        }
+    }
 }
 
 /// One instance's load, for the in-flight gauge.
@@ -167,7 +190,7 @@ pub trait LoadView {
     /// target is known), then looks the target up again: if another worker
     /// learned it meanwhile, withdraws the mark and returns the target (claim
     /// it as usual); otherwise returns None and the request goes out with
-    /// [`PENDING_MARK`] in [`COUNTED_HEADER`].
+    /// [`PENDING_MARK`] in [`crate::headers::COUNTED_HEADER`].
     fn route_blind(&mut self, key: &str, now_ms: u64) -> Option<Target>;
     /// Counts one request on `instance` if its in-flight count, plus the
     /// pending requests of `key` (which are on their way to it), is below
@@ -192,7 +215,8 @@ pub trait LoadView {
     /// stays there unless that instance already owns `factor_percent` % of
     /// an even share of the live keys; then the key is placed on the first
     /// instance of its own preference order below that bound. Without a
-    /// shared table of placements (the default) nothing moves.
+    /// shared table of placements (the default) nothing moves. The tracker
+    /// answers with the policy in `crate::strategy::key_balance`.
     fn balance(&mut self, key: &str, target: Target, factor_percent: u32, now_ms: u64) -> Target {
         let _ = (key, factor_percent, now_ms);
         target

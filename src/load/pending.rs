@@ -10,6 +10,7 @@
 //! the table at a fixed size.
 
 use super::codec::{Reader, Writer};
+use super::table::Record;
 
 const PENDING_VERSION: u8 = 1;
 
@@ -93,8 +94,10 @@ impl PendingBucket {
         self.keys.retain(|k| !k.since_ms.is_empty());
         true
     }
+}
 
-    pub(crate) fn encode(&self) -> Vec<u8> {
+impl Record for PendingBucket {
+    fn encode(&self) -> Vec<u8> {
         let keys = self.keys.get(..WAYS).unwrap_or(&self.keys);
         let mut w = Writer::with_capacity(2 + keys.len() * (9 + 8 * PER_KEY));
         // At most WAYS keys and PER_KEY stamps each, far below 256.
@@ -109,7 +112,7 @@ impl PendingBucket {
         w.finish()
     }
 
-    pub(crate) fn decode(buf: &[u8]) -> Option<Self> {
+    fn decode(buf: &[u8]) -> Option<Self> {
         let mut r = Reader::new(buf);
         if r.u8()? != PENDING_VERSION {
             return None;

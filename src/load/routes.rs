@@ -5,6 +5,7 @@
 //! gives way.
 
 use super::codec::{Reader, Writer};
+use super::table::Record;
 
 const BUCKET_VERSION: u8 = 2;
 
@@ -96,8 +97,10 @@ impl RouteBucket {
         }
         true
     }
+}
 
-    pub(crate) fn encode(&self) -> Vec<u8> {
+impl Record for RouteBucket {
+    fn encode(&self) -> Vec<u8> {
         let entries = self.entries.get(..WAYS).unwrap_or(&self.entries);
         let mut w = Writer::with_capacity(2 + 31 * entries.len());
         // At most WAYS entries, well below 256.
@@ -113,7 +116,7 @@ impl RouteBucket {
         w.finish()
     }
 
-    pub(crate) fn decode(buf: &[u8]) -> Option<Self> {
+    fn decode(buf: &[u8]) -> Option<Self> {
         let mut r = Reader::new(buf);
         if r.u8()? != BUCKET_VERSION {
             return None;

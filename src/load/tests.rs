@@ -4,6 +4,7 @@
 use std::cell::Cell;
 use std::rc::Rc;
 
+use super::table::Record;
 use super::*;
 use crate::headers::PENDING_MARK;
 use crate::shared::{MemoryStore, SetError, SharedStore};
@@ -795,18 +796,6 @@ fn fleet_with_a_crowded() -> (Rc<MemoryStore>, LoadTracker<Rc<MemoryStore>>) {
         assert!(!checked.placed);
     }
     (store, w)
-}
-
-#[test]
-fn key_bound_is_the_rounded_up_share_times_the_factor() {
-    use super::tracker::key_bound;
-    assert_eq!(key_bound(100, 7, 100), 15);
-    assert_eq!(key_bound(100, 7, 110), 16);
-    assert_eq!(key_bound(98, 7, 100), 14);
-    assert_eq!(key_bound(99, 7, 100), 15);
-    assert_eq!(key_bound(0, 7, 100), 1);
-    assert_eq!(key_bound(8, 7, 100), 2);
-    assert_eq!(key_bound(8, 0, 100), 8);
 }
 
 #[test]

@@ -204,7 +204,9 @@ impl Stream {
     ) {
         let now = vm.now_ms();
         let held = self.ticket.take();
-        self.ticket = vm.with_tracker(&self.config, |t| count.settle(address, held, t, now));
+        self.ticket = vm.with_tracker(&self.config, |t| {
+            t.settle_at_response(count.start(address), held, now)
+        });
     }
 
     fn reject<H: Host + Clone>(&self, vm: &mut Vm<H>, reply: &LocalReply) -> Flow {

@@ -9,6 +9,7 @@
 //! governs was removed from the client's request first), and the stream keeps
 //! the [`Routed::ticket`] until its `on_done`.
 
+pub(crate) mod key_balance;
 mod least_outstanding;
 mod prefix_aware;
 mod random;

@@ -1,115 +1,219 @@
-//! What the upstream filter teaches: key -> instance mappings, and the
-//! pending marks of requests routed before their key's target was known.
+//! What the upstream filter teaches: key -> instance mappings (the shared
+//! table, and this VM's short-lived copies of it), the pending marks of
+//! requests routed before their key's target was known, and when each key
+//! last had a response checked. It owns the copies; whether a placed
+//! key's instance still serves it asks the registry.
 
-use super::*;
+use std::collections::HashMap;
 
-impl<S: SharedStore> LoadTracker<S> {
-    pub(super) fn pending_key(&self, bucket: u32) -> String {
-        format!("{}/pend/{bucket}", self.prefix)
+use super::super::pending::PendingBucket;
+use super::super::routes::{RouteBucket, RouteEntry};
+use super::super::table::{Change, Tables, Updated};
+use super::registry::Registry;
+use super::RESPONSE_CHECK_MS;
+use crate::shared::SharedStore;
+
+/// How long a VM trusts its own copy of a key's learned route before reading
+/// the shared table again. Routes change only when the fleet does, and this
+/// VM's own upstream filter updates its copy at once; other VMs' news waits
+/// at most this long.
+const ROUTE_COPY_MS: u64 = 1_000;
+
+/// Most route copies a VM keeps (cleared when full, like the registry's
+/// address map); also the most keys whose last response check it remembers.
+const MAX_ROUTE_COPIES: usize = 4_096;
+
+/// What a pending-mark update does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Pending {
+    /// One more request of the key is on its way to a target not known yet.
+    Mark,
+    /// One of them was counted (or found its target): take its mark back.
+    Withdraw,
+}
+
+/// What [`Learned::change_route`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RouteUpdate {
+    /// The change was written.
+    Written,
+    /// The table was left as it is; the live entry in it.
+    Kept(RouteEntry),
+    /// No live entry and nothing written, or the write failed.
+    Missing,
+}
+
+/// See the module documentation.
+#[derive(Debug)]
+pub(super) struct Learned {
+    route_buckets: u32,
+    route_ttl_ms: u64,
+    pending_ttl_ms: u64,
+    /// Copies of learned routes by key hash, with when they were last read
+    /// or written here (see [`ROUTE_COPY_MS`]).
+    route_copies: HashMap<u64, (RouteEntry, u64)>,
+    /// When this VM last had a response checked for a key (by key hash),
+    /// counting in the listener (see [`Learned::response_check_due`]).
+    checked_keys: HashMap<u64, u64>,
+}
+
+impl Learned {
+    pub(super) fn new(route_buckets: u32, route_ttl_ms: u64, pending_ttl_ms: u64) -> Self {
+        Self {
+            route_buckets,
+            route_ttl_ms,
+            pending_ttl_ms,
+            route_copies: HashMap::new(),
+            checked_keys: HashMap::new(),
+        }
     }
 
-    pub(super) fn pending_of(&self, key: &str, now_ms: u64) -> u32 {
-        let hash = key_hash(key);
-        let (value, _) = self.store.get(&self.pending_key(self.bucket_of(hash)));
-        value
-            .as_deref()
-            .and_then(PendingBucket::decode)
-            .map_or(0, |b| b.count(hash, now_ms, self.config.pending_ttl_ms))
+    pub(super) fn route_ttl_ms(&self) -> u64 {
+        self.route_ttl_ms
     }
 
-    /// Whether `key` may have pending requests, which only a worker that
+    fn bucket_of(&self, key_hash: u64) -> u32 {
+        // route_buckets <= 65536, so the remainder fits in u32.
+        (key_hash % u64::from(self.route_buckets)) as u32
+    }
+
+    fn route_key<S: SharedStore>(&self, tables: &Tables<S>, key_hash: u64) -> String {
+        tables.key(format_args!("route/{}", self.bucket_of(key_hash)))
+    }
+
+    fn pending_key<S: SharedStore>(&self, tables: &Tables<S>, key_hash: u64) -> String {
+        tables.key(format_args!("pend/{}", self.bucket_of(key_hash)))
+    }
+
+    /// Whether a request of the key should have its response checked (see
+    /// [`super::LoadTracker::response_check_due`]).
+    pub(super) fn response_check_due(&mut self, key_hash: u64, now_ms: u64) -> bool {
+        let due = self
+            .checked_keys
+            .get(&key_hash)
+            .is_none_or(|at| now_ms.saturating_sub(*at) >= RESPONSE_CHECK_MS);
+        if due {
+            if self.checked_keys.len() >= MAX_ROUTE_COPIES {
+                self.checked_keys.clear();
+            }
+            self.checked_keys.insert(key_hash, now_ms);
+        }
+        due
+    }
+
+    /// Pending requests of the key, younger than the pending TTL.
+    pub(super) fn pending_of<S: SharedStore>(
+        &self,
+        tables: &Tables<S>,
+        key_hash: u64,
+        now_ms: u64,
+    ) -> u32 {
+        let bucket: PendingBucket = tables.read(&self.pending_key(tables, key_hash)).record;
+        bucket.count(key_hash, now_ms, self.pending_ttl_ms)
+    }
+
+    /// Whether the key may have pending requests, which only a worker that
     /// found no target for it marks (then at most `pending_ttl_ms` long). A
     /// key this VM copied the route of within [`ROUTE_COPY_MS`], learned
     /// longer ago than that, has none left but those of a worker that lost
     /// its entry meanwhile (a full bucket evicted it): the read of the
     /// pending table, a host call on every claim, is saved.
-    pub(super) fn may_have_pending(&self, key: &str, now_ms: u64) -> bool {
-        self.route_copy(key_hash(key), now_ms)
-            .is_none_or(|copy| now_ms.saturating_sub(copy.learned_ms) <= self.config.pending_ttl_ms)
+    pub(super) fn may_have_pending(&self, key_hash: u64, now_ms: u64) -> bool {
+        self.route_copy(key_hash, now_ms)
+            .is_none_or(|copy| now_ms.saturating_sub(copy.learned_ms) <= self.pending_ttl_ms)
     }
 
-    /// Adds or removes one pending request of `key`. A missing bucket is
-    /// created empty first, never over another VM's ([`SharedStore::create`]).
-    pub(super) fn update_pending(&mut self, key: &str, add: bool, now_ms: u64) {
-        let hash = key_hash(key);
-        let name = self.pending_key(self.bucket_of(hash));
-        let ttl = self.config.pending_ttl_ms;
-        for _ in 0..self.config.cas_attempts {
-            let (value, cas) = self.store.get(&name);
-            if cas.is_none() {
-                if !add {
-                    return;
+    /// Adds or withdraws one pending request of the key.
+    pub(super) fn mark_pending<S: SharedStore>(
+        &self,
+        tables: &Tables<S>,
+        key_hash: u64,
+        change: Pending,
+        now_ms: u64,
+    ) {
+        let ttl = self.pending_ttl_ms;
+        tables.update(
+            &self.pending_key(tables, key_hash),
+            |bucket: &mut PendingBucket| {
+                match change {
+                    Pending::Mark => bucket.add(key_hash, now_ms, ttl),
+                    Pending::Withdraw if !bucket.remove(key_hash, now_ms, ttl) => {
+                        return Change::Keep(());
+                    }
+                    Pending::Withdraw => {}
                 }
-                // Err(CasMismatch): another VM created it meanwhile (with its
-                // mark in it, which a plain set would wipe); read it again.
-                if let Err(SetError::Failed) =
-                    self.store.create(&name, &PendingBucket::default().encode())
-                {
-                    return;
-                }
-                continue;
-            }
-            let mut bucket = value
-                .as_deref()
-                .and_then(PendingBucket::decode)
-                .unwrap_or_default();
-            if add {
-                bucket.add(hash, now_ms, ttl);
-            } else if !bucket.remove(hash, now_ms, ttl) {
-                return;
-            }
-            match self.store.set(&name, &bucket.encode(), cas) {
-                Err(SetError::CasMismatch) => continue,
-                _ => return,
-            }
-        }
+                Change::Write(())
+            },
+        );
     }
 
-    pub(super) fn bucket_of(&self, key_hash: u64) -> u32 {
-        // route_buckets <= 65536, so the remainder fits in u32.
-        (key_hash % u64::from(self.config.route_buckets)) as u32
-    }
-
-    pub(super) fn route_key(&self, bucket: u32) -> String {
-        format!("{}/route/{bucket}", self.prefix)
-    }
-
-    /// This VM's copy of `key_hash`'s route, if read or written here within
+    /// This VM's copy of the key's route, if read or written here within
     /// [`ROUTE_COPY_MS`] and not expired.
     pub(super) fn route_copy(&self, key_hash: u64, now_ms: u64) -> Option<RouteEntry> {
         let (entry, copied_ms) = self.route_copies.get(&key_hash)?;
         let recent = now_ms.saturating_sub(*copied_ms) < ROUTE_COPY_MS;
-        let live = now_ms.saturating_sub(entry.learned_ms) <= self.config.route_ttl_ms;
+        let live = now_ms.saturating_sub(entry.learned_ms) <= self.route_ttl_ms;
         (recent && live).then_some(*entry)
     }
 
-    pub(super) fn keep_route_copy(&mut self, entry: RouteEntry, now_ms: u64) {
+    /// This VM's copy of the key's route, however old.
+    pub(super) fn any_route_copy(&self, key_hash: u64) -> Option<RouteEntry> {
+        self.route_copies.get(&key_hash).map(|(entry, _)| *entry)
+    }
+
+    fn keep_route_copy(&mut self, entry: RouteEntry, now_ms: u64) {
         if self.route_copies.len() >= MAX_ROUTE_COPIES {
             self.route_copies.clear();
         }
         self.route_copies.insert(entry.key_hash, (entry, now_ms));
     }
 
-    pub(super) fn learn(&mut self, key: &str, slot: u16, address: &str, now_ms: u64) {
-        let hash = key_hash(key);
-        let learned = RouteEntry::new(hash, slot, addr_hash(address), now_ms);
+    /// The key's live route: this VM's copy if recent, else the shared
+    /// table's entry (copied). None: not learned, or expired.
+    pub(super) fn lookup<S: SharedStore>(
+        &mut self,
+        tables: &Tables<S>,
+        key_hash: u64,
+        now_ms: u64,
+    ) -> Option<RouteEntry> {
+        if let Some(copy) = self.route_copy(key_hash, now_ms) {
+            return Some(copy);
+        }
+        let bucket: RouteBucket = tables.read(&self.route_key(tables, key_hash)).record;
+        let entry = bucket.lookup(key_hash, now_ms, self.route_ttl_ms)?;
+        self.keep_route_copy(entry, now_ms);
+        Some(entry)
+    }
+
+    /// The upstream filter saw Maglev send the key to `slot` (holding the
+    /// instance with `addr_hash`).
+    pub(super) fn learn<S: SharedStore>(
+        &mut self,
+        tables: &Tables<S>,
+        registry: &Registry,
+        key_hash: u64,
+        slot: u16,
+        addr_hash: u64,
+        now_ms: u64,
+    ) {
+        let learned = RouteEntry::new(key_hash, slot, addr_hash, now_ms);
         // Learned here within the last second: the shared table has it (or
         // had it: a full bucket may have evicted it, relearned next second).
         if self
-            .route_copy(hash, now_ms)
+            .route_copy(key_hash, now_ms)
             .is_some_and(|copy| copy.same_instance(&learned))
         {
             return;
         }
-        let refresh_ms = self.config.route_ttl_ms / 8;
-        self.change_route(hash, now_ms, |tracker, existing| match existing {
+        let refresh_ms = self.route_ttl_ms / 8;
+        self.change_route(tables, key_hash, now_ms, |existing| match existing {
             // Maglev's choice for a key placed elsewhere (a request routed
             // before this VM saw the placement) changes nothing while the
             // placed instance still serves.
             Some(placed)
                 if placed.placed
                     && !placed.same_instance(&learned)
-                    && tracker.serves(placed.slot, placed.addr_hash, now_ms) =>
+                    && registry.serves(tables, placed.slot, placed.addr_hash, now_ms) =>
             {
                 None
             }
@@ -125,52 +229,41 @@ impl<S: SharedStore> LoadTracker<S> {
         });
     }
 
-    /// Changes `key_hash`'s entry in the shared key -> instance table by
-    /// compare-and-swap: `change` sees the live entry (None: there is none)
-    /// and returns the entry to write, or None to leave the table as it is.
-    /// This VM's copy follows the table.
-    pub(super) fn change_route(
+    /// Changes the key's entry in the shared key -> instance table:
+    /// `change` sees the live entry (None: there is none) and returns the
+    /// entry to write, or None to leave the table as it is. This VM's copy
+    /// follows the table.
+    pub(super) fn change_route<S: SharedStore>(
         &mut self,
+        tables: &Tables<S>,
         key_hash: u64,
         now_ms: u64,
-        mut change: impl FnMut(&Self, Option<RouteEntry>) -> Option<RouteEntry>,
+        mut change: impl FnMut(Option<RouteEntry>) -> Option<RouteEntry>,
     ) -> RouteUpdate {
-        let name = self.route_key(self.bucket_of(key_hash));
-        for _ in 0..self.config.cas_attempts {
-            let (value, cas) = self.store.get(&name);
-            let mut bucket = value
-                .as_deref()
-                .and_then(RouteBucket::decode)
-                .unwrap_or_default();
-            let current = bucket.lookup(key_hash, now_ms, self.config.route_ttl_ms);
-            let Some(changed) = change(self, current) else {
-                let Some(current) = current else {
-                    return RouteUpdate::Missing;
-                };
-                self.keep_route_copy(current, now_ms);
-                return RouteUpdate::Kept(current);
-            };
-            bucket.upsert(changed, 0);
-            // A new bucket is created, never over another VM's first entries.
-            match self.store.replace(&name, &bucket.encode(), cas) {
-                Ok(()) => {
-                    self.keep_route_copy(changed, now_ms);
-                    return RouteUpdate::Written;
+        let ttl = self.route_ttl_ms;
+        let changed = tables.update(
+            &self.route_key(tables, key_hash),
+            |bucket: &mut RouteBucket| {
+                let current = bucket.lookup(key_hash, now_ms, ttl);
+                match change(current) {
+                    Some(changed) => {
+                        bucket.upsert(changed, 0);
+                        Change::Write(changed)
+                    }
+                    None => Change::Keep(current),
                 }
-                Err(SetError::CasMismatch) => continue,
-                Err(SetError::Failed) => return RouteUpdate::Missing,
+            },
+        );
+        match changed {
+            Updated::Written(entry) => {
+                self.keep_route_copy(entry, now_ms);
+                RouteUpdate::Written
             }
+            Updated::Kept(Some(current)) => {
+                self.keep_route_copy(current, now_ms);
+                RouteUpdate::Kept(current)
+            }
+            Updated::Kept(None) | Updated::Failed => RouteUpdate::Missing,
         }
-        RouteUpdate::Missing
     }
-}
-
-/// What [`LoadTracker::change_route`] did.
-pub(super) enum RouteUpdate {
-    /// The change was written.
-    Written,
-    /// The table was left as it is; the live entry in it.
-    Kept(RouteEntry),
-    /// No live entry and nothing written, or the write failed.
-    Missing,
 }

@@ -6,39 +6,27 @@
 //! publishes that number into its own column of the shared record; readers sum
 //! the columns of live VMs.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
-use super::instances::{CountCell, InstanceRecord, MAX_ADDRESS_LEN};
-use super::lease::{self, Heartbeat, Lease};
-use super::pending::PendingBucket;
-use super::routes::{RouteBucket, RouteEntry};
+use super::census::Census;
+use super::instances::{InstanceRecord, RegistryEpoch};
+use super::routes::RouteEntry;
+use super::table::{Change, Tables, Updated};
 use super::{
     Claim, InstanceLoad, InstanceRef, LoadConfig, LoadView, Target, Ticket, UpstreamStart,
 };
 use crate::headers::PENDING_MARK;
-use crate::shared::{SetError, SharedStore};
+use crate::shared::SharedStore;
+use crate::strategy::key_balance::{self, KeyPlacements};
 
-mod balance;
-#[cfg(test)]
-pub(super) use balance::key_bound;
 mod columns;
 mod learned;
 mod registry;
 
-/// Slots probed for one address before the registry counts as full for it.
-const PROBE_LEN: u16 = 8;
-
-/// How long a VM trusts its own copy of a key's learned route before reading
-/// the shared table again. Routes change only when the fleet does, and this
-/// VM's own upstream filter updates its copy at once; other VMs' news waits
-/// at most this long.
-const ROUTE_COPY_MS: u64 = 1_000;
-
-/// Most route copies a VM keeps (cleared when full, like `slot_of`); also
-/// the most keys whose last response check it remembers.
-const MAX_ROUTE_COPIES: usize = 4_096;
+use columns::{Columns, Count, Limit};
+pub(crate) use learned::RouteUpdate;
+use learned::{Learned, Pending};
+use registry::{Lookup, Registry};
 
 /// Counting in the listener, how often one VM checks at a response where a
 /// request claimed on its key's learned target really went (reading
@@ -47,57 +35,25 @@ const MAX_ROUTE_COPIES: usize = 4_096;
 /// for at most this long per VM.
 pub const RESPONSE_CHECK_MS: u64 = 1_000;
 
-/// This VM's own count on one instance slot.
-#[derive(Debug, Clone)]
-struct LocalCount {
-    address: String,
-    addr_hash: u64,
-    count: u32,
-}
-
-/// See the module documentation.
+/// See the module documentation. Its parts each own their state and take
+/// the shared tables as an argument; where one needs another (the registry
+/// asks the columns whether a slot is idle, learning asks the registry
+/// whether a placed instance serves), it is passed in.
 #[derive(Debug)]
 pub struct LoadTracker<S: SharedStore> {
-    store: S,
+    tables: Tables<S>,
     config: LoadConfig,
-    prefix: String,
-    nonce: u64,
-    /// Our column in the count records, while we hold a lease.
-    column: Option<u16>,
-    /// Cached lease view, one entry per column.
-    leases: Vec<Option<Lease>>,
-    local: BTreeMap<u16, LocalCount>,
-    slot_of: HashMap<String, u16>,
-    known_slots: BTreeSet<u16>,
-    last_lease_attempt_ms: Option<u64>,
-    /// Registry epoch seen at our last full scan of the instance slots.
-    scanned_epoch: Option<u64>,
-    /// Copies of learned routes by key hash, with when they were last read
-    /// or written here (see [`ROUTE_COPY_MS`]).
-    route_copies: HashMap<u64, (RouteEntry, u64)>,
-    /// When this VM last had a response checked for a key (by key hash),
-    /// counting in the listener (see [`LoadTracker::response_check_due`]).
-    checked_keys: HashMap<u64, u64>,
-    /// The instance record a lookup just read, for the claim or check that
-    /// follows it in the same decision (one shared-data read, a host call,
-    /// fewer). See [`LoadTracker::read_instance_at`].
-    recent: Option<RecentRead>,
-}
-
-/// One instance record as read at `at_ms`, with its CAS token.
-#[derive(Debug)]
-struct RecentRead {
-    slot: u16,
-    at_ms: u64,
-    record: InstanceRecord,
-    cas: Option<u32>,
+    columns: Columns,
+    registry: Registry,
+    learned: Learned,
 }
 
 fn addr_hash(address: &str) -> u64 {
     xxh3_64(address.as_bytes())
 }
 
-fn key_hash(key: &str) -> u64 {
+/// The hash a key is known by in every table (and to key balancing).
+pub(crate) fn key_hash(key: &str) -> u64 {
     xxh3_64_with_seed(key.as_bytes(), 0x6b65_795f_726f_7574)
 }
 
@@ -106,22 +62,15 @@ impl<S: SharedStore> LoadTracker<S> {
     /// incarnations (e.g. random at VM start); 0 is replaced by 1.
     pub fn new(store: S, config: LoadConfig, vm_nonce: u64) -> Self {
         let config = config.clamped();
-        let prefix = format!("prefix-router/{}/v1", config.namespace);
-        let columns = usize::from(config.vm_slots);
         Self {
-            store,
-            prefix,
-            nonce: vm_nonce.max(1),
-            column: None,
-            leases: vec![None; columns],
-            local: BTreeMap::new(),
-            slot_of: HashMap::new(),
-            known_slots: BTreeSet::new(),
-            last_lease_attempt_ms: None,
-            scanned_epoch: None,
-            recent: None,
-            route_copies: HashMap::new(),
-            checked_keys: HashMap::new(),
+            tables: Tables::new(store, &config.namespace, config.cas_attempts),
+            columns: Columns::new(vm_nonce.max(1), config.vm_slots, config.vm_lease_ms),
+            registry: Registry::new(config.max_instances, config.instance_ttl_ms),
+            learned: Learned::new(
+                config.route_buckets,
+                config.route_ttl_ms,
+                config.pending_ttl_ms,
+            ),
             config,
         }
     }
@@ -135,20 +84,17 @@ impl<S: SharedStore> LoadTracker<S> {
     /// update; the tables themselves are kept).
     pub fn set_instance_ttl_ms(&mut self, instance_ttl_ms: u64) {
         self.config.instance_ttl_ms = instance_ttl_ms;
+        self.registry.set_instance_ttl_ms(instance_ttl_ms);
     }
 
     /// This VM's column, if it holds a lease.
     pub fn column(&self) -> Option<u16> {
-        self.column
+        self.columns.column()
     }
 
     /// Requests this VM currently holds tickets for, over all instances.
     pub fn local_in_flight(&self) -> u32 {
-        self.local.values().map(|l| l.count).sum()
-    }
-
-    fn lease_key(&self, column: u16) -> String {
-        format!("{}/vm/{column}", self.prefix)
+        self.columns.local_in_flight()
     }
 
     /// Upstream filter, `on_http_request_headers`: registers the instance,
@@ -163,40 +109,99 @@ impl<S: SharedStore> LoadTracker<S> {
         // Counted (or not countable) now: no longer pending. Counting first
         // means there is no instant where the request is neither.
         if let (Some(PENDING_MARK), Some(key)) = (start.counted, start.key) {
-            self.update_pending(key, false, now_ms);
+            let hash = key_hash(key);
+            self.learned
+                .mark_pending(&self.tables, hash, Pending::Withdraw, now_ms);
         }
         ticket
     }
 
     fn count_upstream(&mut self, start: UpstreamStart<'_>, now_ms: u64) -> Option<Ticket> {
+        let tables = &self.tables;
         if start.overridden {
             if let Some(nominated) = start
                 .counted
                 .filter(|c| *c != start.address && *c != PENDING_MARK)
             {
-                self.mark_unseen(nominated, now_ms);
+                self.registry
+                    .mark_unseen(tables, &mut self.columns, nominated, now_ms);
             }
         }
-        let slot = self.find_slot(start.address, now_ms, true)?;
+        let slot = self.registry.find_slot(
+            tables,
+            &mut self.columns,
+            start.address,
+            now_ms,
+            Lookup::OrRegister,
+        )?;
         if let (Some(key), false) = (start.key, start.overridden) {
-            self.learn(key, slot, start.address, now_ms);
+            let (hash, instance) = (key_hash(key), addr_hash(start.address));
+            self.learned
+                .learn(tables, &self.registry, hash, slot, instance, now_ms);
         }
+        let read = self.registry.take_recent(slot, now_ms);
         if start.counted == Some(start.address) {
             // Already counted by the decision; just keep last-seen fresh.
-            let refresh_ms = (self.config.instance_ttl_ms / 8).max(1);
-            let stale = self
-                .read_instance_at(slot, now_ms)
-                .0
-                .filter(|r| r.address == start.address)
-                .is_some_and(|r| r.suspect || now_ms.saturating_sub(r.last_seen_ms) >= refresh_ms);
-            if stale {
-                self.publish_with(slot, Some(now_ms));
-            }
+            let record = read.unwrap_or_else(|| self.registry.read(tables, slot));
+            self.refresh_last_seen(slot, &record.record, start.address, now_ms);
             return None;
         }
-        match self.add(slot, start.address, None, 0, true, now_ms) {
+        let counted = self
+            .columns
+            .add(tables, slot, start.address, Count::Serving, read, now_ms);
+        match counted {
             Claim::Claimed(ticket) => Some(ticket),
             _ => None,
+        }
+    }
+
+    /// `address` in `slot` is serving: writes its last-seen time if the
+    /// record's is an eighth of the instance TTL old (or it is suspect),
+    /// sparing a shared write per request otherwise.
+    fn refresh_last_seen(
+        &mut self,
+        slot: u16,
+        record: &InstanceRecord,
+        address: &str,
+        now_ms: u64,
+    ) {
+        let refresh_ms = (self.config.instance_ttl_ms / 8).max(1);
+        let stale = record.address == address
+            && (record.suspect || now_ms.saturating_sub(record.last_seen_ms) >= refresh_ms);
+        if stale {
+            self.columns.publish(&self.tables, slot, Some(now_ms));
+        }
+    }
+
+    /// Counting in the listener, at the response from `start.address`: does
+    /// what the upstream filter would have done at the request's start
+    /// ([`Self::upstream_started`]) and keeps one count for the stream.
+    /// `held` is the decision's ticket: given back if it counts the request
+    /// on another instance than Envoy chose, kept if it stands (then nothing
+    /// is counted again). Returns the one ticket the stream holds from now on.
+    pub fn settle_at_response(
+        &mut self,
+        start: UpstreamStart<'_>,
+        held: Option<Ticket>,
+        now_ms: u64,
+    ) -> Option<Ticket> {
+        let held = match held {
+            Some(stale) if !start.decision_count_stands() => {
+                self.release(stale, now_ms);
+                None
+            }
+            held => held,
+        };
+        match self.upstream_started(start, now_ms) {
+            Some(counted) => {
+                // A decision's count that stood made the tracker count
+                // nothing; keep at most one count per stream regardless.
+                if let Some(previous) = held {
+                    self.release(previous, now_ms);
+                }
+                Some(counted)
+            }
+            None => held,
         }
     }
 
@@ -205,73 +210,42 @@ impl<S: SharedStore> LoadTracker<S> {
     /// [`RESPONSE_CHECK_MS`] per key and VM; asking counts as checking, so
     /// concurrent requests do not all check).
     pub fn response_check_due(&mut self, key: &str, now_ms: u64) -> bool {
-        let hash = key_hash(key);
-        let due = self
-            .checked_keys
-            .get(&hash)
-            .is_none_or(|at| now_ms.saturating_sub(*at) >= RESPONSE_CHECK_MS);
-        if due {
-            if self.checked_keys.len() >= MAX_ROUTE_COPIES {
-                self.checked_keys.clear();
-            }
-            self.checked_keys.insert(hash, now_ms);
-        }
-        due
+        self.learned.response_check_due(key_hash(key), now_ms)
     }
 
     /// Gives a ticket back: the request it counted has ended. Call exactly once
     /// per ticket (the ticket is consumed), from the stream's `on_done`.
     pub fn release(&mut self, ticket: Ticket, now_ms: u64) {
-        if ticket.owner != self.nonce {
-            log::warn!("prefix-router: ticket of another VM released here; ignored");
-            return;
-        }
-        let Some(local) = self.local.get_mut(&ticket.slot) else {
-            return;
-        };
-        if local.addr_hash != ticket.addr_hash || local.count == 0 {
-            return;
-        }
-        local.count -= 1;
-        self.ensure_lease(now_ms);
-        // A failed publish leaves the shared copy high until the next tick.
-        self.publish(ticket.slot);
+        self.columns.release(&self.tables, ticket, now_ms);
     }
 
     /// Root context tick (about every second): heartbeat the lease, refresh the
     /// lease view, republish our cells wherever the shared copy disagrees with
     /// our local truth, and clear cells of dead VMs.
     pub fn tick(&mut self, now_ms: u64) {
-        self.maintain_lease(now_ms);
-        self.refresh_leases();
-        self.scanned_epoch = Some(self.read_epoch());
-        for slot in 0..self.config.max_instances {
-            let (record, _) = self.read_instance(slot);
-            let Some(record) = record.filter(|r| !r.is_free()) else {
-                self.known_slots.remove(&slot);
-                continue;
-            };
-            self.known_slots.insert(slot);
-            if self.needs_repair(slot, &record, now_ms) {
-                self.repair(slot, now_ms);
+        let tables = &self.tables;
+        let columns = &mut self.columns;
+        columns.maintain_lease(tables, now_ms);
+        columns.refresh_leases(tables);
+        self.registry.scan(tables, |slot, record| {
+            if columns.needs_repair(tables, slot, record, now_ms) {
+                columns.repair(tables, slot, now_ms);
             }
-        }
-        self.local.retain(|_, l| l.count > 0);
+        });
+        columns.drop_idle();
     }
 
     /// Every registered instance with its in-flight count, for the gauges.
     pub fn snapshot(&mut self, now_ms: u64) -> Vec<InstanceLoad> {
         let mut loads = Vec::new();
-        for slot in 0..self.config.max_instances {
-            let (Some(record), _) = self.read_instance(slot) else {
-                continue;
-            };
+        for slot in 0..self.registry.max_instances() {
+            let record = self.registry.read(&self.tables, slot).record;
             if record.is_free() {
                 continue;
             }
-            let in_flight = self.total(slot, &record, now_ms);
+            let in_flight = self.columns.total(&self.tables, slot, &record, now_ms);
             loads.push(InstanceLoad {
-                fresh: record.is_fresh(now_ms, self.config.instance_ttl_ms),
+                fresh: self.registry.is_fresh(&record, now_ms),
                 address: record.address,
                 in_flight,
             });
@@ -282,32 +256,18 @@ impl<S: SharedStore> LoadTracker<S> {
 
 impl<S: SharedStore> LoadView for LoadTracker<S> {
     fn target_of(&mut self, key: &str, now_ms: u64) -> Option<Target> {
-        let hash = key_hash(key);
-        let entry = match self.route_copy(hash, now_ms) {
-            Some(entry) => entry,
-            None => {
-                let (value, _) = self.store.get(&self.route_key(self.bucket_of(hash)));
-                let entry = value.as_deref().and_then(RouteBucket::decode)?.lookup(
-                    hash,
-                    now_ms,
-                    self.config.route_ttl_ms,
-                )?;
-                self.keep_route_copy(entry, now_ms);
-                entry
-            }
-        };
-        if entry.slot >= self.config.max_instances {
+        let entry = self.learned.lookup(&self.tables, key_hash(key), now_ms)?;
+        if entry.slot >= self.registry.max_instances() {
             return None;
         }
-        let (record, cas) = self.read_instance(entry.slot);
-        let record = record?;
-        let valid = addr_hash(&record.address) == entry.addr_hash
-            && record.is_fresh(now_ms, self.config.instance_ttl_ms);
+        let read = self.registry.read(&self.tables, entry.slot);
+        let valid = addr_hash(&read.record.address) == entry.addr_hash
+            && self.registry.is_fresh(&read.record, now_ms);
         if !valid {
             return None;
         }
-        let address = record.address.clone();
-        self.remember_read(entry.slot, now_ms, record, cas);
+        let address = read.record.address.clone();
+        self.registry.remember_read(entry.slot, now_ms, read);
         Some(Target {
             instance: InstanceRef {
                 slot: entry.slot,
@@ -318,16 +278,24 @@ impl<S: SharedStore> LoadView for LoadTracker<S> {
     }
 
     fn in_flight(&mut self, instance: &InstanceRef, now_ms: u64) -> Option<u32> {
-        let record = self.record_for(instance.slot, &instance.address)?;
-        Some(self.total(instance.slot, &record, now_ms))
+        let record = self
+            .registry
+            .record_for(&self.tables, instance.slot, &instance.address)?;
+        Some(
+            self.columns
+                .total(&self.tables, instance.slot, &record, now_ms),
+        )
     }
 
     fn route_blind(&mut self, key: &str, now_ms: u64) -> Option<Target> {
         // Mark first, then look again: either this lookup sees a target a
         // worker learned meanwhile, or that worker's claims see the mark.
-        self.update_pending(key, true, now_ms);
+        let hash = key_hash(key);
+        self.learned
+            .mark_pending(&self.tables, hash, Pending::Mark, now_ms);
         let target = self.target_of(key, now_ms)?;
-        self.update_pending(key, false, now_ms);
+        self.learned
+            .mark_pending(&self.tables, hash, Pending::Withdraw, now_ms);
         Some(target)
     }
 
@@ -338,21 +306,25 @@ impl<S: SharedStore> LoadView for LoadTracker<S> {
         cap: Option<u32>,
         now_ms: u64,
     ) -> Claim {
-        if instance.slot >= self.config.max_instances {
+        if instance.slot >= self.registry.max_instances() {
             return Claim::Gone;
         }
-        let pending = match (key, cap) {
-            (Some(key), Some(_)) if self.may_have_pending(key, now_ms) => {
-                self.pending_of(key, now_ms)
-            }
-            _ => 0,
-        };
-        self.add(
+        let count = cap.map_or(Count::Uncapped, |cap| {
+            let pending = match key.map(key_hash) {
+                Some(hash) if self.learned.may_have_pending(hash, now_ms) => {
+                    self.learned.pending_of(&self.tables, hash, now_ms)
+                }
+                _ => 0,
+            };
+            Count::Capped(Limit { cap, pending })
+        });
+        let read = self.registry.take_recent(instance.slot, now_ms);
+        self.columns.add(
+            &self.tables,
             instance.slot,
             &instance.address,
-            cap,
-            pending,
-            false,
+            count,
+            read,
             now_ms,
         )
     }
@@ -363,15 +335,57 @@ impl<S: SharedStore> LoadView for LoadTracker<S> {
         random: u64,
         now_ms: u64,
     ) -> Option<(InstanceRef, u32)> {
-        self.rescan_if_changed(self.read_epoch());
-        self.fresh_candidates(exclude, random, now_ms)
+        let epoch = Registry::epoch(&self.tables).epoch;
+        self.registry.rescan_if_changed(&self.tables, epoch);
+        self.registry
+            .least_busy_other(&self.tables, &mut self.columns, exclude, random, now_ms)
     }
 
     fn balance(&mut self, key: &str, target: Target, factor_percent: u32, now_ms: u64) -> Target {
-        self.balance_key(key, target, factor_percent, now_ms)
+        key_balance::balance(self, key, target, factor_percent, now_ms)
     }
 
     fn place_new(&mut self, key: &str, factor_percent: u32, now_ms: u64) -> Option<Target> {
-        self.place_new_key(key, factor_percent, now_ms)
+        key_balance::place_new(self, key, factor_percent, now_ms)
+    }
+}
+
+impl<S: SharedStore> KeyPlacements for LoadTracker<S> {
+    fn route_copy(&self, key_hash: u64) -> Option<RouteEntry> {
+        self.learned.any_route_copy(key_hash)
+    }
+
+    fn registry_epoch(&self) -> RegistryEpoch {
+        Registry::epoch(&self.tables)
+    }
+
+    fn fresh_instances(&mut self, epoch: u64, now_ms: u64) -> Vec<(InstanceRef, u64)> {
+        self.registry.rescan_if_changed(&self.tables, epoch);
+        self.registry.fresh_instances(&self.tables, now_ms)
+    }
+
+    fn change_route(
+        &mut self,
+        key_hash: u64,
+        now_ms: u64,
+        mut change: impl FnMut(Option<RouteEntry>, &dyn Fn(&RouteEntry) -> bool) -> Option<RouteEntry>,
+    ) -> RouteUpdate {
+        let (tables, registry) = (&self.tables, &self.registry);
+        let serves =
+            |entry: &RouteEntry| registry.serves(tables, entry.slot, entry.addr_hash, now_ms);
+        self.learned
+            .change_route(tables, key_hash, now_ms, |current| change(current, &serves))
+    }
+
+    fn update_census<W, K>(
+        &mut self,
+        change: impl FnMut(&mut Census) -> Change<W, K>,
+    ) -> Updated<W, K> {
+        let key = self.tables.key(format_args!("census"));
+        self.tables.update(&key, change)
+    }
+
+    fn route_ttl_ms(&self) -> u64 {
+        self.learned.route_ttl_ms()
     }
 }

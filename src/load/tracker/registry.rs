@@ -1,284 +1,377 @@
 //! The instance registry: one slot per instance address, found by hashing
 //! with bounded probing, reused only when its instance is forgotten and idle;
-//! plus the epoch that tells other VMs to rescan after a registration.
+//! plus the epoch that tells other VMs to rescan after a registration. It
+//! owns this VM's view of the slots (which are in use, where an address
+//! lives, the record a lookup just read); whether a slot is idle it asks
+//! the count columns.
 
-use super::*;
+use std::collections::{BTreeSet, HashMap};
 
-impl<S: SharedStore> LoadTracker<S> {
-    /// The record in `slot`: `(None, None)` if never written; an undecodable
-    /// value reads as a free record (so it can be overwritten).
-    /// Keeps a record just read for the next [`Self::read_instance_at`] of
-    /// the same slot in the same millisecond.
-    pub(super) fn remember_read(
-        &mut self,
+use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+use super::super::instances::{InstanceRecord, RegistryEpoch, MAX_ADDRESS_LEN};
+use super::super::table::{Change, Read, Tables, Updated};
+use super::super::InstanceRef;
+use super::addr_hash;
+use super::columns::Columns;
+use crate::shared::SharedStore;
+
+/// Slots probed for one address before the registry counts as full for it.
+const PROBE_LEN: u16 = 8;
+
+/// What [`Registry::find_slot`] does with an address it does not find.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Lookup {
+    /// Register it in the first free or reusable slot of its probe sequence.
+    OrRegister,
+    /// Nothing: only an address already registered has a slot.
+    Only,
+}
+
+/// The shared-data key of instance slot `slot`.
+pub(super) fn instance_key<S: SharedStore>(tables: &Tables<S>, slot: u16) -> String {
+    tables.key(format_args!("inst/{slot}"))
+}
+
+fn epoch_key<S: SharedStore>(tables: &Tables<S>) -> String {
+    tables.key(format_args!("epoch"))
+}
+
+/// One instance record as read at `at_ms`, with its CAS token.
+#[derive(Debug)]
+struct RecentRead {
+    slot: u16,
+    at_ms: u64,
+    read: Read<InstanceRecord>,
+}
+
+/// See the module documentation.
+#[derive(Debug)]
+pub(super) struct Registry {
+    max_instances: u16,
+    /// An instance not seen serving for this long is not fresh.
+    instance_ttl_ms: u64,
+    slot_of: HashMap<String, u16>,
+    known_slots: BTreeSet<u16>,
+    /// Registry epoch seen at our last full scan of the instance slots.
+    scanned_epoch: Option<u64>,
+    /// The instance record a lookup just read, for the claim or check that
+    /// follows it in the same decision (one shared-data read, a host call,
+    /// fewer). See [`Registry::take_recent`].
+    recent: Option<RecentRead>,
+}
+
+impl Registry {
+    pub(super) fn new(max_instances: u16, instance_ttl_ms: u64) -> Self {
+        Self {
+            max_instances,
+            instance_ttl_ms,
+            slot_of: HashMap::new(),
+            known_slots: BTreeSet::new(),
+            scanned_epoch: None,
+            recent: None,
+        }
+    }
+
+    pub(super) fn max_instances(&self) -> u16 {
+        self.max_instances
+    }
+
+    pub(super) fn set_instance_ttl_ms(&mut self, instance_ttl_ms: u64) {
+        self.instance_ttl_ms = instance_ttl_ms;
+    }
+
+    /// Seen serving within the instance TTL, and not suspected gone.
+    pub(super) fn is_fresh(&self, record: &InstanceRecord, now_ms: u64) -> bool {
+        record.is_fresh(now_ms, self.instance_ttl_ms)
+    }
+
+    /// The record in `slot`; a missing or undecodable one reads as free (so
+    /// it can be overwritten).
+    pub(super) fn read<S: SharedStore>(
+        &self,
+        tables: &Tables<S>,
         slot: u16,
-        now_ms: u64,
-        record: InstanceRecord,
-        cas: Option<u32>,
-    ) {
+    ) -> Read<InstanceRecord> {
+        tables.read(&instance_key(tables, slot))
+    }
+
+    /// Keeps a record just read for the next [`Self::take_recent`] of the
+    /// same slot in the same millisecond.
+    pub(super) fn remember_read(&mut self, slot: u16, now_ms: u64, read: Read<InstanceRecord>) {
         self.recent = Some(RecentRead {
             slot,
             at_ms: now_ms,
-            record,
-            cas,
+            read,
         });
     }
 
-    /// The record of `slot`: the one a lookup just read in this same
-    /// millisecond of this decision if there is one (used once), else read
-    /// now. Reusing it is safe for a write, which is a compare-and-swap on
-    /// its token (a change since the read fails it and the caller re-reads),
-    /// and as fresh as a read for a check (same decision, same millisecond).
-    pub(super) fn read_instance_at(
-        &mut self,
-        slot: u16,
-        now_ms: u64,
-    ) -> (Option<InstanceRecord>, Option<u32>) {
-        match self.recent.take() {
-            Some(recent) if recent.slot == slot && recent.at_ms == now_ms => {
-                (Some(recent.record), recent.cas)
-            }
-            _ => self.read_instance(slot),
-        }
+    /// The record of `slot` a lookup just read in this same millisecond of
+    /// this decision, if there is one (used once). Reusing it is safe for a
+    /// write, which is a compare-and-swap on its token (a change since the
+    /// read fails it and the caller re-reads), and as fresh as a read for a
+    /// check (same decision, same millisecond).
+    pub(super) fn take_recent(&mut self, slot: u16, now_ms: u64) -> Option<Read<InstanceRecord>> {
+        self.recent
+            .take()
+            .filter(|recent| recent.slot == slot && recent.at_ms == now_ms)
+            .map(|recent| recent.read)
     }
 
-    pub(super) fn read_instance(&self, slot: u16) -> (Option<InstanceRecord>, Option<u32>) {
-        let (value, cas) = self.store.get(&self.instance_key(slot));
-        match value {
-            None => (None, cas),
-            Some(bytes) => (
-                Some(InstanceRecord::decode(&bytes).unwrap_or_default()),
-                cas,
-            ),
-        }
-    }
-
-    pub(super) fn probe_start(&self, address: &str) -> u16 {
+    fn probe_start(&self, address: &str) -> u16 {
         // max_instances <= 4096, so the remainder fits in u16.
-        (addr_hash(address) % u64::from(self.config.max_instances)) as u16
+        (addr_hash(address) % u64::from(self.max_instances)) as u16
     }
 
-    /// Finds the slot holding `address`; with `create`, registers it in the
-    /// first free or reusable slot of its probe sequence.
-    pub(super) fn find_slot(&mut self, address: &str, now_ms: u64, create: bool) -> Option<u16> {
+    /// Finds the slot holding `address`, registering it if `lookup` says so.
+    pub(super) fn find_slot<S: SharedStore>(
+        &mut self,
+        tables: &Tables<S>,
+        columns: &mut Columns,
+        address: &str,
+        now_ms: u64,
+        lookup: Lookup,
+    ) -> Option<u16> {
         if address.is_empty() || address.len() > MAX_ADDRESS_LEN {
             return None;
         }
         if let Some(&slot) = self.slot_of.get(address) {
-            match self.read_instance(slot) {
-                (Some(record), cas) if record.address == address => {
-                    self.remember_read(slot, now_ms, record, cas);
-                    return Some(slot);
-                }
-                _ => {
-                    self.slot_of.remove(address);
-                }
+            let read = self.read(tables, slot);
+            if read.record.address == address {
+                self.remember_read(slot, now_ms, read);
+                return Some(slot);
             }
+            self.slot_of.remove(address);
         }
         let start = self.probe_start(address);
-        let max = self.config.max_instances;
+        let max = self.max_instances;
         let mut candidate = None;
         for step in 0..PROBE_LEN.min(max) {
             let slot = ((u32::from(start) + u32::from(step)) % u32::from(max)) as u16;
-            let (record, _) = self.read_instance(slot);
-            match record {
-                Some(record) if record.address == address => {
-                    self.remember_slot(address, slot);
-                    return Some(slot);
-                }
-                Some(record) if !record.is_free() => {
-                    let reusable = !record.is_fresh(now_ms, self.config.instance_ttl_ms)
-                        && self.total(slot, &record, now_ms) == 0;
-                    if reusable && candidate.is_none() {
-                        candidate = Some(slot);
-                    }
-                }
-                _ => {
-                    if candidate.is_none() {
-                        candidate = Some(slot);
-                    }
-                }
+            let record = self.read(tables, slot).record;
+            if record.address == address {
+                self.remember_slot(address, slot);
+                return Some(slot);
+            }
+            let reusable = self.is_reusable(tables, columns, slot, &record, now_ms);
+            if reusable && candidate.is_none() {
+                candidate = Some(slot);
             }
         }
-        if !create {
+        if lookup == Lookup::Only {
             return None;
         }
         let Some(slot) = candidate else {
             log::warn!("prefix-router: instance registry full around {address}");
             return None;
         };
-        self.register_in(slot, address, now_ms).then(|| {
-            self.remember_slot(address, slot);
-            slot
-        })
+        self.register_in(tables, columns, slot, address, now_ms)
+            .then(|| {
+                self.remember_slot(address, slot);
+                slot
+            })
     }
 
-    pub(super) fn remember_slot(&mut self, address: &str, slot: u16) {
+    /// Free, or its instance is forgotten and nothing is in flight there.
+    fn is_reusable<S: SharedStore>(
+        &self,
+        tables: &Tables<S>,
+        columns: &mut Columns,
+        slot: u16,
+        record: &InstanceRecord,
+        now_ms: u64,
+    ) -> bool {
+        record.is_free()
+            || (!self.is_fresh(record, now_ms) && columns.total(tables, slot, record, now_ms) == 0)
+    }
+
+    fn remember_slot(&mut self, address: &str, slot: u16) {
         // Bounded like the registry itself.
-        if self.slot_of.len() >= usize::from(self.config.max_instances) * 2 {
+        if self.slot_of.len() >= usize::from(self.max_instances) * 2 {
             self.slot_of.clear();
         }
         self.slot_of.insert(address.to_string(), slot);
         self.known_slots.insert(slot);
     }
 
-    /// Writes a new record for `address` into `slot` (free, never written, or
-    /// reusable). A missing key is first created empty (never over another VM's
-    /// record: [`SharedStore::create`]); the real record goes in by CAS.
-    pub(super) fn register_in(&mut self, slot: u16, address: &str, now_ms: u64) -> bool {
-        let key = self.instance_key(slot);
-        for _ in 0..self.config.cas_attempts {
-            let (record, cas) = self.read_instance(slot);
-            let Some(record) = record else {
-                // Err(CasMismatch): another VM registered here meanwhile.
-                if let Err(SetError::Failed) =
-                    self.store.create(&key, &InstanceRecord::default().encode())
-                {
-                    return false;
+    /// Writes a new record for `address` into `slot` if it is still free or
+    /// reusable (true if `address` holds it now), and announces it.
+    fn register_in<S: SharedStore>(
+        &self,
+        tables: &Tables<S>,
+        columns: &mut Columns,
+        slot: u16,
+        address: &str,
+        now_ms: u64,
+    ) -> bool {
+        let registered = tables.update(
+            &instance_key(tables, slot),
+            |record: &mut InstanceRecord| {
+                if record.address == address {
+                    return Change::Keep(true);
                 }
-                continue;
-            };
-            if record.address == address {
-                return true;
-            }
-            let reusable = record.is_free()
-                || (!record.is_fresh(now_ms, self.config.instance_ttl_ms)
-                    && self.total(slot, &record, now_ms) == 0);
-            if !reusable {
-                return false;
-            }
-            let fresh = InstanceRecord::new(address, now_ms);
-            match self.store.set(&key, &fresh.encode(), cas) {
-                Ok(()) => {
-                    self.bump_epoch(now_ms);
-                    return true;
+                if !self.is_reusable(tables, columns, slot, record, now_ms) {
+                    return Change::Keep(false);
                 }
-                Err(SetError::CasMismatch) => continue,
-                Err(SetError::Failed) => return false,
+                *record = InstanceRecord::new(address, now_ms);
+                Change::Write(())
+            },
+        );
+        match registered {
+            Updated::Written(()) => {
+                Self::bump_epoch(tables, now_ms);
+                true
             }
+            Updated::Kept(ours) => ours,
+            Updated::Failed => false,
         }
-        false
     }
 
-    /// Reads the record in `slot` if it still belongs to `address`.
-    pub(super) fn record_for(&self, slot: u16, address: &str) -> Option<InstanceRecord> {
-        self.read_instance(slot)
-            .0
-            .filter(|record| record.address == address)
+    /// The record in `slot` if it still belongs to `address`.
+    pub(super) fn record_for<S: SharedStore>(
+        &self,
+        tables: &Tables<S>,
+        slot: u16,
+        address: &str,
+    ) -> Option<InstanceRecord> {
+        Some(self.read(tables, slot).record).filter(|record| record.address == address)
     }
 
     /// Marks an instance as not seen (a nominated host Envoy did not use is
     /// probably gone), so it stops being an overflow candidate until it serves
     /// again.
-    pub(super) fn mark_unseen(&mut self, address: &str, now_ms: u64) {
-        let Some(slot) = self.find_slot(address, now_ms, false) else {
+    pub(super) fn mark_unseen<S: SharedStore>(
+        &mut self,
+        tables: &Tables<S>,
+        columns: &mut Columns,
+        address: &str,
+        now_ms: u64,
+    ) {
+        let Some(slot) = self.find_slot(tables, columns, address, now_ms, Lookup::Only) else {
             return;
         };
-        let key = self.instance_key(slot);
-        for _ in 0..self.config.cas_attempts {
-            let (record, cas) = self.read_instance(slot);
-            let Some(mut record) = record.filter(|r| r.address == address) else {
-                return;
-            };
-            if record.suspect {
-                return;
-            }
-            record.suspect = true;
-            match self.store.set(&key, &record.encode(), cas) {
-                Err(SetError::CasMismatch) => continue,
-                _ => return,
-            }
-        }
+        tables.update(
+            &instance_key(tables, slot),
+            |record: &mut InstanceRecord| -> Change<()> {
+                if record.address != address || record.suspect {
+                    return Change::Keep(());
+                }
+                record.suspect = true;
+                Change::Write(())
+            },
+        );
     }
 
-    pub(super) fn epoch_key(&self) -> String {
-        format!("{}/epoch", self.prefix)
-    }
-
-    pub(super) fn read_epoch(&self) -> u64 {
-        self.read_epoch_record().0
-    }
-
-    /// The registry epoch and when it last changed (0: never).
-    pub(super) fn read_epoch_record(&self) -> (u64, u64) {
-        let (value, _) = self.store.get(&self.epoch_key());
-        value.as_deref().map_or((0, 0), decode_epoch)
+    /// The registry epoch and when it last changed.
+    pub(super) fn epoch<S: SharedStore>(tables: &Tables<S>) -> RegistryEpoch {
+        tables.read(&epoch_key(tables)).record
     }
 
     /// Announces a registry change, so other VMs rescan the slots before
     /// their next overflow choice instead of waiting for their tick.
-    pub(super) fn bump_epoch(&self, now_ms: u64) {
-        let key = self.epoch_key();
-        for _ in 0..self.config.cas_attempts {
-            let (value, cas) = self.store.get(&key);
-            let (current, _) = value.as_deref().map_or((0, 0), decode_epoch);
-            let mut next = current.wrapping_add(1).to_le_bytes().to_vec();
-            next.extend_from_slice(&now_ms.to_le_bytes());
-            // The first bump creates the key, never over another VM's.
-            match self.store.replace(&key, &next, cas) {
-                Err(SetError::CasMismatch) => continue,
-                _ => return,
-            }
-        }
+    fn bump_epoch<S: SharedStore>(tables: &Tables<S>, now_ms: u64) {
+        tables.update(
+            &epoch_key(tables),
+            |epoch: &mut RegistryEpoch| -> Change<()> {
+                epoch.epoch = epoch.epoch.wrapping_add(1);
+                epoch.changed_ms = now_ms;
+                Change::Write(())
+            },
+        );
     }
 
-    /// Re-reads every instance slot into `known_slots`.
-    pub(super) fn scan_slots(&mut self) {
-        self.scanned_epoch = Some(self.read_epoch());
-        for slot in 0..self.config.max_instances {
-            match self.read_instance(slot).0 {
-                Some(record) if !record.is_free() => {
-                    self.known_slots.insert(slot);
-                }
-                _ => {
-                    self.known_slots.remove(&slot);
-                }
+    /// Re-reads every instance slot into the known slots, and calls `each`
+    /// with every slot in use and its record.
+    pub(super) fn scan<S: SharedStore>(
+        &mut self,
+        tables: &Tables<S>,
+        mut each: impl FnMut(u16, &InstanceRecord),
+    ) {
+        self.scanned_epoch = Some(Self::epoch(tables).epoch);
+        for slot in 0..self.max_instances {
+            let record = self.read(tables, slot).record;
+            if record.is_free() {
+                self.known_slots.remove(&slot);
+                continue;
             }
+            self.known_slots.insert(slot);
+            each(slot, &record);
         }
     }
 
     /// Rescans the slots if another VM registered an instance since this VM
     /// last looked (`epoch`: the registry epoch just read).
-    pub(super) fn rescan_if_changed(&mut self, epoch: u64) {
+    pub(super) fn rescan_if_changed<S: SharedStore>(&mut self, tables: &Tables<S>, epoch: u64) {
         if self.scanned_epoch != Some(epoch) {
-            self.scan_slots();
+            self.scan(tables, |_, _| {});
         }
     }
 
-    /// The record in `slot` if its instance has served within the instance
-    /// TTL (and is not suspect).
-    pub(super) fn fresh_record(&self, slot: u16, now_ms: u64) -> Option<InstanceRecord> {
-        self.read_instance(slot)
-            .0
-            .filter(|record| record.is_fresh(now_ms, self.config.instance_ttl_ms))
+    /// The record in `slot` if its instance is fresh.
+    fn fresh_record<S: SharedStore>(
+        &self,
+        tables: &Tables<S>,
+        slot: u16,
+        now_ms: u64,
+    ) -> Option<InstanceRecord> {
+        Some(self.read(tables, slot).record).filter(|record| self.is_fresh(record, now_ms))
     }
 
-    pub(super) fn fresh_candidates(
-        &mut self,
+    /// True if `slot` still holds the instance with `instance_addr_hash` and
+    /// it is fresh.
+    pub(super) fn serves<S: SharedStore>(
+        &self,
+        tables: &Tables<S>,
+        slot: u16,
+        instance_addr_hash: u64,
+        now_ms: u64,
+    ) -> bool {
+        self.fresh_record(tables, slot, now_ms)
+            .is_some_and(|record| addr_hash(&record.address) == instance_addr_hash)
+    }
+
+    /// Fresh known instances with their address hashes.
+    pub(super) fn fresh_instances<S: SharedStore>(
+        &self,
+        tables: &Tables<S>,
+        now_ms: u64,
+    ) -> Vec<(InstanceRef, u64)> {
+        self.known_slots
+            .iter()
+            .filter_map(|&slot| {
+                let address = self.fresh_record(tables, slot, now_ms)?.address;
+                let hash = addr_hash(&address);
+                Some((InstanceRef { slot, address }, hash))
+            })
+            .collect()
+    }
+
+    /// The fresh known instance other than `exclude` with the fewest
+    /// requests in flight (ties broken by `random`), with that count.
+    pub(super) fn least_busy_other<S: SharedStore>(
+        &self,
+        tables: &Tables<S>,
+        columns: &mut Columns,
         exclude: &InstanceRef,
         random: u64,
         now_ms: u64,
     ) -> Option<(InstanceRef, u32)> {
-        let slots: Vec<u16> = self.known_slots.iter().copied().collect();
         let mut best: Option<(InstanceRef, u32, u64)> = None;
-        for slot in slots {
+        for &slot in &self.known_slots {
             if slot == exclude.slot {
                 continue;
             }
-            let Some(record) = self.fresh_record(slot, now_ms) else {
+            let Some(record) = self.fresh_record(tables, slot, now_ms) else {
                 continue;
             };
             if record.address == exclude.address {
                 continue;
             }
-            let in_flight = self.total(slot, &record, now_ms);
+            let in_flight = columns.total(tables, slot, &record, now_ms);
             let tie_break = xxh3_64_with_seed(&slot.to_le_bytes(), random);
-            let better = match &best {
-                None => true,
-                Some((_, best_load, best_tie)) => {
-                    in_flight < *best_load || (in_flight == *best_load && tie_break < *best_tie)
-                }
-            };
+            let better = best.as_ref().is_none_or(|(_, best_load, best_tie)| {
+                in_flight < *best_load || (in_flight == *best_load && tie_break < *best_tie)
+            });
             if better {
                 let instance = InstanceRef {
                     slot,
@@ -289,20 +382,4 @@ impl<S: SharedStore> LoadTracker<S> {
         }
         best.map(|(instance, in_flight, _)| (instance, in_flight))
     }
-
-    pub(super) fn instance_key(&self, slot: u16) -> String {
-        format!("{}/inst/{slot}", self.prefix)
-    }
-}
-
-/// The epoch record: the epoch, then (since key balancing) the time of the
-/// change; an 8-byte record from an older build has no time.
-fn decode_epoch(value: &[u8]) -> (u64, u64) {
-    let word = |at: usize| {
-        value
-            .get(at..at + 8)
-            .and_then(|b| <[u8; 8]>::try_from(b).ok())
-            .map_or(0, u64::from_le_bytes)
-    };
-    (word(0), word(8))
 }
