@@ -83,7 +83,7 @@ pub struct Config {
     pub strategy: Strategy,
     /// Bytes (raw) or characters (canonical text) of prefix in the key.
     pub prefix_length: usize,
-    /// In-flight cap per target instance (see `docs/overload-design.md`).
+    /// In-flight cap per target instance (see `docs/design.md`).
     pub concurrency_threshold: u32,
     /// Request header the key is written to (lowercase).
     pub key_header: String,

@@ -2,7 +2,7 @@
 //! what the filter has learned about the fleet: which instances exist and which
 //! instance Maglev sends each key to.
 //!
-//! Why this shape (see `docs/overload-design.md` for the Envoy evidence):
+//! Why this shape (see `docs/design.md` for the Envoy evidence):
 //! - The same `.wasm` also runs as an *upstream* HTTP filter on the cluster,
 //!   where `upstream.address` names the chosen host at request start. It calls
 //!   [`LoadTracker::upstream_started`]: the instance is registered, the key's

@@ -2,7 +2,7 @@
 //! cluster (`selection_method: FULL_SCAN`), selected through the route header.
 //! Envoy knows every healthy host, including ones this filter never saw, and
 //! its in-flight count is one atomic per host shared by all workers: measured
-//! spread of 0-1 requests (see `docs/overload-design.md`), which the filter's
+//! spread of 0-1 requests (see `docs/design.md`), which the filter's
 //! own counts could not beat.
 
 use super::{DecisionKind, RouteHeaders, Routed, RoutingPolicy};

@@ -1,9 +1,9 @@
 //! Support for the overload, strategy, scaling and reconfiguration tests:
 //! requests of a chosen prefix, requests that end early (client aborts),
 //! the filter's debug decision header and in-flight gauges, and the burst
-//! scenario of issue 3 shared by several tests.
+//! scenario (a new key's concurrent requests against the cap) shared by several tests.
 //!
-//! What the wired filter is expected to provide (the conventions of issue 3):
+//! What the wired filter is expected to provide (the conventions the overload tests rely on):
 //! a `decision_header` setting whose response header reads
 //! `<kind>; instance=<ip:port>`, per-instance in-flight gauges named
 //! `...prefix_router...in_flight...`, the `host_header` (default
@@ -322,7 +322,7 @@ pub struct BurstReport {
     pub follow_up_kinds: BTreeMap<String, usize>,
 }
 
-/// Issue 3's burst: `size` concurrent requests of the new prefix `label`,
+/// The overload burst: `size` concurrent requests of the new prefix `label`,
 /// held [`BURST_HOLD`] by the instances; then `follow_ups` sequential ones.
 /// The instances must be holding [`BURST_HOLD`] and otherwise idle.
 pub async fn burst(harness: &Harness, label: &str, size: usize, follow_ups: usize) -> BurstReport {
@@ -372,7 +372,7 @@ pub fn check_decisions_match(outcomes: &[Outcome], fleet: &UpstreamFleet) {
     }
 }
 
-/// Checks a burst report against issue 3's burst specification for
+/// Checks a burst report against what the cap allows for
 /// `threshold`; prints the figures.
 pub fn check_burst(report: &BurstReport, size: usize, threshold: usize, what: &str) {
     println!("{what}: {report:#?}");

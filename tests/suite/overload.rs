@@ -3,13 +3,12 @@
 //! instance, measured at the instance; the rest overflow to the least busy
 //! others and come back when the target has room; the cap is per instance
 //! across keys; counts never leak (aborts, resets, timeouts, streams, 5xx,
-//! local replies); a
-//! client cannot pin an instance.
+//! local replies); a client cannot pin an instance.
 //!
 //! Instances hold each request 1.5 s so a burst really is concurrent. Each
 //! test first warms the filter up with a few dozen distinct keys: overflow
 //! nominates instances the filter has seen serving (the learning window, see
-//! the README).
+//! docs/design.md).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

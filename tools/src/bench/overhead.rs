@@ -98,11 +98,11 @@ pub struct Case {
     pub body_bytes: usize,
     /// The filter's `prefix_length` for this case.
     pub prefix_length: usize,
-    /// The issue's target for the added p50, if it sets one.
+    /// The target for the added p50, if the case has one.
     pub target_p50_added_us: Option<f64>,
 }
 
-/// The five cases of issue 4.
+/// The overhead benchmark's five cases.
 pub fn cases() -> Vec<Case> {
     const KIB: usize = 1024;
     vec![
