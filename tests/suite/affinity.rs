@@ -117,7 +117,7 @@ fn instances_by_round(harness: &Harness) -> BTreeMap<String, BTreeSet<String>> {
 }
 
 /// How long the filter's known fleet must stay the same before it places
-/// new keys directly (`KNOWN_FLEET_SETTLED_MS` in `src/load/tracker/balance.rs`).
+/// new keys directly (`KNOWN_FLEET_SETTLED_MS` in `src/strategy/key_balance.rs`).
 const KNOWN_FLEET_SETTLED: Duration = Duration::from_secs(10);
 /// Envoy dates a registration by the wall clock, the test by the monotonic one.
 const CLOCK_MARGIN: Duration = Duration::from_millis(100);
