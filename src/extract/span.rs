@@ -104,6 +104,17 @@ impl SpanScanner {
         SpanScanner::Fresh
     }
 
+    /// Whether a `"` in this span opens or closes a string, as `long_strings`
+    /// reads it (outside a string, every `"` opens one): in a string or a
+    /// container. A scalar has no strings: a quote in one is just a byte (the
+    /// span is not JSON), and only a delimiter ends it.
+    pub(crate) fn holds_strings(&self) -> bool {
+        matches!(
+            self,
+            SpanScanner::String { .. } | SpanScanner::Container { .. }
+        )
+    }
+
     /// The caller dropped the rest of the string the scanner is in, up to
     /// (not including) its closing quote, which it feeds next: no byte before
     /// that quote escapes it.
