@@ -59,7 +59,7 @@ const STRUCTURAL: [bool; 256] = {
 };
 
 /// Backslashes immediately before `end`, not looking before `start`.
-fn backslashes_before(bytes: &[u8], start: usize, end: usize) -> usize {
+pub(crate) fn backslashes_before(bytes: &[u8], start: usize, end: usize) -> usize {
     bytes.get(start..end).map_or(0, |run| {
         run.iter().rev().take_while(|&&b| b == b'\\').count()
     })

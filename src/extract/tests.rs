@@ -1208,3 +1208,35 @@ fn a_scalar_element_ends_at_its_delimiter_even_after_a_long_quoted_run() {
     assert_eq!(extract_with(|| cutting_as_fuzzed(kind, l), &body), expected);
     assert_eq!(extract(kind, l, &body), expected);
 }
+
+#[test]
+fn a_string_cut_inside_a_malformed_escape_still_ends_where_it_did() {
+    // `\u12a\` is no escape, and counted as one character it ends just after
+    // a backslash that escapes the next quote. Cut there while arriving, the
+    // quote put after it read as escaped, so a later cut of the same element
+    // took the bytes after `"k":` for a long string and dropped them up to a
+    // next quote that never came: the element never ended before the limit.
+    let mut body = br#"{"messages":[{"role":"user","content":"hi"},{"content":""#.to_vec();
+    body.resize(body.len() + 1023, b'a');
+    body.extend_from_slice(br#"\u12a\"bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb","k":["#);
+    body.extend_from_slice("1,".repeat(2000).as_bytes());
+    body.extend_from_slice(b"1]}");
+    let end = body.len();
+    body.extend_from_slice(b" ], 1111111111111111");
+    let l = Limits {
+        max_body_bytes: end + 10,
+        ..limits(64)
+    };
+    let expected = Extraction {
+        source: PrefixSource::RawBytes,
+        prefix: body[..64].to_vec(),
+        model: None,
+        body_tenant: None,
+        fallback: Some(FallbackReason::InvalidJson),
+        short: false,
+        bytes_inspected: end,
+    };
+    let kind = ApiKind::ChatCompletions;
+    assert_eq!(extract_with(|| cutting_as_fuzzed(kind, l), &body), expected);
+    assert_eq!(extract(kind, l, &body), expected);
+}
