@@ -19,10 +19,17 @@ use super::FallbackReason;
 
 /// A capped span is cut while it arrives once it holds this many bytes (and
 /// again each time it doubles); smaller spans are cut once complete. Under
-/// cargo-fuzz (`cfg(fuzzing)`) it is small, so the fuzzer's short bodies reach
-/// the cut (and its chunkings are compared with the one-piece feed, which
-/// never cuts while arriving).
-const CUT_ARRIVING_FROM: usize = if cfg!(fuzzing) { 64 } else { 64 * 1024 };
+/// cargo-fuzz (`cfg(fuzzing)`) it is [`CUT_ARRIVING_FROM_FUZZING`], so the
+/// fuzzer's short bodies reach the cut (and its chunkings are compared with
+/// the one-piece feed, which never cuts while arriving).
+const CUT_ARRIVING_FROM: usize = if cfg!(fuzzing) {
+    CUT_ARRIVING_FROM_FUZZING
+} else {
+    64 * 1024
+};
+
+/// The cut threshold of the fuzz build (tests replaying its inputs use it).
+pub(super) const CUT_ARRIVING_FROM_FUZZING: usize = 64;
 
 /// What the sink wants of a top-level value that starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -162,7 +169,7 @@ impl Document {
 
     /// Cuts arriving spans from `bytes` on (tests use small values).
     #[cfg(test)]
-    fn cutting_arriving_from(mut self, bytes: usize) -> Self {
+    pub(super) fn cutting_arriving_from(mut self, bytes: usize) -> Self {
         self.cut_arriving_from = bytes;
         self
     }
@@ -177,10 +184,20 @@ impl Document {
         self.at = next;
     }
 
+    /// The most characters a string of the current span keeps, if it is
+    /// capped and has strings: the cut reads every `"` outside a string as
+    /// opening one, which is the scanner's reading only where it tracks
+    /// strings. In a scalar it is not (`x"…` is no string but an invalid
+    /// value that ends at the next delimiter), and dropping bytes up to the
+    /// next quote there could drop that delimiter.
+    fn cap(&self) -> Option<usize> {
+        self.string_cap.filter(|_| self.span.holds_strings())
+    }
+
     /// Cuts the long strings of a capped span that is still arriving, once
     /// it is large.
     fn cut_arriving(&mut self) {
-        let Some(max_chars) = self.string_cap else {
+        let Some(max_chars) = self.cap() else {
             return;
         };
         if self.buf.len() <= self.cut_at {
@@ -314,7 +331,7 @@ impl Document {
 
     /// The completed span, its strings cut to the span's cap.
     fn capped(&self) -> Cow<'_, [u8]> {
-        match self.string_cap {
+        match self.cap() {
             Some(max_chars) => cap_long_strings(&self.buf, max_chars),
             None => Cow::Borrowed(&self.buf),
         }
@@ -496,6 +513,28 @@ mod tests {
                         "max_chars {max_chars}, cut from {cut_from}, step {step}"
                     );
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn a_quote_in_a_scalar_opens_no_string_to_cut() {
+        // Neither scalar is JSON, but each is delimited as one: it ends at the
+        // first delimiter, and its bytes after the quote are no string to cut.
+        let x = format!("x\"{}", "a".repeat(60));
+        let y = format!("y\"{}", "z".repeat(60));
+        let body = format!(r#"{{"s":[{x} ,"bcdefgh",{y}]}}"#);
+        let expected = [
+            format!("s[]={x}"),
+            r#"s[]="bcd""#.to_string(),
+            format!("s[]={y}"),
+            "s]".to_string(),
+            "}".to_string(),
+        ];
+        for cut_from in [0, 5, 40] {
+            for step in 1..=body.len() {
+                let (events, _) = walk_capped(body.as_bytes(), step, 3, cut_from);
+                assert_eq!(events, expected, "cut from {cut_from}, step {step}");
             }
         }
     }

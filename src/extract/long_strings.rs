@@ -14,7 +14,7 @@
 
 use std::borrow::Cow;
 
-use super::span::skip_string;
+use super::span::{backslashes_before, skip_string};
 
 /// Bytes of one UTF-8 sequence, from its first byte (1 for a byte that cannot
 /// start one: serde_json rejects it wherever it is kept).
@@ -46,8 +46,28 @@ fn escape_len(content: &[u8], at: usize) -> usize {
     }
 }
 
-/// Where the first `max_chars` characters of string contents end.
+/// Where string contents are cut to keep their first `max_chars`
+/// characters, so that the quote put there closes the string.
+///
+/// In valid JSON the end of a character is never just after a backslash
+/// that escapes the next byte. In a malformed escape (`\u12a\"`) or UTF-8
+/// sequence (a lead byte, then `\"`) it can be; the quote put there would
+/// then be escaped, and the cut text would read on as one string where the
+/// span scanner (`skip_string`'s reading: a byte is escaped after an odd run
+/// of backslashes) saw the string close. So such a cut keeps the escaped
+/// byte too. The kept text is malformed either way, and serde_json rejects
+/// it as it would reject the whole.
 fn cut_after_chars(content: &[u8], max_chars: usize) -> usize {
+    let cut = end_of_chars(content, max_chars);
+    if backslashes_before(content, 0, cut) % 2 == 1 {
+        (cut + 1).min(content.len())
+    } else {
+        cut
+    }
+}
+
+/// Where the first `max_chars` characters of string contents end.
+fn end_of_chars(content: &[u8], max_chars: usize) -> usize {
     let mut at = 0;
     let mut left = max_chars;
     // Position of the next backslash at or after `at`, found once per escape
@@ -192,7 +212,7 @@ mod tests {
     }
 
     /// The character-by-character walk the fast path must agree with.
-    fn cut_after_chars_slowly(content: &[u8], max_chars: usize) -> usize {
+    fn end_of_chars_slowly(content: &[u8], max_chars: usize) -> usize {
         let mut at = 0;
         for _ in 0..max_chars {
             let Some(len) = char_len(content, at) else {
@@ -232,12 +252,66 @@ mod tests {
             let bytes = content.as_bytes();
             for max_chars in 0..=bytes.len() + 1 {
                 assert_eq!(
-                    cut_after_chars(bytes, max_chars),
-                    cut_after_chars_slowly(bytes, max_chars),
+                    end_of_chars(bytes, max_chars),
+                    end_of_chars_slowly(bytes, max_chars),
                     "{content:?} cut at {max_chars}"
                 );
             }
         }
+    }
+
+    /// Where the string opening at `span[1]` ends, and what follows it.
+    fn after_first_string(span: &[u8]) -> Option<&[u8]> {
+        let mut escaped = false;
+        skip_string(span, 2, &mut escaped).and_then(|end| span.get(end..))
+    }
+
+    #[test]
+    fn a_cut_never_leaves_the_closing_quote_escaped() {
+        // A malformed escape, and a UTF-8 lead byte before `\"`: the last
+        // character kept ends just after a backslash that escapes a quote.
+        let cases: [(&[u8], usize, &[u8]); 2] = [
+            (br#"["aa\u12a\"bbbb",1]"#, 3, br#"["aa\u12a\"",1]"#),
+            (b"[\"a\xc3\\\"bbbb\",1]", 2, b"[\"a\xc3\\\"\",1]"),
+        ];
+        for (span, max_chars, expected) in cases {
+            assert_eq!(cap_long_strings(span, max_chars), expected);
+        }
+        // Any string of these pieces, cut anywhere, still ends where it did.
+        let pieces: [&[u8]; 8] = [
+            b"a", b"\\", b"\\\\", b"\\\"", b"\\u", b"1", b"\xc3", b"\xe2",
+        ];
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = |n: usize| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % n as u64) as usize
+        };
+        let mut checked = 0;
+        for _ in 0..3000 {
+            let mut span = b"[\"".to_vec();
+            for _ in 0..next(12) {
+                span.extend_from_slice(pieces[next(pieces.len())]);
+            }
+            span.extend_from_slice(br#"",1]"#);
+            if after_first_string(&span) != Some(&br#",1]"#[..]) {
+                // A backslash piece before `\"` closed the string early.
+                continue;
+            }
+            checked += 1;
+            for max_chars in 0..span.len() {
+                let cut = cap_long_strings(&span, max_chars);
+                assert_eq!(
+                    after_first_string(&cut),
+                    Some(&br#",1]"#[..]),
+                    "{} cut to {max_chars}: {}",
+                    String::from_utf8_lossy(&span),
+                    String::from_utf8_lossy(&cut)
+                );
+            }
+        }
+        assert!(checked > 1000, "only {checked} strings checked");
     }
 
     #[test]

@@ -215,6 +215,16 @@ impl Extractor {
         }
     }
 
+    /// Cuts capped spans while they arrive from `bytes` on (tests replay
+    /// fuzz inputs with the fuzz build's threshold).
+    #[cfg(test)]
+    fn cutting_arriving_from(mut self, bytes: usize) -> Self {
+        if let Mode::Json(document) = self.mode {
+            self.mode = Mode::Json(Box::new(document.cutting_arriving_from(bytes)));
+        }
+        self
+    }
+
     fn progress(&self) -> Progress {
         if self.stop.is_some() {
             Progress::Done

@@ -59,7 +59,7 @@ const STRUCTURAL: [bool; 256] = {
 };
 
 /// Backslashes immediately before `end`, not looking before `start`.
-fn backslashes_before(bytes: &[u8], start: usize, end: usize) -> usize {
+pub(crate) fn backslashes_before(bytes: &[u8], start: usize, end: usize) -> usize {
     bytes.get(start..end).map_or(0, |run| {
         run.iter().rev().take_while(|&&b| b == b'\\').count()
     })
@@ -102,6 +102,17 @@ impl SpanScanner {
     /// must not start a span on whitespace or on `,` `]` `}`.
     pub(crate) fn new() -> Self {
         SpanScanner::Fresh
+    }
+
+    /// Whether a `"` in this span opens or closes a string, as `long_strings`
+    /// reads it (outside a string, every `"` opens one): in a string or a
+    /// container. A scalar has no strings: a quote in one is just a byte (the
+    /// span is not JSON), and only a delimiter ends it.
+    pub(crate) fn holds_strings(&self) -> bool {
+        matches!(
+            self,
+            SpanScanner::String { .. } | SpanScanner::Container { .. }
+        )
     }
 
     /// The caller dropped the rest of the string the scanner is in, up to

@@ -47,8 +47,7 @@ fn limits(prefix_length: usize) -> Limits {
 
 /// Feeds `body` split at `cuts` (sorted offsets); stops feeding after `Done`
 /// as the filter does, and checks no `NeedMore` follows a `Done`.
-fn feed_split(kind: ApiKind, limits: Limits, body: &[u8], cuts: &[usize]) -> Extraction {
-    let mut x = Extractor::new(kind, limits);
+fn feed_split(mut x: Extractor, body: &[u8], cuts: &[usize]) -> Extraction {
     let mut start = 0;
     for &cut in cuts.iter().chain(std::iter::once(&body.len())) {
         let cut = cut.clamp(start, body.len());
@@ -62,20 +61,25 @@ fn feed_split(kind: ApiKind, limits: Limits, body: &[u8], cuts: &[usize]) -> Ext
     x.finish()
 }
 
-fn feed_pieces(kind: ApiKind, limits: Limits, body: &[u8], size: usize) -> Extraction {
+fn feed_pieces(x: Extractor, body: &[u8], size: usize) -> Extraction {
     let cuts: Vec<usize> = (size..body.len()).step_by(size).collect();
-    feed_split(kind, limits, body, &cuts)
+    feed_split(x, body, &cuts)
 }
 
 /// The extraction of `body`, asserting it is the same for many chunkings.
 fn extract(kind: ApiKind, limits: Limits, body: &[u8]) -> Extraction {
-    let whole = feed_split(kind, limits, body, &[]);
+    extract_with(|| Extractor::new(kind, limits), body)
+}
+
+/// [`extract`] with the extractors `new` makes (one per chunking).
+fn extract_with(new: impl Fn() -> Extractor, body: &[u8]) -> Extraction {
+    let whole = feed_split(new(), body, &[]);
     let mut sizes = vec![1, 2, 3, 7, 64, 4096];
     if body.len() > 20_000 {
         sizes.retain(|&s| s > 2);
     }
     for size in sizes {
-        let got = feed_pieces(kind, limits, body, size);
+        let got = feed_pieces(new(), body, size);
         assert_eq!(got, whole, "pieces of {size} differ from one piece");
     }
     let mut rng = Rng::new(body.len() as u64);
@@ -84,7 +88,7 @@ fn extract(kind: ApiKind, limits: Limits, body: &[u8]) -> Extraction {
             .map(|_| rng.below(body.len() + 1))
             .collect();
         cuts.sort_unstable();
-        let got = feed_split(kind, limits, body, &cuts);
+        let got = feed_split(new(), body, &cuts);
         assert_eq!(got, whole, "split at {cuts:?} differs from one piece");
     }
     whole
@@ -1088,4 +1092,151 @@ fn a_long_string_is_read_only_as_far_as_the_prefix_can_use() {
         body(&format!("\\q{long}")).as_bytes(),
     );
     assert_eq!(e.fallback, Some(FallbackReason::InvalidJson));
+}
+
+// ---------------------------------------------------------------- fuzz inputs
+
+/// An extractor that cuts long strings while they arrive as the fuzz build's
+/// does, from a few dozen bytes on.
+fn cutting_as_fuzzed(kind: ApiKind, limits: Limits) -> Extractor {
+    Extractor::new(kind, limits).cutting_arriving_from(document::CUT_ARRIVING_FROM_FUZZING)
+}
+
+/// Replays an input of `fuzz/fuzz_targets/extract.rs` as the target does:
+/// decodes its 13-byte header (kind, flags, limits, chunking seed), feeds the
+/// body in one piece, byte by byte and in the target's random pieces, with
+/// the fuzz build's cut threshold, and asserts all three agree.
+fn replay_fuzz_input(data: &[u8]) -> (ApiKind, Limits, &[u8], Extraction) {
+    let (head, body) = data.split_at(13);
+    let kind = KINDS[usize::from(head[0] & 3)];
+    let small = |hi: u8, lo: u8, flag: bool| {
+        let n = usize::from(u16::from_le_bytes([lo, hi]));
+        if flag {
+            n
+        } else {
+            n % 300
+        }
+    };
+    let limits = Limits {
+        prefix_length: small(head[2], head[1], head[0] & 16 != 0),
+        max_body_bytes: if head[0] & 32 != 0 {
+            usize::MAX
+        } else {
+            small(head[4], head[3], head[0] & 64 != 0)
+        },
+        include_model: head[0] & 4 != 0,
+        want_body_tenant: head[0] & 8 != 0,
+    };
+    let mut seed = u64::from_le_bytes(head[5..13].try_into().unwrap()) | 1;
+    let max_piece = 1 + (seed as usize % 64);
+    let feed = |next_len: &mut dyn FnMut() -> usize| {
+        let mut x = cutting_as_fuzzed(kind, limits);
+        let mut rest = body;
+        while !rest.is_empty() {
+            let (piece, tail) = rest.split_at(next_len().min(rest.len()));
+            rest = tail;
+            if x.feed(piece) == Progress::Done {
+                assert_eq!(x.feed(rest), Progress::Done, "Done is final");
+                break;
+            }
+        }
+        x.finish()
+    };
+    let whole = feed(&mut || usize::MAX);
+    let bytewise = feed(&mut || 1);
+    let random = feed(&mut || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed as usize % (max_piece + 1)
+    });
+    assert_eq!(whole, bytewise, "byte-by-byte feeding differs");
+    assert_eq!(whole, random, "random chunking differs");
+    (kind, limits, body, whole)
+}
+
+#[test]
+fn a_quote_in_a_scalar_element_opens_no_string_to_cut() {
+    // Found by the fuzzer: the first element of `messages` starts with a
+    // byte that is no JSON value (so it is delimited as a scalar, up to the
+    // first space at 1360), and holds a `"` followed by over 1024 characters
+    // with no other quote. Cut while arriving, that quote was read as opening
+    // a long string, so the bytes up to the next quote were dropped unscanned.
+    let data = include_bytes!("../../fuzz/seeds/extract/scalar-element-with-a-quote");
+    let (kind, limits, body, e) = replay_fuzz_input(data);
+    assert_eq!(kind, ApiKind::ChatCompletions);
+    assert_eq!(
+        (limits.prefix_length, limits.max_body_bytes),
+        (40, usize::MAX)
+    );
+    let expected = Extraction {
+        source: PrefixSource::RawBytes,
+        prefix: body[..40].to_vec(),
+        model: Some("m".to_string()),
+        body_tenant: None,
+        fallback: Some(FallbackReason::InvalidJson),
+        short: false,
+        bytes_inspected: 1360,
+    };
+    assert_eq!(e, expected);
+    assert_eq!(body[1360], b' ');
+    assert_eq!(extract(kind, limits, body), expected);
+}
+
+#[test]
+fn a_scalar_element_ends_at_its_delimiter_even_after_a_long_quoted_run() {
+    // The dropped bytes held the scalar's end: read on to the body limit, the
+    // element never ended, and the first message's text became the prefix.
+    let mut body = br#"{"messages":[{"role":"user","content":"hi"},x""#.to_vec();
+    let end = body.len() + 1100;
+    body.resize(end, b'a');
+    body.extend_from_slice(b" bbbbbbbbbbbbbbbbbbbb],\"model\":\"m\"}");
+    let l = Limits {
+        max_body_bytes: end + 10,
+        ..limits(64)
+    };
+    let expected = Extraction {
+        source: PrefixSource::RawBytes,
+        prefix: body[..64].to_vec(),
+        model: None,
+        body_tenant: None,
+        fallback: Some(FallbackReason::InvalidJson),
+        short: false,
+        bytes_inspected: end,
+    };
+    let kind = ApiKind::ChatCompletions;
+    assert_eq!(extract_with(|| cutting_as_fuzzed(kind, l), &body), expected);
+    assert_eq!(extract(kind, l, &body), expected);
+}
+
+#[test]
+fn a_string_cut_inside_a_malformed_escape_still_ends_where_it_did() {
+    // `\u12a\` is no escape, and counted as one character it ends just after
+    // a backslash that escapes the next quote. Cut there while arriving, the
+    // quote put after it read as escaped, so a later cut of the same element
+    // took the bytes after `"k":` for a long string and dropped them up to a
+    // next quote that never came: the element never ended before the limit.
+    let mut body = br#"{"messages":[{"role":"user","content":"hi"},{"content":""#.to_vec();
+    body.resize(body.len() + 1023, b'a');
+    body.extend_from_slice(br#"\u12a\"bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb","k":["#);
+    body.extend_from_slice("1,".repeat(2000).as_bytes());
+    body.extend_from_slice(b"1]}");
+    let end = body.len();
+    body.extend_from_slice(b" ], 1111111111111111");
+    let l = Limits {
+        max_body_bytes: end + 10,
+        ..limits(64)
+    };
+    let expected = Extraction {
+        source: PrefixSource::RawBytes,
+        prefix: body[..64].to_vec(),
+        model: None,
+        body_tenant: None,
+        fallback: Some(FallbackReason::InvalidJson),
+        short: false,
+        bytes_inspected: end,
+    };
+    let kind = ApiKind::ChatCompletions;
+    assert_eq!(extract_with(|| cutting_as_fuzzed(kind, l), &body), expected);
+    assert_eq!(extract(kind, l, &body), expected);
 }
