@@ -38,6 +38,21 @@
 //! over the panic-free ABI calls of `host::AbiHost`) is compiled only into
 //! the `.wasm` itself.
 
+// No panic reachable from a request: a panic kills the worker's VM and every
+// request on it. Tests may unwrap and index.
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::indexing_slicing,
+        clippy::unreachable,
+        clippy::todo,
+        clippy::unimplemented
+    )
+)]
+
 pub mod classify;
 pub mod config;
 pub mod extract;
