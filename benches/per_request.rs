@@ -18,6 +18,7 @@ use std::rc::Rc;
 use std::time::Instant;
 
 use prefix_router::config::Config;
+use prefix_router::headers::OnceHeader;
 use prefix_router::load::{LoadTracker, UpstreamStart};
 use prefix_router::request::{BodyVerdict, HeadersVerdict, RequestHead, RequestReader};
 use prefix_router::shared::MemoryStore;
@@ -114,7 +115,7 @@ fn read_request(config: &Rc<Config>, path: &str, body: &[u8]) -> String {
     let mut reader = RequestReader::new(Rc::clone(config));
     let head = RequestHead {
         path: path.as_bytes(),
-        tenant_header: None,
+        tenant_header: OnceHeader::Absent,
         end_of_stream: false,
     };
     assert_eq!(

@@ -469,12 +469,16 @@ impl Config {
                 ),
             ));
         }
-        let written = [
+        // Every configured header: the ones the filter writes, and the tenant
+        // header it reads (Envoy's own headers are not a tenant, and a
+        // client could set an internal one).
+        let configured = [
             ("key_header", Some(&self.key_header)),
             ("host_header", self.host_header.as_ref()),
             ("decision_header", self.decision_header.as_ref()),
+            ("tenant_header", Some(&self.tenant_header)),
         ];
-        for (field, name) in written {
+        for (field, name) in configured {
             let Some(name) = name else { continue };
             if RESERVED_KEY_HEADERS.contains(&name.as_str()) {
                 return Err(error(
@@ -759,6 +763,18 @@ mod tests {
             err(r#"{"key_header":"X-T","tenant_header":"x-t"}"#),
             "key_header: \"x-t\" is also the tenant_header; they must differ"
         );
+        assert!(
+            err(r#"{"tenant_header":"Host"}"#)
+                .starts_with("tenant_header: \"host\" is a header Envoy itself relies on"),
+            "{}",
+            err(r#"{"tenant_header":"Host"}"#)
+        );
+        for internal in ["x-prefix-router-counted", "x-prefix-router-lb"] {
+            assert_eq!(
+                err(&format!(r#"{{"tenant_header":"{internal}"}}"#)),
+                format!("tenant_header: \"{internal}\" is used by the filter internally; choose another")
+            );
+        }
     }
 
     #[test]

@@ -35,3 +35,15 @@ pub const PENDING_MARK: &str = "pending";
 /// configured header may reuse them, and the upstream filter removes them
 /// before the request reaches the instance.
 pub const INTERNAL_REQUEST_HEADERS: [&str; 2] = [ROUTE_HEADER, COUNTED_HEADER];
+
+/// A request header that must come at most once, as the request has it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnceHeader<'a> {
+    Absent,
+    Once(&'a [u8]),
+    /// Sent `count` (2 or more) times: which value would count is nobody's
+    /// guess, so the filter takes none of them.
+    Repeated {
+        count: usize,
+    },
+}

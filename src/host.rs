@@ -133,6 +133,7 @@ impl<T: Host + ?Sized> Host for std::rc::Rc<T> {
     }
 }
 
+use crate::headers::OnceHeader;
 use crate::shared::SharedStore;
 
 /// A property path in the ABI's encoding: segments separated by NUL (as
@@ -206,6 +207,20 @@ impl HeaderMap {
 
     pub fn contains(&self, name: &str) -> bool {
         self.get(name).is_some()
+    }
+
+    /// `name` as a header that must come at most once.
+    pub fn once(&self, name: &str) -> OnceHeader<'_> {
+        let mut values = self
+            .pairs
+            .iter()
+            .filter(|(n, _)| n.eq_ignore_ascii_case(name.as_bytes()))
+            .map(|(_, v)| v.as_slice());
+        match (values.next(), values.count()) {
+            (None, _) => OnceHeader::Absent,
+            (Some(value), 0) => OnceHeader::Once(value),
+            (Some(_), more) => OnceHeader::Repeated { count: more + 1 },
+        }
     }
 
     /// A map of these (name, value) pairs, in this order.
@@ -599,6 +614,20 @@ mod tests {
         let at = raw.len() - 2;
         raw[at] = 0xE9;
         assert_eq!(HeaderMap::decode(&raw).unwrap().get("a"), Some(&[0xE9][..]));
+    }
+
+    #[test]
+    fn a_header_that_must_come_once_is_told_apart_from_a_repeated_one() {
+        let map = HeaderMap::from_pairs(vec![
+            (b"x-tenant".to_vec(), b"a".to_vec()),
+            (b"x-other".to_vec(), b"o".to_vec()),
+            (b"X-Tenant".to_vec(), b"b".to_vec()),
+            (b"x-one".to_vec(), b"1".to_vec()),
+        ]);
+        assert_eq!(map.once("x-tenant"), OnceHeader::Repeated { count: 2 });
+        assert_eq!(map.once("x-one"), OnceHeader::Once(b"1"));
+        assert_eq!(map.once("x-none"), OnceHeader::Absent);
+        assert_eq!(map.get("x-tenant"), Some(&b"a"[..]), "get keeps the first");
     }
 
     #[test]

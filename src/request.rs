@@ -20,16 +20,17 @@ use std::rc::Rc;
 use crate::classify::{classify, ApiKind};
 use crate::config::{Config, Strategy};
 use crate::extract::{Extraction, Extractor, FallbackReason, Limits, PrefixSource, Progress};
+use crate::headers::OnceHeader;
 use crate::key::{routing_key, KeyMaterial};
-use crate::tenant::{validate_header_tenant, TenantSource};
+use crate::tenant::{validate_header_tenant, InvalidTenant, TenantSource};
 
 /// What the plugin reads from the request headers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RequestHead<'a> {
     /// `:path`, query included (classification strips it).
     pub path: &'a [u8],
-    /// The configured tenant header's value, if the request has one.
-    pub tenant_header: Option<&'a [u8]>,
+    /// The configured tenant header, as the request has it.
+    pub tenant_header: OnceHeader<'a>,
     /// The headers end the request: there is no body.
     pub end_of_stream: bool,
 }
@@ -133,7 +134,12 @@ impl RequestReader {
     pub fn on_request_headers(&mut self, head: RequestHead<'_>) -> HeadersVerdict {
         self.state = State::Decided;
         let api = classify(head.path, &self.config.path_rules);
-        let header_tenant = match head.tenant_header.map(validate_header_tenant) {
+        let checked = match head.tenant_header {
+            OnceHeader::Absent => None,
+            OnceHeader::Once(value) => Some(validate_header_tenant(value)),
+            OnceHeader::Repeated { count } => Some(Err(InvalidTenant::Repeated { count })),
+        };
+        let header_tenant = match checked {
             None => None,
             Some(Ok(tenant)) => Some(tenant.to_string()),
             // Checked whatever the strategy, so switching strategy never
@@ -372,7 +378,7 @@ mod tests {
     fn head<'a>(path: &'a str, tenant: Option<&'a [u8]>) -> RequestHead<'a> {
         RequestHead {
             path: path.as_bytes(),
-            tenant_header: tenant,
+            tenant_header: tenant.map_or(OnceHeader::Absent, OnceHeader::Once),
             end_of_stream: false,
         }
     }
@@ -634,6 +640,31 @@ mod tests {
             assert_eq!(
                 reader.on_request_body(10, true, &mut |_, _| panic!("body read after reject")),
                 BodyVerdict::AlreadyDecided
+            );
+        }
+    }
+
+    #[test]
+    fn a_repeated_tenant_header_is_rejected_whatever_its_values() {
+        let cfg = small();
+        // Two valid values, and a valid one before an invalid one: neither
+        // may be keyed on (nor pass unchecked).
+        for count in [2, 3] {
+            let mut reader = RequestReader::new(cfg.clone());
+            let head = RequestHead {
+                path: b"/invocations",
+                tenant_header: OnceHeader::Repeated { count },
+                end_of_stream: false,
+            };
+            let HeadersVerdict::Reject(reply) = reader.on_request_headers(head) else {
+                panic!("accepted a tenant header sent {count} times")
+            };
+            assert_eq!(reply.status, 400);
+            let json: serde_json::Value = serde_json::from_slice(&reply.body).unwrap();
+            assert_eq!(json["error"]["type"], "invalid_tenant_header");
+            assert_eq!(
+                json["error"]["message"],
+                format!("the tenant header must be sent once; it was sent {count} times")
             );
         }
     }

@@ -32,15 +32,31 @@ pub enum TenantSource {
 /// it, never the value itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum InvalidTenant {
+    /// The header came `count` times (Envoy keeps each as its own entry).
+    Repeated {
+        count: usize,
+    },
     Empty,
-    TooLong { len: usize },
-    NotPrintable { position: usize, byte: u8 },
+    TooLong {
+        len: usize,
+    },
+    NotPrintable {
+        position: usize,
+        byte: u8,
+    },
 }
 
 impl fmt::Display for InvalidTenant {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let InvalidTenant::Repeated { count } = self {
+            return write!(
+                f,
+                "the tenant header must be sent once; it was sent {count} times"
+            );
+        }
         write!(f, "the tenant {TENANT_HEADER_RULE}; ")?;
         match self {
+            InvalidTenant::Repeated { .. } => Ok(()),
             InvalidTenant::Empty => write!(f, "it is empty"),
             InvalidTenant::TooLong { len } => write!(f, "it is {len} bytes long"),
             InvalidTenant::NotPrintable { position, byte } => {

@@ -75,7 +75,7 @@ impl Stream {
         }
         let verdict = self.reader.on_request_headers(RequestHead {
             path: headers.get(":path").unwrap_or_default(),
-            tenant_header: headers.get(&self.config.tenant_header),
+            tenant_header: headers.once(&self.config.tenant_header),
             end_of_stream,
         });
         match verdict {

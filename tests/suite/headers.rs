@@ -1,5 +1,5 @@
-//! Header handling: an invalid tenant header is refused with a JSON 400 before
-//! anything reaches an upstream; the key header is always the filter's (a
+//! Header handling: an invalid tenant header, or one sent more than once, is
+//! refused with a JSON 400 before anything reaches an upstream; the key header is always the filter's (a
 //! client-sent one is replaced, never kept or doubled); a request without a
 //! body carries no key.
 
@@ -61,6 +61,54 @@ async fn an_invalid_tenant_header_gets_a_json_400_and_reaches_no_upstream() {
         .await;
     assert_eq!(reply.status, 200, "{}", reply.text());
     harness.key_of("t64");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_header_sent_twice_gets_a_json_400_and_reaches_no_upstream() {
+    let harness = Harness::start();
+    let body = format!("{}tail", bodies::text(&mut bodies::rng(5), 5000));
+    // A second value that alone would be refused, and two valid ones: the
+    // request must not be keyed on the first and forwarded with both.
+    let repeats: [(&str, [Vec<u8>; 2]); 2] = [
+        (
+            "valid then 65 characters",
+            [b"team-a".to_vec(), "t".repeat(65).into_bytes()],
+        ),
+        ("two valid values", [b"team-a".to_vec(), b"team-b".to_vec()]),
+    ];
+    for (what, [first, second]) in &repeats {
+        for path in ["/invocations", "/v1/chat/completions"] {
+            let request = Outgoing::post(path, body.clone())
+                .header(TENANT_HEADER, first)
+                .header(TENANT_HEADER, second);
+            let reply = harness.send(request).await;
+            assert_eq!(reply.status, 400, "{what} on {path}: {}", reply.text());
+            let json: serde_json::Value = serde_json::from_slice(&reply.body)
+                .unwrap_or_else(|e| panic!("{what} on {path}: not JSON ({e}): {}", reply.text()));
+            assert_eq!(json["error"]["type"], "invalid_tenant_header", "{json}");
+            assert_eq!(
+                json["error"]["message"],
+                "the tenant header must be sent once; it was sent 2 times",
+                "{json}"
+            );
+        }
+    }
+    assert_eq!(
+        harness.fleet.total(),
+        0,
+        "an upstream received a refused request: {:?}",
+        harness.fleet.records()
+    );
+    // Sent once, the same value is accepted.
+    let reply = harness
+        .send(
+            Outgoing::post("/invocations", body)
+                .header(TENANT_HEADER, "team-a")
+                .id("once"),
+        )
+        .await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    harness.key_of("once");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
