@@ -3,7 +3,24 @@
 //! client-sent one is replaced, never kept or doubled); a request without a
 //! body carries no key.
 
-use harness::{bodies, Harness, Outgoing, KEY_HEADER, TENANT_HEADER};
+use harness::{bodies, Harness, Outgoing, Reply, KEY_HEADER, TENANT_HEADER};
+
+/// Checks `reply` is the filter's JSON 400 for the tenant header and returns
+/// its `error` object.
+fn refused_tenant_error(reply: &Reply, what: &str) -> serde_json::Value {
+    assert_eq!(reply.status, 400, "{what}: {}", reply.text());
+    let content_type = reply
+        .headers
+        .get("content-type")
+        .and_then(|v| v.to_str().ok());
+    assert_eq!(content_type, Some("application/json"), "{what}");
+    let json: serde_json::Value = serde_json::from_slice(&reply.body)
+        .unwrap_or_else(|e| panic!("{what}: error body is not JSON ({e}): {}", reply.text()));
+    let error = json["error"].clone();
+    assert_eq!(error["type"], "invalid_tenant_header", "{json}");
+    assert_eq!(error["header"], TENANT_HEADER, "{json}");
+    error
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_invalid_tenant_header_gets_a_json_400_and_reaches_no_upstream() {
@@ -18,29 +35,11 @@ async fn an_invalid_tenant_header_gets_a_json_400_and_reaches_no_upstream() {
         for path in ["/invocations", "/v1/chat/completions"] {
             let request = Outgoing::post(path, body.clone()).header(TENANT_HEADER, value);
             let reply = harness.send(request).await;
-            assert_eq!(
-                reply.status,
-                400,
-                "tenant header with {what} on {path}: {}",
-                reply.text()
-            );
-            let content_type = reply
-                .headers
-                .get("content-type")
-                .and_then(|v| v.to_str().ok());
-            assert_eq!(content_type, Some("application/json"), "{what} on {path}");
-            let json: serde_json::Value = serde_json::from_slice(&reply.body).unwrap_or_else(|e| {
-                panic!(
-                    "{what} on {path}: error body is not JSON ({e}): {}",
-                    reply.text()
-                )
-            });
-            let error = &json["error"];
-            assert_eq!(error["type"], "invalid_tenant_header", "{json}");
-            assert_eq!(error["header"], TENANT_HEADER, "{json}");
+            let error =
+                refused_tenant_error(&reply, &format!("tenant header with {what} on {path}"));
             assert!(
                 error["message"].as_str().is_some_and(|m| !m.is_empty()),
-                "the error must say what is wrong: {json}"
+                "the error must say what is wrong: {error}"
             );
         }
     }
@@ -82,14 +81,10 @@ async fn a_tenant_header_sent_twice_gets_a_json_400_and_reaches_no_upstream() {
                 .header(TENANT_HEADER, first)
                 .header(TENANT_HEADER, second);
             let reply = harness.send(request).await;
-            assert_eq!(reply.status, 400, "{what} on {path}: {}", reply.text());
-            let json: serde_json::Value = serde_json::from_slice(&reply.body)
-                .unwrap_or_else(|e| panic!("{what} on {path}: not JSON ({e}): {}", reply.text()));
-            assert_eq!(json["error"]["type"], "invalid_tenant_header", "{json}");
+            let error = refused_tenant_error(&reply, &format!("{what} on {path}"));
             assert_eq!(
-                json["error"]["message"],
-                "the tenant header must be sent once; it was sent 2 times",
-                "{json}"
+                error["message"], "the tenant header must be sent once; it was sent 2 times",
+                "{error}"
             );
         }
     }
