@@ -91,6 +91,8 @@
 
 mod canonical;
 mod document;
+#[cfg(any(fuzzing, test))]
+pub mod fuzzing;
 mod long_strings;
 mod openai;
 mod span;

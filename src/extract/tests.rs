@@ -1099,60 +1099,7 @@ fn a_long_string_is_read_only_as_far_as_the_prefix_can_use() {
 /// An extractor that cuts long strings while they arrive as the fuzz build's
 /// does, from a few dozen bytes on.
 fn cutting_as_fuzzed(kind: ApiKind, limits: Limits) -> Extractor {
-    Extractor::new(kind, limits).cutting_arriving_from(document::CUT_ARRIVING_FROM_FUZZING)
-}
-
-/// Replays an input of `fuzz/fuzz_targets/extract.rs` as the target does:
-/// decodes its 13-byte header (kind, flags, limits, chunking seed), feeds the
-/// body in one piece, byte by byte and in the target's random pieces, with
-/// the fuzz build's cut threshold, and asserts all three agree.
-fn replay_fuzz_input(data: &[u8]) -> (ApiKind, Limits, &[u8], Extraction) {
-    let (head, body) = data.split_at(13);
-    let kind = KINDS[usize::from(head[0] & 3)];
-    let small = |hi: u8, lo: u8, flag: bool| {
-        let n = usize::from(u16::from_le_bytes([lo, hi]));
-        if flag {
-            n
-        } else {
-            n % 300
-        }
-    };
-    let limits = Limits {
-        prefix_length: small(head[2], head[1], head[0] & 16 != 0),
-        max_body_bytes: if head[0] & 32 != 0 {
-            usize::MAX
-        } else {
-            small(head[4], head[3], head[0] & 64 != 0)
-        },
-        include_model: head[0] & 4 != 0,
-        want_body_tenant: head[0] & 8 != 0,
-    };
-    let mut seed = u64::from_le_bytes(head[5..13].try_into().unwrap()) | 1;
-    let max_piece = 1 + (seed as usize % 64);
-    let feed = |next_len: &mut dyn FnMut() -> usize| {
-        let mut x = cutting_as_fuzzed(kind, limits);
-        let mut rest = body;
-        while !rest.is_empty() {
-            let (piece, tail) = rest.split_at(next_len().min(rest.len()));
-            rest = tail;
-            if x.feed(piece) == Progress::Done {
-                assert_eq!(x.feed(rest), Progress::Done, "Done is final");
-                break;
-            }
-        }
-        x.finish()
-    };
-    let whole = feed(&mut || usize::MAX);
-    let bytewise = feed(&mut || 1);
-    let random = feed(&mut || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed as usize % (max_piece + 1)
-    });
-    assert_eq!(whole, bytewise, "byte-by-byte feeding differs");
-    assert_eq!(whole, random, "random chunking differs");
-    (kind, limits, body, whole)
+    super::fuzzing::fuzz_extractor(kind, limits)
 }
 
 #[test]
@@ -1163,7 +1110,9 @@ fn a_quote_in_a_scalar_element_opens_no_string_to_cut() {
     // with no other quote. Cut while arriving, that quote was read as opening
     // a long string, so the bytes up to the next quote were dropped unscanned.
     let data = include_bytes!("../../fuzz/seeds/extract/scalar-element-with-a-quote");
-    let (kind, limits, body, e) = replay_fuzz_input(data);
+    let case = super::fuzzing::FuzzCase::decode(data).expect("a whole header");
+    let (kind, limits, body) = (case.kind, case.limits, case.body);
+    let e = case.run();
     assert_eq!(kind, ApiKind::ChatCompletions);
     assert_eq!(
         (limits.prefix_length, limits.max_body_bytes),
