@@ -171,7 +171,11 @@ impl Stream {
         let random = vm.random();
         let policy = Rc::clone(&self.policy);
         let listener = self.config.counting == Counting::Listener;
+        let instances = &self.config.instances;
         let (routed, check_due) = vm.with_tracker(&self.config, |t| {
+            // The deciding configuration's fleet, also when it lists none
+            // (a configuration update that removed the list).
+            t.set_configured_instances(instances);
             let routed = policy.decide(derivation.key.as_deref(), t, random, now);
             let key = routed.headers.key.as_deref().filter(|_| listener);
             let check_due = key.is_some_and(|key| t.response_check_due(key, now));

@@ -90,7 +90,8 @@ impl<H: Host + Clone> Vm<H> {
 
     /// Runs `f` on this VM's tracker, creating it on first use. The tracker is
     /// shared by every plugin of the VM, so each call applies the caller's own
-    /// `instance_ttl_ms` rather than whichever plugin configured last.
+    /// `instance_ttl_ms` (and `instances`, when it lists any) rather than
+    /// whichever plugin configured last.
     pub fn with_tracker<R>(
         &mut self,
         config: &Config,
@@ -106,6 +107,11 @@ impl<H: Host + Clone> Vm<H> {
             LoadTracker::new(host.clone(), steering::load_config(config), nonce)
         });
         tracker.set_instance_ttl_ms(config.instance_ttl_ms);
+        // An upstream filter's configuration need not repeat the list; the
+        // listener's decisions apply theirs, empty included (see Stream::route).
+        if !config.instances.is_empty() {
+            tracker.set_configured_instances(&config.instances);
+        }
         f(tracker)
     }
 

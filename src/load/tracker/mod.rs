@@ -82,6 +82,12 @@ impl<S: SharedStore> LoadTracker<S> {
 
     /// Changes how long an unseen instance stays known (a configuration
     /// update; the tables themselves are kept).
+    /// The configured fleet (`instances`); registered before the next
+    /// decision that needs the instances, kept fresh while listed.
+    pub fn set_configured_instances(&mut self, instances: &[String]) {
+        self.registry.set_configured(instances);
+    }
+
     pub fn set_instance_ttl_ms(&mut self, instance_ttl_ms: u64) {
         self.config.instance_ttl_ms = instance_ttl_ms;
         self.registry.set_instance_ttl_ms(instance_ttl_ms);
@@ -227,6 +233,7 @@ impl<S: SharedStore> LoadTracker<S> {
         let columns = &mut self.columns;
         columns.maintain_lease(tables, now_ms);
         columns.refresh_leases(tables);
+        self.registry.keep_configured(tables, columns, now_ms);
         self.registry.scan(tables, |slot, record| {
             if columns.needs_repair(tables, slot, record, now_ms) {
                 columns.repair(tables, slot, now_ms);
@@ -335,6 +342,8 @@ impl<S: SharedStore> LoadView for LoadTracker<S> {
         random: u64,
         now_ms: u64,
     ) -> Option<(InstanceRef, u32)> {
+        self.registry
+            .seed_configured(&self.tables, &mut self.columns, now_ms);
         let epoch = Registry::epoch(&self.tables).epoch;
         self.registry.rescan_if_changed(&self.tables, epoch);
         self.registry
@@ -360,6 +369,8 @@ impl<S: SharedStore> KeyPlacements for LoadTracker<S> {
     }
 
     fn fresh_instances(&mut self, epoch: u64, now_ms: u64) -> Vec<(InstanceRef, u64)> {
+        self.registry
+            .seed_configured(&self.tables, &mut self.columns, now_ms);
         self.registry.rescan_if_changed(&self.tables, epoch);
         self.registry.fresh_instances(&self.tables, now_ms)
     }
