@@ -10,6 +10,7 @@ use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
 use super::census::Census;
 use super::instances::{InstanceRecord, RegistryEpoch};
+use super::mark::UpstreamFilterMark;
 use super::routes::RouteEntry;
 use super::table::{Change, Tables, Updated};
 use super::{
@@ -223,6 +224,30 @@ impl<S: SharedStore> LoadTracker<S> {
     /// per ticket (the ticket is consumed), from the stream's `on_done`.
     pub fn release(&mut self, ticket: Ticket, now_ms: u64) {
         self.columns.release(&self.tables, ticket, now_ms);
+    }
+
+    /// Upstream filter: leaves the mark that tells the listener filter an
+    /// upstream filter counts in these tables (`crate::counting_check`).
+    /// True once the mark is there (call until it is, then never again).
+    pub fn mark_upstream_filter(&mut self, now_ms: u64) -> bool {
+        let key = self.tables.key(format_args!("upstream-filter"));
+        let marked = self.tables.update(&key, |mark: &mut UpstreamFilterMark| {
+            if mark.is_present() {
+                return Change::Keep(());
+            }
+            mark.first_ms = now_ms.max(1);
+            Change::Write(())
+        });
+        !matches!(marked, Updated::Failed)
+    }
+
+    /// Listener filter: whether an upstream filter has marked these tables.
+    pub fn upstream_filter_marked(&self) -> bool {
+        let key = self.tables.key(format_args!("upstream-filter"));
+        self.tables
+            .read::<UpstreamFilterMark>(&key)
+            .record
+            .is_present()
     }
 
     /// Root context tick (about every second): heartbeat the lease, refresh the
