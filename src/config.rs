@@ -115,6 +115,11 @@ pub struct Config {
     pub key_balance_factor: Option<u32>,
     /// Where in-flight requests are counted (see [`Counting`]).
     pub counting: Counting,
+    /// The fleet, known before the first request: `ip:port` of every
+    /// instance of the cluster, registered at start and never forgotten by
+    /// `instance_ttl_ms` while listed (instances learned from traffic still
+    /// are). Empty (the default): learned from traffic only.
+    pub instances: Vec<String>,
 }
 
 pub const PREFIX_LENGTH_RANGE: (u64, u64) = (1024, 65536);
@@ -129,6 +134,9 @@ pub const MAX_PATH_RULES: usize = 64;
 pub const INSTANCE_TTL_MS_RANGE: (u64, u64) = (1_000, 3_600_000);
 /// From an even share (100) to ten times one, past which it never binds.
 pub const KEY_BALANCE_FACTOR_RANGE: (u64, u64) = (100, 1_000);
+/// The instance registry's size (`LoadConfig::max_instances`): a longer list
+/// could not be tracked.
+pub const MAX_INSTANCES: usize = 64;
 /// Header names Envoy gives a meaning of its own (framing, hop-by-hop,
 /// authority): writing a routing key into one would break the request.
 const RESERVED_KEY_HEADERS: [&str; 9] = [
@@ -143,7 +151,7 @@ const RESERVED_KEY_HEADERS: [&str; 9] = [
     "expect",
 ];
 
-const FIELDS: [&str; 14] = [
+const FIELDS: [&str; 15] = [
     "strategy",
     "prefix_length",
     "concurrency_threshold",
@@ -158,6 +166,7 @@ const FIELDS: [&str; 14] = [
     "instance_ttl_ms",
     "key_balance_factor",
     "counting",
+    "instances",
 ];
 
 impl Default for Config {
@@ -177,6 +186,7 @@ impl Default for Config {
             instance_ttl_ms: 60_000,
             key_balance_factor: None,
             counting: Counting::UpstreamFilter,
+            instances: Vec::new(),
         }
     }
 }
@@ -318,6 +328,65 @@ fn api_kind(field: &str, value: &Value) -> Result<ApiKind, ConfigError> {
     one_of(field, value, &NAMES)
 }
 
+/// `instances`: distinct `host:port` strings (the form `upstream.address`
+/// takes, so they must be spelled as Envoy prints the endpoint: an IPv4
+/// address and port, or `[v6]:port`), at most [`MAX_INSTANCES`].
+fn instances(value: &Value) -> Result<Vec<String>, ConfigError> {
+    let field = "instances";
+    let items = value
+        .as_array()
+        .ok_or_else(|| wrong_type(field, "an array of \"ip:port\" strings", value))?;
+    if items.len() > MAX_INSTANCES {
+        return Err(error(
+            field,
+            format!(
+                "{} instances is out of range 0..={MAX_INSTANCES}",
+                items.len()
+            ),
+        ));
+    }
+    let mut out: Vec<String> = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        let item_field = format!("{field}[{i}]");
+        let text = string(&item_field, item)?;
+        if !is_socket_address(text) {
+            return Err(error(
+                &item_field,
+                format!(
+                    "{} is not ip:port (e.g. \"10.0.0.7:8000\" or \"[fd00::7]:8000\", as Envoy prints upstream.address)",
+                    shown(item)
+                ),
+            ));
+        }
+        if out.iter().any(|known| known == text) {
+            return Err(error(
+                &item_field,
+                format!("{} is listed twice", shown(item)),
+            ));
+        }
+        out.push(text.to_string());
+    }
+    Ok(out)
+}
+
+/// `a.b.c.d:port` or `[v6]:port` with a port in 1..=65535, spelled the way
+/// Envoy prints an endpoint (so it matches `upstream.address` byte for byte).
+fn is_socket_address(text: &str) -> bool {
+    let Some((host, port)) = text.rsplit_once(':') else {
+        return false;
+    };
+    let port_ok = !port.starts_with('0') && port.parse::<u16>().is_ok_and(|p| p > 0);
+    let host_ok = match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        Some(v6) => v6
+            .parse::<std::net::Ipv6Addr>()
+            .is_ok_and(|a| a.to_string() == v6),
+        None => host
+            .parse::<std::net::Ipv4Addr>()
+            .is_ok_and(|a| a.to_string() == host),
+    };
+    port_ok && host_ok
+}
+
 fn path_rules(value: &Value) -> Result<Vec<PathRule>, ConfigError> {
     let field = "path_rules";
     let items = value
@@ -442,6 +511,7 @@ impl Config {
                 }
             }
             "counting" => self.counting = one_of(name, value, &Counting::NAMES)?,
+            "instances" => self.instances = instances(value)?,
             // `reject_unknown` ran first; kept total so a field listed in
             // FIELDS but not handled here is still an error, not a no-op.
             _ => return Err(error(name, "unknown field")),
@@ -592,6 +662,7 @@ mod tests {
             instance_ttl_ms: 60_000,
             key_balance_factor: None,
             counting: Counting::UpstreamFilter,
+            instances: Vec::new(),
         };
         assert_eq!(parse(""), Ok(defaults.clone()));
         assert_eq!(parse(" \n"), Ok(defaults.clone()));
@@ -924,5 +995,65 @@ mod tests {
         let e = err(&format!(r#"{{"strategy":"{long}"}}"#));
         assert!(e.len() < 200, "{e}");
         assert!(e.contains("..."), "{e}");
+    }
+
+    #[test]
+    fn instances_are_parsed_in_order() {
+        let c = parse(r#"{"instances":["10.0.0.7:8000","127.0.0.1:1","[fd00::7]:65535"]}"#)
+            .expect("valid");
+        assert_eq!(
+            c.instances,
+            vec!["10.0.0.7:8000", "127.0.0.1:1", "[fd00::7]:65535"]
+        );
+        assert_eq!(
+            parse(r#"{"instances":[]}"#).map(|c| c.instances),
+            Ok(vec![])
+        );
+    }
+
+    #[test]
+    fn instances_are_validated() {
+        assert_eq!(
+            err(r#"{"instances":"10.0.0.7:8000"}"#),
+            "instances: expected an array of \"ip:port\" strings, got a string (\"10.0.0.7:8000\")"
+        );
+        assert_eq!(
+            err(r#"{"instances":[8000]}"#),
+            "instances[0]: expected a string, got a number (8000)"
+        );
+        for bad in [
+            "10.0.0.7",
+            "10.0.0.7:0",
+            "10.0.0.7:65536",
+            "10.0.0.7:080",
+            "vllm-0:8000",
+            "10.0.0:8000",
+            "fd00::7:8000",
+            "[FD00::7]:8000",
+            ":8000",
+            "",
+        ] {
+            let e = err(&format!(r#"{{"instances":["10.0.0.1:1","{bad}"]}}"#));
+            assert!(
+                e.starts_with(&format!("instances[1]: \"{bad}\" is not ip:port")),
+                "{bad}: {e}"
+            );
+        }
+        assert_eq!(
+            err(r#"{"instances":["10.0.0.7:8000","10.0.0.8:8000","10.0.0.7:8000"]}"#),
+            "instances[2]: \"10.0.0.7:8000\" is listed twice"
+        );
+        let list = |n: usize| {
+            let items: Vec<String> = (0..n).map(|i| format!("\"10.0.1.{i}:80\"")).collect();
+            format!(r#"{{"instances":[{}]}}"#, items.join(","))
+        };
+        assert_eq!(
+            parse(&list(MAX_INSTANCES)).map(|c| c.instances.len()),
+            Ok(64)
+        );
+        assert_eq!(
+            err(&list(MAX_INSTANCES + 1)),
+            "instances: 65 instances is out of range 0..=64"
+        );
     }
 }

@@ -17,6 +17,8 @@
 //! Everything that decides lives in plain Rust modules that know nothing of
 //! the proxy-wasm ABI and are tested natively (and as 32-bit wasm):
 //! - [`config`]: the plugin configuration, parsed and validated.
+//! - [`counting_check`]: whether an upstream filter counts, or the listener
+//!   must (a deployment that would otherwise cap nothing).
 //! - [`classify`]: which API a request speaks, from its path.
 //! - [`extract`]: the routing prefix (raw bytes or canonical text), read
 //!   incrementally from the body.
@@ -55,6 +57,7 @@
 
 pub mod classify;
 pub mod config;
+pub mod counting_check;
 pub mod extract;
 pub mod headers;
 pub mod host;

@@ -71,10 +71,13 @@ pub enum Counter {
     TenantRejected,
     /// Forwarded without a key (no body, or a strategy that needs none).
     NoKey,
+    /// Counted by the listener filter at its response because no upstream
+    /// filter counts (none on the cluster, or another `vm_id`).
+    UpstreamFilterMissing,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 8] = [
+    pub const ALL: [Counter; 9] = [
         Counter::KeyedInvoke,
         Counter::KeyedChatCompletions,
         Counter::KeyedCompletions,
@@ -83,6 +86,7 @@ impl Counter {
         Counter::ShortBody,
         Counter::TenantRejected,
         Counter::NoKey,
+        Counter::UpstreamFilterMissing,
     ];
 
     pub fn name(self) -> &'static str {
@@ -95,6 +99,7 @@ impl Counter {
             Counter::ShortBody => "prefix_router.short_body",
             Counter::TenantRejected => "prefix_router.tenant_rejected",
             Counter::NoKey => "prefix_router.no_key",
+            Counter::UpstreamFilterMissing => "prefix_router.upstream_filter_missing",
         }
     }
 

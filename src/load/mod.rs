@@ -27,6 +27,7 @@ mod codec;
 pub mod fuzzing;
 mod instances;
 mod lease;
+mod mark;
 mod pending;
 mod routes;
 mod table;

@@ -912,3 +912,189 @@ fn a_worker_with_a_stale_copy_follows_the_placement_another_worker_made() {
     assert_eq!(w1.balance("k", stale, 100, T), moved);
     assert_eq!(w1.target_of("k", T + 1), Some(moved), "copy updated");
 }
+
+/// `instances` listed in the configuration, as `Vm::with_tracker` passes
+/// them on every call.
+fn configured(
+    store: &Rc<MemoryStore>,
+    nonce: u64,
+    fleet: &[String],
+) -> LoadTracker<Rc<MemoryStore>> {
+    let mut tracker = LoadTracker::new(Rc::clone(store), config(), nonce);
+    tracker.set_configured_instances(fleet);
+    tracker
+}
+
+fn fleet(n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("10.0.2.{i}:8000")).collect()
+}
+
+#[test]
+fn configured_instances_are_overflow_candidates_before_any_traffic() {
+    let store = Rc::new(MemoryStore::new());
+    let fleet = fleet(7);
+    let mut w = configured(&store, 1, &fleet);
+    // Only the target has served (it is how a key's target is learned).
+    serve(&mut w, start(&fleet[0], Some("k")), 1);
+    let target = instance(&mut w, "k", 1);
+    let picked: std::collections::BTreeSet<String> = (0..64)
+        .filter_map(|r| w.least_busy_other(&target, r, 2).map(|(i, _)| i.address))
+        .collect();
+    let others: std::collections::BTreeSet<String> = fleet[1..].iter().cloned().collect();
+    assert_eq!(picked, others, "every configured instance but the target");
+    // Another VM of the same Envoy, configured alike, knows them too.
+    let mut w2 = configured(&store, 2, &fleet);
+    assert!(w2.least_busy_other(&target, 0, 3).is_some());
+    // Without the list, nothing but the target is known.
+    let store = Rc::new(MemoryStore::new());
+    let mut bare = worker(&store, 1);
+    serve(&mut bare, start(&fleet[0], Some("k")), 1);
+    let target = instance(&mut bare, "k", 1);
+    assert_eq!(bare.least_busy_other(&target, 0, 2), None);
+}
+
+#[test]
+fn a_configured_instance_is_never_forgotten_a_learned_one_is() {
+    let store = Rc::new(MemoryStore::new());
+    let listed = fleet(2);
+    let mut w = configured(&store, 1, &listed);
+    w.tick(0);
+    serve(&mut w, start(C, Some("k")), 1);
+    let target = instance(&mut w, "k", 1);
+    // Long past instance_ttl_ms (5 s) with no traffic and no tick.
+    let quiet = 1 + 3 * config().instance_ttl_ms;
+    let picked: std::collections::BTreeSet<String> = (0..32)
+        .filter_map(|r| {
+            w.least_busy_other(&target, r, quiet)
+                .map(|(i, _)| i.address)
+        })
+        .collect();
+    let expected: std::collections::BTreeSet<String> = listed.iter().cloned().collect();
+    assert_eq!(picked, expected, "configured: still candidates");
+    let other_target = InstanceRef {
+        slot: u16::MAX,
+        address: listed[0].clone(),
+    };
+    let candidates: Vec<String> = (0..32)
+        .filter_map(|r| {
+            w.least_busy_other(&other_target, r, quiet)
+                .map(|(i, _)| i.address)
+        })
+        .collect();
+    assert!(
+        !candidates.iter().any(|a| a == C),
+        "learned only, unseen for the TTL: forgotten ({candidates:?})"
+    );
+    // Dropped from the configuration: an ordinary learned instance again.
+    w.set_configured_instances(&[]);
+    assert_eq!(
+        w.least_busy_other(&target, 0, quiet),
+        None,
+        "no longer listed, unseen for the TTL"
+    );
+}
+
+#[test]
+fn ticks_keep_configured_instances_fresh_for_vms_that_do_not_list_them() {
+    let store = Rc::new(MemoryStore::new());
+    let listed = fleet(3);
+    let mut lister = configured(&store, 1, &listed);
+    let mut bare = worker(&store, 2);
+    serve(&mut bare, start(&listed[0], Some("k")), 1);
+    let target = instance(&mut bare, "k", 1);
+    let ttl = config().instance_ttl_ms;
+    let mut now = 0;
+    while now < 4 * ttl {
+        lister.tick(now);
+        now += 1_000;
+    }
+    bare.tick(now);
+    let picked: std::collections::BTreeSet<String> = (0..32)
+        .filter_map(|r| {
+            bare.least_busy_other(&target, r, now)
+                .map(|(i, _)| i.address)
+        })
+        .collect();
+    let expected: std::collections::BTreeSet<String> = listed[1..].iter().cloned().collect();
+    assert_eq!(picked, expected);
+}
+
+#[test]
+fn a_configured_instance_envoy_did_not_use_is_suspect_until_it_serves() {
+    let store = Rc::new(MemoryStore::new());
+    let listed = vec![A.to_string(), B.to_string()];
+    let mut w = configured(&store, 1, &listed);
+    serve(&mut w, start(A, Some(A)), 1);
+    let target = instance(&mut w, A, 1);
+    assert_eq!(
+        w.least_busy_other(&target, 0, 2).map(|(i, _)| i.address),
+        Some(B.into())
+    );
+    let gone = UpstreamStart {
+        address: A,
+        key: Some(A),
+        overridden: true,
+        counted: Some(B),
+    };
+    serve(&mut w, gone, 3);
+    w.tick(4_000);
+    assert_eq!(
+        w.least_busy_other(&target, 0, 4_001),
+        None,
+        "listed but gone"
+    );
+    serve(&mut w, start(B, None), 4_002);
+    assert!(
+        w.least_busy_other(&target, 0, 4_003).is_some(),
+        "served again"
+    );
+}
+
+#[test]
+fn a_configured_instance_keeps_its_slot_when_idle() {
+    let store = Rc::new(MemoryStore::new());
+    let small = LoadConfig {
+        max_instances: 2,
+        ..config()
+    };
+    let mut w = LoadTracker::new(Rc::clone(&store), small.clone(), 1);
+    w.set_configured_instances(&[A.to_string()]);
+    w.tick(0);
+    let mut bare = LoadTracker::new(Rc::clone(&store), small, 2);
+    // Two other instances want the two slots long after the TTL, served by
+    // a VM that does not list A; A, kept fresh by the lister's ticks, keeps
+    // its slot.
+    let late = 10 * config().instance_ttl_ms;
+    for now in (0..=late).step_by(1_000) {
+        w.tick(now);
+    }
+    serve(&mut bare, start(B, None), late);
+    serve(&mut bare, start(C, None), late);
+    let addresses: Vec<String> = w.snapshot(late).into_iter().map(|l| l.address).collect();
+    assert!(addresses.iter().any(|a| a == A), "{addresses:?}");
+}
+
+#[test]
+fn nine_overflows_at_threshold_three_spread_over_six_other_instances() {
+    let store = Rc::new(MemoryStore::new());
+    let fleet = fleet(7);
+    let (mut w1, mut w2) = (configured(&store, 1, &fleet), configured(&store, 2, &fleet));
+    serve(&mut w1, start(&fleet[0], Some("k")), 1);
+    let target = instance(&mut w1, "k", 1);
+    let mut tickets = Vec::new();
+    let mut landed: std::collections::BTreeMap<String, u32> = Default::default();
+    for i in 0..9u64 {
+        // Two workers alternate, as Envoy's do in a burst.
+        let w = if i % 2 == 0 { &mut w1 } else { &mut w2 };
+        let (other, load) = w
+            .least_busy_other(&target, i.wrapping_mul(0x9E37_79B9), 2)
+            .expect("a candidate");
+        match w.claim(&other, None, Some(load + 1), 2) {
+            Claim::Claimed(ticket) => tickets.push(ticket),
+            claim => panic!("claim on {} failed: {claim:?}", other.address),
+        }
+        *landed.entry(other.address).or_default() += 1;
+    }
+    assert_eq!(landed.len(), 6, "{landed:?}");
+    assert!(landed.values().all(|&n| n <= 2), "{landed:?}");
+}

@@ -61,7 +61,7 @@ impl PluginRoot {
         match Config::parse(&bytes) {
             Ok(config) => {
                 log::info!(
-                    "prefix-router: configured: strategy {}, prefix_length {}, concurrency_threshold {}, max_body_bytes {}, key_header {}, host_header {}, tenant_header {}, decision_header {}, instance_ttl_ms {}, include_model {}, body_tenant {}, counting {}, {} path rules",
+                    "prefix-router: configured: strategy {}, prefix_length {}, concurrency_threshold {}, max_body_bytes {}, key_header {}, host_header {}, tenant_header {}, decision_header {}, instance_ttl_ms {}, include_model {}, body_tenant {}, counting {}, {} configured instances, {} path rules",
                     config.strategy.as_str(),
                     config.prefix_length,
                     config.concurrency_threshold,
@@ -74,6 +74,7 @@ impl PluginRoot {
                     config.include_model,
                     config.body_tenant,
                     config.counting.as_str(),
+                    config.instances.len(),
                     config.path_rules.len()
                 );
                 self.policy = Rc::new(steering::policy_for(&config));

@@ -9,6 +9,7 @@ use super::metric_ids::MetricIds;
 use super::vm::Vm;
 use super::{warn_on_error, Flow};
 use crate::config::{Config, Counting};
+use crate::counting_check::{AtResponse, MISSING_UPSTREAM_FILTER_WARNING};
 use crate::headers::{COUNTED_HEADER, INTERNAL_REQUEST_HEADERS};
 use crate::host::{HeaderMap, Host};
 use crate::load::{Ticket, UpstreamStart};
@@ -129,14 +130,21 @@ impl Stream {
         if self.upstream {
             return Flow::Continue;
         }
-        let count = self.listener_count.take();
+        let mut count = self.listener_count.take();
+        let mut instance = None;
+        if count.is_some() && self.config.counting == Counting::UpstreamFilter {
+            // Left to an upstream filter; does one count? Asked only of a
+            // response from an instance (an upstream filter then ran).
+            instance = upstream_address(vm.host());
+            if instance.is_none() || !self.nothing_else_counts(vm) {
+                count = None;
+            }
+        }
         let check = count.as_ref().is_some_and(ListenerCount::check_at_response);
         let wanted = check || self.config.decision_header.is_some();
-        let instance = if wanted {
-            upstream_address(vm.host())
-        } else {
-            None
-        };
+        if wanted && instance.is_none() {
+            instance = upstream_address(vm.host());
+        }
         if let (Some(count), Some(address)) = (&count, &instance) {
             // Read for the debug header only: still acted on if it shows
             // the decision's count on the wrong instance.
@@ -155,6 +163,23 @@ impl Stream {
         Flow::Continue
     }
 
+    /// `counting: UPSTREAM_FILTER`, at a response from an instance: true if
+    /// no upstream filter counts in this VM's shared data (then this
+    /// listener counts the request, and the first time says so).
+    fn nothing_else_counts<H: Host + Clone>(&self, vm: &mut Vm<H>) -> bool {
+        let now = vm.now_ms();
+        match vm.upstream_filter_check(&self.config, now) {
+            AtResponse::UpstreamFilterCounts => false,
+            AtResponse::CountHere { warn } => {
+                if warn {
+                    log::warn!("{MISSING_UPSTREAM_FILTER_WARNING}");
+                }
+                self.metrics.increment(vm, Counter::UpstreamFilterMissing);
+                true
+            }
+        }
+    }
+
     /// `on_done`: every stream end (completed, aborted, reset, timed out,
     /// local reply) comes here once, so the count is given back exactly once.
     pub fn on_done<H: Host + Clone>(&mut self, vm: &mut Vm<H>) {
@@ -171,11 +196,19 @@ impl Stream {
         let random = vm.random();
         let policy = Rc::clone(&self.policy);
         let listener = self.config.counting == Counting::Listener;
-        let (routed, check_due) = vm.with_tracker(&self.config, |t| {
+        // Until an upstream filter is seen counting, a request left to one
+        // keeps what counting it here at the response needs.
+        let unchecked = !listener && vm.may_count_at_response();
+        let instances = &self.config.instances;
+        let (routed, keep, check_due) = vm.with_tracker(&self.config, |t| {
+            // The deciding configuration's fleet, also when it lists none
+            // (a configuration update that removed the list).
+            t.set_configured_instances(instances);
             let routed = policy.decide(derivation.key.as_deref(), t, random, now);
-            let key = routed.headers.key.as_deref().filter(|_| listener);
+            let keep = listener || (unchecked && routed.headers.counted.is_some());
+            let key = routed.headers.key.as_deref().filter(|_| keep);
             let check_due = key.is_some_and(|key| t.response_check_due(key, now));
-            (routed, check_due)
+            (routed, keep, check_due)
         });
         for (name, value) in steering::header_writes(&self.config, &routed.headers) {
             warn_on_error(
@@ -186,7 +219,7 @@ impl Stream {
         }
         self.metrics.increment_decision(vm, routed.headers.kind);
         self.decided = Some(routed.headers.kind);
-        if listener {
+        if keep {
             let count = ListenerCount::of(&self.config, &routed.headers, check_due);
             self.listener_count = Some(count);
         }
@@ -259,6 +292,7 @@ impl Stream {
         };
         let now = vm.now_ms();
         self.ticket = vm.with_tracker(&self.config, |t| t.upstream_started(start, now));
+        vm.mark_upstream_filter(&self.config, now);
         for name in INTERNAL_REQUEST_HEADERS {
             if headers.contains(name) {
                 warn_on_error("remove header", name, vm.host().remove_request_header(name));

@@ -312,6 +312,9 @@ fn the_decision_header_names_the_kind_and_the_instance() {
     stream.on_done(&mut vm);
 
     let (host, mut vm, root) = configured("{}");
+    // The cluster's upstream filter counts in this VM.
+    upstream(&host, &mut vm, &root, &[(":path", "/invocations")], B).on_done(&mut vm);
+    host.set_property("upstream.address", None);
     let mut stream = invoke(&host, &mut vm, &root, 2);
     host.set_property("upstream.address", Some(A));
     host.take_calls();
@@ -457,6 +460,94 @@ fn counting_at_the_response_acts_only_when_it_should() {
     );
     second.on_done(&mut vm);
     assert_eq!(in_flight(&mut vm, &host, B), Some(0));
+}
+
+/// Default counting, but no upstream filter ever ran in this VM (none on the
+/// cluster, or another vm_id): the listener counts at the response, and the
+/// stat says so; once an upstream filter runs, the listener leaves it.
+#[test]
+fn without_an_upstream_filter_the_listener_counts_and_says_so() {
+    let (host, mut vm, root) = configured("{}");
+    let mut first = invoke(&host, &mut vm, &root, 6);
+    assert_eq!(in_flight(&mut vm, &host, A), None, "nothing counted yet");
+    host.set_property("upstream.address", Some(A));
+    first.on_response_headers(&mut vm);
+    assert_eq!(
+        in_flight(&mut vm, &host, A),
+        Some(1),
+        "no upstream filter: counted by the listener at the response"
+    );
+    host.set_property("upstream.address", None);
+    let mut second = invoke(&host, &mut vm, &root, 6);
+    assert_eq!(
+        in_flight(&mut vm, &host, A),
+        Some(2),
+        "its target learned: claimed at the decision"
+    );
+    host.set_property("upstream.address", Some(A));
+    second.on_response_headers(&mut vm);
+    assert_eq!(in_flight(&mut vm, &host, A), Some(2), "not counted twice");
+    for mut stream in [first, second] {
+        stream.on_done(&mut vm);
+    }
+    assert_eq!(in_flight(&mut vm, &host, A), Some(0));
+    root.tick(&mut vm);
+    assert_eq!(host.counter(Counter::UpstreamFilterMissing.name()), 2);
+
+    // A response that no instance sent (no upstream.address: Envoy's own
+    // 503) says nothing about upstream filters.
+    let (host, mut vm, root) = configured("{}");
+    host.set_property("upstream.address", None);
+    let mut local = invoke(&host, &mut vm, &root, 7);
+    local.on_response_headers(&mut vm);
+    local.on_done(&mut vm);
+    root.tick(&mut vm);
+    assert_eq!(host.counter(Counter::UpstreamFilterMissing.name()), 0);
+
+    // With the upstream filter in the VM, the listener counts nothing.
+    let (host, mut vm, root) = configured("{}");
+    let mut listener = invoke(&host, &mut vm, &root, 8);
+    let key = host.request_header(KEY_HEADER).unwrap();
+    let sent = [(KEY_HEADER, key.as_str()), (COUNTED_HEADER, PENDING_MARK)];
+    let mut counted = upstream(&host, &mut vm, &root, &sent, A);
+    assert_eq!(
+        in_flight(&mut vm, &host, A),
+        Some(1),
+        "the upstream filter's"
+    );
+    listener.on_response_headers(&mut vm);
+    assert_eq!(
+        in_flight(&mut vm, &host, A),
+        Some(1),
+        "the listener's: none"
+    );
+    counted.on_done(&mut vm);
+    listener.on_done(&mut vm);
+    assert_eq!(in_flight(&mut vm, &host, A), Some(0));
+    root.tick(&mut vm);
+    assert_eq!(host.counter(Counter::UpstreamFilterMissing.name()), 0);
+}
+
+/// The upstream filter's mark is seen by a listener in another VM of the
+/// same Envoy (the same shared data), which then counts nothing itself.
+#[test]
+fn the_upstream_filters_mark_reaches_other_vms() {
+    let (host, mut vm, root) = configured("{}");
+    let mut marking = upstream(&host, &mut vm, &root, &[(":path", "/invocations")], B);
+    marking.on_done(&mut vm);
+    host.set_property("upstream.address", None);
+    let mut other_vm = Vm::new(Rc::clone(&host));
+    let mut listener = invoke(&host, &mut other_vm, &root, 9);
+    host.set_property("upstream.address", Some(A));
+    listener.on_response_headers(&mut other_vm);
+    assert_eq!(
+        in_flight(&mut other_vm, &host, A),
+        None,
+        "counted by the upstream filter, not here"
+    );
+    listener.on_done(&mut other_vm);
+    root.tick(&mut other_vm);
+    assert_eq!(host.counter(Counter::UpstreamFilterMissing.name()), 0);
 }
 
 #[test]

@@ -8,6 +8,7 @@ use std::collections::HashMap;
 
 use super::warn_on_error;
 use crate::config::Config;
+use crate::counting_check::{AtResponse, UpstreamFilterCheck};
 use crate::host::{Host, MetricKind};
 use crate::load::{InstanceLoad, LoadTracker};
 use crate::metrics::in_flight_gauge_name;
@@ -41,6 +42,11 @@ pub struct Vm<H: Host + Clone> {
     pending_samples: Vec<(u32, u64)>,
     /// splitmix64 state; seeded on first use.
     random_state: Option<u64>,
+    /// Listener role: whether an upstream filter counts (see
+    /// `crate::counting_check`).
+    upstream_check: UpstreamFilterCheck,
+    /// Upstream role: this VM's upstream filter has left its mark.
+    upstream_marked: bool,
 }
 
 impl<H: Host + Clone> Vm<H> {
@@ -53,6 +59,35 @@ impl<H: Host + Clone> Vm<H> {
             pending_counts: Vec::new(),
             pending_samples: Vec::new(),
             random_state: None,
+            upstream_check: UpstreamFilterCheck::default(),
+            upstream_marked: false,
+        }
+    }
+
+    /// Listener role: whether decisions should keep what counting at the
+    /// response needs (no upstream filter seen counting yet).
+    pub fn may_count_at_response(&self) -> bool {
+        self.upstream_check.may_count_at_response()
+    }
+
+    /// Listener role, at the response of a request its decision left to an
+    /// upstream filter to count: does one count (reads the shared mark when
+    /// a look is due)?
+    pub fn upstream_filter_check(&mut self, config: &Config, now_ms: u64) -> AtResponse {
+        let mut check = std::mem::take(&mut self.upstream_check);
+        let verdict = check.at_response(now_ms, || {
+            self.with_tracker(config, |t| t.upstream_filter_marked())
+        });
+        self.upstream_check = check;
+        verdict
+    }
+
+    /// Upstream role: leaves the mark that an upstream filter counts, once
+    /// (this VM's listener knows at once; other VMs read the mark).
+    pub fn mark_upstream_filter(&mut self, config: &Config, now_ms: u64) {
+        self.upstream_check.upstream_filter_ran();
+        if !self.upstream_marked {
+            self.upstream_marked = self.with_tracker(config, |t| t.mark_upstream_filter(now_ms));
         }
     }
 
@@ -90,7 +125,8 @@ impl<H: Host + Clone> Vm<H> {
 
     /// Runs `f` on this VM's tracker, creating it on first use. The tracker is
     /// shared by every plugin of the VM, so each call applies the caller's own
-    /// `instance_ttl_ms` rather than whichever plugin configured last.
+    /// `instance_ttl_ms` (and `instances`, when it lists any) rather than
+    /// whichever plugin configured last.
     pub fn with_tracker<R>(
         &mut self,
         config: &Config,
@@ -106,6 +142,11 @@ impl<H: Host + Clone> Vm<H> {
             LoadTracker::new(host.clone(), steering::load_config(config), nonce)
         });
         tracker.set_instance_ttl_ms(config.instance_ttl_ms);
+        // An upstream filter's configuration need not repeat the list; the
+        // listener's decisions apply theirs, empty included (see Stream::route).
+        if !config.instances.is_empty() {
+            tracker.set_configured_instances(&config.instances);
+        }
         f(tracker)
     }
 

@@ -10,6 +10,7 @@ use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
 use super::census::Census;
 use super::instances::{InstanceRecord, RegistryEpoch};
+use super::mark::UpstreamFilterMark;
 use super::routes::RouteEntry;
 use super::table::{Change, Tables, Updated};
 use super::{
@@ -82,6 +83,12 @@ impl<S: SharedStore> LoadTracker<S> {
 
     /// Changes how long an unseen instance stays known (a configuration
     /// update; the tables themselves are kept).
+    /// The configured fleet (`instances`); registered before the next
+    /// decision that needs the instances, kept fresh while listed.
+    pub fn set_configured_instances(&mut self, instances: &[String]) {
+        self.registry.set_configured(instances);
+    }
+
     pub fn set_instance_ttl_ms(&mut self, instance_ttl_ms: u64) {
         self.config.instance_ttl_ms = instance_ttl_ms;
         self.registry.set_instance_ttl_ms(instance_ttl_ms);
@@ -219,6 +226,30 @@ impl<S: SharedStore> LoadTracker<S> {
         self.columns.release(&self.tables, ticket, now_ms);
     }
 
+    /// Upstream filter: leaves the mark that tells the listener filter an
+    /// upstream filter counts in these tables (`crate::counting_check`).
+    /// True once the mark is there (call until it is, then never again).
+    pub fn mark_upstream_filter(&mut self, now_ms: u64) -> bool {
+        let key = self.tables.key(format_args!("upstream-filter"));
+        let marked = self.tables.update(&key, |mark: &mut UpstreamFilterMark| {
+            if mark.is_present() {
+                return Change::Keep(());
+            }
+            mark.first_ms = now_ms.max(1);
+            Change::Write(())
+        });
+        !matches!(marked, Updated::Failed)
+    }
+
+    /// Listener filter: whether an upstream filter has marked these tables.
+    pub fn upstream_filter_marked(&self) -> bool {
+        let key = self.tables.key(format_args!("upstream-filter"));
+        self.tables
+            .read::<UpstreamFilterMark>(&key)
+            .record
+            .is_present()
+    }
+
     /// Root context tick (about every second): heartbeat the lease, refresh the
     /// lease view, republish our cells wherever the shared copy disagrees with
     /// our local truth, and clear cells of dead VMs.
@@ -227,6 +258,7 @@ impl<S: SharedStore> LoadTracker<S> {
         let columns = &mut self.columns;
         columns.maintain_lease(tables, now_ms);
         columns.refresh_leases(tables);
+        self.registry.keep_configured(tables, columns, now_ms);
         self.registry.scan(tables, |slot, record| {
             if columns.needs_repair(tables, slot, record, now_ms) {
                 columns.repair(tables, slot, now_ms);
@@ -335,6 +367,8 @@ impl<S: SharedStore> LoadView for LoadTracker<S> {
         random: u64,
         now_ms: u64,
     ) -> Option<(InstanceRef, u32)> {
+        self.registry
+            .seed_configured(&self.tables, &mut self.columns, now_ms);
         let epoch = Registry::epoch(&self.tables).epoch;
         self.registry.rescan_if_changed(&self.tables, epoch);
         self.registry
@@ -360,6 +394,8 @@ impl<S: SharedStore> KeyPlacements for LoadTracker<S> {
     }
 
     fn fresh_instances(&mut self, epoch: u64, now_ms: u64) -> Vec<(InstanceRef, u64)> {
+        self.registry
+            .seed_configured(&self.tables, &mut self.columns, now_ms);
         self.registry.rescan_if_changed(&self.tables, epoch);
         self.registry.fresh_instances(&self.tables, now_ms)
     }

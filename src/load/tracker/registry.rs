@@ -3,7 +3,9 @@
 //! plus the epoch that tells other VMs to rescan after a registration. It
 //! owns this VM's view of the slots (which are in use, where an address
 //! lives, the record a lookup just read); whether a slot is idle it asks
-//! the count columns.
+//! the count columns. Instances the configuration lists are registered
+//! before any traffic and stay fresh while listed; the others are learned
+//! from traffic and forgotten after the instance TTL.
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -18,6 +20,10 @@ use crate::shared::SharedStore;
 
 /// Slots probed for one address before the registry counts as full for it.
 const PROBE_LEN: u16 = 8;
+
+/// How long after a failed registration of a configured instance it is
+/// tried again.
+const SEED_RETRY_MS: u64 = 1_000;
 
 /// What [`Registry::find_slot`] does with an address it does not find.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,6 +65,11 @@ pub(super) struct Registry {
     /// follows it in the same decision (one shared-data read, a host call,
     /// fewer). See [`Registry::take_recent`].
     recent: Option<RecentRead>,
+    /// The configured instances (`instances`): fresh whatever their last
+    /// seen time, unless suspected gone.
+    configured: BTreeSet<String>,
+    /// When registering a configured instance last failed.
+    seed_failed_ms: Option<u64>,
 }
 
 impl Registry {
@@ -70,7 +81,91 @@ impl Registry {
             known_slots: BTreeSet::new(),
             scanned_epoch: None,
             recent: None,
+            configured: BTreeSet::new(),
+            seed_failed_ms: None,
         }
+    }
+
+    /// The configured instances (cheap when unchanged: one comparison). A
+    /// new list is registered at the next [`Self::seed_configured`].
+    pub(super) fn set_configured(&mut self, instances: &[String]) {
+        let unchanged = self.configured.len() == instances.len()
+            && instances.iter().all(|a| self.configured.contains(a));
+        if !unchanged {
+            self.configured = instances.iter().cloned().collect();
+        }
+    }
+
+    /// Registers every configured instance this VM has no slot for yet, so
+    /// overflow can use the whole fleet before it served any request. No
+    /// host call once each has its slot; a registration that failed
+    /// (registry full, contended) is retried a second later.
+    pub(super) fn seed_configured<S: SharedStore>(
+        &mut self,
+        tables: &Tables<S>,
+        columns: &mut Columns,
+        now_ms: u64,
+    ) {
+        let missing: Vec<String> = self
+            .configured
+            .iter()
+            .filter(|a| !self.slot_of.contains_key(*a))
+            .cloned()
+            .collect();
+        let retry_due = self
+            .seed_failed_ms
+            .is_none_or(|failed| now_ms.saturating_sub(failed) >= SEED_RETRY_MS);
+        if missing.is_empty() || !retry_due {
+            return;
+        }
+        self.seed_failed_ms = None;
+        for address in &missing {
+            if self
+                .find_slot(tables, columns, address, now_ms, Lookup::OrRegister)
+                .is_none()
+            {
+                self.seed_failed_ms = Some(now_ms);
+            }
+        }
+    }
+
+    /// The tick's part for configured instances: writes their last-seen
+    /// time an eighth of the TTL before it would expire, so VMs whose
+    /// configuration does not list them (an upstream filter configured
+    /// apart) do not forget them either, and registers again any whose
+    /// slot was reused. Leaves `suspect` as it is: only serving clears it.
+    pub(super) fn keep_configured<S: SharedStore>(
+        &mut self,
+        tables: &Tables<S>,
+        columns: &mut Columns,
+        now_ms: u64,
+    ) {
+        let refresh_ms = (self.instance_ttl_ms / 8).max(1);
+        let held: Vec<(String, u16)> = self
+            .configured
+            .iter()
+            .filter_map(|a| Some((a.clone(), *self.slot_of.get(a)?)))
+            .collect();
+        for (address, slot) in held {
+            let kept = tables.update(
+                &instance_key(tables, slot),
+                |record: &mut InstanceRecord| {
+                    if record.address != address {
+                        return Change::Keep(false);
+                    }
+                    if now_ms.saturating_sub(record.last_seen_ms) < refresh_ms {
+                        return Change::Keep(true);
+                    }
+                    record.last_seen_ms = now_ms;
+                    Change::Write(())
+                },
+            );
+            if matches!(kept, Updated::Kept(false)) {
+                self.slot_of.remove(&address);
+                self.seed_failed_ms = None;
+            }
+        }
+        self.seed_configured(tables, columns, now_ms);
     }
 
     pub(super) fn max_instances(&self) -> u16 {
@@ -81,9 +176,13 @@ impl Registry {
         self.instance_ttl_ms = instance_ttl_ms;
     }
 
-    /// Seen serving within the instance TTL, and not suspected gone.
+    /// Seen serving within the instance TTL, or configured; and not
+    /// suspected gone.
     pub(super) fn is_fresh(&self, record: &InstanceRecord, now_ms: u64) -> bool {
-        record.is_fresh(now_ms, self.instance_ttl_ms)
+        let configured = !self.configured.is_empty()
+            && !record.suspect
+            && self.configured.contains(&record.address);
+        configured || record.is_fresh(now_ms, self.instance_ttl_ms)
     }
 
     /// The record in `slot`; a missing or undecodable one reads as free (so

@@ -89,6 +89,7 @@ pub(super) fn standard_edits(
         add_node(config)?;
     }
     if let Some(upstreams) = edits.upstreams {
+        set_configured_instances(config, upstreams)?;
         let clusters = seq_mut(config, &["static_resources", "clusters"])?;
         for cluster in clusters.iter_mut() {
             if cluster.get("load_assignment").is_some() {
@@ -432,6 +433,9 @@ fn relocate_ecds(filter: &mut Value, edits: &StandardEdits<'_>) -> anyhow::Resul
         .map_err(|e| anyhow!("parsing the ECDS file {}: {e}", source.display()))?;
     let plugin = ecds_plugin_mut(&mut document, &name)?;
     edit_plugin_config(plugin, edits)?;
+    if let Some(upstreams) = edits.upstreams {
+        set_configured_instances(&mut document, upstreams)?;
+    }
     let dir = files_dir(edits)?.join("ecds");
     std::fs::create_dir_all(&dir)?;
     let ecds = EcdsFile {
@@ -537,6 +541,48 @@ fn set_plugin_configuration(plugin: &mut Value, json: &str) -> anyhow::Result<()
     Ok(())
 }
 
+/// A plugin configuration listing the fleet (`"instances"`) lists the run's
+/// upstreams instead, like the clusters' endpoints: every wasm filter's
+/// `configuration.value` in the file that has that field.
+fn set_configured_instances(config: &mut Value, upstreams: &[SocketAddr]) -> anyhow::Result<()> {
+    fn visit(value: &mut Value, upstreams: &[SocketAddr]) -> anyhow::Result<()> {
+        match value {
+            Value::Mapping(map) => {
+                let is_plugin_configuration = map
+                    .get("@type")
+                    .and_then(Value::as_str)
+                    .is_some_and(|t| t == "type.googleapis.com/google.protobuf.StringValue");
+                if is_plugin_configuration {
+                    if let Some(text) = map.get("value").and_then(Value::as_str) {
+                        if let Ok(serde_json::Value::Object(mut json)) =
+                            serde_json::from_str::<serde_json::Value>(text)
+                        {
+                            if json.contains_key("instances") {
+                                let list: Vec<serde_json::Value> =
+                                    upstreams.iter().map(|a| a.to_string().into()).collect();
+                                json.insert("instances".into(), list.into());
+                                let text = serde_json::to_string_pretty(&json)?;
+                                map.insert("value".into(), text.into());
+                            }
+                        }
+                    }
+                }
+                for (_, child) in map.iter_mut() {
+                    visit(child, upstreams)?;
+                }
+            }
+            Value::Sequence(items) => {
+                for item in items {
+                    visit(item, upstreams)?;
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+    visit(config, upstreams)
+}
+
 fn set_endpoints(cluster: &mut Value, upstreams: &[SocketAddr]) -> anyhow::Result<()> {
     let endpoints = locality_endpoints(upstreams)?;
     let assignment = cluster
@@ -603,6 +649,32 @@ mod tests {
             }
         }
         count
+    }
+
+    #[test]
+    fn a_configured_fleet_lists_the_runs_upstreams() {
+        let mut config = shipped_config();
+        let upstreams: Vec<SocketAddr> = vec![
+            "127.0.0.1:1111".parse().unwrap(),
+            "127.0.0.1:2222".parse().unwrap(),
+        ];
+        let dir = tempfile::tempdir().unwrap();
+        standard_edits(
+            &mut config,
+            &StandardEdits {
+                filter: FilterMode::With,
+                wasm: Some(Path::new("/abs/filter.wasm")),
+                plugin_config: Some(r#"{"instances":["10.9.9.9:80"]}"#),
+                upstreams: Some(&upstreams),
+                eds_dir: None,
+                files_dir: Some(dir.path()),
+                dynamic_plugin_config: false,
+            },
+        )
+        .unwrap();
+        let text = serde_yaml::to_string(&config).unwrap();
+        assert!(!text.contains("10.9.9.9:80"), "{text}");
+        assert!(text.contains("127.0.0.1:2222"), "{text}");
     }
 
     #[test]

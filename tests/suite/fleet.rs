@@ -1,0 +1,253 @@
+//! The fleet is known before the first request: with the shipped
+//! configuration (its `instances` list, rewritten by the launcher to the
+//! test's upstreams), a fresh Envoy spreads a burst's overflow over the other
+//! instances from its first burst, without any warm-up traffic, and still
+//! does after a quiet spell longer than `instance_ttl_ms` (60 s). Both with
+//! the upstream filter and with `counting: LISTENER`.
+//!
+//! The scenario: one request of a new prefix (its target is learned from
+//! it), then 12 at once with `concurrency_threshold` 3, every instance
+//! holding each request 1 s. Measured at the instances.
+//!
+//! A deployment where nothing would count (the listener filter alone with
+//! the default `counting`, or an upstream filter under another `vm_id`) is
+//! not silent: Envoy's log says so once with the fix, a stat counts the
+//! requests the listener counted in its place, and the cap holds.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use harness::load::{
+    assert_all_ok, filter_counter, prefix_request, served, shoot, shoot_all, wait_for_counter,
+    Ending,
+};
+use harness::{envoy_config, Harness};
+
+const THRESHOLD: u32 = 3;
+const BURST: usize = 12;
+/// Longer than the shipped `instance_ttl_ms` (60 s).
+const IDLE: Duration = Duration::from_secs(65);
+const HOLD: Duration = Duration::from_secs(1);
+
+/// The listener filter's plugin configuration in `envoy/envoy.yaml`.
+fn shipped_plugin_config() -> serde_json::Value {
+    let text = std::fs::read_to_string(envoy_config("envoy.yaml")).expect("envoy/envoy.yaml");
+    let config: serde_yaml::Value = serde_yaml::from_str(&text).expect("envoy.yaml is YAML");
+    let filters = &config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+        ["typed_config"]["http_filters"];
+    let value = filters
+        .as_sequence()
+        .and_then(|filters| {
+            filters
+                .iter()
+                .find_map(|f| f["typed_config"]["config"]["configuration"]["value"].as_str())
+        })
+        .expect("the listener's wasm filter configuration");
+    serde_json::from_str(value).expect("the plugin configuration is JSON")
+}
+
+/// The shipped configuration, threshold lowered; `listener`: with
+/// `counting: LISTENER` and no upstream filters.
+fn start(listener: bool) -> Harness {
+    let mut config = shipped_plugin_config();
+    assert!(
+        config.get("instances").is_some(),
+        "envoy/envoy.yaml lists the fleet"
+    );
+    config["concurrency_threshold"] = THRESHOLD.into();
+    if listener {
+        config["counting"] = "LISTENER".into();
+    }
+    let config = config.to_string();
+    let harness = Harness::start_with(move |b| {
+        let b = b.concurrency(2).plugin_config(config);
+        if listener {
+            b.listener_filter_only()
+        } else {
+            b
+        }
+    });
+    harness.fleet.set_hold_all(HOLD);
+    harness
+}
+
+/// One request of prefix `label`, then [`BURST`] at once; checks the cap
+/// and the spread.
+async fn first_burst_is_capped_and_spread(harness: &Harness, what: &str, label: &str) {
+    let addr = harness.envoy.listener_addr();
+    let first = shoot(addr, prefix_request(label, 0), Ending::Complete).await;
+    assert_all_ok(
+        std::slice::from_ref(&first),
+        &format!("{what}: first request"),
+    );
+    let target = first.served_by.clone().expect("first request served");
+    harness
+        .fleet
+        .wait_idle(Duration::from_secs(10))
+        .expect("instances idle before the burst");
+    harness.fleet.reset_max_in_flight();
+    let requests = (1..=BURST).map(|n| prefix_request(label, n)).collect();
+    let outcomes = shoot_all(addr, requests).await;
+    let max_in_flight = harness.fleet.max_in_flight();
+    assert_all_ok(&outcomes, &format!("{what}: burst"));
+    let served = served(&outcomes);
+    println!("{what}: target {target}; served {served:?}; max in flight {max_in_flight:?}");
+    let on_target = max_in_flight.get(&target).copied().unwrap_or(0);
+    assert!(
+        on_target <= THRESHOLD,
+        "{what}: the target {target} had {on_target} in flight (threshold {THRESHOLD}): {max_in_flight:?}"
+    );
+    let overflow: BTreeMap<&String, usize> = served
+        .iter()
+        .filter(|(name, _)| **name != target)
+        .map(|(name, n)| (name, *n))
+        .collect();
+    assert_eq!(
+        overflow.values().sum::<usize>(),
+        BURST - THRESHOLD as usize,
+        "{what}: {THRESHOLD} of {BURST} on the target {target}, the rest elsewhere: {served:?}"
+    );
+    assert!(
+        overflow.len() >= 5,
+        "{what}: the overflow went to only {} other instances: {served:?}",
+        overflow.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_fresh_envoy_spreads_its_first_burst_with_the_upstream_filter() {
+    let harness = start(false);
+    first_burst_is_capped_and_spread(&harness, "fresh, upstream filter", "fresh-upstream").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_fresh_envoy_spreads_its_first_burst_counting_in_the_listener() {
+    let harness = start(true);
+    first_burst_is_capped_and_spread(&harness, "fresh, counting: LISTENER", "fresh-listener").await;
+}
+
+/// Both configurations side by side (two Envoys), so the idle spell is
+/// waited once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn after_a_quiet_spell_longer_than_the_instance_ttl_the_fleet_is_still_known() {
+    let (upstream, listener) = (start(false), start(true));
+    tokio::join!(
+        first_burst_is_capped_and_spread(&upstream, "fresh, upstream filter", "before-u"),
+        first_burst_is_capped_and_spread(&listener, "fresh, counting: LISTENER", "before-l"),
+    );
+    // The scenario itself: no traffic for longer than instance_ttl_ms.
+    tokio::time::sleep(IDLE).await;
+    tokio::join!(
+        first_burst_is_capped_and_spread(&upstream, "after 65 s idle, upstream filter", "after-u"),
+        first_burst_is_capped_and_spread(
+            &listener,
+            "after 65 s idle, counting: LISTENER",
+            "after-l"
+        ),
+    );
+}
+
+/// The filter's warning when no upstream filter counts (its start; the
+/// fix follows in the same line).
+const MISSING_WARNING: &str = "no upstream filter counted a request this listener filter routed";
+
+/// Envoy's log has the warning, with the fix, on one line per worker VM at
+/// most, and the stat counts the requests counted in the listener instead.
+fn assert_says_why(harness: &Harness, what: &str, workers: usize) {
+    wait_for_counter(&harness.envoy, "upstream_filter_missing", 1);
+    let log = harness.envoy.log();
+    let warnings: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains(MISSING_WARNING))
+        .collect();
+    assert!(
+        !warnings.is_empty() && warnings.len() <= workers,
+        "{what}: expected the warning once per worker VM, got {}:\n{}",
+        warnings.len(),
+        harness.log_tail()
+    );
+    for line in &warnings {
+        assert!(
+            line.contains("add the upstream filter with the same vm_id")
+                && line.contains("\"counting\": \"LISTENER\""),
+            "{what}: the warning names no fix: {line}"
+        );
+    }
+    println!(
+        "{what}: prefix_router.upstream_filter_missing = {}; {}",
+        filter_counter(&harness.envoy, "upstream_filter_missing"),
+        warnings.first().copied().unwrap_or_default()
+    );
+}
+
+/// The smallest configuration: the listener filter alone, the default
+/// `counting` (UPSTREAM_FILTER), no fleet listed; only the threshold set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_listener_filter_alone_with_default_counting_counts_and_says_so() {
+    let config = serde_json::json!({ "concurrency_threshold": THRESHOLD }).to_string();
+    let harness = Harness::start_with(move |b| {
+        b.concurrency(2)
+            .listener_filter_only()
+            .plugin_config(config)
+    });
+    harness.fleet.set_hold_all(HOLD);
+    let addr = harness.envoy.listener_addr();
+    let first = shoot(addr, prefix_request("minimal", 0), Ending::Complete).await;
+    assert_all_ok(std::slice::from_ref(&first), "minimal: first request");
+    let target = first.served_by.clone().expect("served");
+    harness.fleet.wait_idle(Duration::from_secs(10)).unwrap();
+    harness.fleet.reset_max_in_flight();
+    let requests = (1..=BURST).map(|n| prefix_request("minimal", n)).collect();
+    let outcomes = shoot_all(addr, requests).await;
+    let max_in_flight = harness.fleet.max_in_flight();
+    assert_all_ok(&outcomes, "minimal: burst");
+    println!(
+        "minimal: target {target}; served {:?}; max in flight {max_in_flight:?}",
+        served(&outcomes)
+    );
+    let on_target = max_in_flight.get(&target).copied().unwrap_or(0);
+    assert!(
+        on_target <= THRESHOLD,
+        "minimal: the target {target} had {on_target} in flight (threshold {THRESHOLD}): {max_in_flight:?}"
+    );
+    assert_says_why(&harness, "listener filter alone", 2);
+}
+
+/// The shipped configuration with the upstream filters under another
+/// `vm_id`: they count in shared data the listener never reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_upstream_filter_under_another_vm_id_is_detected_and_the_cap_holds() {
+    let mut config = shipped_plugin_config();
+    config["concurrency_threshold"] = THRESHOLD.into();
+    let config = config.to_string();
+    let harness = Harness::start_with(move |b| {
+        b.concurrency(2).plugin_config(config).edit(|c| {
+            let mut renamed = 0;
+            let clusters = c["static_resources"]["clusters"].as_sequence_mut();
+            for cluster in clusters.into_iter().flatten() {
+                let filters = cluster["typed_extension_protocol_options"]
+                    ["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]["http_filters"]
+                    .as_sequence_mut();
+                for filter in filters.into_iter().flatten() {
+                    // get_mut, not indexing: indexing would add the path to
+                    // the codec filter too.
+                    let vm_id = filter
+                        .get_mut("typed_config")
+                        .and_then(|t| t.get_mut("config"))
+                        .and_then(|c| c.get_mut("vm_config"))
+                        .and_then(|v| v.get_mut("vm_id"));
+                    if let Some(vm_id) = vm_id {
+                        *vm_id = "prefix_router_other".into();
+                        renamed += 1;
+                    }
+                }
+            }
+            anyhow::ensure!(renamed > 0, "no upstream filter to rename");
+            Ok(())
+        })
+    });
+    harness.fleet.set_hold_all(HOLD);
+    first_burst_is_capped_and_spread(&harness, "upstream filter under another vm_id", "vm-id")
+        .await;
+    assert_says_why(&harness, "upstream filter under another vm_id", 2);
+}
