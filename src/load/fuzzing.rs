@@ -5,6 +5,7 @@
 use super::census::Census;
 use super::instances::{InstanceRecord, RegistryEpoch};
 use super::lease::Lease;
+use super::mark::UpstreamFilterMark;
 use super::pending::PendingBucket;
 use super::routes::RouteBucket;
 use super::table::Record;
@@ -20,6 +21,7 @@ pub fn decode_as_every_record(bytes: &[u8]) -> usize {
         round_trip::<PendingBucket>(bytes),
         round_trip::<RouteBucket>(bytes),
         round_trip::<Census>(bytes),
+        round_trip::<UpstreamFilterMark>(bytes),
     ]
     .into_iter()
     .filter(|decoded| *decoded)
@@ -59,13 +61,14 @@ mod tests {
     /// each decodes as its own kind (and, like anything, as an epoch).
     #[test]
     fn every_fuzz_seed_is_a_record() {
-        let seeds: [(&[u8], usize); 6] = [
+        let seeds: [(&[u8], usize); 7] = [
             (include_bytes!("../../fuzz/seeds/records/instance"), 2),
             (include_bytes!("../../fuzz/seeds/records/epoch"), 1),
             (include_bytes!("../../fuzz/seeds/records/lease"), 2),
             (include_bytes!("../../fuzz/seeds/records/pending"), 2),
             (include_bytes!("../../fuzz/seeds/records/route"), 2),
             (include_bytes!("../../fuzz/seeds/records/census"), 2),
+            (include_bytes!("../../fuzz/seeds/records/mark"), 2),
         ];
         for (seed, kinds) in seeds {
             assert_eq!(decode_as_every_record(seed), kinds, "{seed:?}");
@@ -75,5 +78,6 @@ mod tests {
         assert!(PendingBucket::decode(seeds[3].0).is_some());
         assert!(RouteBucket::decode(seeds[4].0).is_some());
         assert!(Census::decode(seeds[5].0).is_some());
+        assert!(UpstreamFilterMark::decode(seeds[6].0).is_some_and(|m| m.is_present()));
     }
 }
