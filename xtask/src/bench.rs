@@ -15,7 +15,8 @@ pub enum Bench {
     /// The filter's cost per request: the same Envoy with and without it.
     Overhead(OverheadArgs),
     /// Routing quality against 7 simulated vLLM instances: RANDOM,
-    /// LEAST_OUTSTANDING_REQUESTS and PREFIX_AWARE side by side.
+    /// LEAST_OUTSTANDING_REQUESTS and PREFIX_AWARE side by side, and on
+    /// ShareGPT data also SGLang's router and an oracle placement.
     Routing(RoutingArgs),
     /// Prefix-aware vs random routing in front of three llama.cpp servers
     /// (a real engine with a real prefix cache; needs llama-cpp-python, not in CI).
@@ -26,13 +27,25 @@ pub fn run_bench(bench: &Bench) -> anyhow::Result<()> {
     match bench {
         Bench::Engine => crate::bench_engine::run(),
         Bench::Overhead(options) => run_release_bench(&options.to_args()),
-        Bench::Routing(options) => run_release_bench(&options.to_args()),
+        Bench::Routing(options) => {
+            // The ShareGPT data and SGLang's router, installed on first use.
+            let pythonpath = prereqs::ensure_bench_python_deps()?;
+            run_release_bench_with(&options.to_args(), pythonpath.as_deref())
+        }
     }
 }
 
 /// Builds the tools in release mode and runs `prefix-router-bench ARGS` with
 /// the filter and Envoy found or installed here.
 pub fn run_release_bench(args: &[String]) -> anyhow::Result<()> {
+    run_release_bench_with(args, None)
+}
+
+/// [`run_release_bench`] with `pythonpath` first on PYTHONPATH, if given.
+pub fn run_release_bench_with(
+    args: &[String],
+    pythonpath: Option<&std::path::Path>,
+) -> anyhow::Result<()> {
     let found = prereqs::ensure_all()?;
     let wasm = build_wasm()?;
     // The overhead benchmark's floor: the least a prefix router can do in proxy-wasm.
@@ -46,7 +59,15 @@ pub fn run_release_bench(args: &[String]) -> anyhow::Result<()> {
         "prefix-router-tools",
         "--bins",
     ]))?;
-    run(cargo()
+    let mut bench = cargo();
+    if let Some(dir) = pythonpath {
+        let mut paths = vec![dir.to_path_buf()];
+        if let Some(existing) = std::env::var_os("PYTHONPATH") {
+            paths.extend(std::env::split_paths(&existing));
+        }
+        bench.env("PYTHONPATH", std::env::join_paths(paths)?);
+    }
+    run(bench
         .args([
             "run",
             "--quiet",
