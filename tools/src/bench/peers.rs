@@ -4,8 +4,7 @@
 //! proxy (the load generator sends every group straight to instance
 //! `group mod 7`: the most hits a placement with even shares can get).
 
-use std::io::{Read as _, Write as _};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -216,21 +215,12 @@ impl Drop for SglangRouter {
     }
 }
 
-/// `GET path` on a loopback port (HTTP/1.0, so the body is neither chunked
-/// nor kept alive): the body of a 200 response.
+/// `GET path` on a loopback port: the body of a 200 response.
 fn http_get(port: u16, path: &str) -> anyhow::Result<String> {
-    let mut stream = TcpStream::connect(("127.0.0.1", port))?;
-    stream.set_read_timeout(Some(Duration::from_secs(2)))?;
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response)?;
-    let (head, body) = response
-        .split_once("\r\n\r\n")
-        .context("no end of headers")?;
-    if !head.starts_with("HTTP/1.1 200") && !head.starts_with("HTTP/1.0 200") {
-        anyhow::bail!("{}", head.lines().next().unwrap_or_default());
-    }
-    Ok(body.to_string())
+    Ok(ureq::get(&format!("http://127.0.0.1:{port}{path}"))
+        .timeout(Duration::from_secs(2))
+        .call()?
+        .into_string()?)
 }
 
 /// Healthy workers in the router's `GET /workers` answer.

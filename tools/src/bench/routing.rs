@@ -168,7 +168,8 @@ pub struct RoutingOptions {
 
 impl RoutingOptions {
     /// The synthetic workloads (about 11 minutes a repetition on 2 cores) and
-    /// the real-data ones (about 13 minutes a repetition), 3 repetitions.
+    /// the real-data ones (about 18 minutes a repetition with every peer),
+    /// 3 repetitions.
     pub fn full() -> anyhow::Result<Self> {
         Ok(RoutingOptions {
             quick: false,
@@ -181,8 +182,8 @@ impl RoutingOptions {
                 WorkloadPlan::new("generated-shared-prefix-zipf", Api::Chat, 8.0, 200, 1200)?,
                 WorkloadPlan::new("multi-turn", Api::Chat, 16.0, 600, 1500)?,
                 // Rates in conversations per simulated second; turns capped at 2,000.
-                WorkloadPlan::new("sharegpt", Api::Chat, 1.0, 0, 2000)?,
-                WorkloadPlan::new("sharegpt-system", Api::Chat, 1.0, 0, 2000)?,
+                WorkloadPlan::new("sharegpt", Api::Chat, 2.0, 0, 2000)?,
+                WorkloadPlan::new("sharegpt-system", Api::Chat, 2.0, 0, 2000)?,
                 // 100 documents x 5 questions, every pair once.
                 WorkloadPlan::new("rag", Api::Chat, 4.0, 0, 500)?.with_workload(|w| {
                     if let Workload::Rag { documents, .. } = w {
@@ -216,9 +217,9 @@ impl RoutingOptions {
                         *conversations = 64;
                     }
                 }),
-                WorkloadPlan::new("sharegpt", Api::Chat, 1.0, 0, 1000)?
+                WorkloadPlan::new("sharegpt", Api::Chat, 2.0, 0, 1000)?
                     .with_workload(|w| set_conversations(w, 100)),
-                WorkloadPlan::new("sharegpt-system", Api::Chat, 1.0, 0, 1000)?
+                WorkloadPlan::new("sharegpt-system", Api::Chat, 2.0, 0, 1000)?
                     .with_workload(|w| set_conversations(w, 100)),
                 // 40 documents x 5 questions.
                 WorkloadPlan::new("rag", Api::Chat, 4.0, 0, 200)?.with_workload(|w| {
