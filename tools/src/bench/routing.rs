@@ -168,7 +168,7 @@ pub struct RoutingOptions {
 
 impl RoutingOptions {
     /// The synthetic workloads (about 11 minutes a repetition on 2 cores) and
-    /// the real-data ones (about 18 minutes a repetition with every peer),
+    /// the real-data ones (about 20 minutes a repetition with every peer),
     /// 3 repetitions.
     pub fn full() -> anyhow::Result<Self> {
         Ok(RoutingOptions {
@@ -681,13 +681,24 @@ pub fn markdown(report: &RoutingReport) -> String {
         } else {
             "per arm".to_string()
         };
+        // Conversation replays end when their conversations do, before the cap.
+        let sent = workload
+            .strategies
+            .iter()
+            .map(|s| s.requests)
+            .max()
+            .unwrap_or(0);
+        let measured = if sent < workload.requests {
+            format!("{sent} (at most {})", workload.requests)
+        } else {
+            workload.requests.to_string()
+        };
         out.push_str(&format!(
-            "\n**{} ({})**: {} {}/s Poisson (simulated), {} measured requests {arms} after {} warm-up\n\n",
+            "\n**{} ({})**: {} {}/s Poisson (simulated), {measured} measured requests {arms} after {} warm-up\n\n",
             workload.workload,
             workload.api,
             workload.rate_rps,
             if workload.arrivals == "requests" { "req" } else { workload.arrivals },
-            workload.requests,
             workload.warmup_requests
         ));
         let peers_table = workload.oracle_hit_rate.is_some()
@@ -785,5 +796,111 @@ mod tests {
         let workload = Workload::by_name("long-shared-prefix").unwrap();
         // 100 × 8,000 tokens / 0.65 / 7 / 16 = 10,990 blocks.
         assert_eq!(kv_blocks_for(&workload), 10_990);
+    }
+
+    fn result(peer: Peer, hit_rate: f64, ttft_p50_ms: f64, mark: &str) -> StrategyResult {
+        StrategyResult {
+            strategy: peer,
+            mechanism: peer.mechanism(),
+            hit_rate,
+            hit_rate_of_oracle: Some(hit_rate / 0.8),
+            hit_rate_runs: vec![hit_rate],
+            hit_rate_client: hit_rate,
+            ttft_p50_ms,
+            ttft_p90_ms: ttft_p50_ms * 2.0,
+            ttft_p99_ms: ttft_p50_ms * 3.0,
+            rps: 1.0,
+            output_tokens_per_s: 10.0,
+            share_min: 0.1,
+            share_max: 0.2,
+            turns_on_previous_instance: None,
+            failures: 0,
+            requests: 309,
+            failure_kinds: Default::default(),
+            shares: [(mark.to_string(), 1.0)].into_iter().collect(),
+            instance_hit_rates: Default::default(),
+            groups_per_instance: Default::default(),
+            groups_split: 0,
+            latency_p50_ms: 1.0,
+            duration_s: 1.0,
+            wall_s: 2.0,
+        }
+    }
+
+    #[test]
+    fn runs_are_summarised_by_their_medians() {
+        let peer = Peer::FixedPrefix(1024);
+        let m = median_result(vec![
+            result(peer, 0.5, 10.0, "first"),
+            result(peer, 0.1, 30.0, "second"),
+            result(peer, 0.3, 50.0, "third"),
+        ]);
+        assert_eq!(m.hit_rate, 0.3);
+        assert_eq!(m.ttft_p50_ms, 30.0);
+        assert_eq!(m.hit_rate_of_oracle, Some(0.3 / 0.8));
+        assert_eq!(m.hit_rate_runs, vec![0.5, 0.1, 0.3]);
+        assert_eq!(m.wall_s, 6.0);
+        // The maps are the median-hit-rate run's.
+        assert!(m.shares.contains_key("third"), "{:?}", m.shares);
+        assert_eq!(median_of(vec![4.0, 1.0]), Some(2.5));
+        assert_eq!(median_of(Vec::new()), None);
+    }
+
+    #[test]
+    fn workloads_with_peers_get_the_peer_table() {
+        let workload = |strategies: Vec<StrategyResult>, oracle_hit_rate| WorkloadResult {
+            workload: "sharegpt".into(),
+            api: "chat".into(),
+            rate_rps: 2.0,
+            arrivals: "conversations",
+            warmup_requests: 0,
+            requests: 1000,
+            runs: 3,
+            parameters: Workload::by_name("sharegpt").unwrap(),
+            kv_blocks_per_instance: 1,
+            reused_tokens: 1,
+            reused_fraction_of_fleet_cache: 0.65,
+            reused_over_one_instance: 4.5,
+            oracle_hit_rate,
+            strategies,
+        };
+        let report = |workloads| RoutingReport {
+            benchmark: "routing",
+            quick: true,
+            envoy_version: ENVOY_VERSION,
+            envoy_workers: 1,
+            instances: INSTANCES,
+            time_scale: 8.0,
+            runs: 3,
+            cold_start: "",
+            corpus: None,
+            load_average_start: None,
+            load_average_end: None,
+            duration_s: 1.0,
+            workloads,
+        };
+        let with_oracle = markdown(&report(vec![workload(
+            vec![
+                result(Peer::FixedPrefix(1024), 0.4, 10.0, "a"),
+                result(Peer::Oracle, 0.8, 10.0, "b"),
+            ],
+            Some(0.8),
+        )]));
+        assert!(
+            with_oracle.contains("| PREFIX_AWARE@1024 | 40.0% | 50% |"),
+            "{with_oracle}"
+        );
+        assert!(
+            with_oracle.contains("309 (at most 1000) measured requests per arm, medians of 3 runs")
+        );
+        let filter_only = markdown(&report(vec![workload(
+            vec![result(Peer::Filter(Strategy::Random), 0.1, 10.0, "a")],
+            None,
+        )]));
+        assert!(
+            filter_only.contains("| strategy | hit rate |"),
+            "{filter_only}"
+        );
+        assert!(!filter_only.contains("of oracle"));
     }
 }
