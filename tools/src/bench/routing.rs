@@ -1,12 +1,16 @@
-//! `bench routing`: routing quality against 7 simulated vLLM instances
-//! through Envoy with the filter. For each workload the fleet starts with a
-//! KV capacity sized to it; then RANDOM, LEAST_OUTSTANDING_REQUESTS and
-//! PREFIX_AWARE run one after another, each from cold caches (every
-//! instance's prefix cache is emptied with `POST /reset_prefix_cache`, and a
-//! fresh Envoy starts with the strategy's configuration), a warm-up run that
-//! is not measured, then the measured run. The hit rate comes from the
-//! instances' `/metrics` counters (token-weighted, deltas over the measured
-//! run); TTFT, throughput and shares from the load generator.
+//! `bench routing`: routing quality against 7 simulated vLLM instances.
+//! For each workload the fleet starts with a KV capacity sized to it; then
+//! its arms run one after another on that fleet, each from cold caches
+//! (every instance's prefix cache is emptied with `POST /reset_prefix_cache`,
+//! and a fresh Envoy with the strategy's configuration, or a fresh SGLang
+//! router, starts), a warm-up run that is not measured if the plan has one,
+//! then the measured run. The arms ([`Peer`]) are the filter's strategies
+//! (the synthetic workloads' default), and for the workloads on real data
+//! also fixed-prefix PREFIX_AWARE at three prefix lengths, SGLang's router
+//! and the oracle placement. `runs` repeats every arm; medians are reported.
+//! The hit rate comes from the instances' `/metrics` counters
+//! (token-weighted, deltas over the measured run); TTFT, throughput, shares
+//! and turn affinity from the load generator.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -41,8 +45,9 @@ pub struct WorkloadPlan {
     pub warmup_requests: usize,
     /// Requests measured, per strategy.
     pub requests: usize,
-    /// KV blocks per instance (for the workloads on real data, 0 until
-    /// sized to the text in `run`).
+    /// KV blocks per instance from the workload's parameters; `run` sizes
+    /// the workloads on real data to their text instead
+    /// ([`reused_tokens_with`]).
     pub kv_blocks: usize,
     /// The arms it runs unless the options say otherwise.
     pub peers: Vec<Peer>,
