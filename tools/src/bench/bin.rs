@@ -15,7 +15,7 @@ fn main() -> ExitCode {
     let cli = BenchCli::parse();
     let outcome = match cli.command {
         Command::Overhead(OverheadArgs { quick }) => run_overhead(quick),
-        Command::Routing(RoutingArgs { quick, workload }) => run_routing(quick, &workload),
+        Command::Routing(args) => run_routing(&args),
         Command::Demo => demo::run(&demo::DemoOptions::default(), &mut |line| {
             println!("{line}")
         })
@@ -80,18 +80,33 @@ fn run_overhead_load(case: &str, configuration: &str, seconds: u64) -> anyhow::R
     Ok(())
 }
 
-fn run_routing(quick: bool, only: &[String]) -> anyhow::Result<()> {
-    let mut opts = if quick {
+fn run_routing(args: &RoutingArgs) -> anyhow::Result<()> {
+    let mut opts = if args.quick {
         routing::RoutingOptions::quick()?
     } else {
         routing::RoutingOptions::full()?
     };
+    let only = &args.workload;
     if !only.is_empty() {
         opts.plans
             .retain(|p| only.iter().any(|w| w == p.workload.name()));
         if opts.plans.is_empty() {
             anyhow::bail!("no workload named {only:?}");
         }
+    }
+    if !args.peers.is_empty() {
+        let peers = args
+            .peers
+            .iter()
+            .map(|name| bench::peers::Peer::parse(name).map_err(anyhow::Error::msg))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        opts.peers = Some(peers);
+    }
+    if let Some(runs) = args.runs {
+        if runs == 0 {
+            anyhow::bail!("--runs must be at least 1");
+        }
+        opts.runs = runs;
     }
     eprintln!(
         "routing: {} vllm-sim instances, Envoy {} with {} worker(s), time scale {}",

@@ -5,6 +5,7 @@
 use std::fmt::Write as _;
 
 use super::fleet::Strategy;
+use super::peers::Peer;
 use super::routing::RoutingReport;
 
 const WIDTH: f64 = 860.0;
@@ -13,12 +14,15 @@ const LABEL_WIDTH: f64 = 230.0;
 const PANEL_WIDTH: f64 = 270.0;
 const GAP: f64 = 40.0;
 
-fn colour(strategy: Strategy) -> &'static str {
-    match strategy {
-        Strategy::Random => "#9e9e9e",
-        Strategy::LeastOutstandingRequests => "#f2a541",
-        Strategy::PrefixAware => "#2a7ab9",
-        Strategy::PrefixAwareBalanced => "#1b9e77",
+fn colour(peer: Peer) -> &'static str {
+    match peer {
+        Peer::Filter(Strategy::Random) => "#9e9e9e",
+        Peer::Filter(Strategy::LeastOutstandingRequests) => "#f2a541",
+        Peer::Filter(Strategy::PrefixAware) => "#2a7ab9",
+        Peer::Filter(Strategy::PrefixAwareBalanced) => "#1b9e77",
+        Peer::FixedPrefix(_) => "#6baed6",
+        Peer::SglangCacheAware => "#d95f02",
+        Peer::Oracle => "#333333",
     }
 }
 
@@ -78,7 +82,7 @@ pub fn routing_svg(report: &RoutingReport) -> String {
                 svg,
                 r#"<text x="20" y="{ty}">{name}</text><rect x="{hit_x}" y="{y}" width="{hit_w:.1}" height="{h}" fill="{fill}"/><text x="{hl:.1}" y="{ty}">{hit:.1}%</text><rect x="{ttft_x}" y="{y}" width="{ttft_w:.1}" height="{h}" fill="{fill}"/><text x="{tl:.1}" y="{ty}">{ttft:.0}</text>"#,
                 ty = y + 11.0,
-                name = s.strategy.name(),
+                name = escape(&s.strategy.name()),
                 h = ROW_HEIGHT - 3.0,
                 hl = hit_x + hit_w + 4.0,
                 hit = s.hit_rate * 100.0,

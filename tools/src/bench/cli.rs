@@ -24,15 +24,25 @@ impl OverheadArgs {
     }
 }
 
-/// `routing [--quick] [--workload NAME]...`.
+/// `routing [--quick] [--workloads NAME,...] [--peers NAME,...] [--runs N]`.
 #[derive(Debug, Clone, PartialEq, Eq, Args)]
 pub struct RoutingArgs {
-    /// A shorter run (under 3 minutes) with the same fields.
+    /// A shorter run with the same fields (one run; under 3 minutes for the
+    /// synthetic workloads, under 10 for sharegpt, sharegpt-system and rag).
     #[arg(long)]
     pub quick: bool,
-    /// Only these workloads (names as in the report, e.g. long-shared-prefix); repeatable.
-    #[arg(long)]
+    /// Only these workloads (names as in the report, e.g. long-shared-prefix
+    /// or sharegpt,rag); repeatable, or comma-separated.
+    #[arg(long, alias = "workloads", value_delimiter = ',')]
     pub workload: Vec<String>,
+    /// Only these arms, on every workload: random, least-outstanding,
+    /// prefix-aware, prefix-aware-balanced, prefix-N (PREFIX_AWARE at
+    /// prefix_length N), sglang, oracle; comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    pub peers: Vec<String>,
+    /// Repetitions to take medians over (default 3, or 1 with --quick).
+    #[arg(long)]
+    pub runs: Option<usize>,
 }
 
 impl RoutingArgs {
@@ -44,6 +54,12 @@ impl RoutingArgs {
         }
         for name in &self.workload {
             args.extend(["--workload".to_string(), name.clone()]);
+        }
+        if !self.peers.is_empty() {
+            args.extend(["--peers".to_string(), self.peers.join(",")]);
+        }
+        if let Some(runs) = self.runs {
+            args.extend(["--runs".to_string(), runs.to_string()]);
         }
         args
     }
@@ -102,11 +118,45 @@ mod tests {
                 matches!(parse(overhead.to_args()), BenchCommand::Overhead(o) if o == overhead)
             );
             for workload in [vec![], vec!["a".to_string(), "b-c".to_string()]] {
-                let routing = RoutingArgs { quick, workload };
-                assert!(
-                    matches!(parse(routing.to_args()), BenchCommand::Routing(r) if r == routing)
-                );
+                for (peers, runs) in [
+                    (vec![], None),
+                    (
+                        vec!["sglang".to_string(), "prefix-1024".to_string()],
+                        Some(5),
+                    ),
+                ] {
+                    let routing = RoutingArgs {
+                        quick,
+                        workload: workload.clone(),
+                        peers,
+                        runs,
+                    };
+                    assert!(
+                        matches!(parse(routing.to_args()), BenchCommand::Routing(r) if r == routing)
+                    );
+                }
             }
         }
+    }
+
+    #[test]
+    fn workloads_and_peers_take_comma_lists() {
+        let args = [
+            "routing",
+            "--workloads",
+            "sharegpt,rag",
+            "--workload",
+            "multi-turn",
+        ]
+        .into_iter()
+        .chain(["--peers", "sglang,random", "--runs", "2"])
+        .map(String::from)
+        .collect();
+        let BenchCommand::Routing(r) = parse(args) else {
+            panic!("not routing");
+        };
+        assert_eq!(r.workload, ["sharegpt", "rag", "multi-turn"]);
+        assert_eq!(r.peers, ["sglang", "random"]);
+        assert_eq!(r.runs, Some(2));
     }
 }

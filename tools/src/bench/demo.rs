@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::fleet::Strategy;
+use super::peers::Peer;
 use super::routing::{self, RoutingOptions, RoutingReport, WorkloadPlan};
 use crate::loadgen::Api;
 
@@ -63,7 +64,11 @@ pub fn run(opts: &DemoOptions, print: &mut dyn FnMut(&str)) -> anyhow::Result<De
         quick: true,
         time_scale: opts.time_scale,
         plans: vec![plan],
-        strategies: vec![Strategy::Random, Strategy::PrefixAware],
+        peers: Some(vec![
+            Peer::Filter(Strategy::Random),
+            Peer::Filter(Strategy::PrefixAware),
+        ]),
+        runs: 1,
         envoy_workers: 1,
         wasm: opts.wasm.clone(),
         sim_exe: opts.sim_exe.clone(),
@@ -82,7 +87,7 @@ pub fn run(opts: &DemoOptions, print: &mut dyn FnMut(&str)) -> anyhow::Result<De
         .map(|w| w.strategies.clone())
         .unwrap_or_default();
     let table = routing::strategy_table(&strategies);
-    let find = |s: Strategy| strategies.iter().find(|r| r.strategy == s);
+    let find = |s: Strategy| strategies.iter().find(|r| r.strategy == Peer::Filter(s));
     let headline = match (find(Strategy::Random), find(Strategy::PrefixAware)) {
         (Some(random), Some(prefix)) => format!(
             "KV-cache hit rate {:.0}% -> {:.0}%, TTFT p50 {:.0} ms -> {:.0} ms ({:+.0}%), {:.2} -> {:.2} req/s",

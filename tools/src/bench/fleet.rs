@@ -172,6 +172,23 @@ pub fn start_envoy(
     wasm: Option<&Path>,
     workers: u32,
 ) -> anyhow::Result<Envoy> {
+    start_envoy_at(
+        strategy,
+        super::peers::DEFAULT_PREFIX_LENGTH,
+        upstreams,
+        wasm,
+        workers,
+    )
+}
+
+/// [`start_envoy`] with the filter's `prefix_length` given.
+pub fn start_envoy_at(
+    strategy: Strategy,
+    prefix_length: u32,
+    upstreams: &[SocketAddr],
+    wasm: Option<&Path>,
+    workers: u32,
+) -> anyhow::Result<Envoy> {
     let mut builder = Envoy::builder()
         .upstreams(upstreams.iter().copied())
         .concurrency(workers)
@@ -179,7 +196,7 @@ pub fn start_envoy(
         .plugin_config_json(&json!({
             "strategy": strategy.config_name(),
             "key_balance_factor": strategy.key_balance_factor(),
-            "prefix_length": 4096,
+            "prefix_length": prefix_length,
             // Sized to what one instance serves well at once (the sims batch up to
             // max_num_seqs = 256; decode slows past ~64): the filter's default of 10
             // would overflow most requests of a streaming fleet at this load and

@@ -13,6 +13,7 @@ pub mod demo;
 pub mod fleet;
 pub mod instant_upstream;
 pub mod overhead;
+pub mod peers;
 pub mod routing;
 pub mod stats;
 

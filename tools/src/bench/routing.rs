@@ -1,23 +1,31 @@
-//! `bench routing`: routing quality against 7 simulated vLLM instances
-//! through Envoy with the filter. For each workload the fleet starts with a
-//! KV capacity sized to it; then RANDOM, LEAST_OUTSTANDING_REQUESTS and
-//! PREFIX_AWARE run one after another, each from cold caches (every
-//! instance's prefix cache is emptied with `POST /reset_prefix_cache`, and a
-//! fresh Envoy starts with the strategy's configuration), a warm-up run that
-//! is not measured, then the measured run. The hit rate comes from the
-//! instances' `/metrics` counters (token-weighted, deltas over the measured
-//! run); TTFT, throughput and shares from the load generator.
+//! `bench routing`: routing quality against 7 simulated vLLM instances.
+//! For each workload the fleet starts with a KV capacity sized to it; then
+//! its arms run one after another on that fleet, each from cold caches
+//! (every instance's prefix cache is emptied with `POST /reset_prefix_cache`,
+//! and a fresh Envoy with the strategy's configuration, or a fresh SGLang
+//! router, starts), a warm-up run that is not measured if the plan has one,
+//! then the measured run. The arms ([`Peer`]) are the filter's strategies
+//! (the synthetic workloads' default), and for the workloads on real data
+//! also fixed-prefix PREFIX_AWARE at three prefix lengths, SGLang's router
+//! and the oracle placement. `runs` repeats every arm; medians are reported.
+//! The hit rate comes from the instances' `/metrics` counters
+//! (token-weighted, deltas over the measured run); TTFT, throughput, shares
+//! and turn affinity from the load generator.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use serde::Serialize;
 
-use super::fleet::{find_sim_exe, hit_rate_between, start_envoy, SimFleet, Strategy};
+use super::fleet::{find_sim_exe, hit_rate_between, start_envoy_at, SimFleet, Strategy};
 use super::load_average;
+use super::peers::{Peer, SglangRouter, DATA_PEERS};
 use crate::envoy::ENVOY_VERSION;
-use crate::loadgen::{run_workload, Api, Arrival, Report, RunOptions, Workload};
+use crate::loadgen::replay::ReplayGen;
+use crate::loadgen::workload::DEFAULT_SHARED_SEED;
+use crate::loadgen::{run_workload, sharegpt, Api, Arrival, Corpus, Report, RunOptions, Workload};
 use crate::sim::SimConfig;
 
 /// Simulated instances.
@@ -37,8 +45,12 @@ pub struct WorkloadPlan {
     pub warmup_requests: usize,
     /// Requests measured, per strategy.
     pub requests: usize,
-    /// KV blocks per instance.
+    /// KV blocks per instance from the workload's parameters; `run` sizes
+    /// the workloads on real data to their text instead
+    /// ([`reused_tokens_with`]).
     pub kv_blocks: usize,
+    /// The arms it runs unless the options say otherwise.
+    pub peers: Vec<Peer>,
 }
 
 impl WorkloadPlan {
@@ -52,6 +64,11 @@ impl WorkloadPlan {
     ) -> anyhow::Result<Self> {
         let workload = Workload::by_name(name).with_context(|| format!("no workload {name}"))?;
         let kv_blocks = kv_blocks_for(&workload);
+        let peers = if workload.needs_corpus() {
+            DATA_PEERS.to_vec()
+        } else {
+            Strategy::ALL.into_iter().map(Peer::Filter).collect()
+        };
         Ok(WorkloadPlan {
             workload,
             api,
@@ -59,6 +76,7 @@ impl WorkloadPlan {
             warmup_requests,
             requests,
             kv_blocks,
+            peers,
         })
     }
 
@@ -102,10 +120,37 @@ pub fn reused_tokens(workload: &Workload) -> usize {
 /// [`SHARED_FRACTION_OF_FLEET_CACHE`] of the fleet's cache (so they are
 /// 1 / 0.65 / 7 ≈ 4.6 × one instance's cache).
 pub fn kv_blocks_for(workload: &Workload) -> usize {
+    kv_blocks_for_tokens(reused_tokens(workload))
+}
+
+/// KV blocks per instance so that `reused` tokens fill
+/// [`SHARED_FRACTION_OF_FLEET_CACHE`] of the fleet's cache.
+pub fn kv_blocks_for_tokens(reused: usize) -> usize {
     let block_size = SimConfig::default().block_size;
-    let fleet_tokens = reused_tokens(workload) as f64 / SHARED_FRACTION_OF_FLEET_CACHE;
+    let fleet_tokens = reused as f64 / SHARED_FRACTION_OF_FLEET_CACHE;
     ((fleet_tokens / INSTANCES as f64) / block_size as f64).ceil() as usize
 }
+
+/// [`reused_tokens`], for the workloads on real data from the text the
+/// first measured run sends.
+pub fn reused_tokens_with(workload: &Workload, corpus: Option<&Arc<Corpus>>) -> usize {
+    match corpus {
+        Some(corpus) if workload.needs_corpus() => ReplayGen::new(
+            workload,
+            Arc::clone(corpus),
+            MEASURED_SEED,
+            DEFAULT_SHARED_SEED,
+        )
+        .map(|g| g.reused_tokens())
+        .unwrap_or_default(),
+        _ => reused_tokens(workload),
+    }
+}
+
+/// Seed of run 0's measured traffic (run `r` uses this + `r`).
+const MEASURED_SEED: u64 = 1;
+/// Seed of run 0's warm-up traffic.
+const WARMUP_SEED: u64 = 1001;
 
 /// How the benchmark runs.
 #[derive(Debug, Clone)]
@@ -114,7 +159,10 @@ pub struct RoutingOptions {
     /// Simulated seconds per real second.
     pub time_scale: f64,
     pub plans: Vec<WorkloadPlan>,
-    pub strategies: Vec<Strategy>,
+    /// The arms to run on every plan instead of each plan's own.
+    pub peers: Option<Vec<Peer>>,
+    /// Repetitions (seeds 1.., every arm per repetition); medians are reported.
+    pub runs: usize,
     pub envoy_workers: u32,
     pub wasm: Option<PathBuf>,
     /// The `vllm-sim` binary (default: [`find_sim_exe`]).
@@ -124,7 +172,9 @@ pub struct RoutingOptions {
 }
 
 impl RoutingOptions {
-    /// About 11 minutes on 2 cores.
+    /// The synthetic workloads (about 11 minutes a repetition on 2 cores) and
+    /// the real-data ones (about 20 minutes a repetition with every peer),
+    /// 3 repetitions.
     pub fn full() -> anyhow::Result<Self> {
         Ok(RoutingOptions {
             quick: false,
@@ -136,8 +186,18 @@ impl RoutingOptions {
                 WorkloadPlan::new("generated-shared-prefix", Api::Chat, 8.0, 200, 1200)?,
                 WorkloadPlan::new("generated-shared-prefix-zipf", Api::Chat, 8.0, 200, 1200)?,
                 WorkloadPlan::new("multi-turn", Api::Chat, 16.0, 600, 1500)?,
+                // Rates in conversations per simulated second; turns capped at 2,000.
+                WorkloadPlan::new("sharegpt", Api::Chat, 2.0, 0, 2000)?,
+                WorkloadPlan::new("sharegpt-system", Api::Chat, 2.0, 0, 2000)?,
+                // 100 documents x 5 questions, every pair once.
+                WorkloadPlan::new("rag", Api::Chat, 4.0, 0, 500)?.with_workload(|w| {
+                    if let Workload::Rag { documents, .. } = w {
+                        *documents = 100;
+                    }
+                }),
             ],
-            strategies: Strategy::ALL.to_vec(),
+            peers: None,
+            runs: 3,
             envoy_workers: 1,
             wasm: None,
             sim_exe: None,
@@ -145,7 +205,8 @@ impl RoutingOptions {
         })
     }
 
-    /// Under 3 minutes: fewer requests, a faster clock.
+    /// Under 3 minutes for the synthetic workloads, under 10 for the
+    /// real-data ones with every peer: fewer requests, a faster clock, one run.
     pub fn quick() -> anyhow::Result<Self> {
         Ok(RoutingOptions {
             quick: true,
@@ -161,21 +222,44 @@ impl RoutingOptions {
                         *conversations = 64;
                     }
                 }),
+                WorkloadPlan::new("sharegpt", Api::Chat, 2.0, 0, 1000)?
+                    .with_workload(|w| set_conversations(w, 100)),
+                WorkloadPlan::new("sharegpt-system", Api::Chat, 2.0, 0, 1000)?
+                    .with_workload(|w| set_conversations(w, 100)),
+                // 40 documents x 5 questions.
+                WorkloadPlan::new("rag", Api::Chat, 4.0, 0, 200)?.with_workload(|w| {
+                    if let Workload::Rag { documents, .. } = w {
+                        *documents = 40;
+                    }
+                }),
             ],
+            runs: 1,
             max_run: Duration::from_secs(60),
             ..Self::full()?
         })
     }
 }
 
-/// One strategy's figures on one workload.
+fn set_conversations(workload: &mut Workload, count: usize) {
+    if let Workload::ShareGpt { conversations, .. } = workload {
+        *conversations = count;
+    }
+}
+
+/// One arm's figures on one workload (medians over the runs).
 #[derive(Debug, Clone, Serialize)]
 pub struct StrategyResult {
-    pub strategy: Strategy,
-    /// How the strategy was realised in this run.
-    pub mechanism: &'static str,
+    /// The arm: a filter strategy (as the existing reports name it), a
+    /// fixed-prefix length, SGLang's router or the oracle.
+    pub strategy: Peer,
+    /// How the arm was realised in this run.
+    pub mechanism: String,
     /// Token-weighted prefix-cache hit rate from the instances' `/metrics`.
     pub hit_rate: f64,
+    /// `hit_rate` over the oracle's in the same run (median of the runs'), if the oracle ran.
+    pub hit_rate_of_oracle: Option<f64>,
+    /// Each run's `hit_rate`.
+    pub hit_rate_runs: Vec<f64>,
     /// The same from the responses' `usage.prompt_tokens_details.cached_tokens`.
     pub hit_rate_client: f64,
     /// Time to first token, simulated milliseconds.
@@ -188,8 +272,11 @@ pub struct StrategyResult {
     /// Smallest and largest per-instance share of the requests.
     pub share_min: f64,
     pub share_max: f64,
+    /// Conversation turns served by the previous turn's instance (conversations only).
+    pub turns_on_previous_instance: Option<f64>,
     pub failures: usize,
     pub requests: usize,
+    /// The maps below are the median-hit-rate run's.
     pub failure_kinds: std::collections::BTreeMap<String, usize>,
     /// Per-instance share of the requests.
     pub shares: std::collections::BTreeMap<String, f64>,
@@ -212,16 +299,34 @@ pub struct StrategyResult {
 pub struct WorkloadResult {
     pub workload: String,
     pub api: String,
+    /// Poisson arrivals per simulated second, of `arrivals`.
     pub rate_rps: f64,
+    /// `requests`, or `conversations` for conversation replays.
+    pub arrivals: &'static str,
     pub warmup_requests: usize,
     pub requests: usize,
+    /// Repetitions the figures are medians of.
+    pub runs: usize,
+    /// The workload's parameters.
+    pub parameters: Workload,
     pub kv_blocks_per_instance: usize,
     pub reused_tokens: usize,
     /// Reused tokens over the fleet's KV capacity.
     pub reused_fraction_of_fleet_cache: f64,
     /// Reused tokens over one instance's KV capacity.
     pub reused_over_one_instance: f64,
+    /// The oracle's hit rate (median), if it ran.
+    pub oracle_hit_rate: Option<f64>,
     pub strategies: Vec<StrategyResult>,
+}
+
+/// What was read from the ShareGPT data.
+#[derive(Debug, Clone, Serialize)]
+pub struct CorpusInfo {
+    pub source: String,
+    pub conversations_parsed: usize,
+    pub conversations_kept: usize,
+    pub documents: usize,
 }
 
 /// The whole `routing.json`.
@@ -233,14 +338,16 @@ pub struct RoutingReport {
     pub envoy_workers: u32,
     pub instances: usize,
     pub time_scale: f64,
+    pub runs: usize,
     pub cold_start: &'static str,
+    pub corpus: Option<CorpusInfo>,
     pub load_average_start: Option<[f64; 3]>,
     pub load_average_end: Option<[f64; 3]>,
     pub duration_s: f64,
     pub workloads: Vec<WorkloadResult>,
 }
 
-/// Runs every plan under every strategy; `progress` gets a line per step.
+/// Runs every plan under every arm; `progress` gets a line per step.
 pub fn run(opts: &RoutingOptions, progress: &mut dyn FnMut(&str)) -> anyhow::Result<RoutingReport> {
     let started = Instant::now();
     let load_average_start = load_average();
@@ -248,13 +355,28 @@ pub fn run(opts: &RoutingOptions, progress: &mut dyn FnMut(&str)) -> anyhow::Res
         Some(exe) => exe.clone(),
         None => find_sim_exe()?,
     };
+    let corpus = if opts.plans.iter().any(|p| p.workload.needs_corpus()) {
+        let corpus = sharegpt::load()?;
+        progress(&format!(
+            "ShareGPT V3 ({}): {} whole conversations, {} kept (alternating, no empty value), {} documents of {}-{} characters",
+            sharegpt::REQUIREMENT,
+            corpus.parsed,
+            corpus.conversations.len(),
+            corpus.documents.len(),
+            sharegpt::DOCUMENT_CHARS.0,
+            sharegpt::DOCUMENT_CHARS.1
+        ));
+        Some(corpus)
+    } else {
+        None
+    };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("starting the load generator runtime")?;
     let mut workloads = Vec::new();
     for plan in &opts.plans {
-        let result = run_plan(&runtime, opts, plan, &sim_exe, progress)
+        let result = run_plan(&runtime, opts, plan, &sim_exe, corpus.as_ref(), progress)
             .with_context(|| format!("workload {}", plan.label()))?;
         workloads.push(result);
     }
@@ -265,8 +387,15 @@ pub fn run(opts: &RoutingOptions, progress: &mut dyn FnMut(&str)) -> anyhow::Res
         envoy_workers: opts.envoy_workers,
         instances: INSTANCES,
         time_scale: opts.time_scale,
-        cold_start: "per strategy: POST /reset_prefix_cache on every instance, a fresh Envoy, \
-                     then an unmeasured warm-up run",
+        runs: opts.runs.max(1),
+        cold_start: "per arm and run: POST /reset_prefix_cache on every instance, a fresh Envoy \
+                     (or SGLang router), then an unmeasured warm-up run if the plan has one",
+        corpus: corpus.map(|c| CorpusInfo {
+            source: format!("{} ({})", sharegpt::REQUIREMENT, sharegpt::DATA_FILE),
+            conversations_parsed: c.parsed,
+            conversations_kept: c.conversations.len(),
+            documents: c.documents.len(),
+        }),
         load_average_start,
         load_average_end: load_average(),
         duration_s: started.elapsed().as_secs_f64(),
@@ -274,83 +403,205 @@ pub fn run(opts: &RoutingOptions, progress: &mut dyn FnMut(&str)) -> anyhow::Res
     })
 }
 
+/// The arms a plan runs: the options' or the plan's own, without SGLang's
+/// router on the invoke API (it has no such route).
+fn peers_of(opts: &RoutingOptions, plan: &WorkloadPlan) -> Vec<Peer> {
+    opts.peers
+        .clone()
+        .unwrap_or_else(|| plan.peers.clone())
+        .into_iter()
+        .filter(|&p| !(p == Peer::SglangCacheAware && plan.api == Api::Invoke))
+        .collect()
+}
+
 fn run_plan(
     runtime: &tokio::runtime::Runtime,
     opts: &RoutingOptions,
     plan: &WorkloadPlan,
     sim_exe: &std::path::Path,
+    corpus: Option<&Arc<Corpus>>,
     progress: &mut dyn FnMut(&str),
 ) -> anyhow::Result<WorkloadResult> {
+    let reused = reused_tokens_with(&plan.workload, corpus);
+    let kv_blocks = kv_blocks_for_tokens(reused);
     let template = SimConfig {
-        kv_blocks: plan.kv_blocks,
+        kv_blocks,
         time_scale: opts.time_scale,
         ..SimConfig::default()
     };
-    let reused = reused_tokens(&plan.workload);
-    let instance_tokens = (plan.kv_blocks * template.block_size) as f64;
+    let instance_tokens = (kv_blocks * template.block_size) as f64;
+    let arrivals = if plan.workload.is_conversation_replay() {
+        "conversations"
+    } else {
+        "requests"
+    };
     progress(&format!(
-        "{}: {} req/s (simulated), {} + {} requests per strategy, {} KV blocks per instance (reused tokens = {:.0}% of the fleet's cache, {:.1}x one instance's)",
+        "{}: {} {arrivals}/s (simulated), {} + {} requests per arm, {} run(s), {} KV blocks per instance (reused tokens = {:.0}% of the fleet's cache, {:.1}x one instance's)",
         plan.label(),
         plan.rate,
         plan.warmup_requests,
         plan.requests,
-        plan.kv_blocks,
+        opts.runs.max(1),
+        kv_blocks,
         100.0 * reused as f64 / (instance_tokens * INSTANCES as f64),
         reused as f64 / instance_tokens
     ));
+    let peers = peers_of(opts, plan);
     let fleet = SimFleet::start(sim_exe, INSTANCES, &template)?;
-    let mut strategies = Vec::new();
-    for &strategy in &opts.strategies {
-        let result = run_strategy(runtime, opts, plan, &fleet, strategy)
-            .with_context(|| format!("strategy {}", strategy.name()))?;
-        progress(&format!(
-            "  {:<26} hit {:>5.1}%  TTFT p50 {:>6.0} p90 {:>6.0} p99 {:>6.0} ms  {:.2} req/s  share {:.1}-{:.1}%  groups/instance {}-{} (split {})  failures {}  ({:.0} s)",
-            strategy.name(),
-            result.hit_rate * 100.0,
-            result.ttft_p50_ms,
-            result.ttft_p90_ms,
-            result.ttft_p99_ms,
-            result.rps,
-            result.share_min * 100.0,
-            result.share_max * 100.0,
-            result.groups_per_instance.values().min().unwrap_or(&0),
-            result.groups_per_instance.values().max().unwrap_or(&0),
-            result.groups_split,
-            result.failures,
-            result.wall_s
-        ));
-        strategies.push(result);
+    let mut per_peer: Vec<Vec<StrategyResult>> = vec![Vec::new(); peers.len()];
+    for run in 0..opts.runs.max(1) {
+        let mut this_run = Vec::with_capacity(peers.len());
+        for &peer in &peers {
+            let result = run_peer(runtime, opts, plan, &fleet, peer, run as u64, corpus)
+                .with_context(|| format!("{} (run {})", peer.name(), run + 1))?;
+            progress(&format!(
+                "  {:<28} hit {:>5.1}%  TTFT p50 {:>6.0} p90 {:>6.0} ms  {:.2} req/s  share {:.1}-{:.1}%{}  failures {}  ({:.0} s)",
+                peer.name(),
+                result.hit_rate * 100.0,
+                result.ttft_p50_ms,
+                result.ttft_p90_ms,
+                result.rps,
+                result.share_min * 100.0,
+                result.share_max * 100.0,
+                result
+                    .turns_on_previous_instance
+                    .map(|t| format!("  same instance as previous turn {:.0}%", t * 100.0))
+                    .unwrap_or_default(),
+                result.failures,
+                result.wall_s
+            ));
+            this_run.push(result);
+        }
+        // Each arm against the oracle of the same run (same traffic, same machine state).
+        let oracle = peers
+            .iter()
+            .position(|&p| p == Peer::Oracle)
+            .map(|i| this_run[i].hit_rate);
+        for (i, mut result) in this_run.into_iter().enumerate() {
+            result.hit_rate_of_oracle = oracle.filter(|&o| o > 0.0).map(|o| result.hit_rate / o);
+            per_peer[i].push(result);
+        }
     }
+    let strategies: Vec<StrategyResult> = per_peer.into_iter().map(median_result).collect();
+    let oracle_hit_rate = strategies
+        .iter()
+        .find(|s| s.strategy == Peer::Oracle)
+        .map(|s| s.hit_rate);
     Ok(WorkloadResult {
         workload: plan.workload.name().to_string(),
         api: plan.api.name().to_string(),
         rate_rps: plan.rate,
+        arrivals,
         warmup_requests: plan.warmup_requests,
         requests: plan.requests,
-        kv_blocks_per_instance: plan.kv_blocks,
+        runs: opts.runs.max(1),
+        parameters: plan.workload.clone(),
+        kv_blocks_per_instance: kv_blocks,
         reused_tokens: reused,
         reused_fraction_of_fleet_cache: reused as f64 / (instance_tokens * INSTANCES as f64),
         reused_over_one_instance: reused as f64 / instance_tokens,
+        oracle_hit_rate,
         strategies,
     })
 }
 
-fn run_strategy(
+/// The median of each figure over the runs; the maps from the run whose hit
+/// rate is the median.
+fn median_result(mut runs: Vec<StrategyResult>) -> StrategyResult {
+    let hit_rate_runs: Vec<f64> = runs.iter().map(|r| r.hit_rate).collect();
+    let median = |f: &dyn Fn(&StrategyResult) -> f64| {
+        let values: Vec<f64> = runs.iter().map(f).collect();
+        median_of(values).unwrap_or_default()
+    };
+    let optional_median =
+        |f: &dyn Fn(&StrategyResult) -> Option<f64>| median_of(runs.iter().filter_map(f).collect());
+    let mut out = StrategyResult {
+        hit_rate: median(&|r| r.hit_rate),
+        hit_rate_of_oracle: optional_median(&|r| r.hit_rate_of_oracle),
+        hit_rate_client: median(&|r| r.hit_rate_client),
+        ttft_p50_ms: median(&|r| r.ttft_p50_ms),
+        ttft_p90_ms: median(&|r| r.ttft_p90_ms),
+        ttft_p99_ms: median(&|r| r.ttft_p99_ms),
+        rps: median(&|r| r.rps),
+        output_tokens_per_s: median(&|r| r.output_tokens_per_s),
+        share_min: median(&|r| r.share_min),
+        share_max: median(&|r| r.share_max),
+        turns_on_previous_instance: optional_median(&|r| r.turns_on_previous_instance),
+        failures: median(&|r| r.failures as f64).round() as usize,
+        requests: median(&|r| r.requests as f64).round() as usize,
+        latency_p50_ms: median(&|r| r.latency_p50_ms),
+        duration_s: median(&|r| r.duration_s),
+        wall_s: runs.iter().map(|r| r.wall_s).sum(),
+        hit_rate_runs,
+        ..runs[0].clone()
+    };
+    runs.sort_by(|a, b| a.hit_rate.total_cmp(&b.hit_rate));
+    let middle = &runs[(runs.len() - 1) / 2];
+    out.failure_kinds = middle.failure_kinds.clone();
+    out.shares = middle.shares.clone();
+    out.instance_hit_rates = middle.instance_hit_rates.clone();
+    out.groups_per_instance = middle.groups_per_instance.clone();
+    out.groups_split = middle.groups_split;
+    out
+}
+
+/// The median (the mean of the middle two for an even count); None for none.
+fn median_of(mut values: Vec<f64>) -> Option<f64> {
+    if values.is_empty() {
+        return None;
+    }
+    values.sort_by(|a, b| a.total_cmp(b));
+    let n = values.len();
+    Some(if n % 2 == 1 {
+        values[n / 2]
+    } else {
+        (values[n / 2 - 1] + values[n / 2]) / 2.0
+    })
+}
+
+/// What an arm's requests go through while it runs (stopped when dropped).
+enum Front {
+    Envoy(Box<crate::envoy::Envoy>),
+    Sglang(SglangRouter),
+    Direct,
+}
+
+fn run_peer(
     runtime: &tokio::runtime::Runtime,
     opts: &RoutingOptions,
     plan: &WorkloadPlan,
     fleet: &SimFleet,
-    strategy: Strategy,
+    peer: Peer,
+    run: u64,
+    corpus: Option<&Arc<Corpus>>,
 ) -> anyhow::Result<StrategyResult> {
     let started = Instant::now();
     runtime.block_on(fleet.reset_caches())?;
-    let envoy = start_envoy(
-        strategy,
-        &fleet.addrs(),
-        opts.wasm.as_deref(),
-        opts.envoy_workers,
-    )?;
-    let url = envoy.base_url();
+    let front = match peer.filter_config() {
+        Some((strategy, prefix_length)) => Front::Envoy(Box::new(start_envoy_at(
+            strategy,
+            prefix_length,
+            &fleet.addrs(),
+            opts.wasm.as_deref(),
+            opts.envoy_workers,
+        )?)),
+        None if peer == Peer::SglangCacheAware => Front::Sglang(SglangRouter::start(
+            &fleet.addrs(),
+            &super::output_dir().join("sglang-router.log"),
+            SGLANG_READY_WITHIN,
+        )?),
+        None => Front::Direct,
+    };
+    let direct: Vec<String> = fleet
+        .addrs()
+        .iter()
+        .map(|a| format!("http://{a}"))
+        .collect();
+    let url = match &front {
+        Front::Envoy(envoy) => envoy.base_url(),
+        Front::Sglang(router) => router.base_url(),
+        Front::Direct => direct[0].clone(),
+    };
     let run_options = |seed: u64, requests: usize| RunOptions {
         api: plan.api,
         arrival: Arrival::Poisson { rate: plan.rate },
@@ -361,23 +612,29 @@ fn run_strategy(
         time_scale: opts.time_scale,
         stream: true,
         instances: fleet.names(),
+        corpus: corpus.cloned(),
+        pinned_targets: if matches!(front, Front::Direct) {
+            direct.clone()
+        } else {
+            Vec::new()
+        },
         ..RunOptions::default()
     };
     if plan.warmup_requests > 0 {
         runtime.block_on(run_workload(
             &url,
             &plan.workload,
-            &run_options(1001, plan.warmup_requests),
+            &run_options(WARMUP_SEED + run, plan.warmup_requests),
         ))?;
     }
     let before = runtime.block_on(fleet.cache_counters())?;
     let report: Report = runtime.block_on(run_workload(
         &url,
         &plan.workload,
-        &run_options(1, plan.requests),
+        &run_options(MEASURED_SEED + run, plan.requests),
     ))?;
     let after = runtime.block_on(fleet.cache_counters())?;
-    drop(envoy);
+    drop(front);
     let (hit_rate, _) = hit_rate_between(&before, &after);
     let instance_hit_rates = fleet
         .names()
@@ -386,9 +643,11 @@ fn run_strategy(
         .map(|(name, (a, b))| (name, a.since(b).hit_rate()))
         .collect();
     Ok(StrategyResult {
-        strategy,
-        mechanism: strategy.mechanism(),
+        strategy: peer,
+        mechanism: peer.mechanism(),
         hit_rate,
+        hit_rate_of_oracle: None,
+        hit_rate_runs: vec![hit_rate],
         hit_rate_client: report.hit_rate,
         ttft_p50_ms: report.ttft_p50_ms,
         ttft_p90_ms: report.ttft_p90_ms,
@@ -397,6 +656,7 @@ fn run_strategy(
         output_tokens_per_s: report.output_tokens_per_s,
         share_min: report.share_min,
         share_max: report.share_max,
+        turns_on_previous_instance: report.turns_on_previous_instance,
         failures: report.failures,
         requests: report.requests,
         failure_kinds: report.failure_kinds.clone(),
@@ -414,15 +674,72 @@ fn run_strategy(
     })
 }
 
+/// How long SGLang's router may take to report the fleet healthy.
+const SGLANG_READY_WITHIN: Duration = Duration::from_secs(60);
+
 /// A markdown table per workload.
 pub fn markdown(report: &RoutingReport) -> String {
     let mut out = String::new();
     for workload in &report.workloads {
+        let arms = if workload.runs > 1 {
+            format!("per arm, medians of {} runs", workload.runs)
+        } else {
+            "per arm".to_string()
+        };
+        // Conversation replays end when their conversations do, before the cap.
+        let sent = workload
+            .strategies
+            .iter()
+            .map(|s| s.requests)
+            .max()
+            .unwrap_or(0);
+        let measured = if sent < workload.requests {
+            format!("{sent} (at most {})", workload.requests)
+        } else {
+            workload.requests.to_string()
+        };
         out.push_str(&format!(
-            "\n**{} ({})**: {} req/s Poisson (simulated), {} measured requests per strategy after {} warm-up\n\n",
-            workload.workload, workload.api, workload.rate_rps, workload.requests, workload.warmup_requests
+            "\n**{} ({})**: {} {}/s Poisson (simulated), {measured} measured requests {arms} after {} warm-up\n\n",
+            workload.workload,
+            workload.api,
+            workload.rate_rps,
+            if workload.arrivals == "requests" { "req" } else { workload.arrivals },
+            workload.warmup_requests
         ));
-        out.push_str(&strategy_table(&workload.strategies));
+        let peers_table = workload.oracle_hit_rate.is_some()
+            || workload
+                .strategies
+                .iter()
+                .any(|s| !matches!(s.strategy, Peer::Filter(_)));
+        if peers_table {
+            out.push_str(&peer_table(&workload.strategies));
+        } else {
+            out.push_str(&strategy_table(&workload.strategies));
+        }
+    }
+    out
+}
+
+/// The table of one workload's arms with the oracle ratio and turn affinity.
+pub fn peer_table(strategies: &[StrategyResult]) -> String {
+    let mut out = String::new();
+    out.push_str("| peer | hit rate | of oracle | TTFT p50 (ms) | TTFT p90 (ms) | share min–max | turns on previous turn's instance | req/s | failures |\n");
+    out.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    let percent = |v: Option<f64>| v.map_or("–".to_string(), |v| format!("{:.0}%", v * 100.0));
+    for s in strategies {
+        out.push_str(&format!(
+            "| {} | {:.1}% | {} | {:.0} | {:.0} | {:.1}–{:.1}% | {} | {:.2} | {} |\n",
+            s.strategy.name(),
+            s.hit_rate * 100.0,
+            percent(s.hit_rate_of_oracle),
+            s.ttft_p50_ms,
+            s.ttft_p90_ms,
+            s.share_min * 100.0,
+            s.share_max * 100.0,
+            percent(s.turns_on_previous_instance),
+            s.rps,
+            s.failures
+        ));
     }
     out
 }
@@ -434,8 +751,10 @@ pub fn strategy_table(strategies: &[StrategyResult]) -> String {
     out.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for s in strategies {
         let name = match s.strategy {
-            Strategy::LeastOutstandingRequests => "LEAST_OUTSTANDING_REQUESTS¹".to_string(),
-            other => other.name().to_string(),
+            Peer::Filter(Strategy::LeastOutstandingRequests) => {
+                "LEAST_OUTSTANDING_REQUESTS¹".to_string()
+            }
+            other => other.name(),
         };
         out.push_str(&format!(
             "| {} | {:.1}% | {:.0} | {:.0} | {:.0} | {:.2} | {:.0} | {:.1}–{:.1}% | {} |\n",
@@ -453,7 +772,7 @@ pub fn strategy_table(strategies: &[StrategyResult]) -> String {
     }
     if strategies
         .iter()
-        .any(|s| s.strategy == Strategy::LeastOutstandingRequests)
+        .any(|s| s.strategy == Peer::Filter(Strategy::LeastOutstandingRequests))
     {
         out.push_str("\n¹ The filter routes to Envoy's least_request cluster (`selection_method: FULL_SCAN`).\n");
     }
@@ -482,5 +801,111 @@ mod tests {
         let workload = Workload::by_name("long-shared-prefix").unwrap();
         // 100 × 8,000 tokens / 0.65 / 7 / 16 = 10,990 blocks.
         assert_eq!(kv_blocks_for(&workload), 10_990);
+    }
+
+    fn result(peer: Peer, hit_rate: f64, ttft_p50_ms: f64, mark: &str) -> StrategyResult {
+        StrategyResult {
+            strategy: peer,
+            mechanism: peer.mechanism(),
+            hit_rate,
+            hit_rate_of_oracle: Some(hit_rate / 0.8),
+            hit_rate_runs: vec![hit_rate],
+            hit_rate_client: hit_rate,
+            ttft_p50_ms,
+            ttft_p90_ms: ttft_p50_ms * 2.0,
+            ttft_p99_ms: ttft_p50_ms * 3.0,
+            rps: 1.0,
+            output_tokens_per_s: 10.0,
+            share_min: 0.1,
+            share_max: 0.2,
+            turns_on_previous_instance: None,
+            failures: 0,
+            requests: 309,
+            failure_kinds: Default::default(),
+            shares: [(mark.to_string(), 1.0)].into_iter().collect(),
+            instance_hit_rates: Default::default(),
+            groups_per_instance: Default::default(),
+            groups_split: 0,
+            latency_p50_ms: 1.0,
+            duration_s: 1.0,
+            wall_s: 2.0,
+        }
+    }
+
+    #[test]
+    fn runs_are_summarised_by_their_medians() {
+        let peer = Peer::FixedPrefix(1024);
+        let m = median_result(vec![
+            result(peer, 0.5, 10.0, "first"),
+            result(peer, 0.1, 30.0, "second"),
+            result(peer, 0.3, 50.0, "third"),
+        ]);
+        assert_eq!(m.hit_rate, 0.3);
+        assert_eq!(m.ttft_p50_ms, 30.0);
+        assert_eq!(m.hit_rate_of_oracle, Some(0.3 / 0.8));
+        assert_eq!(m.hit_rate_runs, vec![0.5, 0.1, 0.3]);
+        assert_eq!(m.wall_s, 6.0);
+        // The maps are the median-hit-rate run's.
+        assert!(m.shares.contains_key("third"), "{:?}", m.shares);
+        assert_eq!(median_of(vec![4.0, 1.0]), Some(2.5));
+        assert_eq!(median_of(Vec::new()), None);
+    }
+
+    #[test]
+    fn workloads_with_peers_get_the_peer_table() {
+        let workload = |strategies: Vec<StrategyResult>, oracle_hit_rate| WorkloadResult {
+            workload: "sharegpt".into(),
+            api: "chat".into(),
+            rate_rps: 2.0,
+            arrivals: "conversations",
+            warmup_requests: 0,
+            requests: 1000,
+            runs: 3,
+            parameters: Workload::by_name("sharegpt").unwrap(),
+            kv_blocks_per_instance: 1,
+            reused_tokens: 1,
+            reused_fraction_of_fleet_cache: 0.65,
+            reused_over_one_instance: 4.5,
+            oracle_hit_rate,
+            strategies,
+        };
+        let report = |workloads| RoutingReport {
+            benchmark: "routing",
+            quick: true,
+            envoy_version: ENVOY_VERSION,
+            envoy_workers: 1,
+            instances: INSTANCES,
+            time_scale: 8.0,
+            runs: 3,
+            cold_start: "",
+            corpus: None,
+            load_average_start: None,
+            load_average_end: None,
+            duration_s: 1.0,
+            workloads,
+        };
+        let with_oracle = markdown(&report(vec![workload(
+            vec![
+                result(Peer::FixedPrefix(1024), 0.4, 10.0, "a"),
+                result(Peer::Oracle, 0.8, 10.0, "b"),
+            ],
+            Some(0.8),
+        )]));
+        assert!(
+            with_oracle.contains("| PREFIX_AWARE@1024 | 40.0% | 50% |"),
+            "{with_oracle}"
+        );
+        assert!(
+            with_oracle.contains("309 (at most 1000) measured requests per arm, medians of 3 runs")
+        );
+        let filter_only = markdown(&report(vec![workload(
+            vec![result(Peer::Filter(Strategy::Random), 0.1, 10.0, "a")],
+            None,
+        )]));
+        assert!(
+            filter_only.contains("| strategy | hit rate |"),
+            "{filter_only}"
+        );
+        assert!(!filter_only.contains("of oracle"));
     }
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::Parser;
 use prefix_router_tools::loadgen::{
-    run_workload, Api, Arrival, RunOptions, Workload, WORKLOAD_NAMES,
+    run_workload, sharegpt, Api, Arrival, RunOptions, Workload, DATA_WORKLOAD_NAMES, WORKLOAD_NAMES,
 };
 
 /// Drives a workload (OpenAI chat or native invoke) and reports TTFT,
@@ -43,10 +43,10 @@ struct Cli {
     /// Multiply every token length of the workload (e.g. 0.25 for quick runs).
     #[arg(long, default_value_t = 1.0)]
     scale: f64,
-    /// Override the number of prefix groups (shared-prefix workloads).
+    /// Override the number of prefix groups (shared-prefix workloads; rag: documents).
     #[arg(long)]
     groups: Option<usize>,
-    /// Override the number of open conversations (multi-turn).
+    /// Override the number of conversations (multi-turn: open at once; sharegpt: per run).
     #[arg(long)]
     conversations: Option<usize>,
     /// The instances' --time-scale; reported times and rates are simulated.
@@ -82,9 +82,10 @@ struct Cli {
 fn workload(cli: &Cli) -> anyhow::Result<Workload> {
     let mut w = Workload::by_name(&cli.workload).with_context(|| {
         format!(
-            "unknown workload {:?}; use one of {}",
+            "unknown workload {:?}; use one of {}, {}",
             cli.workload,
-            WORKLOAD_NAMES.join(", ")
+            WORKLOAD_NAMES.join(", "),
+            DATA_WORKLOAD_NAMES.join(", ")
         )
     })?;
     if !(cli.scale.is_finite() && cli.scale > 0.0) {
@@ -94,7 +95,9 @@ fn workload(cli: &Cli) -> anyhow::Result<Workload> {
     match (&mut w, cli.groups, cli.conversations) {
         (Workload::LongSharedPrefix { groups, .. }, Some(g), _)
         | (Workload::GeneratedSharedPrefix { groups, .. }, Some(g), _) => *groups = g,
-        (Workload::MultiTurn { conversations, .. }, _, Some(c)) => *conversations = c,
+        (Workload::MultiTurn { conversations, .. }, _, Some(c))
+        | (Workload::ShareGpt { conversations, .. }, _, Some(c)) => *conversations = c,
+        (Workload::Rag { documents, .. }, Some(g), _) => *documents = g,
         (_, None, None) => {}
         _ => anyhow::bail!(
             "--groups / --conversations do not apply to {}",
@@ -137,6 +140,12 @@ async fn main() -> anyhow::Result<()> {
         headers,
         instances: cli.instances.clone(),
         keep_records: cli.records,
+        // The real-data workloads read the installed ShareGPT package.
+        corpus: if w.needs_corpus() {
+            Some(sharegpt::load()?)
+        } else {
+            None
+        },
         ..RunOptions::default()
     };
     let report = run_workload(&cli.target, &w, &opts).await?;

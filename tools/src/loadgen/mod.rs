@@ -8,9 +8,17 @@
 //! and all reported times and rates are simulated (see [`report`]), so that
 //! a run against instances with `--time-scale 10` reads like one on the real
 //! hardware. `max_duration` and `request_timeout` are wall-clock bounds.
+//!
+//! Conversation replays (`sharegpt`, `sharegpt-system`) are driven as
+//! conversations: each arrival (or each client, at fixed concurrency) starts
+//! one, which sends its turns one after another, each after the previous
+//! response and the workload's think time; `max_requests` then bounds the
+//! turns of the conversations started.
 
 pub mod client;
+pub mod replay;
 pub mod report;
+pub mod sharegpt;
 pub mod text;
 pub mod workload;
 
@@ -29,7 +37,8 @@ use tokio::task::JoinSet;
 use tokio::time::{sleep_until, Instant};
 
 pub use report::{Report, RequestRecord};
-pub use workload::{Workload, WorkloadGen, WORKLOAD_NAMES};
+pub use sharegpt::Corpus;
+pub use workload::{Workload, WorkloadGen, DATA_WORKLOAD_NAMES, WORKLOAD_NAMES};
 
 use client::HttpClient;
 use workload::PlannedRequest;
@@ -110,6 +119,13 @@ pub struct RunOptions {
     pub instances: Vec<String>,
     /// Keep every request's record in the report.
     pub keep_records: bool,
+    /// The real data the `sharegpt`, `sharegpt-system` and `rag` workloads need.
+    pub corpus: Option<Arc<Corpus>>,
+    /// Instead of `target_url`, send each request straight to one of these
+    /// base URLs: its group's (else its conversation's) number modulo their
+    /// count. Pins every group to one instance, spread evenly: the oracle
+    /// placement.
+    pub pinned_targets: Vec<String>,
 }
 
 impl Default for RunOptions {
@@ -130,6 +146,8 @@ impl Default for RunOptions {
             headers: Vec::new(),
             instances: Vec::new(),
             keep_records: false,
+            corpus: None,
+            pinned_targets: Vec::new(),
         }
     }
 }
@@ -190,13 +208,17 @@ pub fn request_body(api: Api, planned: &PlannedRequest, opts: &RunOptions) -> By
 
 struct Run {
     client: HttpClient,
-    uri: Uri,
+    /// One target, or the pinned targets.
+    uris: Vec<Uri>,
     headers: Vec<(HeaderName, HeaderValue)>,
     opts: RunOptions,
     gen: Mutex<WorkloadGen>,
     records: Mutex<Vec<RequestRecord>>,
     start: Instant,
     last_end: Mutex<Instant>,
+    /// Requests issued so far (conversation replays number them here).
+    issued: std::sync::atomic::AtomicUsize,
+    deadline: Instant,
 }
 
 impl Run {
@@ -211,12 +233,23 @@ impl Run {
             .next_request()
     }
 
-    async fn one(&self, index: usize, planned: PlannedRequest) {
+    /// Where `planned` goes: the one target, or its group's pinned target.
+    fn uri_for(&self, index: usize, planned: &PlannedRequest) -> &Uri {
+        let key = planned
+            .group
+            .map(|g| g as u64)
+            .or(planned.conversation)
+            .unwrap_or(index as u64);
+        &self.uris[(key % self.uris.len() as u64) as usize]
+    }
+
+    /// Sends one request and records it; true if it succeeded.
+    async fn one(&self, index: usize, planned: PlannedRequest) -> bool {
         let sent = Instant::now();
         let body = request_body(self.opts.api, &planned, &self.opts);
         let ex = client::exchange(
             &self.client,
-            &self.uri,
+            self.uri_for(index, &planned),
             &self.headers,
             body,
             self.opts.stream,
@@ -249,6 +282,37 @@ impl Run {
             .push(record);
         let mut last = self.last_end.lock().unwrap_or_else(|e| e.into_inner());
         *last = (*last).max(Instant::now());
+        ok
+    }
+
+    /// The next conversation to replay, if the run may start one.
+    fn next_conversation(&self) -> Option<replay::PlannedConversation> {
+        if Instant::now() >= self.deadline {
+            return None;
+        }
+        let mut gen = self.gen.lock().unwrap_or_else(|e| e.into_inner());
+        let conversation = gen.replay()?.next_conversation()?;
+        Some(conversation)
+    }
+
+    /// Replays one conversation: each turn after the previous response and
+    /// its think time; stops at a failed turn, `max_requests` or the deadline.
+    async fn conversation(&self, conversation: replay::PlannedConversation) {
+        use std::sync::atomic::Ordering;
+        for (planned, think_ms) in conversation.turns.into_iter().zip(conversation.think_ms) {
+            if Instant::now() >= self.deadline {
+                break;
+            }
+            let index = self.issued.fetch_add(1, Ordering::Relaxed);
+            if index >= self.opts.max_requests {
+                break;
+            }
+            if !self.one(index, planned).await {
+                break;
+            }
+            let real_ms = think_ms / self.opts.time_scale;
+            tokio::time::sleep(Duration::from_secs_f64(real_ms / 1000.0)).await;
+        }
     }
 }
 
@@ -267,12 +331,33 @@ pub async fn run_workload(
         Api::Chat => &opts.chat_path,
         Api::Invoke => &opts.invoke_path,
     };
-    let url = format!("{}{}", target_url.trim_end_matches('/'), path);
-    let uri: Uri = url
-        .parse()
-        .with_context(|| format!("bad target URL {url:?}"))?;
-    if uri.scheme_str() != Some("http") {
-        anyhow::bail!("only http:// targets are supported, got {url:?}");
+    let bases = if opts.pinned_targets.is_empty() {
+        vec![target_url.to_string()]
+    } else {
+        opts.pinned_targets.clone()
+    };
+    let uris = bases
+        .iter()
+        .map(|base| {
+            let url = format!("{}{}", base.trim_end_matches('/'), path);
+            let uri: Uri = url
+                .parse()
+                .with_context(|| format!("bad target URL {url:?}"))?;
+            if uri.scheme_str() != Some("http") {
+                anyhow::bail!("only http:// targets are supported, got {url:?}");
+            }
+            Ok(uri)
+        })
+        .collect::<anyhow::Result<Vec<Uri>>>()?;
+    let mut gen = WorkloadGen::new(workload.clone(), opts.seed).with_shared_seed(opts.shared_seed);
+    if workload.needs_corpus() {
+        let corpus = opts.corpus.clone().with_context(|| {
+            format!(
+                "workload {} needs the ShareGPT data (RunOptions::corpus)",
+                workload.name()
+            )
+        })?;
+        gen = gen.with_corpus(corpus);
     }
     let headers = opts
         .headers
@@ -286,21 +371,56 @@ pub async fn run_workload(
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
     let start = Instant::now();
+    let deadline = start + opts.max_duration;
     let run = Arc::new(Run {
         client: client::http_client(),
-        uri,
+        uris,
         headers,
         opts: opts.clone(),
-        gen: Mutex::new(
-            WorkloadGen::new(workload.clone(), opts.seed).with_shared_seed(opts.shared_seed),
-        ),
+        gen: Mutex::new(gen),
         records: Mutex::new(Vec::new()),
         start,
         last_end: Mutex::new(start),
+        issued: std::sync::atomic::AtomicUsize::new(0),
+        deadline,
     });
-    let deadline = start + opts.max_duration;
     let mut tasks = JoinSet::new();
+    let replay = workload.is_conversation_replay();
     match opts.arrival {
+        Arrival::Poisson { rate } if replay => {
+            if !(rate.is_finite() && rate > 0.0) {
+                anyhow::bail!("arrival rate must be positive, got {rate}");
+            }
+            let real_rate = rate * opts.time_scale;
+            let mut rng = StdRng::seed_from_u64(opts.seed ^ 0x5eed_a441_7a1e);
+            let mut next = start;
+            let mut planned_turns = 0;
+            while planned_turns < opts.max_requests {
+                sleep_until(next).await;
+                let Some(conversation) = run.next_conversation() else {
+                    break;
+                };
+                planned_turns += conversation.turns.len();
+                let r = Arc::clone(&run);
+                tasks.spawn(async move { r.conversation(conversation).await });
+                while tasks.try_join_next().is_some() {}
+                let u: f64 = rng.gen_range(f64::MIN_POSITIVE..1.0);
+                next += Duration::from_secs_f64(-u.ln() / real_rate);
+            }
+        }
+        Arrival::Concurrency { clients } if replay => {
+            if clients == 0 {
+                anyhow::bail!("concurrency must be at least 1");
+            }
+            for _ in 0..clients {
+                let r = Arc::clone(&run);
+                tasks.spawn(async move {
+                    while let Some(conversation) = r.next_conversation() {
+                        r.conversation(conversation).await;
+                    }
+                });
+            }
+        }
         Arrival::Poisson { rate } => {
             if !(rate.is_finite() && rate > 0.0) {
                 anyhow::bail!("arrival rate must be positive, got {rate}");
@@ -315,7 +435,9 @@ pub async fn run_workload(
                 sleep_until(next).await;
                 let planned = run.next();
                 let r = Arc::clone(&run);
-                tasks.spawn(async move { r.one(index, planned).await });
+                tasks.spawn(async move {
+                    let _ = r.one(index, planned).await;
+                });
                 while tasks.try_join_next().is_some() {}
                 let u: f64 = rng.gen_range(f64::MIN_POSITIVE..1.0);
                 next += Duration::from_secs_f64(-u.ln() / real_rate);
@@ -337,7 +459,7 @@ pub async fn run_workload(
                             break;
                         }
                         let planned = r.next();
-                        r.one(index, planned).await;
+                        let _ = r.one(index, planned).await;
                     }
                 });
             }

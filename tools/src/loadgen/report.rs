@@ -102,6 +102,14 @@ pub struct Report {
     /// Groups served by more than one instance (affinity broken: overflow,
     /// a key moved, or no affinity at all).
     pub groups_split: usize,
+    /// Of the conversation turns after a conversation's first (in order of
+    /// issue, both answered), the fraction served by the instance that
+    /// served the previous turn; None without such pairs.
+    #[serde(default)]
+    pub turns_on_previous_instance: Option<f64>,
+    /// How many such pairs there were.
+    #[serde(default)]
+    pub turn_pairs: usize,
     /// Every request, when asked for.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub records: Vec<RequestRecord>,
@@ -157,6 +165,26 @@ fn group_spread(
     (per_instance, split)
 }
 
+/// Of consecutive turns of a conversation (records in order of issue,
+/// both with an instance), how many pairs there are and how many stayed on
+/// one instance.
+fn turn_stickiness(records: &[RequestRecord]) -> (usize, usize) {
+    let mut previous: BTreeMap<u64, &str> = BTreeMap::new();
+    let (mut pairs, mut stayed) = (0, 0);
+    for r in records {
+        let (Some(conversation), Some(instance)) = (r.conversation, r.instance.as_deref()) else {
+            continue;
+        };
+        if let Some(before) = previous.insert(conversation, instance) {
+            pairs += 1;
+            if before == instance {
+                stayed += 1;
+            }
+        }
+    }
+    (pairs, stayed)
+}
+
 /// Summarises `records` of a run that lasted `duration_s` simulated seconds.
 /// `known_instances` are counted even if they served nothing.
 pub fn summarize(
@@ -199,6 +227,9 @@ pub fn summarize(
         .collect();
     let shares = || instances.values().map(|s| s.share);
     let (groups_per_instance, groups_split) = group_spread(&records, known_instances);
+    let mut in_order: Vec<RequestRecord> = records.iter().filter(|r| r.ok).cloned().collect();
+    in_order.sort_by_key(|r| r.index);
+    let (turn_pairs, turns_stayed) = turn_stickiness(&in_order);
     let per_s = |n: f64| {
         if duration_s > 0.0 {
             n / duration_s
@@ -244,6 +275,9 @@ pub fn summarize(
         instances,
         groups_per_instance,
         groups_split,
+        turns_on_previous_instance: (turn_pairs > 0)
+            .then(|| turns_stayed as f64 / turn_pairs as f64),
+        turn_pairs,
         records: if keep_records { records } else { Vec::new() },
     }
 }
@@ -392,5 +426,30 @@ mod tests {
         assert_eq!(r.groups_per_instance["b"], 2);
         assert_eq!(r.groups_per_instance["c"], 0);
         assert_eq!(r.groups_split, 1);
+        assert_eq!(r.turns_on_previous_instance, None);
+    }
+
+    #[test]
+    fn turns_that_stay_on_the_previous_turns_instance_are_counted() {
+        let turn = |i, instance, conversation| RequestRecord {
+            conversation: Some(conversation),
+            ..rec(i, true, instance, 1.0, 10, 0)
+        };
+        // Issued out of order on purpose: the summary orders by index.
+        let records = vec![
+            turn(3, "b", 1), // conversation 1: a, a, b: 1 of 2 stayed
+            turn(0, "a", 1),
+            turn(1, "c", 2), // conversation 2: c, c: 1 of 1
+            turn(2, "a", 1),
+            turn(4, "c", 2),
+            RequestRecord {
+                ok: false,
+                ..turn(5, "a", 2) // failed: not a turn served
+            },
+            turn(6, "a", 3), // a single turn: no pair
+        ];
+        let r = summarize("w", "chat", 1.0, 1.0, records, &[], false);
+        assert_eq!(r.turn_pairs, 3);
+        assert_eq!(r.turns_on_previous_instance, Some(2.0 / 3.0));
     }
 }

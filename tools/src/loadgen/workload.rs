@@ -19,6 +19,12 @@
 //!   one; if all are busy a new one opens. (ShareGPT-like turn sizes; the
 //!   shared system prompt is what a chat product adds.)
 //!
+//! - `sharegpt`, `sharegpt-system`, `rag`: real text from the ShareGPT V3
+//!   data set (see [`super::sharegpt`] and [`super::replay`]): recorded
+//!   conversations replayed turn by turn (with one shared ~1,500-token system
+//!   prompt for `sharegpt-system`), and pasted documents each asked several
+//!   questions. They need the data: [`WorkloadGen::with_corpus`].
+//!
 //! `scaled(f)` multiplies every token length by `f` (at least 1 token) for
 //! quick runs; group and conversation counts are fields to set directly.
 
@@ -28,6 +34,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
+use super::replay::ReplayGen;
+use super::sharegpt::Corpus;
 use super::text::{seeded_text, text_with_tokens};
 
 /// A workload and its parameters.
@@ -65,6 +73,33 @@ pub enum Workload {
         user_tokens: usize,
         output_tokens: usize,
     },
+    /// Recorded ShareGPT conversations, replayed turn by turn: each turn
+    /// sends the recorded history and the next human message, after the
+    /// previous turn's response and a think time.
+    ShareGpt {
+        /// Conversations per run, at most.
+        conversations: usize,
+        /// Turns per conversation, at most (later turns are not sent).
+        max_turns: usize,
+        /// Every message is cut to this many characters.
+        max_message_chars: usize,
+        /// Output tokens asked per turn: the recorded answer's, at most this.
+        max_output_tokens: usize,
+        /// One shared ~1,500-token system prompt before every conversation.
+        system_prompt: bool,
+        /// Mean of the exponential pause between a response and the next
+        /// turn, simulated milliseconds.
+        think_time_ms: f64,
+    },
+    /// Real documents, each asked several questions; a request is one user
+    /// message: the document, a blank line, the question.
+    Rag {
+        /// Documents per run.
+        documents: usize,
+        /// Questions per document (from a fixed list).
+        questions: usize,
+        output_tokens: usize,
+    },
 }
 
 /// Names accepted by [`Workload::by_name`].
@@ -75,6 +110,10 @@ pub const WORKLOAD_NAMES: [&str; 5] = [
     "generated-shared-prefix-zipf",
     "multi-turn",
 ];
+
+/// Names of the workloads on real data, also accepted by [`Workload::by_name`]
+/// (their generators need [`WorkloadGen::with_corpus`]).
+pub const DATA_WORKLOAD_NAMES: [&str; 3] = ["sharegpt", "sharegpt-system", "rag"];
 
 impl Workload {
     /// The parameters for a workload name (see [`WORKLOAD_NAMES`]).
@@ -108,6 +147,19 @@ impl Workload {
                 user_tokens: 160,
                 output_tokens: 192,
             },
+            "sharegpt" | "sharegpt-system" => Workload::ShareGpt {
+                conversations: 200,
+                max_turns: 8,
+                max_message_chars: super::replay::MAX_MESSAGE_CHARS,
+                max_output_tokens: super::replay::MAX_OUTPUT_TOKENS,
+                system_prompt: name == "sharegpt-system",
+                think_time_ms: super::replay::THINK_TIME_MS,
+            },
+            "rag" => Workload::Rag {
+                documents: 60,
+                questions: 5,
+                output_tokens: 128,
+            },
             _ => return None,
         })
     }
@@ -122,7 +174,24 @@ impl Workload {
             } => "generated-shared-prefix",
             Workload::GeneratedSharedPrefix { .. } => "generated-shared-prefix-zipf",
             Workload::MultiTurn { .. } => "multi-turn",
+            Workload::ShareGpt {
+                system_prompt: false,
+                ..
+            } => "sharegpt",
+            Workload::ShareGpt { .. } => "sharegpt-system",
+            Workload::Rag { .. } => "rag",
         }
+    }
+
+    /// Whether requests come in conversations that wait for each answer
+    /// (arrivals then start conversations, not requests).
+    pub fn is_conversation_replay(&self) -> bool {
+        matches!(self, Workload::ShareGpt { .. })
+    }
+
+    /// Whether the generator needs [`WorkloadGen::with_corpus`].
+    pub fn needs_corpus(&self) -> bool {
+        matches!(self, Workload::ShareGpt { .. } | Workload::Rag { .. })
     }
 
     /// The same workload with every token length multiplied by `factor`.
@@ -177,6 +246,30 @@ impl Workload {
                 user_tokens: s(user_tokens),
                 output_tokens: s(output_tokens),
             },
+            Workload::ShareGpt {
+                conversations,
+                max_turns,
+                max_message_chars,
+                max_output_tokens,
+                system_prompt,
+                think_time_ms,
+            } => Workload::ShareGpt {
+                conversations,
+                max_turns,
+                max_message_chars: s(max_message_chars),
+                max_output_tokens: s(max_output_tokens),
+                system_prompt,
+                think_time_ms,
+            },
+            Workload::Rag {
+                documents,
+                questions,
+                output_tokens,
+            } => Workload::Rag {
+                documents,
+                questions,
+                output_tokens: s(output_tokens),
+            },
         }
     }
 
@@ -196,6 +289,15 @@ impl Workload {
                 ..
             } => groups * system_tokens,
             Workload::MultiTurn { system_tokens, .. } => system_tokens,
+            Workload::ShareGpt { system_prompt, .. } => {
+                if system_prompt {
+                    super::replay::system_prompt_tokens()
+                } else {
+                    0
+                }
+            }
+            // The documents depend on the data: see `ReplayGen::reused_tokens`.
+            Workload::Rag { .. } => 0,
         }
     }
 }
@@ -210,7 +312,7 @@ pub struct Message {
 }
 
 impl Message {
-    fn new(role: &str, content: String) -> Self {
+    pub(super) fn new(role: &str, content: String) -> Self {
         Message {
             role: role.to_string(),
             content,
@@ -275,6 +377,8 @@ pub struct WorkloadGen {
     zipf_cdf: Vec<f64>,
     conversations: Vec<(u64, Conversation)>,
     next_conversation: u64,
+    /// The generator of the workloads on real data, once given the corpus.
+    replay: Option<ReplayGen>,
 }
 
 /// Distinct seeds for distinct kinds of text, so that e.g. group 3's prefix
@@ -319,7 +423,20 @@ impl WorkloadGen {
             zipf_cdf,
             conversations: Vec::new(),
             next_conversation: 0,
+            replay: None,
         }
+    }
+
+    /// The same generator drawing real text from `corpus` (needed by
+    /// `sharegpt`, `sharegpt-system` and `rag`; ignored by the others).
+    pub fn with_corpus(mut self, corpus: std::sync::Arc<Corpus>) -> Self {
+        self.replay = ReplayGen::new(&self.workload, corpus, self.seed, self.shared_seed);
+        self
+    }
+
+    /// The real-data generator, if the workload has one and it was given the corpus.
+    pub fn replay(&mut self) -> Option<&mut ReplayGen> {
+        self.replay.as_mut()
     }
 
     /// The same generator with its shared texts (group prefixes, the
@@ -329,6 +446,9 @@ impl WorkloadGen {
     pub fn with_shared_seed(mut self, shared_seed: u64) -> Self {
         self.shared_seed = shared_seed;
         self.cache.clear();
+        if let Some(replay) = self.replay.take() {
+            self.replay = ReplayGen::new(&self.workload, replay.corpus(), self.seed, shared_seed);
+        }
         self
     }
 
@@ -431,6 +551,18 @@ impl WorkloadGen {
                     conversation: Some(id),
                 }
             }
+            Workload::ShareGpt { .. } | Workload::Rag { .. } => self
+                .replay
+                .as_mut()
+                .and_then(ReplayGen::next_request)
+                // No corpus, or every conversation sent: an empty prompt the
+                // caller can see (run_workload checks the corpus up front).
+                .unwrap_or(PlannedRequest {
+                    messages: Vec::new(),
+                    output_tokens: 1,
+                    group: None,
+                    conversation: None,
+                }),
         }
     }
 
