@@ -13,7 +13,7 @@
 pub const RECHECK_MS: u64 = 1_000;
 
 /// The warning, once per worker VM, when no upstream filter counts.
-pub const MISSING_UPSTREAM_FILTER_WARNING: &str = "prefix-router: no upstream filter counted a request this listener filter routed: the cluster has no prefix_router upstream filter, or it runs under another vm_id (its counts are then in shared data the listener does not read). The listener filter counts the requests itself from now on, as with \"counting\": \"LISTENER\" (a new key is capped from its first response on; stat prefix_router.upstream_filter_missing). Fix: add the upstream filter with the same vm_id and code to the cluster (see envoy/envoy.yaml), or set \"counting\": \"LISTENER\" in the listener filter's configuration";
+pub const MISSING_UPSTREAM_FILTER_WARNING: &str = "prefix-router: no upstream filter counted a request this listener filter routed: the cluster has no prefix_router upstream filter, or it runs under another vm_id (its counts are then in shared data the listener does not read). The listener filter counts the requests itself from now on, as with \"counting\": \"LISTENER\" (a new key is capped from its first response on; stat prefix_router.upstream_filter_missing). Fix: add the upstream filter with the same vm_id and code to the cluster (see envoy/envoy.yaml), or set \"counting\": \"LISTENER\" in the listener filter's configuration; list the fleet in \"instances\" so that overflow can name the other instances from the first request";
 
 /// What the listener does at a response its decision left to be counted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
