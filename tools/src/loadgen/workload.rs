@@ -1,4 +1,4 @@
-//! The benchmark workloads of issue 4 as seeded prompt generators. Each
+//! The routing benchmark's synthetic workloads as seeded prompt generators. Each
 //! request is a list of chat messages (sent as such on the OpenAI API, and
 //! as their contents joined by blank lines on the native invoke API), so
 //! both APIs carry the same text and the same shared prefixes.
@@ -116,7 +116,7 @@ pub const WORKLOAD_NAMES: [&str; 5] = [
 pub const DATA_WORKLOAD_NAMES: [&str; 3] = ["sharegpt", "sharegpt-system", "rag"];
 
 impl Workload {
-    /// The issue's parameters for a workload name (see [`WORKLOAD_NAMES`]).
+    /// The benchmark's parameters for a workload name (see [`WORKLOAD_NAMES`]).
     pub fn by_name(name: &str) -> Option<Workload> {
         let gsp = |zipf_alpha| Workload::GeneratedSharedPrefix {
             groups: 64,
