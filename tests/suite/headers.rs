@@ -5,6 +5,16 @@
 
 use harness::{bodies, Harness, Outgoing, Reply, KEY_HEADER, TENANT_HEADER};
 
+/// Refused requests reach no upstream.
+fn assert_no_upstream_received_anything(harness: &Harness) {
+    assert_eq!(
+        harness.fleet.total(),
+        0,
+        "an upstream received a refused request: {:?}",
+        harness.fleet.records()
+    );
+}
+
 /// Checks `reply` is the filter's JSON 400 for the tenant header and returns
 /// its `error` object.
 fn refused_tenant_error(reply: &Reply, what: &str) -> serde_json::Value {
@@ -43,12 +53,7 @@ async fn an_invalid_tenant_header_gets_a_json_400_and_reaches_no_upstream() {
             );
         }
     }
-    assert_eq!(
-        harness.fleet.total(),
-        0,
-        "an upstream received a refused request: {:?}",
-        harness.fleet.records()
-    );
+    assert_no_upstream_received_anything(&harness);
 
     // The boundary: 64 printable characters are a valid tenant.
     let reply = harness
@@ -88,12 +93,7 @@ async fn a_tenant_header_sent_twice_gets_a_json_400_and_reaches_no_upstream() {
             );
         }
     }
-    assert_eq!(
-        harness.fleet.total(),
-        0,
-        "an upstream received a refused request: {:?}",
-        harness.fleet.records()
-    );
+    assert_no_upstream_received_anything(&harness);
     // Sent once, the same value is accepted.
     let reply = harness
         .send(

@@ -10,21 +10,10 @@ use std::time::Duration;
 
 use prefix_router_tools::loadgen::sharegpt::Turn;
 use prefix_router_tools::loadgen::{run_workload, Api, Arrival, Corpus, RunOptions, Workload};
-use prefix_router_tools::sim::{SimConfig, SimServer};
 
-const TIME_SCALE: f64 = 50.0;
+mod common;
 
-async fn sim(name: &str) -> SimServer {
-    let cfg = SimConfig {
-        name: name.to_string(),
-        time_scale: TIME_SCALE,
-        kv_blocks: 20_000,
-        ..SimConfig::default()
-    };
-    SimServer::start(cfg, "127.0.0.1:0".parse().unwrap())
-        .await
-        .expect("start simulator")
-}
+use common::{sim, TIME_SCALE};
 
 /// Eight conversations of 3 turns with long-ish messages, and 4 documents.
 fn corpus() -> Arc<Corpus> {

@@ -12,22 +12,12 @@ use std::time::Duration;
 
 use prefix_router_tools::loadgen::{run_workload, Api, Arrival, RunOptions, Workload};
 use prefix_router_tools::sim::metrics::parse_sample;
-use prefix_router_tools::sim::{SimConfig, SimServer};
+use prefix_router_tools::sim::SimConfig;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-const TIME_SCALE: f64 = 50.0;
+mod common;
 
-async fn sim(name: &str) -> SimServer {
-    let cfg = SimConfig {
-        name: name.to_string(),
-        time_scale: TIME_SCALE,
-        kv_blocks: 20_000,
-        ..SimConfig::default()
-    };
-    SimServer::start(cfg, "127.0.0.1:0".parse().unwrap())
-        .await
-        .expect("start simulator")
-}
+use common::{sim, TIME_SCALE};
 
 /// A raw HTTP/1.1 GET on a fresh connection; returns (head, body).
 async fn get(addr: SocketAddr, path: &str) -> (String, String) {
