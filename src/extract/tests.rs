@@ -1132,14 +1132,10 @@ fn a_quote_in_a_scalar_element_opens_no_string_to_cut() {
     assert_eq!(extract(kind, limits, body), expected);
 }
 
-#[test]
-fn a_scalar_element_ends_at_its_delimiter_even_after_a_long_quoted_run() {
-    // The dropped bytes held the scalar's end: read on to the body limit, the
-    // element never ended, and the first message's text became the prefix.
-    let mut body = br#"{"messages":[{"role":"user","content":"hi"},x""#.to_vec();
-    let end = body.len() + 1100;
-    body.resize(end, b'a');
-    body.extend_from_slice(b" bbbbbbbbbbbbbbbbbbbb],\"model\":\"m\"}");
+/// `body` (a chat body broken at byte `end`, with a body limit just past it)
+/// gives the raw-byte `InvalidJson` extraction that inspects exactly `end`
+/// bytes, cut while arriving as the fuzz build cuts and in one piece alike.
+fn assert_invalid_json_ending_at(body: &[u8], end: usize) {
     let l = Limits {
         max_body_bytes: end + 10,
         ..limits(64)
@@ -1154,8 +1150,19 @@ fn a_scalar_element_ends_at_its_delimiter_even_after_a_long_quoted_run() {
         bytes_inspected: end,
     };
     let kind = ApiKind::ChatCompletions;
-    assert_eq!(extract_with(|| cutting_as_fuzzed(kind, l), &body), expected);
-    assert_eq!(extract(kind, l, &body), expected);
+    assert_eq!(extract_with(|| cutting_as_fuzzed(kind, l), body), expected);
+    assert_eq!(extract(kind, l, body), expected);
+}
+
+#[test]
+fn a_scalar_element_ends_at_its_delimiter_even_after_a_long_quoted_run() {
+    // The dropped bytes held the scalar's end: read on to the body limit, the
+    // element never ended, and the first message's text became the prefix.
+    let mut body = br#"{"messages":[{"role":"user","content":"hi"},x""#.to_vec();
+    let end = body.len() + 1100;
+    body.resize(end, b'a');
+    body.extend_from_slice(b" bbbbbbbbbbbbbbbbbbbb],\"model\":\"m\"}");
+    assert_invalid_json_ending_at(&body, end);
 }
 
 #[test]
@@ -1172,20 +1179,5 @@ fn a_string_cut_inside_a_malformed_escape_still_ends_where_it_did() {
     body.extend_from_slice(b"1]}");
     let end = body.len();
     body.extend_from_slice(b" ], 1111111111111111");
-    let l = Limits {
-        max_body_bytes: end + 10,
-        ..limits(64)
-    };
-    let expected = Extraction {
-        source: PrefixSource::RawBytes,
-        prefix: body[..64].to_vec(),
-        model: None,
-        body_tenant: None,
-        fallback: Some(FallbackReason::InvalidJson),
-        short: false,
-        bytes_inspected: end,
-    };
-    let kind = ApiKind::ChatCompletions;
-    assert_eq!(extract_with(|| cutting_as_fuzzed(kind, l), &body), expected);
-    assert_eq!(extract(kind, l, &body), expected);
+    assert_invalid_json_ending_at(&body, end);
 }
