@@ -754,3 +754,31 @@ fn refused_writes_count_as_failed_blocks() {
     );
     assert!(store.0.is_empty());
 }
+
+/// New blocks of a growing chain are stamped with the time of the block
+/// before them, which can be older than the bucket's other entries; the
+/// blocks one call writes still do not evict each other while others remain.
+#[test]
+fn a_call_does_not_evict_the_blocks_it_just_wrote() {
+    let store = MemoryStore::new();
+    let tables = tables(&store);
+    let index = PrefixIndex::new(MIN_BUDGET_BYTES);
+    let first = 1 + 3 * index.buckets();
+    let [x, y] = [9 + index.buckets(), 9 + 2 * index.buckets()];
+    index.remember(&tables, &[first], 0, H1, &all_live, T0);
+    for (k, &hash) in same_bucket(&index, 9, 100)
+        .iter()
+        .skip(3)
+        .take(ENTRIES)
+        .enumerate()
+    {
+        index.remember(&tables, &[hash], 0, H2, &all_live, T0 + 5000 + k as u64);
+    }
+    let done = index.remember(&tables, &[first, x, y], 1, H1, &all_live, T0 + 6000);
+    assert_eq!((done.written, done.evicted), (2, 2));
+    let bucket = bucket_of(&index, &store, x);
+    assert_eq!(bucket.last_used(x, H1), Some((T0 / 1000) as u32));
+    assert_eq!(bucket.last_used(y, H1), Some((T0 / 1000) as u32));
+    let others = bucket.entries.iter().filter(|e| e.holder == H2).count();
+    assert_eq!(others, ENTRIES - 2);
+}
