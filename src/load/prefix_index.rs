@@ -15,14 +15,16 @@
 //! hashes are xxh3 outputs, already uniform). Each bucket is one [`Record`]
 //! of at most [`ENTRIES`] entries of [`ENTRY_BYTES`] bytes: block hash (u64),
 //! holder slot (u16), holder tag (u16), last used (u32 seconds), plus a
-//! version and a count byte: [`RECORD_BYTES`] bytes at most. Sixteen entries
-//! keep the record a few hundred bytes (it is copied in and out of the VM on
-//! every read) while letting a bucket hold a hot prefix's block for several
-//! instances beside other prefixes' blocks; fewer ways would evict by hash
-//! collision rather than by age far more often. The default budget of 8 MiB
-//! buys 32,513 buckets: 520,208 entries, as many 256-byte blocks as 127 MiB of
-//! prompt text held by one instance each (each key also costs Envoy its name,
-//! about 40 bytes, outside the budget).
+//! version and a count byte: [`RECORD_BYTES`] (258) bytes at most. Sixteen
+//! entries keep the record a few hundred bytes (it is copied in and out of
+//! the VM on every read) while letting a bucket hold a hot prefix's block for
+//! several instances beside other prefixes' blocks: with only a few ways,
+//! which blocks happen to share a bucket, rather than their age, would decide
+//! what is evicted. The default budget of 8 MiB buys 32,513 buckets: 520,208
+//! entries, as many 256-byte blocks as 127 MiB of prompt text held by one
+//! instance each. Outside the budget, Envoy also keeps each key's name
+//! (`prefix-router/<namespace>/v1/prefix/<b>`, about 40 bytes) and its map
+//! entry.
 //!
 //! Eviction, within a full bucket: an entry of a holder that is no longer a
 //! live instance first, else the least recently used one; an entry written by
@@ -34,7 +36,10 @@
 //! 1 + ceil(log2(n)) reads; never one read per block. Recording a chain the
 //! instance already holds reads one bucket and writes nothing while that
 //! holding was last refreshed less than [`REFRESH_SECS`] ago; new blocks cost
-//! one read-modify-CAS ([`Tables::update`]) per bucket touched.
+//! one read-modify-CAS ([`Tables::update`]) per bucket touched. Measured
+//! with `MemoryStore` (tests below): a held 32-block prompt, lookup and
+//! record, 2 reads and 0 writes; a new 64-block prompt, 7 reads to look it up
+//! and one read and one write per bucket (64) to record it.
 
 // Until the filter's LONGEST_PREFIX mode calls it (then this goes).
 #![cfg_attr(not(test), allow(dead_code))]

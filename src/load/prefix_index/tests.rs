@@ -388,6 +388,7 @@ fn a_held_prompt_costs_two_reads_and_no_write_until_its_refresh() {
     // 8 KiB of prompt in 256-byte blocks.
     let prompt = chain(&(1..=32).collect::<Vec<_>>());
     let buckets = distinct_buckets(&index, &prompt);
+    assert_eq!(buckets, 32, "this chain's blocks share no bucket");
     route(&index, &tables, &prompt, H1, T0);
 
     let due = T0 + u64::from(REFRESH_SECS) * 1000;
@@ -421,6 +422,7 @@ fn a_new_chain_costs_a_binary_search_and_one_write_per_bucket() {
     let index = PrefixIndex::new(DEFAULT_BUDGET_BYTES);
     let prompt = chain(&(1..=64).collect::<Vec<_>>());
     let buckets = distinct_buckets(&index, &prompt);
+    assert_eq!(buckets, 64, "this chain's blocks share no bucket");
     let reads = store.reads();
     let held = index.longest_held(&tables, &prompt, &all_live);
     assert_eq!(held, Held::default());
@@ -781,4 +783,29 @@ fn a_call_does_not_evict_the_blocks_it_just_wrote() {
     assert_eq!(bucket.last_used(y, H1), Some((T0 / 1000) as u32));
     let others = bucket.entries.iter().filter(|e| e.holder == H2).count();
     assert_eq!(others, ENTRIES - 2);
+}
+
+#[test]
+fn blocks_sharing_a_bucket_are_written_in_one_update() {
+    let store = MemoryStore::new();
+    let tables = tables(&store);
+    let index = PrefixIndex::new(MIN_BUDGET_BYTES);
+    let n = index.buckets();
+    // Blocks 1, 3 and 4 in bucket 20, block 2 in bucket 21.
+    let prompt = [20, 21 + n, 20 + n, 20 + 2 * n];
+    let done = index.remember(&tables, &prompt, 0, H1, &all_live, T0);
+    assert_eq!((done.written, done.filled), (4, 4));
+    assert_eq!((store.reads(), store.successful_sets()), (2, 2));
+    assert_eq!(store.keys().len(), 2);
+    assert_eq!(bucket_of(&index, &store, 20).entries.len(), 3);
+    // Due a refresh: again one read and one write per bucket.
+    let later = T0 + u64::from(REFRESH_SECS) * 1000;
+    let (reads, writes) = (store.reads(), store.successful_sets());
+    let done = index.remember(&tables, &prompt, 4, H1, &all_live, later);
+    assert_eq!(done.written, 4);
+    assert_eq!(
+        (store.reads() - reads, store.successful_sets() - writes),
+        (2, 2),
+        "the check's read of bucket 20 reused"
+    );
 }
