@@ -41,9 +41,6 @@
 //! record, 2 reads and 0 writes; a new 64-block prompt, 7 reads to look it up
 //! and one read and one write per bucket (64) to record it.
 
-// Until the filter's LONGEST_PREFIX mode calls it (then this goes).
-#![cfg_attr(not(test), allow(dead_code))]
-
 use super::codec::{Reader, Writer};
 use super::table::{Change, Read, Record, Tables, Updated};
 use crate::shared::SharedStore;
@@ -245,7 +242,7 @@ pub(crate) struct Held {
 
 /// What [`PrefixIndex::remember`] did, in entries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(crate) struct Remembered {
+pub struct Remembered {
     /// Entries written (new or refreshed), in writes that went through.
     pub(crate) written: u32,
     /// Empty ways newly used (part of `written`).
@@ -258,7 +255,7 @@ pub(crate) struct Remembered {
 }
 
 impl Remembered {
-    fn add(&mut self, other: Remembered) {
+    pub(crate) fn add(&mut self, other: Remembered) {
         self.written += other.written;
         self.filled += other.filled;
         self.evicted += other.evicted;
@@ -283,6 +280,7 @@ impl PrefixIndex {
     }
 
     /// Number of buckets (shared-data keys).
+    #[cfg(test)]
     pub(crate) fn buckets(&self) -> u64 {
         self.buckets
     }
