@@ -351,13 +351,20 @@ fn conversation_rounds(path: &'static str, seed: u64) -> Vec<Vec<Prompt>> {
     // conversation opens with a system prompt of its own.
     let shared = prose(&mut rng, 1500);
     let conversations: Vec<Conversation> = (0..CONVERSATIONS)
-        .map(|_| {
+        .map(|c| {
             let system = if path == CHAT {
                 shared.clone()
             } else {
                 prose(&mut rng, 1500)
             };
-            Conversation::new(&mut rng, &system, TURNS)
+            let mut conversation = Conversation::new(&mut rng, &system, TURNS);
+            // First questions differ from their first character, so no two
+            // conversations share a block past the system prompt: a cold
+            // first turn's instance then holds all or nothing of the longest
+            // held prefix, and matched= is what it holds.
+            let first = char::from(b'A' + c as u8).to_string();
+            conversation.turns[0].0.replace_range(..1, &first);
+            conversation
         })
         .collect();
     (0..TURNS)
