@@ -6,10 +6,11 @@
 //! the concurrency cap holds on a hot prefix, also after the index evicted
 //! under a small budget; two Envoys place cold prompts alike.
 //!
-//! Every request's `matched=` is checked against a model of an exact index
-//! (what each instance was sent, cut into the filter's blocks), and its
-//! routing prefix comes from the filter's own extractor, so the expectation
-//! follows the prompt's structure, not a figure copied from a run.
+//! The conversation and document tests check every `matched=` against a
+//! model of an exact index (what each instance was sent, cut into the
+//! filter's blocks), the routing prefix taken from the filter's own
+//! extractor, so the expectation follows the prompt's structure, not a
+//! figure copied from a run.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -30,10 +31,17 @@ use rand::Rng;
 const CHAT: &str = "/v1/chat/completions";
 const INVOKE: &str = "/invocations";
 const MODEL: &str = "llama-3.1-70b";
-/// The filter's defaults the expectations are derived from (`src/config.rs`).
-const BLOCK_BYTES: usize = 256;
-const PREFIX_LENGTH: usize = 16_384;
-const MAX_BODY_BYTES: usize = 1024 * 1024;
+
+/// The filter's defaults, which these tests run with and derive their
+/// expectations from: (block_bytes, prefix_length, max_body_bytes).
+fn defaults() -> (usize, usize, usize) {
+    let config = prefix_router::config::Config::default();
+    (
+        config.block_bytes,
+        config.prefix_length,
+        config.max_body_bytes,
+    )
+}
 
 /// The plugin configuration of these tests: PREFIX_AWARE with its defaults
 /// (so LONGEST_PREFIX), the decision header, the fleet listed in
@@ -126,11 +134,12 @@ fn routing_prefix(path: &str, body: &[u8]) -> Vec<u8> {
     } else {
         ApiKind::Invoke
     };
+    let (_, prefix_length, max_body_bytes) = defaults();
     let mut extractor = Extractor::new(
         kind,
         Limits {
-            prefix_length: PREFIX_LENGTH,
-            max_body_bytes: MAX_BODY_BYTES,
+            prefix_length,
+            max_body_bytes,
             include_model: true,
             want_body_tenant: true,
         },
@@ -161,6 +170,7 @@ impl HeldModel {
     /// blocks (same bytes, same length) it shares with a prompt sent there,
     /// as the filter's chained block hashes compare them.
     fn held_bytes(&self, instance: &str, prompt: &[u8]) -> usize {
+        let (block_bytes, _, _) = defaults();
         let blocks = self
             .by_instance
             .get(instance)
@@ -168,14 +178,14 @@ impl HeldModel {
             .flatten()
             .map(|held| {
                 prompt
-                    .chunks(BLOCK_BYTES)
-                    .zip(held.chunks(BLOCK_BYTES))
+                    .chunks(block_bytes)
+                    .zip(held.chunks(block_bytes))
                     .take_while(|(a, b)| a == b)
                     .count()
             })
             .max()
             .unwrap_or(0);
-        (blocks * BLOCK_BYTES).min(prompt.len())
+        (blocks * block_bytes).min(prompt.len())
     }
 
     fn sent(&mut self, instance: &str, prompt: Vec<u8>) {
@@ -260,7 +270,7 @@ fn chat_body(messages: &[(&str, &str)]) -> String {
     serde_json::json!({"model": MODEL, "messages": messages}).to_string()
 }
 
-/// One request of a test, its routing prefix and a label for messages.
+/// One request of a test: its path, its body and a label for messages.
 struct Prompt {
     label: String,
     path: &'static str,
