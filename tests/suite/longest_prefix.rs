@@ -757,16 +757,18 @@ const TICKS_WATCHED: Duration = Duration::from_millis(3_100);
 const FLOOD_INDEX_KEYS: u64 = FLOOD_INDEX_BYTES / 258;
 /// What Envoy keeps per shared-data key beside its value: the key's name
 /// (`prefix-router/<namespace>/v1/prefix/<b>`, ~40 bytes), two string
-/// headers and the map slot; ~180-200 bytes measured (8 MiB budget: +8.3 MB
-/// for 32,513 keys holding 149,928 entries of 16 bytes).
+/// headers and the map slot. Measured under this flood, less the values
+/// (16 bytes an entry) and ~0.5 MB of Envoy's own growth: ~170 bytes (a
+/// 4 MiB budget, 16,256 keys, 149,317 entries: +5.69 MB; 8 MiB, 32,513
+/// keys, 149,928 entries: +8.35 MB).
 const ENVOY_BYTES_PER_KEY: u64 = 256;
 /// Envoy's own heap growth over the flood, beside the index: connection
 /// buffers, stats, allocator caches (+0.5 to 0.7 MB measured with a full
 /// 64 KiB index, of which the index is ~0.12 MB).
 const ENVOY_FLOOD_GROWTH: u64 = 1536 * 1024;
 /// Envoy's heap growth allowed over the flood: the full index and its keys,
-/// plus Envoy's own growth. An index past its budget fails it (the default
-/// 8 MiB budget grows the heap by 8.3 MB under the same flood).
+/// plus Envoy's own growth (1.62 MiB in all). An index past its budget
+/// fails it: a 4 MiB budget grows the heap by 5.69 MB under the same flood.
 const FLOOD_MEMORY_BOUND: u64 =
     FLOOD_INDEX_BYTES + FLOOD_INDEX_KEYS * ENVOY_BYTES_PER_KEY + ENVOY_FLOOD_GROWTH;
 
