@@ -223,7 +223,7 @@ impl RoutingPolicy for PrefixAware {
                 self.overflow(key, &target, in_flight, load, random, now_ms)
             }
             // Could not claim atomically, or the target is gone: let Maglev
-            // (or the override) route and the upstream filter count.
+            // route and the upstream filter count.
             Claim::Contended | Claim::Gone => Self::to_target(key, &target, None),
         }
     }
