@@ -20,6 +20,7 @@ pub fn policy_for(config: &Config) -> Policy {
             Policy::LongestPrefix(LongestPrefix::new(
                 config.concurrency_threshold,
                 config.load_margin,
+                !config.instances.is_empty(),
             ))
         }
         Strategy::PrefixAware => Policy::PrefixAware(PrefixAware::new(
@@ -218,7 +219,7 @@ mod tests {
         let c = Config::parse(br#"{"concurrency_threshold":3,"load_margin":5}"#).unwrap();
         assert_eq!(
             policy_for(&c),
-            Policy::LongestPrefix(LongestPrefix::new(3, 5))
+            Policy::LongestPrefix(LongestPrefix::new(3, 5, false))
         );
         let c = config(r#"{"concurrency_threshold":5,"host_header":null}"#);
         assert_eq!(

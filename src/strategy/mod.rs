@@ -166,7 +166,7 @@ impl Policy {
         now_ms: u64,
     ) -> Routed {
         match (self, &derivation.blocks) {
-            (Policy::LongestPrefix(p), Some(blocks)) => p.decide(blocks, load, now_ms),
+            (Policy::LongestPrefix(p), Some(blocks)) => p.decide(blocks, load, random, now_ms),
             _ => self.decide(derivation.key.as_deref(), load, random, now_ms),
         }
     }

@@ -453,6 +453,21 @@ fn holders_of(candidates: &[Candidate]) -> Vec<Holder> {
 }
 
 impl<S: SharedStore> LoadTracker<S> {
+    /// LONGEST_PREFIX, at the response of a request Envoy placed (Maglev,
+    /// no host override): records that the instance at `address` holds
+    /// `chain`, if it is a fresh instance.
+    pub fn remember_where_served(&mut self, chain: &[u64], address: &str, now_ms: u64) {
+        let candidates = self.fresh_candidates(now_ms);
+        let Some(served) = candidates.iter().find(|c| c.instance.address == address) else {
+            return;
+        };
+        let known = self
+            .longest_held(chain, std::slice::from_ref(served), now_ms)
+            .blocks;
+        let instance = served.instance.clone();
+        self.remember_held(chain, known, &instance, &candidates, now_ms);
+    }
+
     /// [`LoadView::candidates`], with the configured instances registered.
     fn fresh_candidates(&mut self, now_ms: u64) -> Vec<Candidate> {
         self.registry
