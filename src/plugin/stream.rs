@@ -221,7 +221,12 @@ impl Stream {
             t.set_configured_instances(instances);
             t.set_index_bytes(index_bytes);
             let routed = policy.route(derivation, t, random, now);
-            let keep = listener || (unchecked && routed.headers.counted.is_some());
+            // A LONGEST_PREFIX request Envoy placed is counted where it
+            // went, at the response, if no upstream filter does.
+            let placed_by_envoy = routed.headers.host_override.is_none()
+                && matches!(*policy, Policy::LongestPrefix(_));
+            let keep =
+                listener || (unchecked && (routed.headers.counted.is_some() || placed_by_envoy));
             let key = routed.headers.key.as_deref().filter(|_| keep);
             let check_due = key.is_some_and(|key| t.response_check_due(key, now));
             (routed, keep, check_due)

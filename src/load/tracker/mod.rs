@@ -48,6 +48,9 @@ pub struct LoadTracker<S: SharedStore> {
     index: PrefixIndex,
     /// What this VM's index writes did since [`LoadTracker::take_index_writes`].
     index_writes: Remembered,
+    /// A deciding configuration sized the index (a VM that only counts, or
+    /// only ticks, such as Envoy's main thread, has no index of its own).
+    index_sized: bool,
 }
 
 fn addr_hash(address: &str) -> u64 {
@@ -75,6 +78,7 @@ impl<S: SharedStore> LoadTracker<S> {
             ),
             index: PrefixIndex::new(config.index_bytes),
             index_writes: Remembered::default(),
+            index_sized: false,
             config,
         }
     }
@@ -96,15 +100,17 @@ impl<S: SharedStore> LoadTracker<S> {
     /// shrink: after a smaller budget the buckets past it stay allocated,
     /// unused, until Envoy restarts.
     pub fn set_index_bytes(&mut self, index_bytes: u64) {
+        self.index_sized = true;
         if index_bytes != self.config.index_bytes {
             self.config.index_bytes = index_bytes;
             self.index = PrefixIndex::new(index_bytes);
         }
     }
 
-    /// Entries the prefix index holds at most.
-    pub fn index_capacity(&self) -> u64 {
-        self.index.capacity()
+    /// Entries the prefix index holds at most, once a deciding
+    /// configuration sized it.
+    pub fn index_capacity(&self) -> Option<u64> {
+        self.index_sized.then(|| self.index.capacity())
     }
 
     /// Shared-data bytes of the prefix index's values when it is full.
