@@ -12,8 +12,9 @@
 //!
 //! The burst tests run with `match: FIXED_PREFIX`: a key's target is
 //! Maglev's, and what passes its cap overflows evenly to the least busy
-//! others. (LONGEST_PREFIX fills instances in the order of its rendezvous
-//! ranking up to `load_margin` above the least loaded, a shape of its own.)
+//! others. LONGEST_PREFIX fills instances in the order of its rendezvous
+//! ranking up to `load_margin` above the least loaded, a shape of its own:
+//! its burst test checks the cap alone.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -62,6 +63,46 @@ async fn a_burst_of_one_prefix_is_capped_at_its_target() {
         12,
         3,
         "12 concurrent requests of one new prefix, threshold 3",
+    );
+}
+
+/// The same burst with the default `match` (LONGEST_PREFIX) and the fleet
+/// listed (the launcher writes in the test's upstreams): no instance ever
+/// has more than the threshold in flight, measured at the instances; the
+/// prompt's first instance takes exactly the threshold, and the requests
+/// after the burst are matched there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_burst_of_one_prompt_is_capped_on_every_instance_with_the_default_match() {
+    const THRESHOLD: u32 = 3;
+    let harness = start_with_config(plugin_config_with(
+        "PREFIX_AWARE",
+        THRESHOLD,
+        json!({"instances": []}),
+    ));
+    let report = burst(&harness, "burst-default", 12, 5).await;
+    println!("12 concurrent requests of one new prompt, threshold {THRESHOLD}: {report:#?}");
+    assert!(
+        report.max_in_flight.values().all(|n| *n <= THRESHOLD),
+        "an instance had more than {THRESHOLD} in flight: {:?}",
+        report.max_in_flight
+    );
+    assert!(
+        report.follow_ups.iter().all(|i| *i == report.target),
+        "the requests after the burst did not all go to one instance: {:?}",
+        report.follow_ups
+    );
+    assert_eq!(
+        report.follow_up_kinds.get("matched"),
+        Some(&report.follow_ups.len()),
+        "{:?}",
+        report.follow_up_kinds
+    );
+    assert_eq!(
+        report.served.get(&report.target),
+        Some(&(THRESHOLD as usize)),
+        "the prompt's first instance {} takes the threshold: {:?}",
+        report.target,
+        report.served
     );
 }
 
