@@ -8,11 +8,9 @@
 
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
-use super::census::Census;
-use super::instances::{InstanceRecord, RegistryEpoch};
+use super::instances::InstanceRecord;
 use super::mark::UpstreamFilterMark;
 use super::prefix_index::{Holder, PrefixIndex, Remembered};
-use super::routes::RouteEntry;
 use super::table::{Change, Tables, Updated};
 use super::{
     Candidate, Claim, HeldPrefix, InstanceLoad, InstanceRef, LoadConfig, LoadView, Target, Ticket,
@@ -20,14 +18,12 @@ use super::{
 };
 use crate::headers::PENDING_MARK;
 use crate::shared::SharedStore;
-use crate::strategy::key_balance::{self, KeyPlacements};
 
 mod columns;
 mod learned;
 mod registry;
 
 use columns::{Columns, Count, Limit};
-pub(crate) use learned::RouteUpdate;
 use learned::{Learned, Pending};
 use registry::{Lookup, Registry};
 
@@ -40,8 +36,7 @@ pub const RESPONSE_CHECK_MS: u64 = 1_000;
 
 /// See the module documentation. Its parts each own their state and take
 /// the shared tables as an argument; where one needs another (the registry
-/// asks the columns whether a slot is idle, learning asks the registry
-/// whether a placed instance serves), it is passed in.
+/// asks the columns whether a slot is idle), it is passed in.
 #[derive(Debug)]
 pub struct LoadTracker<S: SharedStore> {
     tables: Tables<S>,
@@ -59,8 +54,8 @@ fn addr_hash(address: &str) -> u64 {
     xxh3_64(address.as_bytes())
 }
 
-/// The hash a key is known by in every table (and to key balancing).
-pub(crate) fn key_hash(key: &str) -> u64 {
+/// The hash a key is known by in every table.
+fn key_hash(key: &str) -> u64 {
     xxh3_64_with_seed(key.as_bytes(), 0x6b65_795f_726f_7574)
 }
 
@@ -177,8 +172,7 @@ impl<S: SharedStore> LoadTracker<S> {
         )?;
         if let (Some(key), false) = (start.key, start.overridden) {
             let (hash, instance) = (key_hash(key), addr_hash(start.address));
-            self.learned
-                .learn(tables, &self.registry, hash, slot, instance, now_ms);
+            self.learned.learn(tables, hash, slot, instance, now_ms);
         }
         let read = self.registry.take_recent(slot, now_ms);
         if start.counted == Some(start.address) {
@@ -339,7 +333,6 @@ impl<S: SharedStore> LoadView for LoadTracker<S> {
                 slot: entry.slot,
                 address,
             },
-            placed: entry.placed,
         })
     }
 
@@ -409,14 +402,6 @@ impl<S: SharedStore> LoadView for LoadTracker<S> {
             .least_busy_other(&self.tables, &mut self.columns, exclude, random, now_ms)
     }
 
-    fn balance(&mut self, key: &str, target: Target, factor_percent: u32, now_ms: u64) -> Target {
-        key_balance::balance(self, key, target, factor_percent, now_ms)
-    }
-
-    fn place_new(&mut self, key: &str, factor_percent: u32, now_ms: u64) -> Option<Target> {
-        key_balance::place_new(self, key, factor_percent, now_ms)
-    }
-
     fn candidates(&mut self, now_ms: u64) -> Vec<Candidate> {
         self.fresh_candidates(now_ms)
     }
@@ -476,47 +461,5 @@ impl<S: SharedStore> LoadTracker<S> {
         self.registry.rescan_if_changed(&self.tables, epoch);
         self.registry
             .candidates(&self.tables, &mut self.columns, now_ms)
-    }
-}
-
-impl<S: SharedStore> KeyPlacements for LoadTracker<S> {
-    fn route_copy(&self, key_hash: u64) -> Option<RouteEntry> {
-        self.learned.any_route_copy(key_hash)
-    }
-
-    fn registry_epoch(&self) -> RegistryEpoch {
-        Registry::epoch(&self.tables)
-    }
-
-    fn fresh_instances(&mut self, epoch: u64, now_ms: u64) -> Vec<(InstanceRef, u64)> {
-        self.registry
-            .seed_configured(&self.tables, &mut self.columns, now_ms);
-        self.registry.rescan_if_changed(&self.tables, epoch);
-        self.registry.fresh_instances(&self.tables, now_ms)
-    }
-
-    fn change_route(
-        &mut self,
-        key_hash: u64,
-        now_ms: u64,
-        mut change: impl FnMut(Option<RouteEntry>, &dyn Fn(&RouteEntry) -> bool) -> Option<RouteEntry>,
-    ) -> RouteUpdate {
-        let (tables, registry) = (&self.tables, &self.registry);
-        let serves =
-            |entry: &RouteEntry| registry.serves(tables, entry.slot, entry.addr_hash, now_ms);
-        self.learned
-            .change_route(tables, key_hash, now_ms, |current| change(current, &serves))
-    }
-
-    fn update_census<W, K>(
-        &mut self,
-        change: impl FnMut(&mut Census) -> Change<W, K>,
-    ) -> Updated<W, K> {
-        let key = self.tables.key(format_args!("census"));
-        self.tables.update(&key, change)
-    }
-
-    fn route_ttl_ms(&self) -> u64 {
-        self.learned.route_ttl_ms()
     }
 }
