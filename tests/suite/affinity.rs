@@ -1,6 +1,12 @@
 //! Prefix affinity through a real Envoy: requests that share their first
 //! `prefix_length` bytes (invoke) or characters (OpenAI chat) reach one
 //! instance, and distinct prefixes spread over the fleet.
+//!
+//! The affinity checks run with `match: FIXED_PREFIX`, whose key is those
+//! first bytes and whose instance is Maglev's (or the ring's) for the key,
+//! whatever the load: LONGEST_PREFIX passes a hot prompt on to the next
+//! instance at `load_margin`, and does not keep a shared system prompt's
+//! conversations together (the chat bodies here).
 
 use std::collections::BTreeSet;
 
@@ -58,9 +64,13 @@ async fn check_affinity(harness: &Harness, path: &str, body: impl Fn(&str, &str)
     );
 }
 
+/// `match: FIXED_PREFIX`, the fleet listed as the shipped configuration lists
+/// it (the launcher writes in the test's upstreams).
+const FIXED_PREFIX_CONFIG: &str = r#"{"match": "FIXED_PREFIX", "instances": []}"#;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invoke_requests_sharing_a_prefix_reach_one_instance() {
-    let harness = Harness::start();
+    let harness = Harness::with_plugin_config(FIXED_PREFIX_CONFIG);
     check_affinity(&harness, "/invocations", |prefix, suffix| {
         format!("{prefix}{suffix}")
     })
@@ -70,7 +80,7 @@ async fn invoke_requests_sharing_a_prefix_reach_one_instance() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chat_requests_sharing_a_prefix_reach_one_instance() {
     // Two workers, two VMs: both must compute the same keys.
-    let harness = Harness::start_with(|b| b.concurrency(2));
+    let harness = Harness::start_with(|b| b.concurrency(2).plugin_config(FIXED_PREFIX_CONFIG));
     check_affinity(&harness, "/v1/chat/completions", |prefix, suffix| {
         bodies::chat("llama-3.1-70b", prefix, suffix)
     })
@@ -79,7 +89,10 @@ async fn chat_requests_sharing_a_prefix_reach_one_instance() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ring_hash_variant_keeps_affinity_too() {
-    let harness = Harness::start_with(|b| b.config_file(envoy_config("envoy-ring-hash.yaml")));
+    let harness = Harness::start_with(|b| {
+        b.config_file(envoy_config("envoy-ring-hash.yaml"))
+            .plugin_config(FIXED_PREFIX_CONFIG)
+    });
     check_affinity(&harness, "/invocations", |prefix, suffix| {
         format!("{prefix}{suffix}")
     })
