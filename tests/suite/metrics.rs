@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use harness::{bodies, Harness, Outgoing};
 
 const REQUESTS: usize = 12;
-/// `prefix_length` in the shipped configuration (`envoy/envoy.yaml`).
-const PREFIX_LENGTH: u64 = 4096;
+/// Bytes of each request's body.
+const BODY_BYTES: usize = 8192;
 /// Every decision kind LONGEST_PREFIX makes for a keyed request.
 const DECISION_KINDS: [&str; 4] = ["matched", "cold", "moved", "overflow"];
 
@@ -27,7 +27,9 @@ async fn decision_counters_and_the_bytes_histogram_reach_prometheus_complete() {
     let harness = Harness::start();
     let mut rng = bodies::rng(5);
     let requests = (0..REQUESTS)
-        .map(|n| Outgoing::post("/invocations", bodies::bytes(&mut rng, 8192)).id(&n.to_string()))
+        .map(|n| {
+            Outgoing::post("/invocations", bodies::bytes(&mut rng, BODY_BYTES)).id(&n.to_string())
+        })
         .collect();
     let replies = harness.send_all(requests, 4).await;
     assert!(replies.iter().all(|r| r.status == 200));
@@ -50,10 +52,14 @@ async fn decision_counters_and_the_bytes_histogram_reach_prometheus_complete() {
     };
     assert_eq!(decisions, REQUESTS as f64, "prefix-aware decisions counted");
     assert_eq!(count, REQUESTS as f64, "bytes_inspected samples");
-    // Each invoke request inspects its prefix: prefix_length bytes of 8 KiB.
+    // Each invoke request inspects its prefix: the shipped configuration
+    // leaves prefix_length at its default, longer than the body, so the
+    // whole body.
     // Envoy's histograms keep values in log-linear bins, so the sum is close,
     // not exact (seen: 48,593 for 49,152).
-    let expected = (REQUESTS as u64 * PREFIX_LENGTH) as f64;
+    let prefix_length = prefix_router::config::Config::default().prefix_length;
+    assert!(prefix_length >= BODY_BYTES);
+    let expected = (REQUESTS * BODY_BYTES) as f64;
     assert!(
         (sum - expected).abs() <= expected * 0.05,
         "bytes_inspected sum {sum}, expected about {expected}"

@@ -279,7 +279,11 @@ async fn live_switch_prefix_aware_random_prefix_aware_under_load() {
         before.len()
     );
     // A prefix's first requests find no instance holding it: `cold`. Two
-    // clients start each prefix, so at most one per client.
+    // clients start each prefix, so about one per client; a client's next
+    // request decided on the other worker while the first one's index write
+    // was still under way is cold too (seen: 9 once in 3 runs), so allow
+    // one more per worker. What must hold exactly is below: one instance
+    // per prefix.
     let cold = before
         .iter()
         .filter(|(_, o)| o.kind() == Some("cold"))
@@ -291,7 +295,11 @@ async fn live_switch_prefix_aware_random_prefix_aware_under_load() {
         "before the switch: {:?}",
         kinds(&before.iter().map(|(_, o)| o.clone()).collect::<Vec<_>>())
     );
-    assert!(cold <= CLIENTS, "{cold} cold decisions before the switch");
+    const WORKERS: usize = 2;
+    assert!(
+        cold <= CLIENTS + WORKERS,
+        "{cold} cold decisions before the switch"
+    );
     assert_eq!(before_map.len(), PREFIXES, "prefixes before the switch");
     assert!(before_map.values().all(|s| s.len() == 1), "{before_map:?}");
 
