@@ -218,6 +218,27 @@ pub fn decision_counts_of(envoys: &[Envoy]) -> BTreeMap<String, u64> {
     total
 }
 
+/// [`decision_counts_of`] once they add up to at least `decided`, polled for
+/// at most `within`: the filter hands its counters to Envoy on its 1 s tick,
+/// so the last second's decisions show up to a second late. After `within`
+/// the counts as they are (the caller's `decided` may count requests that
+/// never reached a decision).
+pub fn settled_decision_counts(
+    envoys: &[Envoy],
+    decided: usize,
+    within: Duration,
+) -> BTreeMap<String, u64> {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        let counts = decision_counts_of(envoys);
+        let total: u64 = counts.values().sum();
+        if total >= decided as u64 || std::time::Instant::now() >= deadline {
+            return counts;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// `after - before` per kind (kinds that did not grow are left out).
 pub fn counts_between(
     before: &BTreeMap<String, u64>,

@@ -24,7 +24,7 @@ use anyhow::Context as _;
 use serde::Serialize;
 
 use super::fleet::{
-    counts_between, decision_counts_of, find_sim_exe, hit_rate_between, start_envoy, SimFleet,
+    counts_between, find_sim_exe, hit_rate_between, settled_decision_counts, start_envoy, SimFleet,
     Strategy,
 };
 use super::load_average;
@@ -647,18 +647,21 @@ fn run_peer(
         },
         ..RunOptions::default()
     };
+    let mut sent = 0;
     if plan.warmup_requests > 0 {
-        runtime.block_on(run_workload(
-            &url,
-            &plan.workload,
-            &run_options(WARMUP_SEED + run, plan.warmup_requests),
-        ))?;
+        sent += runtime
+            .block_on(run_workload(
+                &url,
+                &plan.workload,
+                &run_options(WARMUP_SEED + run, plan.warmup_requests),
+            ))?
+            .requests;
     }
-    let decisions = || match &front {
-        Front::Envoys(envoys) => decision_counts_of(envoys),
+    let decisions = |sent: usize| match &front {
+        Front::Envoys(envoys) => settled_decision_counts(envoys, sent, DECISIONS_SETTLE_WITHIN),
         _ => Default::default(),
     };
-    let decisions_before = decisions();
+    let decisions_before = decisions(sent);
     let before = runtime.block_on(fleet.cache_counters())?;
     let report: Report = runtime.block_on(run_workload(
         &url,
@@ -666,7 +669,8 @@ fn run_peer(
         &run_options(MEASURED_SEED + run, plan.requests),
     ))?;
     let after = runtime.block_on(fleet.cache_counters())?;
-    let decisions = counts_between(&decisions_before, &decisions());
+    sent += report.requests;
+    let decisions = counts_between(&decisions_before, &decisions(sent));
     drop(front);
     let (hit_rate, _) = hit_rate_between(&before, &after);
     let instance_hit_rates = fleet
@@ -707,6 +711,10 @@ fn run_peer(
         wall_s: started.elapsed().as_secs_f64(),
     })
 }
+
+/// How long the filter's decision counts may take to cover the requests sent
+/// (it flushes them every second).
+const DECISIONS_SETTLE_WITHIN: Duration = Duration::from_secs(3);
 
 /// How long SGLang's router may take to report the fleet healthy.
 const SGLANG_READY_WITHIN: Duration = Duration::from_secs(60);
