@@ -47,6 +47,44 @@ impl Strategy {
     }
 }
 
+/// How PREFIX_AWARE matches a request's prompt against what was routed before.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Matching {
+    /// The prompt, cut into chained blocks, goes to the instance that holds
+    /// the longest prefix of it, weighed against load; cold prompts are
+    /// placed by rendezvous hashing of their opening (`crate::blocks`).
+    LongestPrefix,
+    /// One key from the first `prefix_length` bytes or characters; Maglev on
+    /// the key picks the instance (the reference system's semantics).
+    FixedPrefix,
+}
+
+impl Matching {
+    const NAMES: [(&'static str, Matching); 2] = [
+        ("LONGEST_PREFIX", Matching::LongestPrefix),
+        ("FIXED_PREFIX", Matching::FixedPrefix),
+    ];
+
+    /// The configuration spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Matching::LongestPrefix => "LONGEST_PREFIX",
+            Matching::FixedPrefix => "FIXED_PREFIX",
+        }
+    }
+
+    /// `prefix_length` when the configuration does not set it: for
+    /// LONGEST_PREFIX the most of a prompt considered, long enough to reach
+    /// past a long system prompt into the conversation's own text; for
+    /// FIXED_PREFIX the key's length.
+    pub fn default_prefix_length(self) -> usize {
+        match self {
+            Matching::LongestPrefix => 16_384,
+            Matching::FixedPrefix => 4_096,
+        }
+    }
+}
+
 /// Where requests are counted in flight on the instance that serves them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Counting {
@@ -81,8 +119,18 @@ impl Counting {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
     pub strategy: Strategy,
-    /// Bytes (raw) or characters (canonical text) of prefix in the key.
+    /// PREFIX_AWARE's matching mode (configured as `match`).
+    pub matching: Matching,
+    /// Bytes (raw) or characters (canonical text) of prefix in the key
+    /// (FIXED_PREFIX), or the most of a prompt matched (LONGEST_PREFIX).
     pub prefix_length: usize,
+    /// LONGEST_PREFIX: bytes per block of the prompt (the unit of matching).
+    pub block_bytes: usize,
+    /// LONGEST_PREFIX: the prefix index's shared-data budget, in bytes.
+    pub index_bytes: u64,
+    /// LONGEST_PREFIX: requests in flight above the least loaded instance
+    /// at which an instance is passed over for a less loaded one.
+    pub load_margin: u32,
     /// In-flight cap per target instance (see `docs/design.md`).
     pub concurrency_threshold: u32,
     /// Request header the key is written to (lowercase).
@@ -123,6 +171,11 @@ pub struct Config {
 }
 
 pub const PREFIX_LENGTH_RANGE: (u64, u64) = (1024, 65536);
+/// From a quarter of a vLLM block of text (16 tokens, ~64 bytes) to 4 KiB.
+pub const BLOCK_BYTES_RANGE: (u64, u64) = (64, 4096);
+/// From 64 KiB to 256 MiB of shared data.
+pub const INDEX_BYTES_RANGE: (u64, u64) = (64 * 1024, 256 * 1024 * 1024);
+pub const LOAD_MARGIN_RANGE: (u64, u64) = (0, 1024);
 pub const CONCURRENCY_THRESHOLD_RANGE: (u64, u64) = (1, 1024);
 /// Upper bound well below anything Envoy would buffer by default; the lower
 /// bound is also at least `prefix_length`.
@@ -151,9 +204,13 @@ const RESERVED_KEY_HEADERS: [&str; 9] = [
     "expect",
 ];
 
-const FIELDS: [&str; 15] = [
+const FIELDS: [&str; 19] = [
     "strategy",
+    "match",
     "prefix_length",
+    "block_bytes",
+    "index_bytes",
+    "load_margin",
     "concurrency_threshold",
     "key_header",
     "tenant_header",
@@ -173,7 +230,11 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             strategy: Strategy::PrefixAware,
-            prefix_length: 4096,
+            matching: Matching::LongestPrefix,
+            prefix_length: Matching::LongestPrefix.default_prefix_length(),
+            block_bytes: 256,
+            index_bytes: 8 * 1024 * 1024,
+            load_margin: 2,
             concurrency_threshold: 10,
             key_header: DEFAULT_KEY_HEADER.to_string(),
             tenant_header: DEFAULT_TENANT_HEADER.to_string(),
@@ -466,6 +527,9 @@ impl Config {
         for (name, value) in object {
             config.apply_field(name, value)?;
         }
+        if !object.contains_key("prefix_length") {
+            config.prefix_length = config.matching.default_prefix_length();
+        }
         config.check_consistency()?;
         Ok(config)
     }
@@ -473,6 +537,15 @@ impl Config {
     fn apply_field(&mut self, name: &str, value: &Value) -> Result<(), ConfigError> {
         match name {
             "strategy" => self.strategy = one_of(name, value, &Strategy::NAMES)?,
+            "match" => self.matching = one_of(name, value, &Matching::NAMES)?,
+            "block_bytes" => {
+                self.block_bytes = to_usize(integer_in(name, value, BLOCK_BYTES_RANGE)?)
+            }
+            "index_bytes" => self.index_bytes = integer_in(name, value, INDEX_BYTES_RANGE)?,
+            "load_margin" => {
+                let v = integer_in(name, value, LOAD_MARGIN_RANGE)?;
+                self.load_margin = u32::try_from(v).unwrap_or(u32::MAX);
+            }
             "prefix_length" => {
                 self.prefix_length = to_usize(integer_in(name, value, PREFIX_LENGTH_RANGE)?)
             }
@@ -566,6 +639,23 @@ impl Config {
                 ));
             }
         }
+        if self.strategy == Strategy::PrefixAware && self.matching == Matching::LongestPrefix {
+            if self.host_header.is_none() {
+                return Err(error(
+                    "host_header",
+                    "null, but match LONGEST_PREFIX names the chosen instance in it (Envoy's \
+                     override_host policy); configure it, or set match to FIXED_PREFIX to route \
+                     by Maglev on the key alone",
+                ));
+            }
+            if self.key_balance_factor.is_some() {
+                return Err(error(
+                    "key_balance_factor",
+                    "applies to match FIXED_PREFIX only (LONGEST_PREFIX spreads cold prompts \
+                     by rendezvous hashing and weighs every choice against load)",
+                ));
+            }
+        }
         if self.key_balance_factor.is_some() && self.host_header.is_none() {
             return Err(error(
                 "key_balance_factor",
@@ -636,7 +726,11 @@ mod tests {
     fn empty_configuration_is_all_defaults() {
         let defaults = Config {
             strategy: Strategy::PrefixAware,
-            prefix_length: 4096,
+            matching: Matching::LongestPrefix,
+            prefix_length: 16_384,
+            block_bytes: 256,
+            index_bytes: 8_388_608,
+            load_margin: 2,
             concurrency_threshold: 10,
             key_header: "x-prefix-route-key".into(),
             tenant_header: "x-amzn-sagemaker-prefix-aware-id".into(),
@@ -667,6 +761,47 @@ mod tests {
         assert_eq!(parse(""), Ok(defaults.clone()));
         assert_eq!(parse(" \n"), Ok(defaults.clone()));
         assert_eq!(parse("{}"), Ok(defaults));
+    }
+
+    #[test]
+    fn prefix_length_defaults_by_match_and_longest_prefix_needs_the_host_header() {
+        let fixed = parse(r#"{"match":"FIXED_PREFIX"}"#).unwrap();
+        assert_eq!(
+            (fixed.matching, fixed.prefix_length),
+            (Matching::FixedPrefix, 4096)
+        );
+        let set = parse(r#"{"prefix_length":2048}"#).unwrap();
+        assert_eq!(
+            (set.matching, set.prefix_length),
+            (Matching::LongestPrefix, 2048)
+        );
+        assert_eq!(
+            err(r#"{"match":"LONGEST"}"#),
+            r#"match: "LONGEST" is not one of LONGEST_PREFIX, FIXED_PREFIX"#
+        );
+        assert!(err(r#"{"host_header":null}"#)
+            .starts_with("host_header: null, but match LONGEST_PREFIX"));
+        assert!(parse(r#"{"host_header":null,"match":"FIXED_PREFIX"}"#).is_ok());
+        assert!(parse(r#"{"host_header":null,"strategy":"RANDOM"}"#).is_ok());
+        assert!(err(r#"{"key_balance_factor":100}"#)
+            .starts_with("key_balance_factor: applies to match FIXED_PREFIX only"));
+        assert_eq!(
+            err(r#"{"block_bytes":32}"#),
+            "block_bytes: 32 is out of range 64..=4096"
+        );
+        assert_eq!(
+            err(r#"{"index_bytes":1000}"#),
+            "index_bytes: 1000 is out of range 65536..=268435456"
+        );
+        assert_eq!(
+            err(r#"{"load_margin":-1}"#),
+            "load_margin: -1 is out of range 0..=1024"
+        );
+        let tuned = parse(r#"{"block_bytes":64,"index_bytes":65536,"load_margin":0}"#).unwrap();
+        assert_eq!(
+            (tuned.block_bytes, tuned.index_bytes, tuned.load_margin),
+            (64, 65536, 0)
+        );
     }
 
     #[test]
@@ -747,7 +882,7 @@ mod tests {
         );
         assert_eq!(
             err(r#"{"max_body_bytes":2048}"#),
-            "max_body_bytes: 2048 is less than prefix_length (4096); it must be at least prefix_length"
+            "max_body_bytes: 2048 is less than prefix_length (16384); it must be at least prefix_length"
         );
     }
 
@@ -789,7 +924,9 @@ mod tests {
     fn unknown_fields_are_rejected() {
         let e = err(r#"{"prefix_lenght":4096}"#);
         assert!(
-            e.starts_with("prefix_lenght: unknown field (known fields: strategy, prefix_length"),
+            e.starts_with(
+                "prefix_lenght: unknown field (known fields: strategy, match, prefix_length"
+            ),
             "{e}"
         );
         let e = err(r#"{"path_rules":[{"suffix":"/x","api":"invoke","weight":1}]}"#);
@@ -895,7 +1032,8 @@ mod tests {
         assert_eq!(c.instance_ttl_ms, 5000);
         // null turns the host header off (overflow re-keys) and keeps the
         // decision header off.
-        let c = parse(r#"{"host_header":null,"decision_header":null}"#).unwrap();
+        let c =
+            parse(r#"{"host_header":null,"decision_header":null,"match":"FIXED_PREFIX"}"#).unwrap();
         assert_eq!((c.host_header, c.decision_header), (None, None));
     }
 
@@ -921,20 +1059,29 @@ mod tests {
     #[test]
     fn key_balance_factor_is_a_percent_of_an_even_share_and_needs_the_host_header() {
         let factor = |text: &str| parse(text).map(|c| c.key_balance_factor);
-        assert_eq!(factor(r#"{"key_balance_factor":100}"#), Ok(Some(100)));
-        assert_eq!(factor(r#"{"key_balance_factor":1000}"#), Ok(Some(1000)));
-        assert_eq!(factor(r#"{"key_balance_factor":null}"#), Ok(None));
+        assert_eq!(
+            factor(r#"{"match":"FIXED_PREFIX","key_balance_factor":100}"#),
+            Ok(Some(100))
+        );
+        assert_eq!(
+            factor(r#"{"match":"FIXED_PREFIX","key_balance_factor":1000}"#),
+            Ok(Some(1000))
+        );
+        assert_eq!(
+            factor(r#"{"match":"FIXED_PREFIX","key_balance_factor":null}"#),
+            Ok(None)
+        );
         for (text, message) in [
             (
-                r#"{"key_balance_factor":99}"#,
+                r#"{"match":"FIXED_PREFIX","key_balance_factor":99}"#,
                 "key_balance_factor: 99 is out of range 100..=1000",
             ),
             (
-                r#"{"key_balance_factor":1.5}"#,
+                r#"{"match":"FIXED_PREFIX","key_balance_factor":1.5}"#,
                 "key_balance_factor: expected an integer, got a number (1.5)",
             ),
             (
-                r#"{"key_balance_factor":125,"host_header":null}"#,
+                r#"{"match":"FIXED_PREFIX","key_balance_factor":125,"host_header":null}"#,
                 "key_balance_factor: needs host_header: a key placed off its Maglev instance \
                  is reached through Envoy's override_host policy",
             ),

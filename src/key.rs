@@ -53,11 +53,17 @@ fn update_field(hasher: &mut Xxh3, field: Option<&[u8]>) {
 pub fn routing_hash(material: &KeyMaterial<'_>) -> u64 {
     let mut hasher = Xxh3::new();
     hasher.update(DOMAIN_TAG);
-    hasher.update(&[source_tag(material.source)]);
-    update_field(&mut hasher, material.tenant);
-    update_field(&mut hasher, material.model);
-    update_field(&mut hasher, Some(material.prefix));
+    update_frame(&mut hasher, material);
     hasher.digest()
+}
+
+/// Feeds the framed material (everything after the domain tag) to `hasher`;
+/// `crate::blocks` seeds its chains with the same framing.
+pub(crate) fn update_frame(hasher: &mut Xxh3, material: &KeyMaterial<'_>) {
+    hasher.update(&[source_tag(material.source)]);
+    update_field(hasher, material.tenant);
+    update_field(hasher, material.model);
+    update_field(hasher, Some(material.prefix));
 }
 
 /// The header value: 16 lowercase hex digits.

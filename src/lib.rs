@@ -55,6 +55,7 @@
     )
 )]
 
+pub mod blocks;
 pub mod classify;
 pub mod config;
 pub mod counting_check;

@@ -16,7 +16,10 @@ use crate::request::KeyDerivation;
 use crate::strategy::DecisionKind;
 
 /// Every routing decision kind, in a fixed order (one counter each).
-pub const DECISION_KINDS: [DecisionKind; 6] = [
+pub const DECISION_KINDS: [DecisionKind; 9] = [
+    DecisionKind::Matched,
+    DecisionKind::Cold,
+    DecisionKind::Moved,
     DecisionKind::Prefix,
     DecisionKind::Placed,
     DecisionKind::Overflow,
@@ -112,6 +115,20 @@ impl Counter {
 /// Histogram of body bytes inspected per keyed request.
 pub const BYTES_INSPECTED: &str = "prefix_router.bytes_inspected";
 
+/// Histogram of the prompt bytes the chosen instance was known to hold, per
+/// LONGEST_PREFIX decision (0 for a cold prompt).
+pub const MATCHED_BYTES: &str = "prefix_router.matched_bytes";
+
+/// Gauge of the prefix index's entries in use (grows to the capacity).
+pub const INDEX_ENTRIES: &str = "prefix_router.index.entries";
+
+/// Gauge of the entries the prefix index's byte budget holds.
+pub const INDEX_CAPACITY: &str = "prefix_router.index.capacity";
+
+/// Counter of index entries evicted to make room (least recently used, or
+/// of an instance that left).
+pub const INDEX_EVICTIONS: &str = "prefix_router.index.evictions";
+
 /// What one decision records.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Recording {
@@ -163,6 +180,7 @@ mod tests {
             fallback: None,
             short: false,
             bytes_inspected: 5000,
+            blocks: None,
         }
     }
 
@@ -173,7 +191,14 @@ mod tests {
             assert_eq!(c.index(), i);
             assert_eq!(names.iter().filter(|n| **n == c.name()).count(), 1);
         }
-        for name in names.iter().chain([&BYTES_INSPECTED]) {
+        let more = [
+            BYTES_INSPECTED,
+            MATCHED_BYTES,
+            INDEX_ENTRIES,
+            INDEX_CAPACITY,
+            INDEX_EVICTIONS,
+        ];
+        for name in names.iter().chain(more.iter()) {
             assert!(name.starts_with("prefix_router."), "{name}");
             assert!(
                 name.bytes()
@@ -193,6 +218,9 @@ mod tests {
         assert_eq!(
             names,
             [
+                "prefix_router.decision.matched",
+                "prefix_router.decision.cold",
+                "prefix_router.decision.moved",
                 "prefix_router.decision.prefix",
                 "prefix_router.decision.placed",
                 "prefix_router.decision.overflow",

@@ -17,8 +17,9 @@
 
 use std::rc::Rc;
 
+use crate::blocks::PromptBlocks;
 use crate::classify::{classify, ApiKind};
-use crate::config::{Config, Strategy};
+use crate::config::{Config, Matching, Strategy};
 use crate::extract::{Extraction, Extractor, FallbackReason, Limits, PrefixSource, Progress};
 use crate::headers::OnceHeader;
 use crate::key::{routing_key, KeyMaterial};
@@ -72,6 +73,29 @@ pub struct KeyDerivation {
     pub short: bool,
     /// Body bytes fed to the extractor.
     pub bytes_inspected: usize,
+    /// The prompt's chained blocks, for LONGEST_PREFIX (`None` otherwise,
+    /// and when there is no key).
+    pub blocks: Option<PromptBlocks>,
+}
+
+/// What a key is derived with, from the configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Keying {
+    /// The body's `model` is part of the key.
+    pub include_model: bool,
+    /// LONGEST_PREFIX: cut the prompt into blocks of this many bytes.
+    pub block_bytes: Option<usize>,
+}
+
+impl Keying {
+    pub fn of(config: &Config) -> Self {
+        let longest =
+            config.strategy == Strategy::PrefixAware && config.matching == Matching::LongestPrefix;
+        Keying {
+            include_model: config.include_model,
+            block_bytes: longest.then_some(config.block_bytes),
+        }
+    }
 }
 
 /// What to do after the request headers.
@@ -251,7 +275,7 @@ impl RequestReader {
             api,
             header_tenant.as_deref(),
             extractor.finish(),
-            self.config.include_model,
+            Keying::of(&self.config),
         )
     }
 }
@@ -273,7 +297,7 @@ pub fn keyed_derivation(
     api: ApiKind,
     header_tenant: Option<&str>,
     extraction: Extraction,
-    include_model: bool,
+    keying: Keying,
 ) -> KeyDerivation {
     let (tenant, tenant_source) = match (header_tenant, &extraction.body_tenant) {
         (Some(t), _) => (Some(t.as_bytes()), TenantSource::Header),
@@ -281,17 +305,21 @@ pub fn keyed_derivation(
         (None, None) => (None, TenantSource::None),
     };
     // Also enforced here, whatever the extractor returned.
-    let model = if include_model {
+    let model = if keying.include_model {
         extraction.model.as_deref().map(str::as_bytes)
     } else {
         None
     };
-    let key = routing_key(&KeyMaterial {
+    let material = KeyMaterial {
         tenant,
         model,
         source: extraction.source,
         prefix: &extraction.prefix,
-    });
+    };
+    let key = routing_key(&material);
+    let blocks = keying
+        .block_bytes
+        .map(|block_bytes| PromptBlocks::new(&material, block_bytes));
     KeyDerivation {
         key: Some(key),
         no_key: None,
@@ -301,6 +329,7 @@ pub fn keyed_derivation(
         fallback: extraction.fallback,
         short: extraction.short,
         bytes_inspected: extraction.bytes_inspected,
+        blocks,
     }
 }
 
@@ -314,6 +343,7 @@ fn unkeyed_derivation(api: ApiKind, reason: NoKeyReason) -> KeyDerivation {
         fallback: None,
         short: false,
         bytes_inspected: 0,
+        blocks: None,
     }
 }
 
@@ -336,6 +366,11 @@ pub fn invalid_tenant_reply(header: &str, message: &str) -> LocalReply {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const FIXED: Keying = Keying {
+        include_model: true,
+        block_bytes: None,
+    };
     use crate::key::routing_key;
 
     /// A fake of Envoy's buffered request body: what has arrived so far,
@@ -770,7 +805,7 @@ mod tests {
             ApiKind::ChatCompletions,
             Some("hdr"),
             extraction(Some("body"), None),
-            true,
+            FIXED,
         );
         assert_eq!(d.tenant_source, TenantSource::Header);
         assert_eq!(d.key, canonical_key(Some("hdr"), None));
@@ -778,11 +813,16 @@ mod tests {
             ApiKind::ChatCompletions,
             None,
             extraction(Some("body"), None),
-            true,
+            FIXED,
         );
         assert_eq!(d.tenant_source, TenantSource::Body);
         assert_eq!(d.key, canonical_key(Some("body"), None));
-        let d = keyed_derivation(ApiKind::ChatCompletions, None, extraction(None, None), true);
+        let d = keyed_derivation(
+            ApiKind::ChatCompletions,
+            None,
+            extraction(None, None),
+            FIXED,
+        );
         assert_eq!(d.tenant_source, TenantSource::None);
         assert_eq!(d.key, canonical_key(None, None));
     }
@@ -793,14 +833,17 @@ mod tests {
             ApiKind::ChatCompletions,
             None,
             extraction(None, Some("m1")),
-            true,
+            FIXED,
         );
         assert_eq!(d.key, canonical_key(None, Some("m1")));
         let d = keyed_derivation(
             ApiKind::ChatCompletions,
             None,
             extraction(None, Some("m1")),
-            false,
+            Keying {
+                include_model: false,
+                block_bytes: None,
+            },
         );
         assert_eq!(d.key, canonical_key(None, None));
     }
@@ -810,7 +853,7 @@ mod tests {
         let mut x = extraction(None, None);
         x.fallback = Some(FallbackReason::InvalidJson);
         x.source = PrefixSource::RawBytes;
-        let d = keyed_derivation(ApiKind::Responses, None, x, true);
+        let d = keyed_derivation(ApiKind::Responses, None, x, FIXED);
         assert_eq!(d.api, ApiKind::Responses);
         assert_eq!(d.fallback, Some(FallbackReason::InvalidJson));
         assert_eq!(d.prefix_source, Some(PrefixSource::RawBytes));

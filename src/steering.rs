@@ -6,16 +6,22 @@
 //! (`plugin`) so every rule (spoofing, header ownership, the policy a
 //! configuration selects) is tested on its own.
 
-use crate::config::{Config, Counting, Strategy};
+use crate::config::{Config, Counting, Matching, Strategy};
 use crate::headers::{COUNTED_HEADER, DEFAULT_HOST_HEADER, PENDING_MARK, ROUTE_HEADER};
 use crate::load::{LoadConfig, UpstreamStart};
 use crate::strategy::{
-    DecisionKind, LeastOutstanding, Policy, PrefixAware, RandomPolicy, RouteHeaders,
+    DecisionKind, LeastOutstanding, LongestPrefix, Policy, PrefixAware, RandomPolicy, RouteHeaders,
 };
 
 /// The routing policy a configuration selects (rebuilt on every configure).
 pub fn policy_for(config: &Config) -> Policy {
     match config.strategy {
+        Strategy::PrefixAware if config.matching == Matching::LongestPrefix => {
+            Policy::LongestPrefix(LongestPrefix::new(
+                config.concurrency_threshold,
+                config.load_margin,
+            ))
+        }
         Strategy::PrefixAware => Policy::PrefixAware(
             PrefixAware::new(config.concurrency_threshold, config.host_header.is_some())
                 .with_key_balance(config.key_balance_factor),
@@ -35,6 +41,7 @@ pub fn load_config(config: &Config) -> LoadConfig {
     LoadConfig {
         namespace: LOAD_NAMESPACE.to_string(),
         instance_ttl_ms: config.instance_ttl_ms,
+        index_bytes: config.index_bytes,
         ..LoadConfig::default()
     }
 }
@@ -137,12 +144,22 @@ impl ListenerCount {
 }
 
 /// Value of the debug `decision_header`: `<kind>; instance=<ip:port>`, or
-/// just the kind when no upstream host was chosen.
-pub fn decision_header_value(kind: DecisionKind, instance: Option<&str>) -> String {
-    match instance {
-        Some(address) => format!("{}; instance={address}", kind.as_str()),
-        None => kind.as_str().to_string(),
+/// just the kind when no upstream host was chosen; LONGEST_PREFIX adds
+/// `; matched=<bytes>`, the prefix the chosen instance was known to hold.
+pub fn decision_header_value(
+    kind: DecisionKind,
+    instance: Option<&str>,
+    matched_bytes: Option<u64>,
+) -> String {
+    let mut value = kind.as_str().to_string();
+    if let Some(address) = instance {
+        value.push_str("; instance=");
+        value.push_str(address);
     }
+    if let Some(bytes) = matched_bytes {
+        value.push_str(&format!("; matched={bytes}"));
+    }
+    value
 }
 
 #[cfg(test)]
@@ -153,8 +170,15 @@ mod tests {
     use crate::shared::MemoryStore;
     use crate::strategy::RoutingPolicy;
 
+    /// With `match: FIXED_PREFIX` unless `json` names a match: these tests
+    /// pin the steering of Maglev keys.
     fn config(json: &str) -> Config {
-        Config::parse(json.as_bytes()).unwrap()
+        let mut value: serde_json::Value = serde_json::from_str(json).unwrap();
+        let object = value.as_object_mut().unwrap();
+        object
+            .entry("match")
+            .or_insert_with(|| serde_json::json!("FIXED_PREFIX"));
+        Config::parse(value.to_string().as_bytes()).unwrap()
     }
 
     const KEY: &str = "0123456789abcdef";
@@ -190,6 +214,11 @@ mod tests {
         assert_eq!(
             policy_for(&c),
             Policy::PrefixAware(PrefixAware::new(3, true))
+        );
+        let c = Config::parse(br#"{"concurrency_threshold":3,"load_margin":5}"#).unwrap();
+        assert_eq!(
+            policy_for(&c),
+            Policy::LongestPrefix(LongestPrefix::new(3, 5))
         );
         let c = config(r#"{"concurrency_threshold":5,"host_header":null}"#);
         assert_eq!(
@@ -522,9 +551,16 @@ mod tests {
     #[test]
     fn decision_header_names_kind_and_instance() {
         assert_eq!(
-            decision_header_value(DecisionKind::Overflow, Some("10.0.0.2:8000")),
+            decision_header_value(DecisionKind::Overflow, Some("10.0.0.2:8000"), None),
             "overflow; instance=10.0.0.2:8000"
         );
-        assert_eq!(decision_header_value(DecisionKind::NoKey, None), "no_key");
+        assert_eq!(
+            decision_header_value(DecisionKind::NoKey, None, None),
+            "no_key"
+        );
+        assert_eq!(
+            decision_header_value(DecisionKind::Matched, Some("10.0.0.2:8000"), Some(1536)),
+            "matched; instance=10.0.0.2:8000; matched=1536"
+        );
     }
 }

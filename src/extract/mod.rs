@@ -89,7 +89,7 @@
 //! it passes 64 KiB, so a long system prompt costs about 64 KiB plus one read
 //! of the body (at most 64 KiB), not its length.
 
-mod canonical;
+pub(crate) mod canonical;
 mod document;
 #[cfg(any(fuzzing, test))]
 pub mod fuzzing;

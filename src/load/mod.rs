@@ -71,6 +71,8 @@ pub struct LoadConfig {
     pub pending_ttl_ms: u64,
     /// Bound of every compare-and-swap retry loop.
     pub cas_attempts: u32,
+    /// The prefix index's shared-data budget (LONGEST_PREFIX), in bytes.
+    pub index_bytes: u64,
 }
 
 impl Default for LoadConfig {
@@ -85,6 +87,7 @@ impl Default for LoadConfig {
             route_ttl_ms: 600_000,
             pending_ttl_ms: 1_000,
             cas_attempts: 16,
+            index_bytes: 8 * 1024 * 1024,
         }
     }
 }
@@ -183,6 +186,22 @@ pub struct InstanceLoad {
     pub fresh: bool,
 }
 
+/// A fresh instance with its in-flight count, as LONGEST_PREFIX weighs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Candidate {
+    pub instance: InstanceRef,
+    pub in_flight: u32,
+}
+
+/// The longest prefix of a chain some candidate holds.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HeldPrefix {
+    /// Blocks of the chain held (0: none).
+    pub blocks: usize,
+    /// Registry slots of the candidates holding all of them.
+    pub holders: Vec<u16>,
+}
+
 /// What routing policies may ask of the load tables (implemented by
 /// [`LoadTracker`]; policies stay testable against any implementation).
 pub trait LoadView {
@@ -232,5 +251,29 @@ pub trait LoadView {
     fn place_new(&mut self, key: &str, factor_percent: u32, now_ms: u64) -> Option<Target> {
         let _ = (key, factor_percent, now_ms);
         None
+    }
+    /// Every fresh instance (the configured and the learned ones) with its
+    /// in-flight count.
+    fn candidates(&mut self, now_ms: u64) -> Vec<Candidate> {
+        let _ = now_ms;
+        Vec::new()
+    }
+    /// The longest prefix of `chain` the prefix index says one of
+    /// `candidates` holds.
+    fn longest_held(&mut self, chain: &[u64], candidates: &[Candidate], now_ms: u64) -> HeldPrefix {
+        let _ = (chain, candidates, now_ms);
+        HeldPrefix::default()
+    }
+    /// Records in the prefix index that `instance` now holds all of `chain`,
+    /// of which it was known to hold the first `known` blocks.
+    fn remember_held(
+        &mut self,
+        chain: &[u64],
+        known: usize,
+        instance: &InstanceRef,
+        candidates: &[Candidate],
+        now_ms: u64,
+    ) {
+        let _ = (chain, known, instance, candidates, now_ms);
     }
 }

@@ -6,6 +6,7 @@ use super::vm::{define_metric, Vm};
 use crate::host::{Host, MetricKind};
 use crate::metrics::{
     decision_counter_name, decision_index, recording_for, Counter, BYTES_INSPECTED, DECISION_KINDS,
+    MATCHED_BYTES,
 };
 use crate::request::KeyDerivation;
 use crate::strategy::DecisionKind;
@@ -17,6 +18,7 @@ pub struct MetricIds {
     counters: [Option<u32>; Counter::ALL.len()],
     decisions: [Option<u32>; DECISION_KINDS.len()],
     bytes_inspected: Option<u32>,
+    matched_bytes: Option<u32>,
 }
 
 impl MetricIds {
@@ -31,6 +33,7 @@ impl MetricIds {
             *slot = define_metric(host, MetricKind::Counter, &decision_counter_name(kind));
         }
         ids.bytes_inspected = define_metric(host, MetricKind::Histogram, BYTES_INSPECTED);
+        ids.matched_bytes = define_metric(host, MetricKind::Histogram, MATCHED_BYTES);
         ids
     }
 
@@ -50,6 +53,12 @@ impl MetricIds {
     pub fn increment_decision<H: Host + Clone>(&self, vm: &mut Vm<H>, kind: DecisionKind) {
         if let Some(Some(id)) = self.decisions.get(decision_index(kind)) {
             vm.count_later(*id);
+        }
+    }
+
+    pub fn record_matched_bytes<H: Host + Clone>(&self, vm: &mut Vm<H>, bytes: u64) {
+        if let Some(id) = self.matched_bytes {
+            vm.record_later(id, bytes);
         }
     }
 

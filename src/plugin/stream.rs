@@ -18,7 +18,7 @@ use crate::request::{
     BodyVerdict, HeadersVerdict, KeyDerivation, LocalReply, RequestHead, RequestReader,
 };
 use crate::steering::{self, ListenerCount};
-use crate::strategy::{DecisionKind, Policy, RoutingPolicy};
+use crate::strategy::{DecisionKind, Policy};
 
 /// See the module documentation.
 #[derive(Debug)]
@@ -32,8 +32,9 @@ pub struct Stream {
     upstream: bool,
     /// The in-flight count this stream holds; released once, in `on_done`.
     ticket: Option<Ticket>,
-    /// The routing decision's kind, for the debug response header.
-    decided: Option<DecisionKind>,
+    /// The routing decision's kind and matched bytes, for the debug
+    /// response header.
+    decided: Option<(DecisionKind, Option<u64>)>,
     /// `counting: LISTENER`: the decision's facts, for its response headers.
     listener_count: Option<ListenerCount>,
 }
@@ -152,8 +153,9 @@ impl Stream {
                 self.count_at_response(vm, count, address);
             }
         }
-        if let (Some(header), Some(kind)) = (&self.config.decision_header, self.decided) {
-            let value = steering::decision_header_value(kind, instance.as_deref());
+        if let (Some(header), Some((kind, matched))) = (&self.config.decision_header, self.decided)
+        {
+            let value = steering::decision_header_value(kind, instance.as_deref(), matched);
             warn_on_error(
                 "write response header",
                 header,
@@ -204,7 +206,7 @@ impl Stream {
             // The deciding configuration's fleet, also when it lists none
             // (a configuration update that removed the list).
             t.set_configured_instances(instances);
-            let routed = policy.decide(derivation.key.as_deref(), t, random, now);
+            let routed = policy.route(derivation, t, random, now);
             let keep = listener || (unchecked && routed.headers.counted.is_some());
             let key = routed.headers.key.as_deref().filter(|_| keep);
             let check_due = key.is_some_and(|key| t.response_check_due(key, now));
@@ -218,7 +220,10 @@ impl Stream {
             );
         }
         self.metrics.increment_decision(vm, routed.headers.kind);
-        self.decided = Some(routed.headers.kind);
+        if let Some(bytes) = routed.headers.matched_bytes {
+            self.metrics.record_matched_bytes(vm, bytes);
+        }
+        self.decided = Some((routed.headers.kind, routed.headers.matched_bytes));
         if keep {
             let count = ListenerCount::of(&self.config, &routed.headers, check_due);
             self.listener_count = Some(count);

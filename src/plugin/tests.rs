@@ -17,7 +17,18 @@ const HOST_HEADER: &str = "x-prefix-route-host";
 const A: &str = "10.0.0.1:8000";
 const B: &str = "10.0.0.2:8000";
 
+/// [`configured_as`] with `match: FIXED_PREFIX` unless `json` names a
+/// match: most of these tests pin the mechanics of Maglev keys.
 fn configured(json: &str) -> (Rc<MemoryHost>, TestVm, PluginRoot) {
+    let mut value: serde_json::Value = serde_json::from_str(json).unwrap();
+    let object = value.as_object_mut().unwrap();
+    object
+        .entry("match")
+        .or_insert_with(|| serde_json::json!("FIXED_PREFIX"));
+    configured_as(&value.to_string())
+}
+
+fn configured_as(json: &str) -> (Rc<MemoryHost>, TestVm, PluginRoot) {
     let host = MemoryHost::new();
     let mut vm = Vm::new(Rc::clone(&host));
     let mut root = PluginRoot::default();
@@ -92,7 +103,7 @@ fn counters_are_batched_and_flushed_on_the_tick_with_their_deltas() {
         host.defined(MetricKind::Counter),
         Counter::ALL.len() + DECISION_KINDS.len()
     );
-    assert_eq!(host.defined(MetricKind::Histogram), 1);
+    assert_eq!(host.defined(MetricKind::Histogram), 2);
     let mut streams: Vec<Stream> = (0..3).map(|i| invoke(&host, &mut vm, &root, i)).collect();
     let (no_body, _) = request(&host, &mut vm, &root, &[(":path", "/invocations")], None);
     streams.push(no_body);

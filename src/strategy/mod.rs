@@ -11,6 +11,7 @@
 
 pub(crate) mod key_balance;
 mod least_outstanding;
+mod longest_prefix;
 mod prefix_aware;
 mod random;
 
@@ -18,14 +19,24 @@ mod random;
 mod scenarios;
 
 pub use least_outstanding::LeastOutstanding;
+pub use longest_prefix::LongestPrefix;
 pub use prefix_aware::{salted_key, PrefixAware};
 pub use random::RandomPolicy;
 
 use crate::load::{LoadView, Ticket};
+use crate::request::KeyDerivation;
 
 /// Why a request went where it went (one metric per kind).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DecisionKind {
+    /// LONGEST_PREFIX: to an instance holding the longest prefix.
+    Matched,
+    /// LONGEST_PREFIX: no instance holds a prefix that attracts it: placed
+    /// by its opening.
+    Cold,
+    /// LONGEST_PREFIX: passed over the instance it would have gone to, which
+    /// was loaded `load_margin` above the least loaded.
+    Moved,
     /// To the key's target (Maglev on the key).
     Prefix,
     /// To the instance key balancing placed the key on (host override).
@@ -44,6 +55,9 @@ impl DecisionKind {
     /// Lowercase name for metrics and the debug header.
     pub fn as_str(self) -> &'static str {
         match self {
+            DecisionKind::Matched => "matched",
+            DecisionKind::Cold => "cold",
+            DecisionKind::Moved => "moved",
             DecisionKind::Prefix => "prefix",
             DecisionKind::Placed => "placed",
             DecisionKind::Overflow => "overflow",
@@ -69,6 +83,9 @@ pub struct RouteHeaders {
     /// Value of [`crate::headers::COUNTED_HEADER`]: the instance this decision
     /// already counted the request on.
     pub counted: Option<String>,
+    /// LONGEST_PREFIX: bytes of the prompt the chosen instance was known to
+    /// hold (for the histogram and the debug header).
+    pub matched_bytes: Option<u64>,
 }
 
 impl RouteHeaders {
@@ -80,6 +97,7 @@ impl RouteHeaders {
             host_override: None,
             route: None,
             counted: None,
+            matched_bytes: None,
         }
     }
 }
@@ -117,6 +135,7 @@ pub trait RoutingPolicy {
 /// The configured strategy (enum dispatch; build it in `on_configure`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Policy {
+    LongestPrefix(LongestPrefix),
     PrefixAware(PrefixAware),
     LeastOutstanding(LeastOutstanding),
     Random(RandomPolicy),
@@ -131,9 +150,28 @@ impl RoutingPolicy for Policy {
         now_ms: u64,
     ) -> Routed {
         match self {
+            // Without blocks (no key): where Maglev puts a request without one.
+            Policy::LongestPrefix(_) => Routed::untracked(RouteHeaders::bare(DecisionKind::NoKey)),
             Policy::PrefixAware(p) => p.decide(key, load, random, now_ms),
             Policy::LeastOutstanding(p) => p.decide(key, load, random, now_ms),
             Policy::Random(p) => p.decide(key, load, random, now_ms),
+        }
+    }
+}
+
+impl Policy {
+    /// Decides for a request as its reading derived it: LONGEST_PREFIX on
+    /// the prompt's blocks, every other policy on the key.
+    pub fn route(
+        &self,
+        derivation: &KeyDerivation,
+        load: &mut dyn LoadView,
+        random: u64,
+        now_ms: u64,
+    ) -> Routed {
+        match (self, &derivation.blocks) {
+            (Policy::LongestPrefix(p), Some(blocks)) => p.decide(blocks, load, now_ms),
+            _ => self.decide(derivation.key.as_deref(), load, random, now_ms),
         }
     }
 }

@@ -14,7 +14,8 @@ use super::mark::UpstreamFilterMark;
 use super::routes::RouteEntry;
 use super::table::{Change, Tables, Updated};
 use super::{
-    Claim, InstanceLoad, InstanceRef, LoadConfig, LoadView, Target, Ticket, UpstreamStart,
+    Candidate, Claim, InstanceLoad, InstanceRef, LoadConfig, LoadView, Target, Ticket,
+    UpstreamStart,
 };
 use crate::headers::PENDING_MARK;
 use crate::shared::SharedStore;
@@ -381,6 +382,22 @@ impl<S: SharedStore> LoadView for LoadTracker<S> {
 
     fn place_new(&mut self, key: &str, factor_percent: u32, now_ms: u64) -> Option<Target> {
         key_balance::place_new(self, key, factor_percent, now_ms)
+    }
+
+    fn candidates(&mut self, now_ms: u64) -> Vec<Candidate> {
+        self.fresh_candidates(now_ms)
+    }
+}
+
+impl<S: SharedStore> LoadTracker<S> {
+    /// [`LoadView::candidates`], with the configured instances registered.
+    fn fresh_candidates(&mut self, now_ms: u64) -> Vec<Candidate> {
+        self.registry
+            .seed_configured(&self.tables, &mut self.columns, now_ms);
+        let epoch = Registry::epoch(&self.tables).epoch;
+        self.registry.rescan_if_changed(&self.tables, epoch);
+        self.registry
+            .candidates(&self.tables, &mut self.columns, now_ms)
     }
 }
 

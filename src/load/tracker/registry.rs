@@ -13,7 +13,7 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use super::super::instances::{InstanceRecord, RegistryEpoch, MAX_ADDRESS_LEN};
 use super::super::table::{Change, Read, Tables, Updated};
-use super::super::InstanceRef;
+use super::super::{Candidate, InstanceRef};
 use super::addr_hash;
 use super::columns::Columns;
 use crate::shared::SharedStore;
@@ -443,6 +443,30 @@ impl Registry {
                 Some((InstanceRef { slot, address }, hash))
             })
             .collect()
+    }
+
+    /// Every fresh known instance with its in-flight count.
+    pub(super) fn candidates<S: SharedStore>(
+        &self,
+        tables: &Tables<S>,
+        columns: &mut Columns,
+        now_ms: u64,
+    ) -> Vec<Candidate> {
+        let mut out = Vec::with_capacity(self.known_slots.len());
+        for &slot in &self.known_slots {
+            let Some(record) = self.fresh_record(tables, slot, now_ms) else {
+                continue;
+            };
+            let in_flight = columns.total(tables, slot, &record, now_ms);
+            out.push(Candidate {
+                instance: InstanceRef {
+                    slot,
+                    address: record.address,
+                },
+                in_flight,
+            });
+        }
+        out
     }
 
     /// The fresh known instance other than `exclude` with the fewest

@@ -1,0 +1,326 @@
+//! A prompt as LONGEST_PREFIX matches it: the prefix the extractor returned
+//! (canonical text or raw bytes, at most `prefix_length`), cut into blocks of
+//! `block_bytes` bytes, each block's hash chained to the previous one, the
+//! chain seeded with tenant, model and prefix source, so tenants and models
+//! never share a chain. `chain[i]` names the whole prefix through block `i`:
+//! two prompts share `chain[i]` exactly when their first `i + 1` blocks agree.
+//!
+//! Also what cold placement and the matching rule need of the prompt's
+//! structure (canonical text only; raw bytes have none):
+//! - the **opening**: the prompt through its first message that is not a
+//!   system (or developer, or `/responses` instructions) message, capped at
+//!   the prefix. A conversation's turns all begin with it, a document's
+//!   questions with the document; a cold prompt is placed by its hash.
+//!   Raw bytes: the first [`RAW_OPENING_BYTES`].
+//! - the **conversation's start**: where that first own message begins. A
+//!   match that ends in the system messages before it (a system prompt many
+//!   conversations share) does not attract the request: the matched blocks
+//!   must reach one block past it (or cover the whole prefix, when the
+//!   system messages fill it). So a shared system prompt is never the unit
+//!   of placement, while a document in the user message is.
+
+use xxhash_rust::xxh3::{xxh3_64_with_seed, Xxh3};
+
+use crate::extract::canonical::{ESCAPE, RECORD_END};
+use crate::extract::PrefixSource;
+use crate::key::KeyMaterial;
+
+/// The opening of a raw-byte prompt, which has no messages: the first KiB
+/// (a fixed prefix of 1024 kept 97 % of the achievable hits on ShareGPT
+/// conversations, see `docs/benchmarks-peers.md`).
+pub const RAW_OPENING_BYTES: usize = 1024;
+
+const DOMAIN_TAG: &[u8] = b"prefix-router/blocks/v1";
+
+/// Leading records that are shared preamble, not the conversation's own.
+const PREAMBLE_RECORDS: [&str; 3] = ["role=system\u{1f}", "role=developer\u{1f}", "instructions="];
+
+/// See the module documentation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PromptBlocks {
+    /// `chain[i]`: hash of blocks `0..=i` (the last block may be partial).
+    pub chain: Vec<u64>,
+    /// Bytes per block.
+    pub block_bytes: usize,
+    /// Bytes of the prefix (so the last block's length is known).
+    pub prefix_bytes: usize,
+    /// Hash of the opening (cold placement ranks instances by it).
+    pub opening: u64,
+    /// The fewest matched blocks that attract the request to their holder.
+    pub attracting_blocks: usize,
+}
+
+impl PromptBlocks {
+    /// The blocks of `material.prefix`; `block_bytes` at least 1.
+    pub fn new(material: &KeyMaterial<'_>, block_bytes: usize) -> Self {
+        let block_bytes = block_bytes.max(1);
+        let prefix = material.prefix;
+        let seed = chain_seed(material);
+        let mut chain = Vec::with_capacity(prefix.len().div_ceil(block_bytes));
+        let mut previous = seed;
+        for block in prefix.chunks(block_bytes) {
+            previous = xxh3_64_with_seed(block, previous);
+            chain.push(previous);
+        }
+        let (start, opening_end) = match material.source {
+            PrefixSource::CanonicalText => canonical_opening(prefix),
+            PrefixSource::RawBytes => (0, RAW_OPENING_BYTES.min(prefix.len())),
+        };
+        let opening = xxh3_64_with_seed(prefix.get(..opening_end).unwrap_or(prefix), seed);
+        let attracting_blocks = (start.div_ceil(block_bytes) + 1).min(chain.len());
+        PromptBlocks {
+            chain,
+            block_bytes,
+            prefix_bytes: prefix.len(),
+            opening,
+            attracting_blocks,
+        }
+    }
+
+    /// Bytes of the prefix the first `blocks` blocks cover.
+    pub fn bytes_of(&self, blocks: usize) -> usize {
+        blocks
+            .saturating_mul(self.block_bytes)
+            .min(self.prefix_bytes)
+    }
+
+    /// True if a match of `blocks` blocks attracts the request (see the
+    /// module documentation).
+    pub fn attracts(&self, blocks: usize) -> bool {
+        blocks > 0 && blocks >= self.attracting_blocks
+    }
+
+    /// The key header value for Envoy's fallback (Maglev), should the
+    /// host-override header name an instance Envoy does not know: the
+    /// opening's hash, so replicas fall back alike.
+    pub fn opening_key(&self) -> String {
+        format!("{:016x}", self.opening)
+    }
+}
+
+/// The chain's seed: tenant, model and source, framed as the routing key
+/// frames them (`crate::key`), under another domain tag.
+fn chain_seed(material: &KeyMaterial<'_>) -> u64 {
+    let mut hasher = Xxh3::new();
+    hasher.update(DOMAIN_TAG);
+    let framing = KeyMaterial {
+        prefix: &[],
+        ..*material
+    };
+    crate::key::update_frame(&mut hasher, &framing);
+    hasher.digest()
+}
+
+/// Canonical text: (start of the first own record, end of it), in bytes.
+/// Without any own record: (end of the preamble, end of the prefix).
+fn canonical_opening(text: &[u8]) -> (usize, usize) {
+    let mut start = 0;
+    let mut escaped = false;
+    let record_end = RECORD_END as u8;
+    let escape = ESCAPE as u8;
+    for (i, &byte) in text.iter().enumerate() {
+        if escaped {
+            escaped = false;
+            continue;
+        }
+        if byte == escape {
+            escaped = true;
+        } else if byte == record_end {
+            let record = text.get(start..i).unwrap_or_default();
+            let preamble = PREAMBLE_RECORDS
+                .iter()
+                .any(|tag| record.starts_with(tag.as_bytes()));
+            if !preamble {
+                return (start, i + 1);
+            }
+            start = i + 1;
+        }
+    }
+    // The prefix ends inside a record: the first own one, or still the
+    // preamble (then the conversation starts past the prefix).
+    let rest = text.get(start..).unwrap_or_default();
+    if PREAMBLE_RECORDS
+        .iter()
+        .any(|tag| rest.starts_with(tag.as_bytes()))
+    {
+        return (text.len(), text.len());
+    }
+    (start.min(text.len()), text.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn canonical(text: &str) -> KeyMaterial<'_> {
+        KeyMaterial {
+            tenant: None,
+            model: Some(b"m"),
+            source: PrefixSource::CanonicalText,
+            prefix: text.as_bytes(),
+        }
+    }
+
+    fn record(role: &str, text: &str) -> String {
+        format!("role={role}\u{1f}text={text}\u{1f}\u{1e}")
+    }
+
+    #[test]
+    fn chain_hashes_agree_exactly_on_shared_blocks() {
+        let a = "a".repeat(1000) + &"b".repeat(100);
+        let b = "a".repeat(1000) + &"c".repeat(100);
+        let (x, y) = (
+            PromptBlocks::new(&canonical(&a), 256),
+            PromptBlocks::new(&canonical(&b), 256),
+        );
+        assert_eq!(x.chain.len(), 5);
+        // Blocks 0..=2 are all 'a'; block 3 holds bytes 768..1024 (232 'a' + 24 other).
+        assert_eq!(x.chain[..3], y.chain[..3]);
+        assert_ne!(x.chain[3], y.chain[3]);
+        assert_ne!(x.chain[4], y.chain[4]);
+        // Chained: the same block bytes after a different history differ.
+        let z = PromptBlocks::new(&canonical(&("z".repeat(256) + &a[256..])), 256);
+        assert_ne!(z.chain[1], x.chain[1]);
+        assert_eq!(x.bytes_of(5), 1100);
+        assert_eq!(x.bytes_of(2), 512);
+    }
+
+    #[test]
+    fn tenant_model_and_source_seed_the_chain() {
+        let text = "x".repeat(600);
+        let base = PromptBlocks::new(&canonical(&text), 256);
+        let other_model = KeyMaterial {
+            model: Some(b"n"),
+            ..canonical(&text)
+        };
+        let tenant = KeyMaterial {
+            tenant: Some(b"t"),
+            ..canonical(&text)
+        };
+        let raw = KeyMaterial {
+            source: PrefixSource::RawBytes,
+            ..canonical(&text)
+        };
+        for other in [other_model, tenant, raw] {
+            let blocks = PromptBlocks::new(&other, 256);
+            for (a, b) in base.chain.iter().zip(&blocks.chain) {
+                assert_ne!(a, b);
+            }
+            assert_ne!(base.opening, blocks.opening);
+        }
+    }
+
+    #[test]
+    fn the_opening_is_the_prompt_through_the_first_own_message() {
+        let system = record("system", &"s".repeat(3000));
+        let first = record("user", "What is a KV cache?");
+        let turn1 = format!("{system}{first}");
+        let turn2 = format!(
+            "{turn1}{}{}",
+            record("assistant", &"answer ".repeat(80)),
+            record("user", "And prefix caching?")
+        );
+        let (a, b) = (
+            PromptBlocks::new(&canonical(&turn1), 256),
+            PromptBlocks::new(&canonical(&turn2), 256),
+        );
+        assert_eq!(a.opening, b.opening);
+        // Another conversation behind the same system prompt opens differently.
+        let other = format!("{system}{}", record("user", "Write a haiku."));
+        assert_ne!(
+            PromptBlocks::new(&canonical(&other), 256).opening,
+            a.opening
+        );
+        // A match that covers only the system prompt does not attract; one
+        // block past the conversation's start does.
+        let start = system.len();
+        assert_eq!(b.attracting_blocks, start.div_ceil(256) + 1);
+        assert!(!b.attracts(start / 256));
+        assert!(b.attracts(start.div_ceil(256) + 1));
+    }
+
+    #[test]
+    fn without_a_system_prompt_any_matched_block_attracts() {
+        let doc = record("user", &format!("{}\n\nSummarise.", "d".repeat(2000)));
+        let blocks = PromptBlocks::new(&canonical(&doc), 256);
+        assert_eq!(blocks.attracting_blocks, 1);
+        assert!(!blocks.attracts(0));
+        assert!(blocks.attracts(1));
+    }
+
+    #[test]
+    fn a_system_prompt_that_fills_the_prefix_attracts_when_wholly_matched() {
+        let text = record("system", &"s".repeat(5000));
+        let cut = &text[..4096];
+        let blocks = PromptBlocks::new(&canonical(cut), 256);
+        assert_eq!(blocks.chain.len(), 16);
+        assert_eq!(blocks.attracting_blocks, 16);
+        assert!(blocks.attracts(16));
+        assert!(!blocks.attracts(15));
+    }
+
+    #[test]
+    fn escaped_record_ends_do_not_end_the_opening() {
+        // A literal RS inside the system text is escaped: not a record end.
+        let system = "role=system\u{1f}text=a\u{10}\u{1e}b\u{1f}\u{1e}";
+        let text = format!("{system}{}", record("user", "q"));
+        assert_eq!(
+            canonical_opening(text.as_bytes()),
+            (system.len(), text.len())
+        );
+        // An escaped escape before RS: the RS is real.
+        let system = "role=system\u{1f}text=a\u{10}\u{10}\u{1f}\u{1e}";
+        let text = format!("{system}{}", record("user", "q"));
+        assert_eq!(canonical_opening(text.as_bytes()).0, system.len());
+    }
+
+    #[test]
+    fn responses_instructions_and_developer_messages_are_preamble() {
+        let text = format!(
+            "instructions=be brief\u{1f}\u{1e}{}{}",
+            record("developer", "rules"),
+            record("user", "hi")
+        );
+        let start = text.len() - record("user", "hi").len();
+        assert_eq!(canonical_opening(text.as_bytes()), (start, text.len()));
+    }
+
+    #[test]
+    fn raw_prompts_open_with_their_first_kib() {
+        let body = "r".repeat(5000);
+        let material = KeyMaterial {
+            source: PrefixSource::RawBytes,
+            ..canonical(&body)
+        };
+        let a = PromptBlocks::new(&material, 256);
+        let longer = body.clone() + "more";
+        let b = PromptBlocks::new(
+            &KeyMaterial {
+                source: PrefixSource::RawBytes,
+                ..canonical(&longer)
+            },
+            256,
+        );
+        assert_eq!(a.opening, b.opening);
+        assert_eq!(a.attracting_blocks, 1);
+    }
+
+    #[test]
+    fn empty_and_short_prompts() {
+        let empty = PromptBlocks::new(&canonical(""), 256);
+        assert!(empty.chain.is_empty());
+        assert_eq!(empty.attracting_blocks, 0);
+        assert!(!empty.attracts(0));
+        let short = PromptBlocks::new(&canonical("hi"), 256);
+        assert_eq!(short.chain.len(), 1);
+        assert!(short.attracts(1));
+    }
+
+    #[test]
+    fn golden_chain_never_changes() {
+        // Pinned: a change here makes every index entry unreachable at once.
+        let blocks = PromptBlocks::new(&canonical(&record("user", "hello")), 256);
+        assert_eq!(blocks.chain.len(), 1);
+        assert_eq!(format!("{:016x}", blocks.chain[0]), "9ee203ba6dda3bc9");
+    }
+}

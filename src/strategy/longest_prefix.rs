@@ -1,0 +1,454 @@
+//! PREFIX_AWARE with `match: LONGEST_PREFIX` (the default): send a prompt to
+//! the instance that holds the longest prefix of it, unless that instance is
+//! loaded well above the others; place a cold prompt deterministically.
+//!
+//! What an instance holds is the prefix index (`load::prefix_index`): the
+//! chained block hashes of every prompt this Envoy sent there. The choice,
+//! over the fresh instances with their in-flight counts:
+//! 1. The order of preference: if the longest held prefix attracts the
+//!    request ([`PromptBlocks::attracts`]: it reaches past the system
+//!    messages into the conversation's own text), its holders first; then
+//!    every instance. Within each group, rendezvous hashing of the prompt's
+//!    opening (highest `xxh3(address, seed = opening)` first): replicas with
+//!    the same instances rank them alike, with no shared state, and the
+//!    openings of many conversations spread evenly.
+//! 2. The first instance in that order whose in-flight count is at most the
+//!    least loaded instance's plus `load_margin` takes the request, if its
+//!    atomic claim under `concurrency_threshold` (and that same margin)
+//!    succeeds: a hot prefix never piles up on its holder; the next instance
+//!    takes it and its cache warms.
+//! 3. If every instance is at the cap, the least loaded takes it anyway
+//!    (counted), as FIXED_PREFIX does when every instance is as busy.
+//!
+//! The chosen instance is named in the host-override header (Envoy's
+//! `override_host`); the key header carries the opening's hash, so should
+//! Envoy not know that host it falls back to Maglev on the opening, as every
+//! replica would. The index then records that the instance holds every block.
+
+use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+use super::{DecisionKind, RouteHeaders, Routed};
+use crate::blocks::PromptBlocks;
+use crate::load::{Candidate, Claim, LoadView, Ticket};
+
+/// See the module documentation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LongestPrefix {
+    /// Requests in flight from this Envoy at which an instance takes no more
+    /// (1..=1024): the same exact, atomic cap as FIXED_PREFIX's.
+    pub concurrency_threshold: u32,
+    /// In-flight requests above the least loaded instance at which an
+    /// instance is passed over.
+    pub load_margin: u32,
+}
+
+/// Rendezvous score of `address` for a prompt opening.
+fn rank(opening: u64, address: &str) -> u64 {
+    xxh3_64_with_seed(address.as_bytes(), opening)
+}
+
+impl LongestPrefix {
+    pub fn new(concurrency_threshold: u32, load_margin: u32) -> Self {
+        Self {
+            concurrency_threshold: concurrency_threshold.max(1),
+            load_margin,
+        }
+    }
+
+    /// Decides for a prompt cut into `blocks`.
+    pub fn decide(&self, blocks: &PromptBlocks, load: &mut dyn LoadView, now_ms: u64) -> Routed {
+        let opening_key = blocks.opening_key();
+        let candidates = load.candidates(now_ms);
+        if candidates.is_empty() {
+            // No instance known yet: Maglev on the opening, counted by the
+            // upstream filter; the index learns nothing.
+            return Routed::untracked(RouteHeaders {
+                key: Some(opening_key),
+                matched_bytes: Some(0),
+                ..RouteHeaders::bare(DecisionKind::Cold)
+            });
+        }
+        let held = load.longest_held(&blocks.chain, &candidates, now_ms);
+        let attracted = blocks.attracts(held.blocks);
+        let is_holder = |c: &Candidate| attracted && held.holders.contains(&c.instance.slot);
+        let mut order: Vec<&Candidate> = candidates.iter().collect();
+        order.sort_by_key(|c| {
+            (
+                std::cmp::Reverse(is_holder(c)),
+                std::cmp::Reverse(rank(blocks.opening, &c.instance.address)),
+            )
+        });
+        let least = candidates.iter().map(|c| c.in_flight).min().unwrap_or(0);
+        let bound = least.saturating_add(self.load_margin);
+        // Claimed only below both the cap and the margin, so workers
+        // deciding at the same moment do not all pile onto one instance.
+        let cap = self
+            .concurrency_threshold
+            .min(bound.saturating_add(1))
+            .max(1);
+        let mut passed_over = false;
+        let mut full = false;
+        let mut chosen: Option<(&Candidate, Option<Ticket>)> = None;
+        for &candidate in &order {
+            if candidate.in_flight > bound {
+                passed_over = true;
+                continue;
+            }
+            match load.claim(&candidate.instance, None, Some(cap), now_ms) {
+                Claim::Claimed(ticket) => {
+                    chosen = Some((candidate, Some(ticket)));
+                    break;
+                }
+                // Left to the upstream filter to count.
+                Claim::Contended => {
+                    chosen = Some((candidate, None));
+                    break;
+                }
+                Claim::Full { .. } | Claim::Gone => full = true,
+            }
+        }
+        let (candidate, ticket) = match chosen {
+            Some(found) => found,
+            None => {
+                // Every instance at the cap (or over the margin): the least
+                // loaded, counted past the cap.
+                full = true;
+                let Some(&least_loaded) = order.iter().min_by_key(|c| c.in_flight) else {
+                    return Routed::untracked(RouteHeaders::bare(DecisionKind::Cold));
+                };
+                let ticket = match load.claim(&least_loaded.instance, None, None, now_ms) {
+                    Claim::Claimed(ticket) => Some(ticket),
+                    _ => None,
+                };
+                (least_loaded, ticket)
+            }
+        };
+        let holder = is_holder(candidate);
+        let kind = match (attracted, holder) {
+            (true, true) => DecisionKind::Matched,
+            _ if full => DecisionKind::Overflow,
+            (true, false) => DecisionKind::Moved,
+            (false, _) if passed_over => DecisionKind::Moved,
+            (false, _) => DecisionKind::Cold,
+        };
+        let known = if held.holders.contains(&candidate.instance.slot) {
+            held.blocks
+        } else {
+            0
+        };
+        let matched_bytes = blocks.bytes_of(known);
+        load.remember_held(
+            &blocks.chain,
+            known,
+            &candidate.instance,
+            &candidates,
+            now_ms,
+        );
+        let address = candidate.instance.address.clone();
+        Routed {
+            headers: RouteHeaders {
+                key: Some(opening_key),
+                host_override: Some(address.clone()),
+                counted: ticket.as_ref().map(|_| address),
+                matched_bytes: Some(u64::try_from(matched_bytes).unwrap_or(u64::MAX)),
+                ..RouteHeaders::bare(kind)
+            },
+            ticket,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+    use crate::extract::PrefixSource;
+    use crate::key::KeyMaterial;
+    use crate::load::{HeldPrefix, InstanceRef, Target};
+
+    /// A fleet as the policy sees it: in-flight counts, an exact prefix
+    /// index (block hash -> slots), claims that respect the cap.
+    #[derive(Default)]
+    struct Fleet {
+        in_flight: Vec<u32>,
+        held: HashMap<u64, Vec<u16>>,
+        contended: bool,
+        /// Requests stay in flight after `route` (else each one completes).
+        hold: bool,
+    }
+
+    impl Fleet {
+        fn new(instances: usize) -> Self {
+            Fleet {
+                in_flight: vec![0; instances],
+                ..Fleet::default()
+            }
+        }
+        fn instance(slot: u16) -> InstanceRef {
+            InstanceRef {
+                slot,
+                address: format!("10.0.0.{slot}:8000"),
+            }
+        }
+        fn route(&mut self, policy: &LongestPrefix, blocks: &PromptBlocks) -> (DecisionKind, u16) {
+            let routed = policy.decide(blocks, self, 0);
+            let host = routed
+                .headers
+                .host_override
+                .clone()
+                .expect("names the instance");
+            let slot = (0..self.in_flight.len() as u16)
+                .find(|s| Fleet::instance(*s).address == host)
+                .unwrap();
+            assert_eq!(routed.headers.key.as_deref(), Some(&*blocks.opening_key()));
+            if let Some(ticket) = routed.ticket {
+                assert_eq!(ticket.slot(), slot);
+                assert_eq!(routed.headers.counted.as_deref(), Some(&*host));
+                if !self.hold {
+                    self.in_flight[usize::from(slot)] -= 1;
+                }
+                drop(ticket);
+            }
+            (routed.headers.kind, slot)
+        }
+    }
+
+    impl LoadView for Fleet {
+        fn target_of(&mut self, _: &str, _: u64) -> Option<Target> {
+            None
+        }
+        fn in_flight(&mut self, i: &InstanceRef, _: u64) -> Option<u32> {
+            self.in_flight.get(usize::from(i.slot)).copied()
+        }
+        fn route_blind(&mut self, _: &str, _: u64) -> Option<Target> {
+            None
+        }
+        fn claim(&mut self, i: &InstanceRef, _: Option<&str>, cap: Option<u32>, _: u64) -> Claim {
+            if self.contended {
+                return Claim::Contended;
+            }
+            let count = &mut self.in_flight[usize::from(i.slot)];
+            if cap.is_some_and(|cap| *count >= cap) {
+                return Claim::Full { in_flight: *count };
+            }
+            *count += 1;
+            Claim::Claimed(Ticket {
+                slot: i.slot,
+                addr_hash: 0,
+                owner: 0,
+            })
+        }
+        fn least_busy_other(
+            &mut self,
+            _: &InstanceRef,
+            _: u64,
+            _: u64,
+        ) -> Option<(InstanceRef, u32)> {
+            None
+        }
+        fn candidates(&mut self, _: u64) -> Vec<Candidate> {
+            (0..self.in_flight.len() as u16)
+                .map(|slot| Candidate {
+                    instance: Fleet::instance(slot),
+                    in_flight: self.in_flight[usize::from(slot)],
+                })
+                .collect()
+        }
+        fn longest_held(&mut self, chain: &[u64], _: &[Candidate], _: u64) -> HeldPrefix {
+            for blocks in (1..=chain.len()).rev() {
+                if let Some(holders) = self.held.get(&chain[blocks - 1]) {
+                    return HeldPrefix {
+                        blocks,
+                        holders: holders.clone(),
+                    };
+                }
+            }
+            HeldPrefix::default()
+        }
+        fn remember_held(
+            &mut self,
+            chain: &[u64],
+            known: usize,
+            i: &InstanceRef,
+            _: &[Candidate],
+            _: u64,
+        ) {
+            for hash in chain.iter().skip(known.min(chain.len())) {
+                let holders = self.held.entry(*hash).or_default();
+                if !holders.contains(&i.slot) {
+                    holders.push(i.slot);
+                }
+            }
+        }
+    }
+
+    fn record(role: &str, text: &str) -> String {
+        format!("role={role}\u{1f}text={text}\u{1f}\u{1e}")
+    }
+
+    fn prompt(text: &str) -> PromptBlocks {
+        PromptBlocks::new(
+            &KeyMaterial {
+                tenant: None,
+                model: Some(b"m"),
+                source: PrefixSource::CanonicalText,
+                prefix: text.as_bytes(),
+            },
+            256,
+        )
+    }
+
+    fn conversation(system: &str, id: usize, turns: usize) -> Vec<PromptBlocks> {
+        let mut text = system.to_string();
+        let mut out = Vec::new();
+        for turn in 0..turns {
+            text.push_str(&record(
+                "user",
+                &format!("conversation {id} question {turn} {}", "q".repeat(300)),
+            ));
+            out.push(prompt(&text));
+            text.push_str(&record("assistant", &"answer ".repeat(60)));
+        }
+        out
+    }
+
+    #[test]
+    fn a_conversation_stays_on_the_instance_of_its_first_turn() {
+        let policy = LongestPrefix::new(10, 2);
+        let mut fleet = Fleet::new(7);
+        let turns = conversation("", 1, 5);
+        let (kind, first) = fleet.route(&policy, &turns[0]);
+        assert_eq!(kind, DecisionKind::Cold);
+        for turn in &turns[1..] {
+            assert_eq!(fleet.route(&policy, turn), (DecisionKind::Matched, first));
+        }
+    }
+
+    #[test]
+    fn cold_placement_is_the_same_on_every_replica_and_spreads() {
+        let policy = LongestPrefix::new(10, 1000);
+        let system = record("system", &"shared system prompt ".repeat(300));
+        let mut shares = [0usize; 7];
+        for id in 0..700 {
+            let first_turn = &conversation(&system, id, 1)[0];
+            // Two replicas, each with its own (empty) index.
+            let (mut a, mut b) = (Fleet::new(7), Fleet::new(7));
+            let (_, on_a) = a.route(&policy, first_turn);
+            let (_, on_b) = b.route(&policy, first_turn);
+            assert_eq!(on_a, on_b);
+            shares[usize::from(on_a)] += 1;
+        }
+        for share in shares {
+            assert!((70..=130).contains(&share), "{shares:?}");
+        }
+    }
+
+    #[test]
+    fn a_shared_system_prompt_does_not_attract_new_conversations() {
+        let policy = LongestPrefix::new(10, 1000);
+        let system = record("system", &"shared system prompt ".repeat(300));
+        let mut fleet = Fleet::new(7);
+        let mut shares = [0usize; 7];
+        for id in 0..700 {
+            let (kind, slot) = fleet.route(&policy, &conversation(&system, id, 1)[0]);
+            assert_eq!(kind, DecisionKind::Cold, "conversation {id}");
+            shares[usize::from(slot)] += 1;
+        }
+        for share in shares {
+            assert!((70..=130).contains(&share), "{shares:?}");
+        }
+        // Its second turn is matched where the first went.
+        let turns = conversation(&system, 9999, 2);
+        let (_, first) = fleet.route(&policy, &turns[0]);
+        assert_eq!(
+            fleet.route(&policy, &turns[1]),
+            (DecisionKind::Matched, first)
+        );
+    }
+
+    #[test]
+    fn questions_about_one_document_stay_together() {
+        let policy = LongestPrefix::new(10, 2);
+        let mut fleet = Fleet::new(7);
+        let document = "a pasted document ".repeat(200);
+        let ask = |q: &str| prompt(&record("user", &format!("{document}\n\n{q}")));
+        let (_, first) = fleet.route(&policy, &ask("Summarise the text above."));
+        for q in ["List its key points.", "Who wrote it?", "Translate it."] {
+            assert_eq!(
+                fleet.route(&policy, &ask(q)),
+                (DecisionKind::Matched, first)
+            );
+        }
+    }
+
+    #[test]
+    fn a_holder_loaded_past_the_margin_is_passed_over_and_the_cap_is_exact() {
+        let policy = LongestPrefix::new(3, 2);
+        let mut fleet = Fleet::new(4);
+        fleet.hold = true;
+        let turns = conversation("", 7, 2);
+        let (_, home) = fleet.route(&policy, &turns[0]);
+        fleet.in_flight = vec![0; 4];
+        // The holder two above the least loaded: still matched.
+        fleet.in_flight[usize::from(home)] = 2;
+        assert_eq!(
+            fleet.route(&policy, &turns[1]),
+            (DecisionKind::Matched, home)
+        );
+        // Now three above: moved to a less loaded instance, which then
+        // holds the prompt as well.
+        let (kind, other) = fleet.route(&policy, &turns[1]);
+        assert_eq!(kind, DecisionKind::Moved);
+        assert_ne!(other, home);
+        // At the cap on every instance but one: that one, whatever holds.
+        fleet.in_flight = vec![3; 4];
+        fleet.in_flight[3] = 2;
+        let (_, slot) = fleet.route(&policy, &turns[1]);
+        assert_eq!(slot, 3);
+        assert_eq!(fleet.in_flight, vec![3; 4]);
+        // Every instance at the cap: the least loaded takes it past the cap.
+        fleet.in_flight = vec![3, 4, 5, 6];
+        assert_eq!(fleet.route(&policy, &turns[1]), (DecisionKind::Overflow, 0));
+        assert_eq!(fleet.in_flight[0], 4);
+    }
+
+    #[test]
+    fn a_contended_claim_still_names_the_instance_uncounted() {
+        let policy = LongestPrefix::new(3, 2);
+        let mut fleet = Fleet::new(3);
+        fleet.contended = true;
+        let blocks = prompt(&record("user", "hello"));
+        let routed = policy.decide(&blocks, &mut fleet, 0);
+        assert!(routed.headers.host_override.is_some());
+        assert_eq!(routed.ticket, None);
+        assert_eq!(routed.headers.counted, None);
+    }
+
+    #[test]
+    fn with_no_instance_known_maglev_on_the_opening_decides() {
+        let policy = LongestPrefix::new(3, 2);
+        let mut fleet = Fleet::new(0);
+        let blocks = prompt(&record("user", "hello"));
+        let routed = policy.decide(&blocks, &mut fleet, 0);
+        assert_eq!(routed.headers.kind, DecisionKind::Cold);
+        assert_eq!(routed.headers.key, Some(blocks.opening_key()));
+        assert_eq!(routed.headers.host_override, None);
+        assert_eq!(routed.ticket, None);
+    }
+
+    #[test]
+    fn matched_bytes_report_what_the_chosen_instance_held() {
+        let policy = LongestPrefix::new(10, 2);
+        let mut fleet = Fleet::new(3);
+        let turns = conversation("", 3, 2);
+        let first = policy.decide(&turns[0], &mut fleet, 0);
+        assert_eq!(first.headers.matched_bytes, Some(0));
+        drop(first);
+        let second = policy.decide(&turns[1], &mut fleet, 0);
+        // Turn 0's full blocks are a prefix of turn 1 (its partial last block is not).
+        let full = turns[0].prefix_bytes / 256 * 256;
+        assert_eq!(second.headers.matched_bytes, Some(full as u64));
+        drop(second);
+    }
+}
