@@ -466,7 +466,7 @@ fn run_plan(
             let result = run_peer(runtime, opts, plan, &fleet, peer, run as u64, corpus)
                 .with_context(|| format!("{} (run {})", peer.name(), run + 1))?;
             progress(&format!(
-                "  {:<28} hit {:>5.1}%  TTFT p50 {:>6.0} p90 {:>6.0} ms  {:.2} req/s  share {:.1}-{:.1}%{}  failures {}  ({:.0} s)",
+                "  {:<34} hit {:>5.1}%  TTFT p50 {:>6.0} p90 {:>6.0} ms  {:.2} req/s  share {:.1}-{:.1}%{}  failures {}  ({:.0} s)",
                 peer.name(),
                 result.hit_rate * 100.0,
                 result.ttft_p50_ms,
