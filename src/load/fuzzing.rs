@@ -7,6 +7,7 @@ use super::instances::{InstanceRecord, RegistryEpoch};
 use super::lease::Lease;
 use super::mark::UpstreamFilterMark;
 use super::pending::PendingBucket;
+use super::prefix_index::PrefixBucket;
 use super::routes::RouteBucket;
 use super::table::Record;
 
@@ -20,6 +21,7 @@ pub fn decode_as_every_record(bytes: &[u8]) -> usize {
         round_trip::<Lease>(bytes),
         round_trip::<PendingBucket>(bytes),
         round_trip::<RouteBucket>(bytes),
+        round_trip::<PrefixBucket>(bytes),
         round_trip::<Census>(bytes),
         round_trip::<UpstreamFilterMark>(bytes),
     ]
@@ -55,6 +57,26 @@ mod tests {
         );
         assert_eq!(decode_as_every_record(b""), 1);
         assert_eq!(decode_as_every_record(&[0xff; 40]), 1);
+    }
+
+    /// A prefix-index bucket decodes as itself (and, like anything, as an
+    /// epoch), empty or full.
+    #[test]
+    fn a_prefix_bucket_decodes_as_its_own_kind() {
+        use super::super::prefix_index::{Holder, PrefixEntry, ENTRIES};
+        let full = PrefixBucket {
+            entries: (0..ENTRIES as u64)
+                .map(|hash| PrefixEntry {
+                    hash,
+                    holder: Holder { slot: 1, tag: 2 },
+                    last_used: 3,
+                })
+                .collect(),
+        };
+        for bucket in [PrefixBucket::default(), full] {
+            assert_eq!(decode_as_every_record(&bucket.encode()), 2);
+            assert_eq!(PrefixBucket::decode(&bucket.encode()), Some(bucket));
+        }
     }
 
     /// The fuzz target's seeds (`fuzz/seeds/records`) are valid records:

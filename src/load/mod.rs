@@ -29,6 +29,7 @@ mod instances;
 mod lease;
 mod mark;
 mod pending;
+mod prefix_index;
 mod routes;
 mod table;
 mod tracker;
@@ -43,6 +44,9 @@ use crate::headers::PENDING_MARK;
 // What key balancing (`crate::strategy::key_balance`) works with.
 pub(crate) use census::{generation, Census};
 pub(crate) use instances::RegistryEpoch;
+// Until the filter's LONGEST_PREFIX mode calls it.
+#[allow(unused_imports)]
+pub use prefix_index::Remembered;
 pub(crate) use routes::RouteEntry;
 pub(crate) use table::{Change, Updated};
 pub(crate) use tracker::{key_hash, RouteUpdate};
@@ -87,7 +91,7 @@ impl Default for LoadConfig {
             route_ttl_ms: 600_000,
             pending_ttl_ms: 1_000,
             cas_attempts: 16,
-            index_bytes: 8 * 1024 * 1024,
+            index_bytes: prefix_index::DEFAULT_BUDGET_BYTES,
         }
     }
 }

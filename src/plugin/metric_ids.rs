@@ -3,10 +3,12 @@
 //! the VM's batch, handed to Envoy on the tick).
 
 use super::vm::{define_metric, Vm};
+use super::warn_on_error;
 use crate::host::{Host, MetricKind};
+use crate::load::Remembered;
 use crate::metrics::{
     decision_counter_name, decision_index, recording_for, Counter, BYTES_INSPECTED, DECISION_KINDS,
-    MATCHED_BYTES,
+    INDEX_CAPACITY, INDEX_ENTRIES, INDEX_EVICTIONS, MATCHED_BYTES,
 };
 use crate::request::KeyDerivation;
 use crate::strategy::DecisionKind;
@@ -19,6 +21,9 @@ pub struct MetricIds {
     decisions: [Option<u32>; DECISION_KINDS.len()],
     bytes_inspected: Option<u32>,
     matched_bytes: Option<u32>,
+    index_entries: Option<u32>,
+    index_capacity: Option<u32>,
+    index_evictions: Option<u32>,
 }
 
 impl MetricIds {
@@ -34,6 +39,9 @@ impl MetricIds {
         }
         ids.bytes_inspected = define_metric(host, MetricKind::Histogram, BYTES_INSPECTED);
         ids.matched_bytes = define_metric(host, MetricKind::Histogram, MATCHED_BYTES);
+        ids.index_entries = define_metric(host, MetricKind::Gauge, INDEX_ENTRIES);
+        ids.index_capacity = define_metric(host, MetricKind::Gauge, INDEX_CAPACITY);
+        ids.index_evictions = define_metric(host, MetricKind::Counter, INDEX_EVICTIONS);
         ids
     }
 
@@ -53,6 +61,38 @@ impl MetricIds {
     pub fn increment_decision<H: Host + Clone>(&self, vm: &mut Vm<H>, kind: DecisionKind) {
         if let Some(Some(id)) = self.decisions.get(decision_index(kind)) {
             vm.count_later(*id);
+        }
+    }
+
+    /// On the tick: the prefix index's entries newly filled and evicted by
+    /// this VM (every VM adds its own to the same stats), and its capacity.
+    pub fn publish_index<H: Host + Clone>(
+        &self,
+        vm: &mut Vm<H>,
+        writes: &Remembered,
+        capacity: u64,
+    ) {
+        let host = vm.host();
+        if let (Some(id), true) = (self.index_entries, writes.filled > 0) {
+            warn_on_error(
+                "increment gauge",
+                INDEX_ENTRIES,
+                host.increment_metric(id, i64::from(writes.filled)),
+            );
+        }
+        if let (Some(id), true) = (self.index_evictions, writes.evicted > 0) {
+            warn_on_error(
+                "increment counter",
+                INDEX_EVICTIONS,
+                host.increment_metric(id, i64::from(writes.evicted)),
+            );
+        }
+        if let Some(id) = self.index_capacity {
+            warn_on_error(
+                "set gauge",
+                INDEX_CAPACITY,
+                host.record_metric(id, capacity),
+            );
         }
     }
 

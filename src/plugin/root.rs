@@ -106,11 +106,12 @@ impl PluginRoot {
         if !vm.tick_due(now, TICK_PERIOD_MS) {
             return;
         }
-        let loads = vm.with_tracker(&self.config, |t| {
+        let (loads, index_writes, capacity) = vm.with_tracker(&self.config, |t| {
             t.tick(now);
-            t.snapshot(now)
+            (t.snapshot(now), t.take_index_writes(), t.index_capacity())
         });
         vm.publish_gauges(&loads);
+        self.metrics.publish_index(vm, &index_writes, capacity);
     }
 
     /// `create_http_context`: a stream that keeps this root's configuration,

@@ -99,9 +99,10 @@ fn in_flight(vm: &mut TestVm, host: &MemoryHost, address: &str) -> Option<u32> {
 #[test]
 fn counters_are_batched_and_flushed_on_the_tick_with_their_deltas() {
     let (host, mut vm, root) = configured("{}");
+    // Plus the prefix index's eviction counter.
     assert_eq!(
         host.defined(MetricKind::Counter),
-        Counter::ALL.len() + DECISION_KINDS.len()
+        Counter::ALL.len() + DECISION_KINDS.len() + 1
     );
     assert_eq!(host.defined(MetricKind::Histogram), 2);
     let mut streams: Vec<Stream> = (0..3).map(|i| invoke(&host, &mut vm, &root, i)).collect();
@@ -585,5 +586,54 @@ fn random_numbers_need_no_host_entropy() {
             .count(),
         1,
         "the host's entropy is asked once per VM"
+    );
+}
+
+#[test]
+fn longest_prefix_names_the_instance_holding_the_prompt_and_fills_the_index() {
+    let (host, mut vm, root) = configured_as(
+        r#"{"decision_header":"x-decision","instances":["10.0.0.1:8000","10.0.0.2:8000"]}"#,
+    );
+    let mut first = invoke(&host, &mut vm, &root, 4);
+    let chosen = host
+        .request_header(HOST_HEADER)
+        .expect("the chosen instance is named");
+    assert!([A, B].contains(&chosen.as_str()), "{chosen}");
+    host.set_property("upstream.address", Some(&chosen));
+    first.on_response_headers(&mut vm);
+    assert_eq!(
+        host.response_header("x-decision"),
+        Some(format!("cold; instance={chosen}; matched=0"))
+    );
+    first.on_done(&mut vm);
+    // The same prompt, longer: matched where the first went, on every block
+    // the first one filled (2,000 bytes: 7 full blocks of 256).
+    let mut body = invoke_body(4);
+    body.extend_from_slice(b" and a follow-up question");
+    let (mut second, _) = request(
+        &host,
+        &mut vm,
+        &root,
+        &[(":path", "/invocations")],
+        Some(&body),
+    );
+    assert_eq!(host.request_header(HOST_HEADER), Some(chosen.clone()));
+    host.set_property("upstream.address", Some(&chosen));
+    second.on_response_headers(&mut vm);
+    assert_eq!(
+        host.response_header("x-decision"),
+        Some(format!("matched; instance={chosen}; matched=1792"))
+    );
+    second.on_done(&mut vm);
+    host.advance_ms(u64::from(TICK_PERIOD_MS));
+    root.tick(&mut vm);
+    // The first prompt's 8 blocks, then the second's last one (its 8th block,
+    // 233 bytes, differs from the first's partial one). A gauge every VM adds
+    // its own new entries to.
+    assert_eq!(host.counter(crate::metrics::INDEX_ENTRIES), 9);
+    assert_eq!(host.gauge(crate::metrics::INDEX_CAPACITY), Some(520_208));
+    assert_eq!(
+        host.metric(crate::metrics::MATCHED_BYTES).unwrap().records,
+        vec![0, 1792]
     );
 }

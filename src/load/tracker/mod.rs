@@ -11,10 +11,11 @@ use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 use super::census::Census;
 use super::instances::{InstanceRecord, RegistryEpoch};
 use super::mark::UpstreamFilterMark;
+use super::prefix_index::{Holder, PrefixIndex, Remembered};
 use super::routes::RouteEntry;
 use super::table::{Change, Tables, Updated};
 use super::{
-    Candidate, Claim, InstanceLoad, InstanceRef, LoadConfig, LoadView, Target, Ticket,
+    Candidate, Claim, HeldPrefix, InstanceLoad, InstanceRef, LoadConfig, LoadView, Target, Ticket,
     UpstreamStart,
 };
 use crate::headers::PENDING_MARK;
@@ -48,6 +49,10 @@ pub struct LoadTracker<S: SharedStore> {
     columns: Columns,
     registry: Registry,
     learned: Learned,
+    /// LONGEST_PREFIX: which instances hold which prompt blocks.
+    index: PrefixIndex,
+    /// What this VM's index writes did since [`LoadTracker::take_index_writes`].
+    index_writes: Remembered,
 }
 
 fn addr_hash(address: &str) -> u64 {
@@ -73,6 +78,8 @@ impl<S: SharedStore> LoadTracker<S> {
                 config.route_ttl_ms,
                 config.pending_ttl_ms,
             ),
+            index: PrefixIndex::new(config.index_bytes),
+            index_writes: Remembered::default(),
             config,
         }
     }
@@ -88,6 +95,32 @@ impl<S: SharedStore> LoadTracker<S> {
     /// decision that needs the instances, kept fresh while listed.
     pub fn set_configured_instances(&mut self, instances: &[String]) {
         self.registry.set_configured(instances);
+    }
+
+    /// Resizes the prefix index (a configuration update). Shared data cannot
+    /// shrink: after a smaller budget the buckets past it stay allocated,
+    /// unused, until Envoy restarts.
+    pub fn set_index_bytes(&mut self, index_bytes: u64) {
+        if index_bytes != self.config.index_bytes {
+            self.config.index_bytes = index_bytes;
+            self.index = PrefixIndex::new(index_bytes);
+        }
+    }
+
+    /// Entries the prefix index holds at most.
+    pub fn index_capacity(&self) -> u64 {
+        self.index.capacity()
+    }
+
+    /// Shared-data bytes of the prefix index's values when it is full.
+    pub fn index_bytes(&self) -> u64 {
+        self.index.bytes()
+    }
+
+    /// What this VM's prefix-index writes did since the last call (for the
+    /// occupancy gauge and the eviction counter).
+    pub fn take_index_writes(&mut self) -> Remembered {
+        std::mem::take(&mut self.index_writes)
     }
 
     pub fn set_instance_ttl_ms(&mut self, instance_ttl_ms: u64) {
@@ -387,6 +420,51 @@ impl<S: SharedStore> LoadView for LoadTracker<S> {
     fn candidates(&mut self, now_ms: u64) -> Vec<Candidate> {
         self.fresh_candidates(now_ms)
     }
+
+    fn longest_held(
+        &mut self,
+        chain: &[u64],
+        candidates: &[Candidate],
+        _now_ms: u64,
+    ) -> HeldPrefix {
+        let live = holders_of(candidates);
+        let held = self
+            .index
+            .longest_held(&self.tables, chain, &|h| live.contains(&h));
+        HeldPrefix {
+            blocks: held.blocks,
+            holders: held.holders.iter().map(|h| h.slot).collect(),
+        }
+    }
+
+    fn remember_held(
+        &mut self,
+        chain: &[u64],
+        known: usize,
+        instance: &InstanceRef,
+        candidates: &[Candidate],
+        now_ms: u64,
+    ) {
+        let live = holders_of(candidates);
+        let holder = Holder::new(instance.slot, addr_hash(&instance.address));
+        let written = self.index.remember(
+            &self.tables,
+            chain,
+            known,
+            holder,
+            &|h| live.contains(&h),
+            now_ms,
+        );
+        self.index_writes.add(written);
+    }
+}
+
+/// The prefix-index holders of `candidates` (the live instances).
+fn holders_of(candidates: &[Candidate]) -> Vec<Holder> {
+    candidates
+        .iter()
+        .map(|c| Holder::new(c.instance.slot, addr_hash(&c.instance.address)))
+        .collect()
 }
 
 impl<S: SharedStore> LoadTracker<S> {
