@@ -157,10 +157,6 @@ pub struct Config {
     pub decision_header: Option<String>,
     /// How long an instance not seen serving stays an overflow candidate.
     pub instance_ttl_ms: u64,
-    /// PREFIX_AWARE key balancing: the most live keys one instance may own,
-    /// in percent of an even share (100 = as even as possible). `None`
-    /// (`null`, the default): keys stay where Maglev puts them.
-    pub key_balance_factor: Option<u32>,
     /// Where in-flight requests are counted (see [`Counting`]).
     pub counting: Counting,
     /// The fleet, known before the first request: `ip:port` of every
@@ -185,8 +181,6 @@ pub const MAX_PATH_RULES: usize = 64;
 /// From a second (shorter would forget instances between requests of a quiet
 /// fleet) to an hour (longer keeps nominating instances long gone).
 pub const INSTANCE_TTL_MS_RANGE: (u64, u64) = (1_000, 3_600_000);
-/// From an even share (100) to ten times one, past which it never binds.
-pub const KEY_BALANCE_FACTOR_RANGE: (u64, u64) = (100, 1_000);
 /// The instance registry's size (`LoadConfig::max_instances`): a longer list
 /// could not be tracked.
 pub const MAX_INSTANCES: usize = 64;
@@ -204,7 +198,7 @@ const RESERVED_KEY_HEADERS: [&str; 9] = [
     "expect",
 ];
 
-const FIELDS: [&str; 19] = [
+const FIELDS: [&str; 18] = [
     "strategy",
     "match",
     "prefix_length",
@@ -221,7 +215,6 @@ const FIELDS: [&str; 19] = [
     "host_header",
     "decision_header",
     "instance_ttl_ms",
-    "key_balance_factor",
     "counting",
     "instances",
 ];
@@ -245,7 +238,6 @@ impl Default for Config {
             host_header: Some(DEFAULT_HOST_HEADER.to_string()),
             decision_header: None,
             instance_ttl_ms: 60_000,
-            key_balance_factor: None,
             counting: Counting::UpstreamFilter,
             instances: Vec::new(),
         }
@@ -574,15 +566,6 @@ impl Config {
             "instance_ttl_ms" => {
                 self.instance_ttl_ms = integer_in(name, value, INSTANCE_TTL_MS_RANGE)?
             }
-            "key_balance_factor" => {
-                self.key_balance_factor = match value {
-                    Value::Null => None,
-                    _ => {
-                        let v = integer_in(name, value, KEY_BALANCE_FACTOR_RANGE)?;
-                        Some(u32::try_from(v).unwrap_or(u32::MAX))
-                    }
-                }
-            }
             "counting" => self.counting = one_of(name, value, &Counting::NAMES)?,
             "instances" => self.instances = instances(value)?,
             // `reject_unknown` ran first; kept total so a field listed in
@@ -639,28 +622,15 @@ impl Config {
                 ));
             }
         }
-        if self.strategy == Strategy::PrefixAware && self.matching == Matching::LongestPrefix {
-            if self.host_header.is_none() {
-                return Err(error(
-                    "host_header",
-                    "null, but match LONGEST_PREFIX names the chosen instance in it (Envoy's \
-                     override_host policy); configure it, or set match to FIXED_PREFIX to route \
-                     by Maglev on the key alone",
-                ));
-            }
-            if self.key_balance_factor.is_some() {
-                return Err(error(
-                    "key_balance_factor",
-                    "applies to match FIXED_PREFIX only (LONGEST_PREFIX spreads cold prompts \
-                     by rendezvous hashing and weighs every choice against load)",
-                ));
-            }
-        }
-        if self.key_balance_factor.is_some() && self.host_header.is_none() {
+        if self.strategy == Strategy::PrefixAware
+            && self.matching == Matching::LongestPrefix
+            && self.host_header.is_none()
+        {
             return Err(error(
-                "key_balance_factor",
-                "needs host_header: a key placed off its Maglev instance is reached through \
-                 Envoy's override_host policy",
+                "host_header",
+                "null, but match LONGEST_PREFIX names the chosen instance in it (Envoy's \
+                 override_host policy); configure it, or set match to FIXED_PREFIX to route \
+                 by Maglev on the key alone",
             ));
         }
         if let Some(host) = &self.host_header {
@@ -754,7 +724,6 @@ mod tests {
             host_header: Some("x-prefix-route-host".into()),
             decision_header: None,
             instance_ttl_ms: 60_000,
-            key_balance_factor: None,
             counting: Counting::UpstreamFilter,
             instances: Vec::new(),
         };
@@ -783,8 +752,6 @@ mod tests {
             .starts_with("host_header: null, but match LONGEST_PREFIX"));
         assert!(parse(r#"{"host_header":null,"match":"FIXED_PREFIX"}"#).is_ok());
         assert!(parse(r#"{"host_header":null,"strategy":"RANDOM"}"#).is_ok());
-        assert!(err(r#"{"key_balance_factor":100}"#)
-            .starts_with("key_balance_factor: applies to match FIXED_PREFIX only"));
         assert_eq!(
             err(r#"{"block_bytes":32}"#),
             "block_bytes: 32 is out of range 64..=4096"
@@ -1057,36 +1024,16 @@ mod tests {
     }
 
     #[test]
-    fn key_balance_factor_is_a_percent_of_an_even_share_and_needs_the_host_header() {
-        let factor = |text: &str| parse(text).map(|c| c.key_balance_factor);
-        assert_eq!(
-            factor(r#"{"match":"FIXED_PREFIX","key_balance_factor":100}"#),
-            Ok(Some(100))
-        );
-        assert_eq!(
-            factor(r#"{"match":"FIXED_PREFIX","key_balance_factor":1000}"#),
-            Ok(Some(1000))
-        );
-        assert_eq!(
-            factor(r#"{"match":"FIXED_PREFIX","key_balance_factor":null}"#),
-            Ok(None)
-        );
-        for (text, message) in [
-            (
-                r#"{"match":"FIXED_PREFIX","key_balance_factor":99}"#,
-                "key_balance_factor: 99 is out of range 100..=1000",
-            ),
-            (
-                r#"{"match":"FIXED_PREFIX","key_balance_factor":1.5}"#,
-                "key_balance_factor: expected an integer, got a number (1.5)",
-            ),
-            (
-                r#"{"match":"FIXED_PREFIX","key_balance_factor":125,"host_header":null}"#,
-                "key_balance_factor: needs host_header: a key placed off its Maglev instance \
-                 is reached through Envoy's override_host policy",
-            ),
+    fn key_balance_factor_is_refused_as_an_unknown_field() {
+        for text in [
+            r#"{"match":"FIXED_PREFIX","key_balance_factor":100}"#,
+            r#"{"key_balance_factor":null}"#,
         ] {
-            assert_eq!(err(text), message);
+            assert!(
+                err(text).starts_with("key_balance_factor: unknown field (known fields: "),
+                "{text}: {}",
+                err(text)
+            );
         }
     }
 

@@ -16,12 +16,11 @@ use crate::request::KeyDerivation;
 use crate::strategy::DecisionKind;
 
 /// Every routing decision kind, in a fixed order (one counter each).
-pub const DECISION_KINDS: [DecisionKind; 9] = [
+pub const DECISION_KINDS: [DecisionKind; 8] = [
     DecisionKind::Matched,
     DecisionKind::Cold,
     DecisionKind::Moved,
     DecisionKind::Prefix,
-    DecisionKind::Placed,
     DecisionKind::Overflow,
     DecisionKind::LeastOutstanding,
     DecisionKind::Random,
@@ -222,7 +221,6 @@ mod tests {
                 "prefix_router.decision.cold",
                 "prefix_router.decision.moved",
                 "prefix_router.decision.prefix",
-                "prefix_router.decision.placed",
                 "prefix_router.decision.overflow",
                 "prefix_router.decision.least_outstanding",
                 "prefix_router.decision.random",

@@ -20,12 +20,13 @@ pub fn policy_for(config: &Config) -> Policy {
             Policy::LongestPrefix(LongestPrefix::new(
                 config.concurrency_threshold,
                 config.load_margin,
+                !config.instances.is_empty(),
             ))
         }
-        Strategy::PrefixAware => Policy::PrefixAware(
-            PrefixAware::new(config.concurrency_threshold, config.host_header.is_some())
-                .with_key_balance(config.key_balance_factor),
-        ),
+        Strategy::PrefixAware => Policy::PrefixAware(PrefixAware::new(
+            config.concurrency_threshold,
+            config.host_header.is_some(),
+        )),
         Strategy::LeastOutstandingRequests => Policy::LeastOutstanding(LeastOutstanding),
         Strategy::Random => Policy::Random(RandomPolicy),
     }
@@ -218,21 +219,12 @@ mod tests {
         let c = Config::parse(br#"{"concurrency_threshold":3,"load_margin":5}"#).unwrap();
         assert_eq!(
             policy_for(&c),
-            Policy::LongestPrefix(LongestPrefix::new(3, 5))
+            Policy::LongestPrefix(LongestPrefix::new(3, 5, false))
         );
         let c = config(r#"{"concurrency_threshold":5,"host_header":null}"#);
         assert_eq!(
             policy_for(&c),
             Policy::PrefixAware(PrefixAware::new(5, false))
-        );
-        let c = config(r#"{"concurrency_threshold":4,"key_balance_factor":125}"#);
-        let Policy::PrefixAware(balanced) = policy_for(&c) else {
-            panic!("PREFIX_AWARE");
-        };
-        assert_eq!(balanced.key_balance_percent, Some(125));
-        assert_eq!(
-            balanced,
-            PrefixAware::new(4, true).with_key_balance(Some(125))
         );
         assert_eq!(
             policy_for(&config(r#"{"strategy":"LEAST_OUTSTANDING_REQUESTS"}"#)),

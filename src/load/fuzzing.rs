@@ -2,7 +2,6 @@
 //! every shared-data value was written by some VM, possibly of another build
 //! or half-corrupted, and decoding it must never panic.
 
-use super::census::Census;
 use super::instances::{InstanceRecord, RegistryEpoch};
 use super::lease::Lease;
 use super::mark::UpstreamFilterMark;
@@ -22,7 +21,6 @@ pub fn decode_as_every_record(bytes: &[u8]) -> usize {
         round_trip::<PendingBucket>(bytes),
         round_trip::<RouteBucket>(bytes),
         round_trip::<PrefixBucket>(bytes),
-        round_trip::<Census>(bytes),
         round_trip::<UpstreamFilterMark>(bytes),
     ]
     .into_iter()
@@ -83,13 +81,12 @@ mod tests {
     /// each decodes as its own kind (and, like anything, as an epoch).
     #[test]
     fn every_fuzz_seed_is_a_record() {
-        let seeds: [(&[u8], usize); 7] = [
+        let seeds: [(&[u8], usize); 6] = [
             (include_bytes!("../../fuzz/seeds/records/instance"), 2),
             (include_bytes!("../../fuzz/seeds/records/epoch"), 1),
             (include_bytes!("../../fuzz/seeds/records/lease"), 2),
             (include_bytes!("../../fuzz/seeds/records/pending"), 2),
             (include_bytes!("../../fuzz/seeds/records/route"), 2),
-            (include_bytes!("../../fuzz/seeds/records/census"), 2),
             (include_bytes!("../../fuzz/seeds/records/mark"), 2),
         ];
         for (seed, kinds) in seeds {
@@ -99,7 +96,6 @@ mod tests {
         assert!(Lease::decode(seeds[2].0).is_some());
         assert!(PendingBucket::decode(seeds[3].0).is_some());
         assert!(RouteBucket::decode(seeds[4].0).is_some());
-        assert!(Census::decode(seeds[5].0).is_some());
-        assert!(UpstreamFilterMark::decode(seeds[6].0).is_some_and(|m| m.is_present()));
+        assert!(UpstreamFilterMark::decode(seeds[5].0).is_some_and(|m| m.is_present()));
     }
 }

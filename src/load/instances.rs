@@ -129,33 +129,28 @@ impl Record for InstanceRecord {
 }
 
 /// The registry epoch: counts registrations, so other VMs know to rescan the
-/// instance slots, and (since key balancing) when the last one happened.
+/// instance slots.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(crate) struct RegistryEpoch {
     pub(crate) epoch: u64,
-    /// When the epoch last changed (0: never, or written by an older build).
-    pub(crate) changed_ms: u64,
 }
 
 impl Record for RegistryEpoch {
     fn encode(&self) -> Vec<u8> {
-        let mut w = Writer::with_capacity(16);
-        w.u64(self.epoch).u64(self.changed_ms);
+        let mut w = Writer::with_capacity(8);
+        w.u64(self.epoch);
         w.finish()
     }
 
-    /// Lenient on purpose, as it always was: an 8-byte epoch from an older
-    /// build has no time, and a word that is not there reads as 0.
+    /// Lenient on purpose, as it always was: the first word is the epoch
+    /// (a longer value from another build keeps it), and a word that is not
+    /// there reads as 0.
     fn decode(buf: &[u8]) -> Option<Self> {
-        let word = |at: usize| {
-            buf.get(at..at + 8)
-                .and_then(|b| <[u8; 8]>::try_from(b).ok())
-                .map_or(0, u64::from_le_bytes)
-        };
-        Some(Self {
-            epoch: word(0),
-            changed_ms: word(8),
-        })
+        let epoch = buf
+            .get(..8)
+            .and_then(|b| <[u8; 8]>::try_from(b).ok())
+            .map_or(0, u64::from_le_bytes);
+        Some(Self { epoch })
     }
 }
 
@@ -198,19 +193,13 @@ mod tests {
     }
 
     #[test]
-    fn the_epoch_round_trips_and_an_older_epoch_has_no_time() {
-        let epoch = RegistryEpoch {
-            epoch: 7,
-            changed_ms: 1_234,
-        };
+    fn the_epoch_round_trips_and_a_longer_value_keeps_its_first_word() {
+        let epoch = RegistryEpoch { epoch: 7 };
         assert_eq!(RegistryEpoch::decode(&epoch.encode()), Some(epoch));
-        let older = 9u64.to_le_bytes();
+        let longer = [9u64.to_le_bytes(), 1_234u64.to_le_bytes()].concat();
         assert_eq!(
-            RegistryEpoch::decode(&older),
-            Some(RegistryEpoch {
-                epoch: 9,
-                changed_ms: 0
-            })
+            RegistryEpoch::decode(&longer),
+            Some(RegistryEpoch { epoch: 9 })
         );
         assert_eq!(
             RegistryEpoch::decode(b"abc"),

@@ -19,7 +19,6 @@
 //!   expires (healing after a VM restart).
 //! - Every table has a fixed size ([`LoadConfig`]); time is a parameter.
 
-mod census;
 mod codec;
 // Only for the cargo-fuzz target (`--cfg fuzzing`) and its seed test: it
 // asserts, which the filter itself never does.
@@ -41,15 +40,7 @@ pub use tracker::{LoadTracker, RESPONSE_CHECK_MS};
 
 use crate::headers::PENDING_MARK;
 
-// What key balancing (`crate::strategy::key_balance`) works with.
-pub(crate) use census::{generation, Census};
-pub(crate) use instances::RegistryEpoch;
-// Until the filter's LONGEST_PREFIX mode calls it.
-#[allow(unused_imports)]
 pub use prefix_index::Remembered;
-pub(crate) use routes::RouteEntry;
-pub(crate) use table::{Change, Updated};
-pub(crate) use tracker::{key_hash, RouteUpdate};
 
 /// Sizes, times and namespace of the shared tables.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -115,13 +106,11 @@ pub struct InstanceRef {
     pub address: String,
 }
 
-/// Where a key's requests go: the instance, and whether key balancing placed
-/// the key there (then the host-override header must name it) rather than
-/// Maglev choosing it (then the key header alone gets there).
+/// Where a key's requests go: the instance Maglev chooses for it (the key
+/// header alone gets there).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Target {
     pub instance: InstanceRef,
-    pub placed: bool,
 }
 
 /// Proof that one request is counted on one instance. Not `Clone`: give it
@@ -237,25 +226,6 @@ pub trait LoadView {
         random: u64,
         now_ms: u64,
     ) -> Option<(InstanceRef, u32)>;
-    /// Key balancing (`key_balance_factor`, in percent of an even share):
-    /// the target `key`'s requests should go to. A key on its Maglev target
-    /// stays there unless that instance already owns `factor_percent` % of
-    /// an even share of the live keys; then the key is placed on the first
-    /// instance of its own preference order below that bound. Without a
-    /// shared table of placements (the default) nothing moves. The tracker
-    /// answers with the policy in `crate::strategy::key_balance`.
-    fn balance(&mut self, key: &str, target: Target, factor_percent: u32, now_ms: u64) -> Target {
-        let _ = (key, factor_percent, now_ms);
-        target
-    }
-    /// Key balancing for a key with no target yet: places it on the first
-    /// instance of its own preference order below the bound, before its
-    /// first request (so it is never moved after warming a cache). None:
-    /// too few instances known yet; route it as without balancing.
-    fn place_new(&mut self, key: &str, factor_percent: u32, now_ms: u64) -> Option<Target> {
-        let _ = (key, factor_percent, now_ms);
-        None
-    }
     /// Every fresh instance (the configured and the learned ones) with its
     /// in-flight count.
     fn candidates(&mut self, now_ms: u64) -> Vec<Candidate> {

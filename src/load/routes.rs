@@ -1,13 +1,12 @@
 //! The learned key -> instance table: which instance Maglev sends a key to,
-//! as seen by the upstream filter, or where key balancing placed the key
-//! instead. Direct-mapped buckets of a few ways each, so the table has a fixed
+//! as seen by the upstream filter. Direct-mapped buckets of a few ways each, so the table has a fixed
 //! size however many keys pass; within a bucket the oldest (or expired) entry
 //! gives way.
 
 use super::codec::{Reader, Writer};
 use super::table::Record;
 
-const BUCKET_VERSION: u8 = 2;
+const BUCKET_VERSION: u8 = 3;
 
 /// Entries per bucket.
 pub(crate) const WAYS: usize = 4;
@@ -20,39 +19,24 @@ pub(crate) struct RouteEntry {
     pub(crate) slot: u16,
     pub(crate) addr_hash: u64,
     pub(crate) learned_ms: u64,
-    /// Placed by key balancing on an instance other than Maglev's choice:
-    /// requests go there through the host-override header, and what Maglev
-    /// does with the key teaches nothing while the instance serves.
-    pub(crate) placed: bool,
-    /// Key balancing has decided where this key lives (it stays, or it was
-    /// placed); a key is checked once, by whichever worker VM sees it first.
-    pub(crate) checked: bool,
-    /// The census generation the key was last counted in (0: never).
-    pub(crate) census_generation: u32,
 }
 
 impl RouteEntry {
-    /// A fresh mapping of `key_hash` to `slot`, known to nobody's census.
+    /// A fresh mapping of `key_hash` to `slot`.
     pub(crate) fn new(key_hash: u64, slot: u16, addr_hash: u64, learned_ms: u64) -> Self {
         Self {
             key_hash,
             slot,
             addr_hash,
             learned_ms,
-            placed: false,
-            checked: false,
-            census_generation: 0,
         }
     }
 
-    /// The same mapping (the same instance), with balancing's marks kept.
+    /// The same mapping (the same instance), whenever learned.
     pub(crate) fn same_instance(&self, other: &RouteEntry) -> bool {
         self.slot == other.slot && self.addr_hash == other.addr_hash
     }
 }
-
-const PLACED: u8 = 1;
-const CHECKED: u8 = 2;
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub(crate) struct RouteBucket {
@@ -76,13 +60,9 @@ impl RouteBucket {
             .iter_mut()
             .find(|e| e.key_hash == entry.key_hash)
         {
-            let same = existing.same_instance(&entry)
-                && (
-                    existing.placed,
-                    existing.checked,
-                    existing.census_generation,
-                ) == (entry.placed, entry.checked, entry.census_generation);
-            if same && entry.learned_ms.saturating_sub(existing.learned_ms) < refresh_ms {
+            if existing.same_instance(&entry)
+                && entry.learned_ms.saturating_sub(existing.learned_ms) < refresh_ms
+            {
                 return false;
             }
             *existing = entry;
@@ -102,16 +82,14 @@ impl RouteBucket {
 impl Record for RouteBucket {
     fn encode(&self) -> Vec<u8> {
         let entries = self.entries.get(..WAYS).unwrap_or(&self.entries);
-        let mut w = Writer::with_capacity(2 + 31 * entries.len());
+        let mut w = Writer::with_capacity(2 + 26 * entries.len());
         // At most WAYS entries, well below 256.
         w.u8(BUCKET_VERSION).u8(entries.len() as u8);
         for e in entries {
             w.u64(e.key_hash)
                 .u16(e.slot)
                 .u64(e.addr_hash)
-                .u64(e.learned_ms)
-                .u8(if e.placed { PLACED } else { 0 } | if e.checked { CHECKED } else { 0 })
-                .u32(e.census_generation);
+                .u64(e.learned_ms);
         }
         w.finish()
     }
@@ -127,15 +105,7 @@ impl Record for RouteBucket {
         }
         let mut entries = Vec::with_capacity(count);
         for _ in 0..count {
-            let mut entry = RouteEntry::new(r.u64()?, r.u16()?, r.u64()?, r.u64()?);
-            let flags = r.u8()?;
-            if flags & !(PLACED | CHECKED) != 0 {
-                return None;
-            }
-            entry.placed = flags & PLACED != 0;
-            entry.checked = flags & CHECKED != 0;
-            entry.census_generation = r.u32()?;
-            entries.push(entry);
+            entries.push(RouteEntry::new(r.u64()?, r.u16()?, r.u64()?, r.u64()?));
         }
         r.is_empty().then_some(Self { entries })
     }
@@ -169,15 +139,6 @@ mod tests {
             "a moved key is rewritten at once"
         );
         assert_eq!(bucket.lookup(1, 111, 50).map(|e| e.slot), Some(4));
-        let placed = RouteEntry {
-            placed: true,
-            ..entry(1, 4, 112)
-        };
-        assert!(
-            bucket.upsert(placed, 10),
-            "placing a key is rewritten at once"
-        );
-        assert_eq!(bucket.lookup(1, 112, 50), Some(placed));
     }
 
     #[test]
@@ -197,25 +158,13 @@ mod tests {
     fn round_trip_and_garbage() {
         let mut bucket = RouteBucket::default();
         bucket.upsert(entry(5, 1, 9), 0);
-        bucket.upsert(
-            RouteEntry {
-                placed: true,
-                checked: true,
-                census_generation: 7,
-                ..entry(6, 2, 10)
-            },
-            0,
-        );
+        bucket.upsert(entry(6, 2, 10), 0);
         assert_eq!(RouteBucket::decode(&bucket.encode()), Some(bucket.clone()));
         let bytes = bucket.encode();
         for cut in 0..bytes.len() {
             assert_eq!(RouteBucket::decode(bytes.get(..cut).unwrap()), None);
         }
         assert_eq!(RouteBucket::decode(&[BUCKET_VERSION, 200]), None);
-        let mut bad_flags = bytes.clone();
-        let flags_at = bytes.len() - 5;
-        bad_flags[flags_at] = 4;
-        assert_eq!(RouteBucket::decode(&bad_flags), None);
         let mut old_version = bytes;
         old_version[0] = 1;
         assert_eq!(RouteBucket::decode(&old_version), None);

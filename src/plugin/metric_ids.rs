@@ -70,7 +70,7 @@ impl MetricIds {
         &self,
         vm: &mut Vm<H>,
         writes: &Remembered,
-        capacity: u64,
+        capacity: Option<u64>,
     ) {
         let host = vm.host();
         if let (Some(id), true) = (self.index_entries, writes.filled > 0) {
@@ -87,7 +87,7 @@ impl MetricIds {
                 host.increment_metric(id, i64::from(writes.evicted)),
             );
         }
-        if let Some(id) = self.index_capacity {
+        if let (Some(id), Some(capacity)) = (self.index_capacity, capacity) {
             warn_on_error(
                 "set gauge",
                 INDEX_CAPACITY,

@@ -37,6 +37,9 @@ pub struct Stream {
     decided: Option<(DecisionKind, Option<u64>)>,
     /// `counting: LISTENER`: the decision's facts, for its response headers.
     listener_count: Option<ListenerCount>,
+    /// LONGEST_PREFIX, a prompt Envoy placed (Maglev on its opening): its
+    /// chain, recorded in the index once the response names the instance.
+    placed_by_envoy: Option<Vec<u64>>,
 }
 
 impl Stream {
@@ -50,6 +53,7 @@ impl Stream {
             ticket: None,
             decided: None,
             listener_count: None,
+            placed_by_envoy: None,
         }
     }
 
@@ -142,7 +146,8 @@ impl Stream {
             }
         }
         let check = count.as_ref().is_some_and(ListenerCount::check_at_response);
-        let wanted = check || self.config.decision_header.is_some();
+        let placed_by_envoy = self.placed_by_envoy.take();
+        let wanted = check || self.config.decision_header.is_some() || placed_by_envoy.is_some();
         if wanted && instance.is_none() {
             instance = upstream_address(vm.host());
         }
@@ -152,6 +157,12 @@ impl Stream {
             if check || !count.count_stands(address) {
                 self.count_at_response(vm, count, address);
             }
+        }
+        if let (Some(chain), Some(address)) = (&placed_by_envoy, &instance) {
+            let now = vm.now_ms();
+            vm.with_tracker(&self.config, |t| {
+                t.remember_where_served(chain, address, now)
+            });
         }
         if let (Some(header), Some((kind, matched))) = (&self.config.decision_header, self.decided)
         {
@@ -202,12 +213,20 @@ impl Stream {
         // keeps what counting it here at the response needs.
         let unchecked = !listener && vm.may_count_at_response();
         let instances = &self.config.instances;
+        let index_bytes = self.config.index_bytes;
         let (routed, keep, check_due) = vm.with_tracker(&self.config, |t| {
             // The deciding configuration's fleet, also when it lists none
-            // (a configuration update that removed the list).
+            // (a configuration update that removed the list), and index
+            // size (an upstream filter's configuration need not repeat it).
             t.set_configured_instances(instances);
+            t.set_index_bytes(index_bytes);
             let routed = policy.route(derivation, t, random, now);
-            let keep = listener || (unchecked && routed.headers.counted.is_some());
+            // A LONGEST_PREFIX request Envoy placed is counted where it
+            // went, at the response, if no upstream filter does.
+            let placed_by_envoy = routed.headers.host_override.is_none()
+                && matches!(*policy, Policy::LongestPrefix(_));
+            let keep =
+                listener || (unchecked && (routed.headers.counted.is_some() || placed_by_envoy));
             let key = routed.headers.key.as_deref().filter(|_| keep);
             let check_due = key.is_some_and(|key| t.response_check_due(key, now));
             (routed, keep, check_due)
@@ -227,6 +246,11 @@ impl Stream {
         if keep {
             let count = ListenerCount::of(&self.config, &routed.headers, check_due);
             self.listener_count = Some(count);
+        }
+        if routed.headers.host_override.is_none()
+            && matches!(*self.policy, Policy::LongestPrefix(_))
+        {
+            self.placed_by_envoy = derivation.blocks.as_ref().map(|b| b.chain.clone());
         }
         self.ticket = routed.ticket;
     }

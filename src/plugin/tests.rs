@@ -637,3 +637,31 @@ fn longest_prefix_names_the_instance_holding_the_prompt_and_fills_the_index() {
         vec![0, 1792]
     );
 }
+
+#[test]
+fn without_a_listed_fleet_a_cold_prompt_goes_by_maglev_and_is_indexed_at_its_response() {
+    let (host, mut vm, root) = configured_as(r#"{"decision_header":"x-decision"}"#);
+    // The upstream filter has seen A serve: A is known, the fleet is not.
+    upstream(&host, &mut vm, &root, &[(":path", "/invocations")], A).on_done(&mut vm);
+    host.set_property("upstream.address", None);
+    let mut first = invoke(&host, &mut vm, &root, 6);
+    assert_eq!(host.request_header(HOST_HEADER), None, "Maglev decides");
+    let opening = host.request_header(KEY_HEADER).expect("the opening's key");
+    host.set_property("upstream.address", Some(A));
+    first.on_response_headers(&mut vm);
+    assert_eq!(
+        host.response_header("x-decision").as_deref(),
+        Some("cold; instance=10.0.0.1:8000; matched=0")
+    );
+    first.on_done(&mut vm);
+    let mut second = invoke(&host, &mut vm, &root, 6);
+    assert_eq!(host.request_header(HOST_HEADER).as_deref(), Some(A));
+    assert_eq!(host.request_header(KEY_HEADER), Some(opening));
+    host.set_property("upstream.address", Some(A));
+    second.on_response_headers(&mut vm);
+    assert_eq!(
+        host.response_header("x-decision").as_deref(),
+        Some("matched; instance=10.0.0.1:8000; matched=2000")
+    );
+    second.on_done(&mut vm);
+}

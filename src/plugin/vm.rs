@@ -142,7 +142,6 @@ impl<H: Host + Clone> Vm<H> {
             LoadTracker::new(host.clone(), steering::load_config(config), nonce)
         });
         tracker.set_instance_ttl_ms(config.instance_ttl_ms);
-        tracker.set_index_bytes(config.index_bytes);
         // An upstream filter's configuration need not repeat the list; the
         // listener's decisions apply theirs, empty included (see Stream::route).
         if !config.instances.is_empty() {

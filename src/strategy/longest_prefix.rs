@@ -27,7 +27,7 @@
 
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
-use super::{DecisionKind, RouteHeaders, Routed};
+use super::{salted_key, DecisionKind, RouteHeaders, Routed};
 use crate::blocks::PromptBlocks;
 use crate::load::{Candidate, Claim, LoadView, Ticket};
 
@@ -40,6 +40,11 @@ pub struct LongestPrefix {
     /// In-flight requests above the least loaded instance at which an
     /// instance is passed over.
     pub load_margin: u32,
+    /// The configuration lists the fleet (`instances`): the candidates are
+    /// every instance. Otherwise they are only those learned from traffic,
+    /// so a cold prompt goes by Maglev on its opening (over every host Envoy
+    /// has) and the index learns where it went from the response.
+    pub fleet_listed: bool,
 }
 
 /// Rendezvous score of `address` for a prompt opening.
@@ -48,28 +53,43 @@ fn rank(opening: u64, address: &str) -> u64 {
 }
 
 impl LongestPrefix {
-    pub fn new(concurrency_threshold: u32, load_margin: u32) -> Self {
+    pub fn new(concurrency_threshold: u32, load_margin: u32, fleet_listed: bool) -> Self {
         Self {
             concurrency_threshold: concurrency_threshold.max(1),
             load_margin,
+            fleet_listed,
         }
     }
 
-    /// Decides for a prompt cut into `blocks`.
-    pub fn decide(&self, blocks: &PromptBlocks, load: &mut dyn LoadView, now_ms: u64) -> Routed {
+    /// Maglev on `key`, counted where it lands by the upstream filter; the
+    /// index learns the instance from the response.
+    fn by_maglev(kind: DecisionKind, key: String) -> Routed {
+        Routed::untracked(RouteHeaders {
+            key: Some(key),
+            matched_bytes: Some(0),
+            ..RouteHeaders::bare(kind)
+        })
+    }
+
+    /// Decides for a prompt cut into `blocks`; `random` salts the opening
+    /// when an unlisted fleet's known instances are all full.
+    pub fn decide(
+        &self,
+        blocks: &PromptBlocks,
+        load: &mut dyn LoadView,
+        random: u64,
+        now_ms: u64,
+    ) -> Routed {
         let opening_key = blocks.opening_key();
         let candidates = load.candidates(now_ms);
         if candidates.is_empty() {
-            // No instance known yet: Maglev on the opening, counted by the
-            // upstream filter; the index learns nothing.
-            return Routed::untracked(RouteHeaders {
-                key: Some(opening_key),
-                matched_bytes: Some(0),
-                ..RouteHeaders::bare(DecisionKind::Cold)
-            });
+            return Self::by_maglev(DecisionKind::Cold, opening_key);
         }
         let held = load.longest_held(&blocks.chain, &candidates, now_ms);
         let attracted = blocks.attracts(held.blocks);
+        if !attracted && !self.fleet_listed {
+            return Self::by_maglev(DecisionKind::Cold, opening_key);
+        }
         let is_holder = |c: &Candidate| attracted && held.holders.contains(&c.instance.slot);
         let mut order: Vec<&Candidate> = candidates.iter().collect();
         order.sort_by_key(|c| {
@@ -109,6 +129,13 @@ impl LongestPrefix {
         }
         let (candidate, ticket) = match chosen {
             Some(found) => found,
+            // Instances not learned yet may have room: Maglev on a salted
+            // opening explores them.
+            None if !self.fleet_listed => {
+                // 1..=8, as FIXED_PREFIX's salts.
+                let salt = u8::try_from(random % 8).unwrap_or_default() + 1;
+                return Self::by_maglev(DecisionKind::Overflow, salted_key(&opening_key, salt));
+            }
             None => {
                 // Every instance at the cap (or over the margin): the least
                 // loaded, counted past the cap.
@@ -134,7 +161,9 @@ impl LongestPrefix {
         let known = if held.holders.contains(&candidate.instance.slot) {
             held.blocks
         } else {
-            0
+            // A shorter prefix it may hold (moved or overflowed here).
+            load.longest_held(&blocks.chain, std::slice::from_ref(candidate), now_ms)
+                .blocks
         };
         let matched_bytes = blocks.bytes_of(known);
         load.remember_held(
@@ -192,7 +221,7 @@ mod tests {
             }
         }
         fn route(&mut self, policy: &LongestPrefix, blocks: &PromptBlocks) -> (DecisionKind, u16) {
-            let routed = policy.decide(blocks, self, 0);
+            let routed = policy.decide(blocks, self, 0, 0);
             let host = routed
                 .headers
                 .host_override
@@ -255,13 +284,18 @@ mod tests {
                 })
                 .collect()
         }
-        fn longest_held(&mut self, chain: &[u64], _: &[Candidate], _: u64) -> HeldPrefix {
+        fn longest_held(&mut self, chain: &[u64], among: &[Candidate], _: u64) -> HeldPrefix {
             for blocks in (1..=chain.len()).rev() {
-                if let Some(holders) = self.held.get(&chain[blocks - 1]) {
-                    return HeldPrefix {
-                        blocks,
-                        holders: holders.clone(),
-                    };
+                let holders: Vec<u16> = self
+                    .held
+                    .get(&chain[blocks - 1])
+                    .into_iter()
+                    .flatten()
+                    .copied()
+                    .filter(|slot| among.iter().any(|c| c.instance.slot == *slot))
+                    .collect();
+                if !holders.is_empty() {
+                    return HeldPrefix { blocks, holders };
                 }
             }
             HeldPrefix::default()
@@ -315,7 +349,7 @@ mod tests {
 
     #[test]
     fn a_conversation_stays_on_the_instance_of_its_first_turn() {
-        let policy = LongestPrefix::new(10, 2);
+        let policy = LongestPrefix::new(10, 2, true);
         let mut fleet = Fleet::new(7);
         let turns = conversation("", 1, 5);
         let (kind, first) = fleet.route(&policy, &turns[0]);
@@ -327,7 +361,7 @@ mod tests {
 
     #[test]
     fn cold_placement_is_the_same_on_every_replica_and_spreads() {
-        let policy = LongestPrefix::new(10, 1000);
+        let policy = LongestPrefix::new(10, 1000, true);
         let system = record("system", &"shared system prompt ".repeat(300));
         let mut shares = [0usize; 7];
         for id in 0..700 {
@@ -346,7 +380,7 @@ mod tests {
 
     #[test]
     fn a_shared_system_prompt_does_not_attract_new_conversations() {
-        let policy = LongestPrefix::new(10, 1000);
+        let policy = LongestPrefix::new(10, 1000, true);
         let system = record("system", &"shared system prompt ".repeat(300));
         let mut fleet = Fleet::new(7);
         let mut shares = [0usize; 7];
@@ -369,7 +403,7 @@ mod tests {
 
     #[test]
     fn questions_about_one_document_stay_together() {
-        let policy = LongestPrefix::new(10, 2);
+        let policy = LongestPrefix::new(10, 2, true);
         let mut fleet = Fleet::new(7);
         let document = "a pasted document ".repeat(200);
         let ask = |q: &str| prompt(&record("user", &format!("{document}\n\n{q}")));
@@ -384,7 +418,7 @@ mod tests {
 
     #[test]
     fn a_holder_loaded_past_the_margin_is_passed_over_and_the_cap_is_exact() {
-        let policy = LongestPrefix::new(3, 2);
+        let policy = LongestPrefix::new(3, 2, true);
         let mut fleet = Fleet::new(4);
         fleet.hold = true;
         let turns = conversation("", 7, 2);
@@ -415,11 +449,11 @@ mod tests {
 
     #[test]
     fn a_contended_claim_still_names_the_instance_uncounted() {
-        let policy = LongestPrefix::new(3, 2);
+        let policy = LongestPrefix::new(3, 2, true);
         let mut fleet = Fleet::new(3);
         fleet.contended = true;
         let blocks = prompt(&record("user", "hello"));
-        let routed = policy.decide(&blocks, &mut fleet, 0);
+        let routed = policy.decide(&blocks, &mut fleet, 0, 0);
         assert!(routed.headers.host_override.is_some());
         assert_eq!(routed.ticket, None);
         assert_eq!(routed.headers.counted, None);
@@ -427,10 +461,10 @@ mod tests {
 
     #[test]
     fn with_no_instance_known_maglev_on_the_opening_decides() {
-        let policy = LongestPrefix::new(3, 2);
+        let policy = LongestPrefix::new(3, 2, true);
         let mut fleet = Fleet::new(0);
         let blocks = prompt(&record("user", "hello"));
-        let routed = policy.decide(&blocks, &mut fleet, 0);
+        let routed = policy.decide(&blocks, &mut fleet, 0, 0);
         assert_eq!(routed.headers.kind, DecisionKind::Cold);
         assert_eq!(routed.headers.key, Some(blocks.opening_key()));
         assert_eq!(routed.headers.host_override, None);
@@ -439,16 +473,65 @@ mod tests {
 
     #[test]
     fn matched_bytes_report_what_the_chosen_instance_held() {
-        let policy = LongestPrefix::new(10, 2);
+        let policy = LongestPrefix::new(10, 2, true);
         let mut fleet = Fleet::new(3);
         let turns = conversation("", 3, 2);
-        let first = policy.decide(&turns[0], &mut fleet, 0);
+        let first = policy.decide(&turns[0], &mut fleet, 0, 0);
         assert_eq!(first.headers.matched_bytes, Some(0));
         drop(first);
-        let second = policy.decide(&turns[1], &mut fleet, 0);
+        let second = policy.decide(&turns[1], &mut fleet, 0, 0);
         // Turn 0's full blocks are a prefix of turn 1 (its partial last block is not).
         let full = turns[0].prefix_bytes / 256 * 256;
         assert_eq!(second.headers.matched_bytes, Some(full as u64));
         drop(second);
+    }
+
+    #[test]
+    fn an_unlisted_fleet_leaves_cold_prompts_to_maglev_and_explores_when_full() {
+        let policy = LongestPrefix::new(3, 2, false);
+        let mut fleet = Fleet::new(2);
+        fleet.hold = true;
+        let blocks = prompt(&record("user", "a cold question"));
+        let routed = policy.decide(&blocks, &mut fleet, 0, 0);
+        assert_eq!(routed.headers.kind, DecisionKind::Cold);
+        assert_eq!(routed.headers.key, Some(blocks.opening_key()));
+        assert_eq!(routed.headers.host_override, None);
+        assert_eq!(routed.ticket, None);
+        assert!(fleet.held.is_empty(), "learned from the response, not here");
+        // Held on slot 1 (as the response would record it): matched there.
+        fleet.remember_held(&blocks.chain, 0, &Fleet::instance(1), &[], 0);
+        assert_eq!(fleet.route(&policy, &blocks), (DecisionKind::Matched, 1));
+        // Every known instance full: a salted opening lets Maglev explore.
+        fleet.in_flight = vec![3, 3];
+        let routed = policy.decide(&blocks, &mut fleet, 5, 0);
+        assert_eq!(routed.headers.kind, DecisionKind::Overflow);
+        assert_eq!(routed.headers.host_override, None);
+        assert_eq!(
+            routed.headers.key,
+            Some(salted_key(&blocks.opening_key(), 6))
+        );
+        assert_eq!(fleet.in_flight, vec![3, 3], "nothing counted past the cap");
+    }
+
+    #[test]
+    fn a_moved_request_reports_and_extends_what_its_new_instance_held() {
+        let policy = LongestPrefix::new(10, 0, true);
+        let mut fleet = Fleet::new(2);
+        let turns = conversation("", 5, 3);
+        let (_, home) = fleet.route(&policy, &turns[0]);
+        let other = 1 - home;
+        // Turn 1 moved to the other instance (home busy), turn 2 back home:
+        // the other instance holds turn 1's prefix, home only turn 0's.
+        fleet.in_flight[usize::from(home)] = 1;
+        assert_eq!(
+            fleet.route(&policy, &turns[1]),
+            (DecisionKind::Moved, other)
+        );
+        fleet.in_flight = vec![0, 0];
+        fleet.in_flight[usize::from(other)] = 1;
+        let routed = policy.decide(&turns[2], &mut fleet, 0, 0);
+        assert_eq!(routed.headers.kind, DecisionKind::Moved);
+        let full_blocks_of_turn0 = (turns[0].prefix_bytes / 256 * 256) as u64;
+        assert_eq!(routed.headers.matched_bytes, Some(full_blocks_of_turn0));
     }
 }

@@ -9,7 +9,6 @@
 //! governs was removed from the client's request first), and the stream keeps
 //! the [`Routed::ticket`] until its `on_done`.
 
-pub(crate) mod key_balance;
 mod least_outstanding;
 mod longest_prefix;
 mod prefix_aware;
@@ -39,8 +38,6 @@ pub enum DecisionKind {
     Moved,
     /// To the key's target (Maglev on the key).
     Prefix,
-    /// To the instance key balancing placed the key on (host override).
-    Placed,
     /// The target was at the concurrency threshold: elsewhere.
     Overflow,
     /// Least outstanding requests (Envoy's least_request cluster).
@@ -59,7 +56,6 @@ impl DecisionKind {
             DecisionKind::Cold => "cold",
             DecisionKind::Moved => "moved",
             DecisionKind::Prefix => "prefix",
-            DecisionKind::Placed => "placed",
             DecisionKind::Overflow => "overflow",
             DecisionKind::LeastOutstanding => "least_outstanding",
             DecisionKind::Random => "random",
@@ -170,7 +166,7 @@ impl Policy {
         now_ms: u64,
     ) -> Routed {
         match (self, &derivation.blocks) {
-            (Policy::LongestPrefix(p), Some(blocks)) => p.decide(blocks, load, now_ms),
+            (Policy::LongestPrefix(p), Some(blocks)) => p.decide(blocks, load, random, now_ms),
             _ => self.decide(derivation.key.as_deref(), load, random, now_ms),
         }
     }

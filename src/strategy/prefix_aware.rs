@@ -7,13 +7,6 @@
 //! to it. So a stale learned mapping can cause at most an unneeded overflow,
 //! never pin a key to an instance Maglev no longer chooses.
 //!
-//! With key balancing (`key_balance_factor`) no instance owns more than its
-//! share of the keys: a new key is placed before its first request
-//! ([`LoadView::place_new`]), a key that went by Maglev first is checked once
-//! ([`LoadView::balance`]); a placed key's requests name that instance in the
-//! host-override header (the key header stays, for Maglev's fallback if it
-//! is gone), and overflow from it works as from any target.
-//!
 //! Without a host header (or when no other instance is known yet) overflow
 //! re-keys with a salt: Maglev sends the salted key elsewhere. Salted keys are
 //! learned like any key, so a salt whose target is known, not the target and
@@ -51,9 +44,6 @@ pub struct PrefixAware {
     pub host_override: bool,
     /// Salts tried per overflow.
     pub max_salts: u8,
-    /// Key balancing: the most live keys one instance may own, in percent of
-    /// an even share (`None`: off). Needs `host_override`.
-    pub key_balance_percent: Option<u32>,
 }
 
 impl PrefixAware {
@@ -62,33 +52,17 @@ impl PrefixAware {
             concurrency_threshold: concurrency_threshold.max(1),
             host_override,
             max_salts: DEFAULT_MAX_SALTS,
-            key_balance_percent: None,
         }
     }
 
-    /// The same policy with key balancing at `percent` of an even share
-    /// (`None`: off). Ignored without `host_override`: a placed key is only
-    /// reachable through it.
-    pub fn with_key_balance(mut self, percent: Option<u32>) -> Self {
-        self.key_balance_percent = percent.filter(|_| self.host_override);
-        self
-    }
-
-    /// To the key's target: Maglev gets there on the key, a placed target
-    /// is also named in the host-override header. Counted if `ticket` is held.
+    /// To the key's target: Maglev gets there on the key. Counted if
+    /// `ticket` is held.
     fn to_target(key: &str, target: &Target, ticket: Option<Ticket>) -> Routed {
-        let (kind, host_override) = if target.placed {
-            let host = target.instance.address.clone();
-            (DecisionKind::Placed, Some(host))
-        } else {
-            (DecisionKind::Prefix, None)
-        };
         Routed {
             headers: RouteHeaders {
                 key: Some(key.to_string()),
-                host_override,
                 counted: ticket.as_ref().map(|_| target.instance.address.clone()),
-                ..RouteHeaders::bare(kind)
+                ..RouteHeaders::bare(DecisionKind::Prefix)
             },
             ticket,
         }
@@ -229,16 +203,10 @@ impl RoutingPolicy for PrefixAware {
         let Some(key) = key else {
             return Routed::untracked(RouteHeaders::bare(DecisionKind::NoKey));
         };
-        // A new key under balancing is placed before its first request.
-        let (target, placed_now) = match (load.target_of(key, now_ms), self.key_balance_percent) {
-            (Some(known), _) => (Some(known), false),
-            (None, Some(percent)) => match load.place_new(key, percent, now_ms) {
-                Some(placed) => (Some(placed), true),
-                None => (load.route_blind(key, now_ms), false),
-            },
-            (None, None) => (load.route_blind(key, now_ms), false),
-        };
-        let Some(mut target) = target else {
+        let target = load
+            .target_of(key, now_ms)
+            .or_else(|| load.route_blind(key, now_ms));
+        let Some(target) = target else {
             // Not learned yet: Maglev routes; the request is pending for its
             // key until the upstream filter counts it and learns the target
             // (before this worker decides again: it runs right after us).
@@ -248,9 +216,6 @@ impl RoutingPolicy for PrefixAware {
                 ..RouteHeaders::bare(DecisionKind::Prefix)
             });
         };
-        if let (Some(percent), false) = (self.key_balance_percent, placed_now) {
-            target = load.balance(key, target, percent, now_ms);
-        }
         let cap = Some(self.concurrency_threshold);
         match load.claim(&target.instance, Some(key), cap, now_ms) {
             Claim::Claimed(ticket) => Self::to_target(key, &target, Some(ticket)),
@@ -258,7 +223,7 @@ impl RoutingPolicy for PrefixAware {
                 self.overflow(key, &target, in_flight, load, random, now_ms)
             }
             // Could not claim atomically, or the target is gone: let Maglev
-            // (or the override) route and the upstream filter count.
+            // route and the upstream filter count.
             Claim::Contended | Claim::Gone => Self::to_target(key, &target, None),
         }
     }
@@ -302,16 +267,12 @@ mod tests {
         always_raced: Option<u16>,
         claims: Vec<(u16, Option<u32>)>,
         blind: Vec<String>,
-        /// Where balancing places a key (asked with which percent).
-        placements: HashMap<String, InstanceRef>,
-        balanced: Vec<(String, bool, u32)>,
     }
 
     impl Script {
         fn target(&self, key: &str) -> Option<Target> {
             self.targets.get(key).map(|instance| Target {
                 instance: instance.clone(),
-                placed: false,
             })
         }
     }
@@ -326,17 +287,6 @@ mod tests {
         fn route_blind(&mut self, key: &str, _now_ms: u64) -> Option<Target> {
             self.blind.push(key.to_string());
             self.target(key)
-        }
-        fn balance(&mut self, key: &str, target: Target, percent: u32, _now_ms: u64) -> Target {
-            self.balanced
-                .push((key.to_string(), target.placed, percent));
-            match self.placements.get(key) {
-                Some(instance) => Target {
-                    instance: instance.clone(),
-                    placed: true,
-                },
-                None => target,
-            }
         }
         fn claim(
             &mut self,
@@ -537,55 +487,6 @@ mod tests {
         let routed = PrefixAware::new(3, false).decide(Some(KEY), &mut script, 0, 0);
         assert_eq!(routed.headers.kind, DecisionKind::Prefix);
         assert_eq!(routed.headers.key.as_deref(), Some(KEY));
-    }
-
-    #[test]
-    fn a_placed_key_goes_to_its_instance_through_the_host_header() {
-        let mut script = script_with_full_target(0);
-        script.placements.insert(KEY.to_string(), instance(4));
-        let policy = PrefixAware::new(3, true).with_key_balance(Some(110));
-        let routed = policy.decide(Some(KEY), &mut script, 0, 0);
-        let d = &routed.headers;
-        assert_eq!(d.kind, DecisionKind::Placed);
-        assert_eq!(d.host_override, Some(instance(4).address));
-        assert_eq!(d.key.as_deref(), Some(KEY), "kept for Maglev's fallback");
-        assert_eq!(d.counted, Some(instance(4).address));
-        assert_eq!(routed.ticket, Some(ticket(4)));
-        assert_eq!(script.claims, vec![(4, Some(3))], "the cap applies there");
-        assert_eq!(script.balanced, vec![(KEY.to_string(), false, 110)]);
-    }
-
-    #[test]
-    fn a_full_placed_instance_overflows_elsewhere_and_a_stay_keeps_the_header() {
-        let mut script = script_with_full_target(0);
-        script.placements.insert(KEY.to_string(), instance(4));
-        script.loads.insert(4, 3);
-        script.others = vec![instance(2)];
-        let policy = PrefixAware::new(3, true).with_key_balance(Some(100));
-        let routed = policy.decide(Some(KEY), &mut script, 0, 0);
-        assert_eq!(routed.headers.kind, DecisionKind::Overflow);
-        assert_eq!(routed.headers.host_override, Some(instance(2).address));
-
-        script.loads.insert(2, 3);
-        let routed = policy.decide(Some(KEY), &mut script, 0, 0);
-        assert_eq!(routed.headers.kind, DecisionKind::Placed);
-        assert_eq!(routed.headers.host_override, Some(instance(4).address));
-        assert_eq!(routed.headers.counted, Some(instance(4).address));
-    }
-
-    #[test]
-    fn balancing_is_off_by_default_and_without_a_host_header() {
-        for policy in [
-            PrefixAware::new(3, true),
-            PrefixAware::new(3, false).with_key_balance(Some(100)),
-        ] {
-            let mut script = script_with_full_target(0);
-            script.placements.insert(KEY.to_string(), instance(4));
-            let routed = policy.decide(Some(KEY), &mut script, 0, 0);
-            assert_eq!(routed.headers.host_override, None);
-            assert_eq!(routed.ticket, Some(ticket(1)));
-            assert!(script.balanced.is_empty());
-        }
     }
 
     #[test]

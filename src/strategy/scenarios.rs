@@ -1,8 +1,8 @@
 //! The prefix-aware policy in scenarios on a fake Envoy (several instances
 //! and worker VMs, the upstream filter counting after each decision): caps,
-//! spreading, recovery and key balancing as the instances would see them.
+//! spreading and recovery as the instances would see them.
 
-use crate::strategy::{DecisionKind, Policy, PrefixAware, RouteHeaders};
+use crate::strategy::{DecisionKind, RouteHeaders};
 use crate::testing::fake_envoy::*;
 
 const KEY: &str = "00c0ffee00c0ffee";
@@ -325,145 +325,7 @@ fn requests_without_a_key_are_not_steered() {
     envoy.finish(stream);
 }
 
-/// 7 instances, 2 workers, PREFIX_AWARE with `key_balance_factor` 100.
-fn balanced_envoy() -> FakeEnvoy {
-    let policy = PrefixAware::new(64, true).with_key_balance(Some(100));
-    FakeEnvoy::new(7, 2, Policy::PrefixAware(policy))
-}
-
 /// Distinct keys, numbered.
 fn keys(range: std::ops::Range<u64>) -> Vec<String> {
     range.map(|i| format!("{:016x}", i * 7919)).collect()
-}
-
-/// Rounds of one request per key (workers alternating), each key's
-/// hosts in order; ticks every simulated second.
-fn rounds(envoy: &mut FakeEnvoy, keys: &[String], rounds: usize) -> Vec<Vec<usize>> {
-    let mut hosts = vec![Vec::new(); keys.len()];
-    for round in 0..rounds {
-        for (i, key) in keys.iter().enumerate() {
-            let stream = envoy.start((i + round) % 2, Some(key));
-            hosts[i].push(stream.host.expect("sent"));
-            envoy.finish(stream);
-            envoy.advance(10);
-        }
-        envoy.tick_all();
-    }
-    hosts
-}
-
-fn keys_per_host(envoy: &FakeEnvoy, hosts: &[Vec<usize>]) -> Vec<usize> {
-    let mut per_host = vec![0; envoy.hosts.len()];
-    for key_hosts in hosts {
-        per_host[*key_hosts.last().expect("served")] += 1;
-    }
-    per_host
-}
-
-#[test]
-fn key_balancing_spreads_100_keys_evenly_and_each_key_stays_put() {
-    let keys = keys(0..100);
-    let mut maglev_only = FakeEnvoy::prefix_aware(64, true);
-    let hosts = rounds(&mut maglev_only, &keys, 3);
-    let uneven = keys_per_host(&maglev_only, &hosts);
-    assert!(
-        uneven.iter().max() > Some(&16),
-        "these keys are unevenly hashed: {uneven:?}"
-    );
-
-    let mut envoy = balanced_envoy();
-    let hosts = rounds(&mut envoy, &keys, 4);
-    let per_host = keys_per_host(&envoy, &hosts);
-    // 100 / 7 = 14.3: the census bounds every instance at 15 keys.
-    assert!(
-        per_host.iter().all(|n| (14..=15).contains(n)),
-        "balanced: {per_host:?} (Maglev alone: {uneven:?})"
-    );
-    for (key, key_hosts) in keys.iter().zip(&hosts) {
-        // The first request goes by Maglev; the second is checked.
-        let settled = &key_hosts[1..];
-        assert!(
-            settled.iter().all(|h| *h == settled[0]),
-            "{key} moved after its second request: {key_hosts:?}"
-        );
-    }
-    // Keys are bounded as they arrive (the bound grows with them), so
-    // more move than an offline assignment would need.
-    let moved = hosts.iter().filter(|h| h[0] != h[1]).count();
-    assert!(moved <= 50, "{moved} keys placed off their Maglev host");
-}
-
-#[test]
-fn once_the_fleet_is_known_new_keys_are_placed_before_their_first_request() {
-    let mut envoy = balanced_envoy();
-    let old = keys(0..70);
-    // 0.7 s a round: the known fleet stays the same for over 10 s.
-    rounds(&mut envoy, &old, 20);
-    let new = keys(70..140);
-    let hosts = rounds(&mut envoy, &new, 3);
-    let moved = hosts.iter().filter(|h| h[0] != h[1]).count();
-    // Only the one key in eight that explores goes by Maglev first.
-    assert!(
-        moved <= 8,
-        "{moved} of 70 new keys moved after their first request"
-    );
-    let mut all = rounds(&mut envoy, &old, 1);
-    all.extend(hosts);
-    let per_host = keys_per_host(&envoy, &all);
-    assert!(
-        per_host.iter().all(|n| *n == 20),
-        "140 keys on 7 instances: {per_host:?}"
-    );
-}
-
-#[test]
-fn an_added_instance_is_found_by_exploring_keys_and_then_gets_new_keys() {
-    let mut envoy = balanced_envoy();
-    // Every instance known, the known fleet settled: keys are placed
-    // directly from now on (the warm-up keys are not used again).
-    envoy.warm();
-    envoy.advance(11_000);
-    envoy.tick_all();
-    let old = keys(0..70);
-    rounds(&mut envoy, &old, 3);
-    envoy.add_host();
-    // New keys keep arriving (old ones stay in use). Only the one new key
-    // in eight that explores by Maglev can reach the added instance and
-    // register it; 10 s after the known fleet changed, new keys are placed
-    // on it.
-    let mut all = old.clone();
-    for batch in 0..6 {
-        let new = keys(70 + batch * 20..90 + batch * 20);
-        all.extend(new);
-        rounds(&mut envoy, &all, 2);
-        envoy.advance(3_000);
-    }
-    let hosts = rounds(&mut envoy, &all, 1);
-    let per_host = keys_per_host(&envoy, &hosts);
-    // 190 keys on 8 instances: at most ceil(190 / 8) = 24 each.
-    assert!(per_host[7] >= 15, "the new instance owns {per_host:?}");
-    assert!(per_host.iter().all(|n| *n <= 24), "{per_host:?}");
-}
-
-#[test]
-fn keys_placed_across_a_census_generation_stay_within_the_bound() {
-    let mut envoy = balanced_envoy();
-    envoy.warm();
-    // Half the keys just before the census rolls to its next generation
-    // (every 60 s), half just after, before the first half is used again.
-    envoy.advance(55_000 - envoy.now);
-    envoy.tick_all();
-    let early = keys(0..50);
-    rounds(&mut envoy, &early, 1);
-    envoy.advance(61_000 - envoy.now);
-    envoy.tick_all();
-    let late = keys(50..100);
-    rounds(&mut envoy, &late, 1);
-    let all: Vec<String> = early.into_iter().chain(late).collect();
-    let hosts = rounds(&mut envoy, &all, 2);
-    let per_host = keys_per_host(&envoy, &hosts);
-    assert!(
-        per_host.iter().all(|n| (14..=15).contains(n)),
-        "100 keys on 7 instances: {per_host:?}"
-    );
 }

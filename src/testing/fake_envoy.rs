@@ -236,15 +236,6 @@ impl FakeEnvoy {
     pub(crate) fn reset_max(&mut self) {
         self.max_at_host = self.at_host.clone();
     }
-
-    /// Scales out: one more instance in the cluster (the Maglev stand-in
-    /// now hashes over it too).
-    pub(crate) fn add_host(&mut self) {
-        let port = 18_081 + self.hosts.len();
-        self.hosts.push(format!("127.0.0.1:{port}"));
-        self.at_host.push(0);
-        self.max_at_host.push(0);
-    }
 }
 
 /// Keys whose Maglev host is `host` (deterministic search).

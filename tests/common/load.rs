@@ -38,12 +38,22 @@ pub const BURST_HOLD: Duration = Duration::from_millis(1500);
 /// A plugin configuration with the given strategy and threshold and the debug
 /// decision header on.
 pub fn plugin_config(strategy: &str, threshold: u32) -> String {
-    serde_json::json!({
+    plugin_config_with(strategy, threshold, serde_json::json!({}))
+}
+
+/// [`plugin_config`] with the fields of the JSON object `more` added (e.g.
+/// `{"match": "FIXED_PREFIX"}`).
+pub fn plugin_config_with(strategy: &str, threshold: u32, more: serde_json::Value) -> String {
+    let mut config = serde_json::json!({
         "strategy": strategy,
         "concurrency_threshold": threshold,
         "decision_header": DECISION_HEADER,
-    })
-    .to_string()
+    });
+    let fields = more.as_object().expect("`more` is a JSON object");
+    for (name, value) in fields {
+        config[name] = value.clone();
+    }
+    config.to_string()
 }
 
 /// Envoy with two workers (two VMs sharing state) and 7 recording instances,

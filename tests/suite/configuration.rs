@@ -196,12 +196,16 @@ fn other_invalid_values_are_refused_with_the_field_name() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_valid_prefix_length_takes_effect() {
     // Two bodies alike for their first 1024 bytes and different after: one key
-    // with prefix_length 1024, two keys with the default 4096.
+    // with prefix_length 1024, two keys with the default 4096. FIXED_PREFIX:
+    // its key is made of the first prefix_length bytes.
     let mut rng = bodies::rng(11);
     let shared = bodies::text(&mut rng, 1024);
     let first = format!("{shared}{}", bodies::text(&mut rng, 5000));
     let second = format!("{shared}{}", bodies::text(&mut rng, 5000));
-    for (config, same) in [(r#"{"prefix_length": 1024}"#, true), ("{}", false)] {
+    for (config, same) in [
+        (r#"{"match": "FIXED_PREFIX", "prefix_length": 1024}"#, true),
+        (r#"{"match": "FIXED_PREFIX"}"#, false),
+    ] {
         let harness = Harness::with_plugin_config(config);
         for (id, body) in [("first", &first), ("second", &second)] {
             let reply = harness

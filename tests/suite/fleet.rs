@@ -46,8 +46,9 @@ fn shipped_plugin_config() -> serde_json::Value {
     serde_json::from_str(value).expect("the plugin configuration is JSON")
 }
 
-/// The shipped configuration, threshold lowered; `listener`: with
-/// `counting: LISTENER` and no upstream filters.
+/// The shipped configuration, threshold lowered, with `match: FIXED_PREFIX`
+/// (see [`fixed_prefix`]); `listener`: with `counting: LISTENER` and no
+/// upstream filters.
 fn start(listener: bool) -> Harness {
     let mut config = shipped_plugin_config();
     assert!(
@@ -55,6 +56,7 @@ fn start(listener: bool) -> Harness {
         "envoy/envoy.yaml lists the fleet"
     );
     config["concurrency_threshold"] = THRESHOLD.into();
+    fixed_prefix(&mut config);
     if listener {
         config["counting"] = "LISTENER".into();
     }
@@ -69,6 +71,14 @@ fn start(listener: bool) -> Harness {
     });
     harness.fleet.set_hold_all(HOLD);
     harness
+}
+
+/// Sets `match: FIXED_PREFIX`: the spread checked here is its overflow,
+/// from the key's target evenly to the least busy others. (LONGEST_PREFIX
+/// fills instances in the order of its rendezvous ranking up to `load_margin`
+/// above the least loaded: [`BURST`] at [`THRESHOLD`] fills 4 instances.)
+fn fixed_prefix(config: &mut serde_json::Value) {
+    config["match"] = "FIXED_PREFIX".into();
 }
 
 /// One request of prefix `label`, then [`BURST`] at once; checks the cap
@@ -186,10 +196,12 @@ fn assert_says_why(harness: &Harness, what: &str, workers: usize) {
 /// listener and caps what it sends to the target; with no other instance
 /// known it overflows by re-keying, and Maglev may put such a request on the
 /// target too (the warning names the fix: list the fleet, or add the
-/// upstream filter).
+/// upstream filter). Re-keying with a salt is FIXED_PREFIX's overflow, hence
+/// `match: FIXED_PREFIX`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_listener_filter_alone_with_default_counting_counts_and_says_so() {
     let config = serde_json::json!({
+        "match": "FIXED_PREFIX",
         "concurrency_threshold": THRESHOLD,
         "decision_header": harness::load::DECISION_HEADER,
     })
@@ -252,6 +264,7 @@ async fn the_listener_filter_alone_with_default_counting_counts_and_says_so() {
 async fn an_upstream_filter_under_another_vm_id_is_detected_and_the_cap_holds() {
     let mut config = shipped_plugin_config();
     config["concurrency_threshold"] = THRESHOLD.into();
+    fixed_prefix(&mut config);
     let config = config.to_string();
     let harness = Harness::start_with(move |b| {
         b.concurrency(2).plugin_config(config).edit(|c| {

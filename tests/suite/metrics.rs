@@ -8,7 +8,10 @@ use std::time::{Duration, Instant};
 use harness::{bodies, Harness, Outgoing};
 
 const REQUESTS: usize = 12;
+/// `prefix_length` in the shipped configuration (`envoy/envoy.yaml`).
 const PREFIX_LENGTH: u64 = 4096;
+/// Every decision kind LONGEST_PREFIX makes for a keyed request.
+const DECISION_KINDS: [&str; 4] = ["matched", "cold", "moved", "overflow"];
 
 /// The value of the first Prometheus sample line named exactly `name`.
 fn sample(scraped: &str, name: &str) -> Option<f64> {
@@ -36,13 +39,16 @@ async fn decision_counters_and_the_bytes_histogram_reach_prometheus_complete() {
         let scraped = harness.envoy.prometheus().expect("admin /stats/prometheus");
         let count = sample(&scraped, "prefix_router_bytes_inspected_count").unwrap_or(0.0);
         let sum = sample(&scraped, "prefix_router_bytes_inspected_sum").unwrap_or(0.0);
-        let decisions = sample(&scraped, "prefix_router_decision_prefix").unwrap_or(0.0);
+        let decisions: f64 = DECISION_KINDS
+            .iter()
+            .map(|kind| sample(&scraped, &format!("prefix_router_decision_{kind}")).unwrap_or(0.0))
+            .sum();
         if (count >= REQUESTS as f64 && decisions >= REQUESTS as f64) || Instant::now() > deadline {
             break (count, sum, decisions);
         }
         std::thread::sleep(Duration::from_millis(200));
     };
-    assert_eq!(decisions, REQUESTS as f64, "prefix decisions counted");
+    assert_eq!(decisions, REQUESTS as f64, "prefix-aware decisions counted");
     assert_eq!(count, REQUESTS as f64, "bytes_inspected samples");
     // Each invoke request inspects its prefix: prefix_length bytes of 8 KiB.
     // Envoy's histograms keep values in log-linear bins, so the sum is close,

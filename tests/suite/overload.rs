@@ -9,26 +9,41 @@
 //! test first warms the filter up with a few dozen distinct keys: overflow
 //! nominates instances the filter has seen serving (the learning window, see
 //! docs/design.md).
+//!
+//! The burst tests run with `match: FIXED_PREFIX`: a key's target is
+//! Maglev's, and what passes its cap overflows evenly to the least busy
+//! others. LONGEST_PREFIX fills instances in the order of its rendezvous
+//! ranking up to `load_margin` above the least loaded, a shape of its own:
+//! its burst test checks the cap alone.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use harness::load::{
     add_short_timeout_route, assert_all_ok, burst, check_burst, filter_counter, kinds,
-    plugin_config, prefix_request, served, shoot, shoot_all, wait_for_counter, wait_gauges_zero,
-    warm_up, Ending, Outcome, BURST_HOLD, COUNTED_HEADER, HOST_HEADER, ROUTE_HEADER,
-    SHORT_TIMEOUT_HEADER,
+    plugin_config_with, prefix_request, served, shoot, shoot_all, wait_for_counter,
+    wait_gauges_zero, warm_up, Ending, Outcome, BURST_HOLD, COUNTED_HEADER, HOST_HEADER,
+    ROUTE_HEADER, SHORT_TIMEOUT_HEADER,
 };
 use harness::{bodies, Harness};
 use prefix_router_tools::upstream::{
     ACTION_HEADER, HOLD_HEADER, SSE_EVENTS_HEADER, SSE_INTERVAL_HEADER,
 };
 use rand::Rng;
+use serde_json::json;
 
 const WARM_UP_KEYS: usize = 40;
 
+/// FIXED_PREFIX (see the module documentation).
 fn start(threshold: u32) -> Harness {
-    let config = plugin_config("PREFIX_AWARE", threshold);
+    start_with_config(plugin_config_with(
+        "PREFIX_AWARE",
+        threshold,
+        json!({"match": "FIXED_PREFIX"}),
+    ))
+}
+
+fn start_with_config(config: String) -> Harness {
     let harness = Harness::start_with(move |b| {
         b.concurrency(2)
             .plugin_config(config)
@@ -48,6 +63,46 @@ async fn a_burst_of_one_prefix_is_capped_at_its_target() {
         12,
         3,
         "12 concurrent requests of one new prefix, threshold 3",
+    );
+}
+
+/// The same burst with the default `match` (LONGEST_PREFIX) and the fleet
+/// listed (the launcher writes in the test's upstreams): no instance ever
+/// has more than the threshold in flight, measured at the instances; the
+/// prompt's first instance takes exactly the threshold, and the requests
+/// after the burst are matched there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_burst_of_one_prompt_is_capped_on_every_instance_with_the_default_match() {
+    const THRESHOLD: u32 = 3;
+    let harness = start_with_config(plugin_config_with(
+        "PREFIX_AWARE",
+        THRESHOLD,
+        json!({"instances": []}),
+    ));
+    let report = burst(&harness, "burst-default", 12, 5).await;
+    println!("12 concurrent requests of one new prompt, threshold {THRESHOLD}: {report:#?}");
+    assert!(
+        report.max_in_flight.values().all(|n| *n <= THRESHOLD),
+        "an instance had more than {THRESHOLD} in flight: {:?}",
+        report.max_in_flight
+    );
+    assert!(
+        report.follow_ups.iter().all(|i| *i == report.target),
+        "the requests after the burst did not all go to one instance: {:?}",
+        report.follow_ups
+    );
+    assert_eq!(
+        report.follow_up_kinds.get("matched"),
+        Some(&report.follow_ups.len()),
+        "{:?}",
+        report.follow_up_kinds
+    );
+    assert_eq!(
+        report.served.get(&report.target),
+        Some(&(THRESHOLD as usize)),
+        "the prompt's first instance {} takes the threshold: {:?}",
+        report.target,
+        report.served
     );
 }
 
@@ -245,9 +300,16 @@ async fn counts_return_to_zero_after_aborts_resets_timeouts_errors_and_streams()
     check_burst(&report, 12, 3, "the burst after 2,000 mixed requests");
 }
 
+/// With the default `match`, and the fleet listed (the launcher writes in the
+/// test's upstreams): LONGEST_PREFIX places prompts over the instances it
+/// knows, and the warm-up must reach them all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_client_cannot_pin_an_instance() {
-    let harness = start(10);
+    let harness = start_with_config(plugin_config_with(
+        "PREFIX_AWARE",
+        10,
+        json!({"instances": []}),
+    ));
     harness.fleet.set_hold_all(Duration::ZERO);
     warm_up(&harness, WARM_UP_KEYS).await;
     let addr = harness.envoy.listener_addr();
@@ -262,7 +324,7 @@ async fn a_client_cannot_pin_an_instance() {
     let other_addr = harness.fleet.addr_of(&other).unwrap().to_string();
     let target_addr = harness.fleet.addr_of(&target).unwrap().to_string();
     let lr_before = filter_counter(&harness.envoy, "decision.least_outstanding");
-    let prefix_before = filter_counter(&harness.envoy, "decision.prefix");
+    let matched_before = filter_counter(&harness.envoy, "decision.matched");
     let mut outcomes = Vec::new();
     for n in 1..=10 {
         let request = prefix_request("pinned", n)
@@ -283,13 +345,14 @@ async fn a_client_cannot_pin_an_instance() {
         served(&outcomes)
     );
     assert!(
-        outcomes.iter().all(|o| o.kind() == Some("prefix")),
+        // The honest request placed the prompt: the prefix index holds it there.
+        outcomes.iter().all(|o| o.kind() == Some("matched")),
         "{:?}",
         kinds(&outcomes)
     );
     // The filter hands its counters to Envoy once per tick: wait until this
-    // run's ten prefix decisions are counted, then nothing else may have been.
-    wait_for_counter(&harness.envoy, "decision.prefix", prefix_before + 10);
+    // run's ten decisions are counted, then nothing else may have been.
+    wait_for_counter(&harness.envoy, "decision.matched", matched_before + 10);
     assert_eq!(
         filter_counter(&harness.envoy, "decision.least_outstanding"),
         lr_before

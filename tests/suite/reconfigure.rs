@@ -9,10 +9,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use harness::load::{
-    assert_all_ok, overload_harness, plugin_config, prefix_request, shoot, Ending, Outcome,
+    assert_all_ok, kinds, overload_harness, plugin_config, plugin_config_with, prefix_request,
+    shoot, Ending, Outcome,
 };
 use harness::{envoy_config, Harness, Outgoing, KEY_HEADER, TEST_ID_HEADER};
 use prefix_router_tools::upstream::HOLD_HEADER;
+use serde_json::json;
 
 /// The harness part, valid for any filter version: a new `key_header` applies
 /// to the next request, in the same Envoy process; a refused one changes nothing.
@@ -81,7 +83,9 @@ async fn the_shipped_ecds_layout_changes_its_plugin_configuration_live() {
         .unwrap();
     for n in 1..=6 {
         let after = shoot(addr, prefix_request("ecds", n), Ending::Complete).await;
-        assert_eq!(after.kind(), Some("prefix"), "{after:?}");
+        // The request before the change placed the prompt, and the prefix
+        // index holds it there.
+        assert_eq!(after.kind(), Some("matched"), "{after:?}");
         assert_eq!(after.served_by, before.served_by, "{after:?}");
     }
 }
@@ -118,7 +122,8 @@ async fn load(harness: &Harness, stop: Arc<AtomicBool>) -> Vec<(usize, Outcome)>
     all
 }
 
-/// Prefix-aware behaviour: every prefix on one instance, `prefix` decisions.
+/// Prefix-aware behaviour: every prefix on one instance, `matched` decisions
+/// (but for its first ones, `cold`).
 fn instance_per_prefix(outcomes: &[&(usize, Outcome)]) -> BTreeMap<usize, BTreeSet<String>> {
     let mut by_prefix: BTreeMap<usize, BTreeSet<String>> = BTreeMap::new();
     for (prefix, o) in outcomes {
@@ -158,9 +163,12 @@ fn arrived(harness: &Harness, label: &str) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn live_switch_prefix_aware_random_prefix_aware_under_load() {
     // A threshold far above this load: the cap is not under test here, and an
-    // overflow would blur what "prefix-aware" looks like.
+    // overflow would blur what "prefix-aware" looks like; so would a request
+    // moved off its instance, hence a load margin as far above it.
     const THRESHOLD: u32 = 100;
-    let harness = overload_harness(&plugin_config("PREFIX_AWARE", THRESHOLD));
+    let config =
+        |strategy: &str| plugin_config_with(strategy, THRESHOLD, json!({"load_margin": THRESHOLD}));
+    let harness = overload_harness(&config("PREFIX_AWARE"));
     let pid = harness.envoy.pid();
     let stop = Arc::new(AtomicBool::new(false));
     let addr = harness.envoy.listener_addr();
@@ -198,10 +206,8 @@ async fn live_switch_prefix_aware_random_prefix_aware_under_load() {
         let mut switches = Vec::new();
         for strategy in ["RANDOM", "PREFIX_AWARE"] {
             let at = Instant::now();
-            tokio::task::block_in_place(|| {
-                envoy.set_plugin_config(&plugin_config(strategy, THRESHOLD))
-            })
-            .unwrap_or_else(|e| panic!("switching to {strategy}: {e:#}"));
+            tokio::task::block_in_place(|| envoy.set_plugin_config(&config(strategy)))
+                .unwrap_or_else(|e| panic!("switching to {strategy}: {e:#}"));
             switches.push((strategy, at, at.elapsed()));
             tokio::time::sleep(Duration::from_secs(4)).await;
         }
@@ -272,10 +278,20 @@ async fn live_switch_prefix_aware_random_prefix_aware_under_load() {
         "switches applied (ECDS reload seen) after {random_applied:?} and {back_applied:?}; before: {} requests, {before_map:?}",
         before.len()
     );
+    // A prefix's first requests find no instance holding it: `cold`. Two
+    // clients start each prefix, so at most one per client.
+    let cold = before
+        .iter()
+        .filter(|(_, o)| o.kind() == Some("cold"))
+        .count();
     assert!(
-        before.iter().all(|(_, o)| o.kind() == Some("prefix")),
-        "before the switch"
+        before
+            .iter()
+            .all(|(_, o)| matches!(o.kind(), Some("matched" | "cold"))),
+        "before the switch: {:?}",
+        kinds(&before.iter().map(|(_, o)| o.clone()).collect::<Vec<_>>())
     );
+    assert!(cold <= CLIENTS, "{cold} cold decisions before the switch");
     assert_eq!(before_map.len(), PREFIXES, "prefixes before the switch");
     assert!(before_map.values().all(|s| s.len() == 1), "{before_map:?}");
 
@@ -287,7 +303,7 @@ async fn live_switch_prefix_aware_random_prefix_aware_under_load() {
         random_map.values().all(|s| s.len() >= 3),
         "under RANDOM each prefix should spread: {random_map:?}"
     );
-    let back = phase(back_at, Instant::now(), "prefix");
+    let back = phase(back_at, Instant::now(), "matched");
     let back_map = instance_per_prefix(&back);
     println!("back to PREFIX_AWARE: {back_map:?}");
     assert_eq!(
@@ -298,19 +314,21 @@ async fn live_switch_prefix_aware_random_prefix_aware_under_load() {
 
 /// `concurrency_threshold` and `prefix_length` also change live: the same
 /// Envoy caps a burst at 3, then at 5; keys cover 4096 bytes, then 1024.
+/// With `match: FIXED_PREFIX`, whose key is the first `prefix_length` bytes
+/// and whose burst overflows from the key's target to the least busy others.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn threshold_and_prefix_length_change_without_a_restart() {
     use harness::load::{burst, check_burst, warm_up, BURST_HOLD};
-    let harness = overload_harness(&plugin_config("PREFIX_AWARE", 3));
+    let fixed_prefix = |threshold: u32| {
+        plugin_config_with("PREFIX_AWARE", threshold, json!({"match": "FIXED_PREFIX"}))
+    };
+    let harness = overload_harness(&fixed_prefix(3));
     let pid = harness.envoy.pid();
     harness.fleet.set_hold_all(BURST_HOLD);
     warm_up(&harness, 40).await;
     let report = burst(&harness, "threshold-3", 12, 3).await;
     check_burst(&report, 12, 3, "threshold 3");
-    harness
-        .envoy
-        .set_plugin_config(&plugin_config("PREFIX_AWARE", 5))
-        .unwrap();
+    harness.envoy.set_plugin_config(&fixed_prefix(5)).unwrap();
     let report = burst(&harness, "threshold-5", 12, 3).await;
     check_burst(&report, 12, 5, "threshold 5, same Envoy");
 
@@ -344,7 +362,12 @@ async fn threshold_and_prefix_length_change_without_a_restart() {
         a4096, b4096,
         "bodies differing within 4096 bytes share a key"
     );
-    let json = serde_json::json!({"prefix_length": 1024, "decision_header": "x-d"}).to_string();
+    let json = serde_json::json!({
+        "match": "FIXED_PREFIX",
+        "prefix_length": 1024,
+        "decision_header": "x-d",
+    })
+    .to_string();
     harness.envoy.set_plugin_config(&json).unwrap();
     let (a1024, b1024) = keys("1024").await;
     assert_eq!(

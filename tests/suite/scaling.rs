@@ -84,8 +84,9 @@ async fn fleet_changes_move_few_keys_and_learned_tables_follow_maglev() {
     let seven = all[..7].to_vec();
     let six: Vec<SocketAddr> = seven.iter().copied().filter(|a| *a != all[2]).collect();
     let eight = all.clone();
-    // No decision header: nothing here needs it.
-    let config = r#"{"strategy":"PREFIX_AWARE","concurrency_threshold":10}"#;
+    // No decision header: nothing here needs it. FIXED_PREFIX: keys that
+    // Maglev places and learned tables are what is under test.
+    let config = r#"{"strategy":"PREFIX_AWARE","match":"FIXED_PREFIX","concurrency_threshold":10}"#;
     let envoy = Envoy::builder()
         .upstreams(seven.clone())
         .endpoints_from_file()

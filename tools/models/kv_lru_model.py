@@ -7,7 +7,7 @@ list and evicted from its head. Requests run one after another (no batching),
 100 groups of a 500-block prefix with a 75-block question and 16 output
 blocks, 10,990 blocks per instance as `cargo xtask bench routing` sizes them.
 
-It compares groups placed at random (what consistent hashing of 100 keys
+It compares groups assigned at random (what consistent hashing of 100 keys
 does) with groups spread evenly (14-15 per instance). Run: python3 kv_lru_model.py
 """
 import collections

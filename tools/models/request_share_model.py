@@ -3,8 +3,8 @@
 docs/benchmarks.md ("Balance over 64 groups") proposes bounding each
 instance's share of *requests*, not only of keys, for fleets that need even
 request shares over few keys. This model prices that proposal before anyone
-builds it. 64 groups are placed as key balancing places them (9 or 10 per
-instance on 7), 1,200 requests pick a group uniformly (or Zipf, alpha 1) as
+builds it. 64 groups are spread as evenly as whole groups can be (9 or 10
+per instance on 7), 1,200 requests pick a group uniformly (or Zipf, alpha 1) as
 `cargo xtask bench routing` does after its warm-up. With a bound of
 `factor` % of an even share, a request whose group's instance has served more
 than `factor / 100 x served / instances` requests (once every instance is

@@ -189,7 +189,6 @@ fn buckets_round_trip_and_anything_else_decodes_as_none() {
         include_bytes!("../../../fuzz/seeds/records/lease"),
         include_bytes!("../../../fuzz/seeds/records/pending"),
         include_bytes!("../../../fuzz/seeds/records/route"),
-        include_bytes!("../../../fuzz/seeds/records/census"),
         include_bytes!("../../../fuzz/seeds/records/mark"),
         b"",
         &[0xff; 40],

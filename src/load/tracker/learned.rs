@@ -1,15 +1,13 @@
 //! What the upstream filter teaches: key -> instance mappings (the shared
 //! table, and this VM's short-lived copies of it), the pending marks of
 //! requests routed before their key's target was known, and when each key
-//! last had a response checked. It owns the copies; whether a placed
-//! key's instance still serves it asks the registry.
+//! last had a response checked. It owns the copies.
 
 use std::collections::HashMap;
 
 use super::super::pending::PendingBucket;
 use super::super::routes::{RouteBucket, RouteEntry};
 use super::super::table::{Change, Tables, Updated};
-use super::registry::Registry;
 use super::RESPONSE_CHECK_MS;
 use crate::shared::SharedStore;
 
@@ -30,17 +28,6 @@ pub(super) enum Pending {
     Mark,
     /// One of them was counted (or found its target): take its mark back.
     Withdraw,
-}
-
-/// What [`Learned::change_route`] did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum RouteUpdate {
-    /// The change was written.
-    Written,
-    /// The table was left as it is; the live entry in it.
-    Kept(RouteEntry),
-    /// No live entry and nothing written, or the write failed.
-    Missing,
 }
 
 /// See the module documentation.
@@ -66,10 +53,6 @@ impl Learned {
             route_copies: HashMap::new(),
             checked_keys: HashMap::new(),
         }
-    }
-
-    pub(super) fn route_ttl_ms(&self) -> u64 {
-        self.route_ttl_ms
     }
 
     fn bucket_of(&self, key_hash: u64) -> u32 {
@@ -156,11 +139,6 @@ impl Learned {
         (recent && live).then_some(*entry)
     }
 
-    /// This VM's copy of the key's route, however old.
-    pub(super) fn any_route_copy(&self, key_hash: u64) -> Option<RouteEntry> {
-        self.route_copies.get(&key_hash).map(|(entry, _)| *entry)
-    }
-
     fn keep_route_copy(&mut self, entry: RouteEntry, now_ms: u64) {
         if self.route_copies.len() >= MAX_ROUTE_COPIES {
             self.route_copies.clear();
@@ -190,7 +168,6 @@ impl Learned {
     pub(super) fn learn<S: SharedStore>(
         &mut self,
         tables: &Tables<S>,
-        registry: &Registry,
         key_hash: u64,
         slot: u16,
         addr_hash: u64,
@@ -207,23 +184,10 @@ impl Learned {
         }
         let refresh_ms = self.route_ttl_ms / 8;
         self.change_route(tables, key_hash, now_ms, |existing| match existing {
-            // Maglev's choice for a key placed elsewhere (a request routed
-            // before this VM saw the placement) changes nothing while the
-            // placed instance still serves.
-            Some(placed)
-                if placed.placed
-                    && !placed.same_instance(&learned)
-                    && registry.serves(tables, placed.slot, placed.addr_hash, now_ms) =>
-            {
-                None
-            }
-            // The same instance again: rewritten (balancing's marks kept)
-            // only once `refresh_ms` old, to spare shared writes.
+            // The same instance again: rewritten only once `refresh_ms` old,
+            // to spare shared writes.
             Some(known) if known.same_instance(&learned) => {
-                (now_ms.saturating_sub(known.learned_ms) >= refresh_ms).then_some(RouteEntry {
-                    learned_ms: now_ms,
-                    ..known
-                })
+                (now_ms.saturating_sub(known.learned_ms) >= refresh_ms).then_some(learned)
             }
             _ => Some(learned),
         });
@@ -233,13 +197,13 @@ impl Learned {
     /// `change` sees the live entry (None: there is none) and returns the
     /// entry to write, or None to leave the table as it is. This VM's copy
     /// follows the table.
-    pub(super) fn change_route<S: SharedStore>(
+    fn change_route<S: SharedStore>(
         &mut self,
         tables: &Tables<S>,
         key_hash: u64,
         now_ms: u64,
         mut change: impl FnMut(Option<RouteEntry>) -> Option<RouteEntry>,
-    ) -> RouteUpdate {
+    ) {
         let ttl = self.route_ttl_ms;
         let changed = tables.update(
             &self.route_key(tables, key_hash),
@@ -254,16 +218,8 @@ impl Learned {
                 }
             },
         );
-        match changed {
-            Updated::Written(entry) => {
-                self.keep_route_copy(entry, now_ms);
-                RouteUpdate::Written
-            }
-            Updated::Kept(Some(current)) => {
-                self.keep_route_copy(current, now_ms);
-                RouteUpdate::Kept(current)
-            }
-            Updated::Kept(None) | Updated::Failed => RouteUpdate::Missing,
+        if let Updated::Written(entry) | Updated::Kept(Some(entry)) = changed {
+            self.keep_route_copy(entry, now_ms);
         }
     }
 }

@@ -8,11 +8,9 @@
 
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
-use super::census::Census;
-use super::instances::{InstanceRecord, RegistryEpoch};
+use super::instances::InstanceRecord;
 use super::mark::UpstreamFilterMark;
 use super::prefix_index::{Holder, PrefixIndex, Remembered};
-use super::routes::RouteEntry;
 use super::table::{Change, Tables, Updated};
 use super::{
     Candidate, Claim, HeldPrefix, InstanceLoad, InstanceRef, LoadConfig, LoadView, Target, Ticket,
@@ -20,14 +18,12 @@ use super::{
 };
 use crate::headers::PENDING_MARK;
 use crate::shared::SharedStore;
-use crate::strategy::key_balance::{self, KeyPlacements};
 
 mod columns;
 mod learned;
 mod registry;
 
 use columns::{Columns, Count, Limit};
-pub(crate) use learned::RouteUpdate;
 use learned::{Learned, Pending};
 use registry::{Lookup, Registry};
 
@@ -40,8 +36,7 @@ pub const RESPONSE_CHECK_MS: u64 = 1_000;
 
 /// See the module documentation. Its parts each own their state and take
 /// the shared tables as an argument; where one needs another (the registry
-/// asks the columns whether a slot is idle, learning asks the registry
-/// whether a placed instance serves), it is passed in.
+/// asks the columns whether a slot is idle), it is passed in.
 #[derive(Debug)]
 pub struct LoadTracker<S: SharedStore> {
     tables: Tables<S>,
@@ -53,14 +48,17 @@ pub struct LoadTracker<S: SharedStore> {
     index: PrefixIndex,
     /// What this VM's index writes did since [`LoadTracker::take_index_writes`].
     index_writes: Remembered,
+    /// A deciding configuration sized the index (a VM that only counts, or
+    /// only ticks, such as Envoy's main thread, has no index of its own).
+    index_sized: bool,
 }
 
 fn addr_hash(address: &str) -> u64 {
     xxh3_64(address.as_bytes())
 }
 
-/// The hash a key is known by in every table (and to key balancing).
-pub(crate) fn key_hash(key: &str) -> u64 {
+/// The hash a key is known by in every table.
+fn key_hash(key: &str) -> u64 {
     xxh3_64_with_seed(key.as_bytes(), 0x6b65_795f_726f_7574)
 }
 
@@ -80,6 +78,7 @@ impl<S: SharedStore> LoadTracker<S> {
             ),
             index: PrefixIndex::new(config.index_bytes),
             index_writes: Remembered::default(),
+            index_sized: false,
             config,
         }
     }
@@ -101,15 +100,17 @@ impl<S: SharedStore> LoadTracker<S> {
     /// shrink: after a smaller budget the buckets past it stay allocated,
     /// unused, until Envoy restarts.
     pub fn set_index_bytes(&mut self, index_bytes: u64) {
+        self.index_sized = true;
         if index_bytes != self.config.index_bytes {
             self.config.index_bytes = index_bytes;
             self.index = PrefixIndex::new(index_bytes);
         }
     }
 
-    /// Entries the prefix index holds at most.
-    pub fn index_capacity(&self) -> u64 {
-        self.index.capacity()
+    /// Entries the prefix index holds at most, once a deciding
+    /// configuration sized it.
+    pub fn index_capacity(&self) -> Option<u64> {
+        self.index_sized.then(|| self.index.capacity())
     }
 
     /// Shared-data bytes of the prefix index's values when it is full.
@@ -177,8 +178,7 @@ impl<S: SharedStore> LoadTracker<S> {
         )?;
         if let (Some(key), false) = (start.key, start.overridden) {
             let (hash, instance) = (key_hash(key), addr_hash(start.address));
-            self.learned
-                .learn(tables, &self.registry, hash, slot, instance, now_ms);
+            self.learned.learn(tables, hash, slot, instance, now_ms);
         }
         let read = self.registry.take_recent(slot, now_ms);
         if start.counted == Some(start.address) {
@@ -339,7 +339,6 @@ impl<S: SharedStore> LoadView for LoadTracker<S> {
                 slot: entry.slot,
                 address,
             },
-            placed: entry.placed,
         })
     }
 
@@ -409,14 +408,6 @@ impl<S: SharedStore> LoadView for LoadTracker<S> {
             .least_busy_other(&self.tables, &mut self.columns, exclude, random, now_ms)
     }
 
-    fn balance(&mut self, key: &str, target: Target, factor_percent: u32, now_ms: u64) -> Target {
-        key_balance::balance(self, key, target, factor_percent, now_ms)
-    }
-
-    fn place_new(&mut self, key: &str, factor_percent: u32, now_ms: u64) -> Option<Target> {
-        key_balance::place_new(self, key, factor_percent, now_ms)
-    }
-
     fn candidates(&mut self, now_ms: u64) -> Vec<Candidate> {
         self.fresh_candidates(now_ms)
     }
@@ -468,6 +459,21 @@ fn holders_of(candidates: &[Candidate]) -> Vec<Holder> {
 }
 
 impl<S: SharedStore> LoadTracker<S> {
+    /// LONGEST_PREFIX, at the response of a request Envoy placed (Maglev,
+    /// no host override): records that the instance at `address` holds
+    /// `chain`, if it is a fresh instance.
+    pub fn remember_where_served(&mut self, chain: &[u64], address: &str, now_ms: u64) {
+        let candidates = self.fresh_candidates(now_ms);
+        let Some(served) = candidates.iter().find(|c| c.instance.address == address) else {
+            return;
+        };
+        let known = self
+            .longest_held(chain, std::slice::from_ref(served), now_ms)
+            .blocks;
+        let instance = served.instance.clone();
+        self.remember_held(chain, known, &instance, &candidates, now_ms);
+    }
+
     /// [`LoadView::candidates`], with the configured instances registered.
     fn fresh_candidates(&mut self, now_ms: u64) -> Vec<Candidate> {
         self.registry
@@ -476,47 +482,5 @@ impl<S: SharedStore> LoadTracker<S> {
         self.registry.rescan_if_changed(&self.tables, epoch);
         self.registry
             .candidates(&self.tables, &mut self.columns, now_ms)
-    }
-}
-
-impl<S: SharedStore> KeyPlacements for LoadTracker<S> {
-    fn route_copy(&self, key_hash: u64) -> Option<RouteEntry> {
-        self.learned.any_route_copy(key_hash)
-    }
-
-    fn registry_epoch(&self) -> RegistryEpoch {
-        Registry::epoch(&self.tables)
-    }
-
-    fn fresh_instances(&mut self, epoch: u64, now_ms: u64) -> Vec<(InstanceRef, u64)> {
-        self.registry
-            .seed_configured(&self.tables, &mut self.columns, now_ms);
-        self.registry.rescan_if_changed(&self.tables, epoch);
-        self.registry.fresh_instances(&self.tables, now_ms)
-    }
-
-    fn change_route(
-        &mut self,
-        key_hash: u64,
-        now_ms: u64,
-        mut change: impl FnMut(Option<RouteEntry>, &dyn Fn(&RouteEntry) -> bool) -> Option<RouteEntry>,
-    ) -> RouteUpdate {
-        let (tables, registry) = (&self.tables, &self.registry);
-        let serves =
-            |entry: &RouteEntry| registry.serves(tables, entry.slot, entry.addr_hash, now_ms);
-        self.learned
-            .change_route(tables, key_hash, now_ms, |current| change(current, &serves))
-    }
-
-    fn update_census<W, K>(
-        &mut self,
-        change: impl FnMut(&mut Census) -> Change<W, K>,
-    ) -> Updated<W, K> {
-        let key = self.tables.key(format_args!("census"));
-        self.tables.update(&key, change)
-    }
-
-    fn route_ttl_ms(&self) -> u64 {
-        self.learned.route_ttl_ms()
     }
 }

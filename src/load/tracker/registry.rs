@@ -318,7 +318,7 @@ impl Registry {
         );
         match registered {
             Updated::Written(()) => {
-                Self::bump_epoch(tables, now_ms);
+                Self::bump_epoch(tables);
                 true
             }
             Updated::Kept(ours) => ours,
@@ -361,19 +361,18 @@ impl Registry {
         );
     }
 
-    /// The registry epoch and when it last changed.
+    /// The registry epoch.
     pub(super) fn epoch<S: SharedStore>(tables: &Tables<S>) -> RegistryEpoch {
         tables.read(&epoch_key(tables)).record
     }
 
     /// Announces a registry change, so other VMs rescan the slots before
     /// their next overflow choice instead of waiting for their tick.
-    fn bump_epoch<S: SharedStore>(tables: &Tables<S>, now_ms: u64) {
+    fn bump_epoch<S: SharedStore>(tables: &Tables<S>) {
         tables.update(
             &epoch_key(tables),
             |epoch: &mut RegistryEpoch| -> Change<()> {
                 epoch.epoch = epoch.epoch.wrapping_add(1);
-                epoch.changed_ms = now_ms;
                 Change::Write(())
             },
         );
@@ -414,35 +413,6 @@ impl Registry {
         now_ms: u64,
     ) -> Option<InstanceRecord> {
         Some(self.read(tables, slot).record).filter(|record| self.is_fresh(record, now_ms))
-    }
-
-    /// True if `slot` still holds the instance with `instance_addr_hash` and
-    /// it is fresh.
-    pub(super) fn serves<S: SharedStore>(
-        &self,
-        tables: &Tables<S>,
-        slot: u16,
-        instance_addr_hash: u64,
-        now_ms: u64,
-    ) -> bool {
-        self.fresh_record(tables, slot, now_ms)
-            .is_some_and(|record| addr_hash(&record.address) == instance_addr_hash)
-    }
-
-    /// Fresh known instances with their address hashes.
-    pub(super) fn fresh_instances<S: SharedStore>(
-        &self,
-        tables: &Tables<S>,
-        now_ms: u64,
-    ) -> Vec<(InstanceRef, u64)> {
-        self.known_slots
-            .iter()
-            .filter_map(|&slot| {
-                let address = self.fresh_record(tables, slot, now_ms)?.address;
-                let hash = addr_hash(&address);
-                Some((InstanceRef { slot, address }, hash))
-            })
-            .collect()
     }
 
     /// Every fresh known instance with its in-flight count.
