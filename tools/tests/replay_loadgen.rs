@@ -1,8 +1,9 @@
 //! The real-data workloads end to end against simulated instances, on a
 //! small corpus the test makes (no data set needed): a conversation's next
 //! turn waits for the previous answer and hits its history in the cache,
-//! and pinned targets send every group or conversation to instance
-//! `key mod n`.
+//! pinned targets send every group or conversation to instance
+//! `key mod n`, and alternated targets send each turn through another target
+//! than the turn before.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -149,6 +150,83 @@ async fn pinned_targets_put_each_key_on_instance_key_mod_n() {
             report.instances["sim-b"].requests
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn alternated_targets_take_consecutive_turns_in_turn() {
+    let a = sim("sim-a").await;
+    let b = sim("sim-b").await;
+    let targets = vec![
+        format!("http://{}", a.addr()),
+        format!("http://{}", b.addr()),
+    ];
+    let name = |slot: u64| if slot % 2 == 0 { "sim-a" } else { "sim-b" };
+    let o = RunOptions {
+        alternate_targets: targets.clone(),
+        instances: vec!["sim-a".into(), "sim-b".into()],
+        ..opts(Arrival::Concurrency { clients: 4 }, 100)
+    };
+    // The target URL is not used when targets are alternated.
+    let report = run_workload("http://127.0.0.1:9", &sharegpt(8), &o)
+        .await
+        .unwrap();
+    assert_eq!(report.failures, 0, "{:?}", report.failure_kinds);
+    assert_eq!(report.requests, 24, "8 conversations x 3 turns");
+    let mut by_conversation: BTreeMap<u64, Vec<_>> = BTreeMap::new();
+    for r in &report.records {
+        by_conversation
+            .entry(r.conversation.unwrap())
+            .or_default()
+            .push(r);
+    }
+    for (conversation, turns) in &mut by_conversation {
+        turns.sort_by(|x, y| x.start_ms.total_cmp(&y.start_ms));
+        for (turn, r) in turns.iter().enumerate() {
+            assert_eq!(
+                r.instance.as_deref(),
+                Some(name(conversation + turn as u64)),
+                "turn {turn} of conversation {conversation}: {r:?}"
+            );
+        }
+    }
+    assert_eq!(report.turns_on_previous_instance, Some(0.0));
+
+    let rag = Workload::Rag {
+        documents: 4,
+        questions: 5,
+        output_tokens: 4,
+    };
+    let report = run_workload(
+        "http://127.0.0.1:9",
+        &rag,
+        &RunOptions {
+            alternate_targets: targets,
+            instances: vec!["sim-a".into(), "sim-b".into()],
+            ..opts(Arrival::Concurrency { clients: 1 }, 10)
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(report.requests, 10);
+    for r in &report.records {
+        assert_eq!(r.instance.as_deref(), Some(name(r.index as u64)), "{r:?}");
+    }
+}
+
+#[tokio::test]
+async fn pinned_and_alternated_targets_exclude_each_other() {
+    let o = RunOptions {
+        pinned_targets: vec!["http://127.0.0.1:9".into()],
+        alternate_targets: vec!["http://127.0.0.1:9".into()],
+        ..opts(Arrival::Concurrency { clients: 1 }, 1)
+    };
+    let error = run_workload("http://127.0.0.1:9", &sharegpt(1), &o)
+        .await
+        .unwrap_err();
+    assert!(
+        format!("{error:#}").contains("exclude each other"),
+        "{error:#}"
+    );
 }
 
 #[tokio::test]

@@ -16,8 +16,9 @@ pub enum Bench {
     /// The filter's cost per request: the same Envoy with and without it.
     Overhead(OverheadArgs),
     /// Routing quality against 7 simulated vLLM instances: RANDOM,
-    /// LEAST_OUTSTANDING_REQUESTS and PREFIX_AWARE side by side, and on
-    /// ShareGPT data also SGLang's router and an oracle placement.
+    /// LEAST_OUTSTANDING_REQUESTS and PREFIX_AWARE (its default matching and
+    /// fixed prefixes) side by side, and on ShareGPT data also SGLang's
+    /// router and an oracle placement.
     Routing(RoutingArgs),
     /// Prefix-aware vs random routing in front of three llama.cpp servers
     /// (a real engine with a real prefix cache; needs llama-cpp-python, not in CI).
@@ -39,6 +40,14 @@ pub fn run_bench(bench: &Bench) -> anyhow::Result<()> {
             run_release_bench_with(&options.to_args(), pythonpath.as_deref())
         }
     }
+}
+
+/// `cargo xtask demo`: the demo's first workload replays ShareGPT
+/// conversations, so the data set is installed on first use as for
+/// `bench routing`, then the release bench binary runs `demo`.
+pub fn run_demo() -> anyhow::Result<()> {
+    let pythonpath = prereqs::ensure_bench_python_deps()?;
+    run_release_bench_with(&["demo".to_string()], pythonpath.as_deref())
 }
 
 /// Whether a routing run reads the ShareGPT data or starts SGLang's router:

@@ -4,7 +4,8 @@
 //! - `cargo xtask test`: build the filter, run every test (native, integration
 //!   with a real Envoy, and the core's unit tests as 32-bit wasm under Node).
 //! - `cargo xtask demo`: 7 simulated vLLM instances behind Envoy with the
-//!   filter; RANDOM then PREFIX_AWARE on long shared prefixes, compared
+//!   filter; RANDOM, PREFIX_AWARE@1024 and PREFIX_AWARE at its default
+//!   matching on ShareGPT conversations and long shared prefixes, compared
 //!   (`--affinity`: which instance served which prefix, both APIs).
 //! - `cargo xtask bench overhead|routing [--quick]`: benchmarks (see docs/benchmarks.md);
 //!   `cargo xtask bench engine`: prefix-aware vs random routing in front of
@@ -39,8 +40,9 @@ enum Task {
         #[arg(last = true)]
         cargo_test_args: Vec<String>,
     },
-    /// 7 simulated vLLM instances behind Envoy with the filter: a short
-    /// long-shared-prefix run under RANDOM then PREFIX_AWARE, compared.
+    /// 7 simulated vLLM instances behind Envoy with the filter: short
+    /// sharegpt and long-shared-prefix runs under RANDOM, PREFIX_AWARE@1024
+    /// and PREFIX_AWARE at its default matching, compared.
     Demo {
         /// Instead: simple instances, both APIs, which instance served which prefix.
         #[arg(long)]
@@ -62,7 +64,7 @@ fn main() -> ExitCode {
     let outcome = match cli.command {
         Task::Test { cargo_test_args } => run::test(&cargo_test_args),
         Task::Demo { affinity: true } => demo::run(),
-        Task::Demo { affinity: false } => bench::run_release_bench(&["demo".to_string()]),
+        Task::Demo { affinity: false } => bench::run_demo(),
         Task::Release => release::run(),
         Task::Bench { bench } => bench::run_bench(&bench),
         Task::Setup => prereqs::ensure_all().map(|p| {

@@ -36,8 +36,10 @@ pub struct RoutingArgs {
     #[arg(long, alias = "workloads", value_delimiter = ',')]
     pub workload: Vec<String>,
     /// Only these arms, on every workload: random, least-outstanding,
-    /// prefix-aware, prefix-aware-balanced, prefix-N (PREFIX_AWARE at
-    /// prefix_length N), sglang, oracle; comma-separated.
+    /// prefix-aware (the filter's default matching, LONGEST_PREFIX), prefix-N
+    /// (FIXED_PREFIX at prefix_length N), longest-B (LONGEST_PREFIX with
+    /// block_bytes B), two-envoys (prefix-aware through two Envoys, turns
+    /// alternating), sglang, oracle; comma-separated.
     #[arg(long, value_delimiter = ',')]
     pub peers: Vec<String>,
     /// Repetitions to take medians over (default 3, or 1 with --quick).
@@ -83,8 +85,9 @@ pub enum BenchCommand {
     Overhead(OverheadArgs),
     /// Routing quality against 7 simulated vLLM instances, per strategy.
     Routing(RoutingArgs),
-    /// The demo (what `cargo xtask demo` shows): RANDOM then PREFIX_AWARE on a
-    /// short long-shared-prefix run.
+    /// The demo (what `cargo xtask demo` shows): RANDOM, PREFIX_AWARE@1024 and
+    /// PREFIX_AWARE at its default matching on short sharegpt and
+    /// long-shared-prefix runs.
     Demo,
     /// For profiling: one overhead case under throughput load, printing Envoy's
     /// pid once warm (e.g. `perf record -g -p PID -- sleep 5`).

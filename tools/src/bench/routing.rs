@@ -4,13 +4,17 @@
 //! (every instance's prefix cache is emptied with `POST /reset_prefix_cache`,
 //! and a fresh Envoy with the strategy's configuration, or a fresh SGLang
 //! router, starts), a warm-up run that is not measured if the plan has one,
-//! then the measured run. The arms ([`Peer`]) are the filter's strategies
-//! (the synthetic workloads' default), and for the workloads on real data
-//! also fixed-prefix PREFIX_AWARE at three prefix lengths, SGLang's router
-//! and the oracle placement. `runs` repeats every arm; medians are reported.
-//! The hit rate comes from the instances' `/metrics` counters
-//! (token-weighted, deltas over the measured run); TTFT, throughput, shares
-//! and turn affinity from the load generator.
+//! then the measured run. The arms ([`Peer`]) are the filter's strategies,
+//! PREFIX_AWARE at its default matching (LONGEST_PREFIX) and fixed-prefix
+//! matching at 4096 (the synthetic workloads' default), and for the
+//! workloads on real data also fixed-prefix matching at 1024 and 16384,
+//! SGLang's router and the oracle placement; `--peers` adds LONGEST_PREFIX
+//! at other block sizes and two Envoy replicas. `runs` repeats every arm;
+//! medians are reported. The hit rate comes from the instances' `/metrics`
+//! counters (token-weighted, deltas over the measured run); TTFT,
+//! throughput, shares and turn affinity from the load generator; the
+//! filter's decision counts from Envoy's `/stats` (deltas over the measured
+//! run).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -19,9 +23,12 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use serde::Serialize;
 
-use super::fleet::{find_sim_exe, hit_rate_between, start_envoy_at, SimFleet, Strategy};
+use super::fleet::{
+    counts_between, find_sim_exe, hit_rate_between, settled_decision_counts, start_envoy, SimFleet,
+    Strategy,
+};
 use super::load_average;
-use super::peers::{Peer, SglangRouter, DATA_PEERS};
+use super::peers::{Peer, SglangRouter, DATA_PEERS, SYNTHETIC_PEERS};
 use crate::envoy::ENVOY_VERSION;
 use crate::loadgen::replay::ReplayGen;
 use crate::loadgen::workload::DEFAULT_SHARED_SEED;
@@ -67,7 +74,7 @@ impl WorkloadPlan {
         let peers = if workload.needs_corpus() {
             DATA_PEERS.to_vec()
         } else {
-            Strategy::ALL.into_iter().map(Peer::Filter).collect()
+            SYNTHETIC_PEERS.to_vec()
         };
         Ok(WorkloadPlan {
             workload,
@@ -288,6 +295,10 @@ pub struct StrategyResult {
     pub groups_per_instance: std::collections::BTreeMap<String, usize>,
     /// Groups served by more than one instance in the measured run.
     pub groups_split: usize,
+    /// The filter's decisions in the measured run by kind (its
+    /// `prefix_router.decision.*` counters on Envoy's `/stats`, summed over
+    /// the arm's Envoys); empty for arms without Envoy.
+    pub decisions: std::collections::BTreeMap<String, u64>,
     pub latency_p50_ms: f64,
     /// Simulated seconds the measured run lasted.
     pub duration_s: f64,
@@ -455,7 +466,7 @@ fn run_plan(
             let result = run_peer(runtime, opts, plan, &fleet, peer, run as u64, corpus)
                 .with_context(|| format!("{} (run {})", peer.name(), run + 1))?;
             progress(&format!(
-                "  {:<28} hit {:>5.1}%  TTFT p50 {:>6.0} p90 {:>6.0} ms  {:.2} req/s  share {:.1}-{:.1}%{}  failures {}  ({:.0} s)",
+                "  {:<34} hit {:>5.1}%  TTFT p50 {:>6.0} p90 {:>6.0} ms  {:.2} req/s  share {:.1}-{:.1}%{}  failures {}  ({:.0} s)",
                 peer.name(),
                 result.hit_rate * 100.0,
                 result.ttft_p50_ms,
@@ -542,6 +553,7 @@ fn median_result(mut runs: Vec<StrategyResult>) -> StrategyResult {
     out.instance_hit_rates = middle.instance_hit_rates.clone();
     out.groups_per_instance = middle.groups_per_instance.clone();
     out.groups_split = middle.groups_split;
+    out.decisions = middle.decisions.clone();
     out
 }
 
@@ -561,7 +573,8 @@ fn median_of(mut values: Vec<f64>) -> Option<f64> {
 
 /// What an arm's requests go through while it runs (stopped when dropped).
 enum Front {
-    Envoy(Box<crate::envoy::Envoy>),
+    /// One Envoy, or replicas the load generator alternates between.
+    Envoys(Vec<crate::envoy::Envoy>),
     Sglang(SglangRouter),
     Direct,
 }
@@ -577,14 +590,19 @@ fn run_peer(
 ) -> anyhow::Result<StrategyResult> {
     let started = Instant::now();
     runtime.block_on(fleet.reset_caches())?;
-    let front = match peer.filter_config() {
-        Some((strategy, prefix_length)) => Front::Envoy(Box::new(start_envoy_at(
-            strategy,
-            prefix_length,
-            &fleet.addrs(),
-            opts.wasm.as_deref(),
-            opts.envoy_workers,
-        )?)),
+    let front = match peer.plugin_config(&fleet.addrs()) {
+        Some(config) => Front::Envoys(
+            (0..peer.envoys())
+                .map(|_| {
+                    start_envoy(
+                        &config,
+                        &fleet.addrs(),
+                        opts.wasm.as_deref(),
+                        opts.envoy_workers,
+                    )
+                })
+                .collect::<anyhow::Result<_>>()?,
+        ),
         None if peer == Peer::SglangCacheAware => Front::Sglang(SglangRouter::start(
             &fleet.addrs(),
             &super::output_dir().join("sglang-router.log"),
@@ -597,8 +615,12 @@ fn run_peer(
         .iter()
         .map(|a| format!("http://{a}"))
         .collect();
+    let envoy_urls: Vec<String> = match &front {
+        Front::Envoys(envoys) => envoys.iter().map(|e| e.base_url()).collect(),
+        _ => Vec::new(),
+    };
     let url = match &front {
-        Front::Envoy(envoy) => envoy.base_url(),
+        Front::Envoys(_) => envoy_urls.first().cloned().unwrap_or_default(),
         Front::Sglang(router) => router.base_url(),
         Front::Direct => direct[0].clone(),
     };
@@ -618,15 +640,28 @@ fn run_peer(
         } else {
             Vec::new()
         },
+        alternate_targets: if envoy_urls.len() > 1 {
+            envoy_urls.clone()
+        } else {
+            Vec::new()
+        },
         ..RunOptions::default()
     };
+    let mut sent = 0;
     if plan.warmup_requests > 0 {
-        runtime.block_on(run_workload(
-            &url,
-            &plan.workload,
-            &run_options(WARMUP_SEED + run, plan.warmup_requests),
-        ))?;
+        sent += runtime
+            .block_on(run_workload(
+                &url,
+                &plan.workload,
+                &run_options(WARMUP_SEED + run, plan.warmup_requests),
+            ))?
+            .requests;
     }
+    let decisions = |sent: usize| match &front {
+        Front::Envoys(envoys) => settled_decision_counts(envoys, sent, DECISIONS_SETTLE_WITHIN),
+        _ => Default::default(),
+    };
+    let decisions_before = decisions(sent);
     let before = runtime.block_on(fleet.cache_counters())?;
     let report: Report = runtime.block_on(run_workload(
         &url,
@@ -634,6 +669,8 @@ fn run_peer(
         &run_options(MEASURED_SEED + run, plan.requests),
     ))?;
     let after = runtime.block_on(fleet.cache_counters())?;
+    sent += report.requests;
+    let decisions = counts_between(&decisions_before, &decisions(sent));
     drop(front);
     let (hit_rate, _) = hit_rate_between(&before, &after);
     let instance_hit_rates = fleet
@@ -668,11 +705,16 @@ fn run_peer(
         instance_hit_rates,
         groups_per_instance: report.groups_per_instance.clone(),
         groups_split: report.groups_split,
+        decisions,
         latency_p50_ms: report.latency_p50_ms,
         duration_s: report.duration_s,
         wall_s: started.elapsed().as_secs_f64(),
     })
 }
+
+/// How long the filter's decision counts may take to cover the requests sent
+/// (it flushes them every second).
+const DECISIONS_SETTLE_WITHIN: Duration = Duration::from_secs(3);
 
 /// How long SGLang's router may take to report the fleet healthy.
 const SGLANG_READY_WITHIN: Duration = Duration::from_secs(60);
@@ -710,12 +752,36 @@ pub fn markdown(report: &RoutingReport) -> String {
             || workload
                 .strategies
                 .iter()
-                .any(|s| !matches!(s.strategy, Peer::Filter(_)));
+                .any(|s| matches!(s.strategy, Peer::SglangCacheAware | Peer::Oracle));
         if peers_table {
             out.push_str(&peer_table(&workload.strategies));
         } else {
             out.push_str(&strategy_table(&workload.strategies));
         }
+        out.push_str(&decision_lines(&workload.strategies));
+    }
+    out
+}
+
+/// The filter's decisions per arm through Envoy, one line each (nothing if
+/// no arm counted any).
+pub fn decision_lines(strategies: &[StrategyResult]) -> String {
+    let counted: Vec<&StrategyResult> = strategies
+        .iter()
+        .filter(|s| !s.decisions.is_empty())
+        .collect();
+    if counted.is_empty() {
+        return String::new();
+    }
+    let mut out =
+        String::from("\nThe filter's decisions in the measured run (Envoy `/stats`):\n\n");
+    for s in counted {
+        let kinds: Vec<String> = s
+            .decisions
+            .iter()
+            .map(|(kind, count)| format!("{kind} {count}"))
+            .collect();
+        out.push_str(&format!("- {}: {}\n", s.strategy.name(), kinds.join(", ")));
     }
     out
 }
@@ -826,6 +892,7 @@ mod tests {
             instance_hit_rates: Default::default(),
             groups_per_instance: Default::default(),
             groups_split: 0,
+            decisions: [(format!("{mark}-kind"), 3)].into_iter().collect(),
             latency_p50_ms: 1.0,
             duration_s: 1.0,
             wall_s: 2.0,
@@ -847,6 +914,7 @@ mod tests {
         assert_eq!(m.wall_s, 6.0);
         // The maps are the median-hit-rate run's.
         assert!(m.shares.contains_key("third"), "{:?}", m.shares);
+        assert!(m.decisions.contains_key("third-kind"), "{:?}", m.decisions);
         assert_eq!(median_of(vec![4.0, 1.0]), Some(2.5));
         assert_eq!(median_of(Vec::new()), None);
     }
@@ -907,5 +975,34 @@ mod tests {
             "{filter_only}"
         );
         assert!(!filter_only.contains("of oracle"));
+    }
+
+    #[test]
+    fn synthetic_arms_get_the_strategy_table_with_the_default_and_decisions() {
+        let strategies: Vec<StrategyResult> = SYNTHETIC_PEERS
+            .into_iter()
+            .map(|peer| result(peer, 0.5, 10.0, &peer.cli_name()))
+            .collect();
+        let table = strategy_table(&strategies);
+        for name in ["RANDOM", "PREFIX_AWARE@4096", "PREFIX_AWARE (longest)"] {
+            assert!(
+                table.contains(&format!("| {name} | 50.0% |")),
+                "{name}: {table}"
+            );
+        }
+        let lines = decision_lines(&strategies);
+        assert!(
+            lines.contains("- PREFIX_AWARE (longest): prefix-aware-kind 3\n"),
+            "{lines}"
+        );
+        assert!(
+            lines.contains("- PREFIX_AWARE@4096: prefix-4096-kind 3\n"),
+            "{lines}"
+        );
+        let mut none = strategies;
+        for s in &mut none {
+            s.decisions.clear();
+        }
+        assert_eq!(decision_lines(&none), "");
     }
 }

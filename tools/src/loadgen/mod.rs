@@ -126,6 +126,10 @@ pub struct RunOptions {
     /// count. Pins every group to one instance, spread evenly: the oracle
     /// placement.
     pub pinned_targets: Vec<String>,
+    /// Instead of `target_url`, send requests through these base URLs in turn
+    /// (replicas of one proxy), as [`alternating_target`] picks: consecutive
+    /// turns of a conversation always go through different ones.
+    pub alternate_targets: Vec<String>,
 }
 
 impl Default for RunOptions {
@@ -148,6 +152,7 @@ impl Default for RunOptions {
             keep_records: false,
             corpus: None,
             pinned_targets: Vec::new(),
+            alternate_targets: Vec::new(),
         }
     }
 }
@@ -206,10 +211,39 @@ pub fn request_body(api: Api, planned: &PlannedRequest, opts: &RunOptions) -> By
     Bytes::from(json.unwrap_or_default())
 }
 
+/// Which of `replicas` targets a request goes through when a run alternates
+/// between them: turn `t` (from 0) of conversation `c` goes to `(c + t) mod
+/// replicas`, so each turn goes through another replica than the turn before;
+/// a request outside a conversation goes to `index mod replicas`.
+pub fn alternating_target(index: usize, planned: &PlannedRequest, replicas: usize) -> usize {
+    let replicas = replicas.max(1) as u64;
+    let slot = match planned.conversation {
+        Some(conversation) => {
+            // Every turn adds one user message to the history it sends.
+            let turn = planned.messages.iter().filter(|m| m.role == "user").count();
+            conversation.wrapping_add(turn.saturating_sub(1) as u64)
+        }
+        None => index as u64,
+    };
+    (slot % replicas) as usize
+}
+
+/// How a run's requests pick one of its target URIs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Targeting {
+    /// The one target.
+    One,
+    /// Group (else conversation) modulo the targets: the oracle.
+    Pinned,
+    /// [`alternating_target`].
+    Alternating,
+}
+
 struct Run {
     client: HttpClient,
-    /// One target, or the pinned targets.
+    /// One target, the pinned targets or the alternated ones.
     uris: Vec<Uri>,
+    targeting: Targeting,
     headers: Vec<(HeaderName, HeaderValue)>,
     opts: RunOptions,
     gen: Mutex<WorkloadGen>,
@@ -233,14 +267,22 @@ impl Run {
             .next_request()
     }
 
-    /// Where `planned` goes: the one target, or its group's pinned target.
+    /// Where `planned` goes: the one target, its group's pinned target or
+    /// its turn's alternated target.
     fn uri_for(&self, index: usize, planned: &PlannedRequest) -> &Uri {
-        let key = planned
-            .group
-            .map(|g| g as u64)
-            .or(planned.conversation)
-            .unwrap_or(index as u64);
-        &self.uris[(key % self.uris.len() as u64) as usize]
+        let slot = match self.targeting {
+            Targeting::One => 0,
+            Targeting::Pinned => {
+                let key = planned
+                    .group
+                    .map(|g| g as u64)
+                    .or(planned.conversation)
+                    .unwrap_or(index as u64);
+                (key % self.uris.len() as u64) as usize
+            }
+            Targeting::Alternating => alternating_target(index, planned, self.uris.len()),
+        };
+        &self.uris[slot % self.uris.len()]
     }
 
     /// Sends one request and records it; true if it succeeded.
@@ -331,10 +373,11 @@ pub async fn run_workload(
         Api::Chat => &opts.chat_path,
         Api::Invoke => &opts.invoke_path,
     };
-    let bases = if opts.pinned_targets.is_empty() {
-        vec![target_url.to_string()]
-    } else {
-        opts.pinned_targets.clone()
+    let (targeting, bases) = match (&opts.pinned_targets[..], &opts.alternate_targets[..]) {
+        ([], []) => (Targeting::One, vec![target_url.to_string()]),
+        (pinned, []) => (Targeting::Pinned, pinned.to_vec()),
+        ([], alternated) => (Targeting::Alternating, alternated.to_vec()),
+        _ => anyhow::bail!("pinned_targets and alternate_targets exclude each other"),
     };
     let uris = bases
         .iter()
@@ -375,6 +418,7 @@ pub async fn run_workload(
     let run = Arc::new(Run {
         client: client::http_client(),
         uris,
+        targeting,
         headers,
         opts: opts.clone(),
         gen: Mutex::new(gen),
@@ -505,5 +549,40 @@ mod tests {
         );
         assert_eq!(chat["stream_options"]["include_usage"], true);
         assert_eq!(chat["max_tokens"], 26);
+    }
+
+    /// Turn `turn` (from 0) of `conversation`: its history and the next question.
+    fn turn_of(conversation: Option<u64>, turn: usize) -> PlannedRequest {
+        let mut messages = vec![workload::Message::new("system", "be brief".into())];
+        for t in 0..=turn {
+            messages.push(workload::Message::new("user", format!("question {t}")));
+            if t < turn {
+                messages.push(workload::Message::new("assistant", format!("answer {t}")));
+            }
+        }
+        PlannedRequest {
+            messages,
+            output_tokens: 1,
+            group: None,
+            conversation,
+        }
+    }
+
+    #[test]
+    fn consecutive_turns_of_a_conversation_alternate_between_replicas() {
+        for conversation in 0..5u64 {
+            let replicas: Vec<usize> = (0..6)
+                .map(|turn| alternating_target(99, &turn_of(Some(conversation), turn), 2))
+                .collect();
+            // Turn t of conversation c through replica (c + t) mod 2, whatever the index.
+            let expected: Vec<usize> = (0..6).map(|t| (conversation as usize + t) % 2).collect();
+            assert_eq!(replicas, expected, "conversation {conversation}");
+        }
+        // Requests outside conversations: by their index.
+        let lone: Vec<usize> = (0..5)
+            .map(|index| alternating_target(index, &turn_of(None, 0), 2))
+            .collect();
+        assert_eq!(lone, [0, 1, 0, 1, 0]);
+        assert_eq!(alternating_target(7, &turn_of(Some(3), 2), 1), 0);
     }
 }
