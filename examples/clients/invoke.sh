@@ -3,9 +3,10 @@
 #
 #   PREFIX_ROUTER_URL=http://localhost:10000 examples/clients/invoke.sh
 #
-# A native invoke body is routed on its first `prefix_length` bytes (4096 by
-# default). The tenant header keeps tenants apart: the same body from another
-# tenant gets another routing key. Tenant: 1 to 64 printable ASCII characters
+# A native invoke body goes to the instance that holds the longest prefix of
+# its first `prefix_length` bytes (16384 by default); a body no instance holds
+# is placed by its first 1024 bytes. The tenant header keeps tenants apart: the
+# same body from another tenant is matched and placed separately. Tenant: 1 to 64 printable ASCII characters
 # (0x20-0x7E); anything else is answered 400 with a JSON error and never reaches an instance.
 # INVOKE_PATH: your model server's invoke path (vLLM's OpenAI server has none;
 # SageMaker-style servers use /invocations).

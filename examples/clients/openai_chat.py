@@ -3,11 +3,11 @@
 
     OPENAI_BASE_URL=http://localhost:10000/v1 python3 examples/clients/openai_chat.py
 
-Requests of one conversation begin alike, so the filter gives them the same
-routing key (once the common beginning is at least `prefix_length` characters
-long) and Envoy sends them to the same instance, whose prefix cache already
-holds the conversation so far. prompt_cache_key separates tenants:
-the same prompt with another key goes through another routing key (and is never
+Every turn of a conversation begins with the turns before it, so the filter
+sends it to the instance that served them, whose prefix cache already holds the
+conversation so far (the first turn is placed by the conversation's opening,
+its system prompt and first user message). prompt_cache_key separates tenants:
+the same prompt with another key is matched and placed separately (and is never
 served from another tenant's cache entry by routing). It goes through
 extra_body, which every SDK version accepts. x-served-by names the instance
 (vLLM itself does not send it; vllm-sim and the test upstreams do).
@@ -23,9 +23,9 @@ client = openai.OpenAI(
 )
 model = os.environ.get("MODEL", "Qwen/Qwen2.5-0.5B-Instruct")
 
-# The key covers the first `prefix_length` characters (4,096 by default) of the
-# conversation, so turns share an instance once their common beginning is that
-# long: here a system prompt carrying a policy manual, as real assistants have.
+# A system prompt carrying a policy manual, as real assistants have: it does not
+# decide where the conversation goes (many conversations share it); the turns
+# follow the instance of the first.
 system_prompt = "You are the support assistant of ACME. Follow the policy manual.\n" + "\n".join(
     f"Rule {i}: answer accurately and briefly, and cite the rule you applied." for i in range(1, 81)
 )
