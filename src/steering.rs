@@ -174,12 +174,7 @@ mod tests {
     /// With `match: FIXED_PREFIX` unless `json` names a match: these tests
     /// pin the steering of Maglev keys.
     fn config(json: &str) -> Config {
-        let mut value: serde_json::Value = serde_json::from_str(json).unwrap();
-        let object = value.as_object_mut().unwrap();
-        object
-            .entry("match")
-            .or_insert_with(|| serde_json::json!("FIXED_PREFIX"));
-        Config::parse(value.to_string().as_bytes()).unwrap()
+        Config::parse(crate::testing::fixed_prefix_unless_named(json).as_bytes()).unwrap()
     }
 
     const KEY: &str = "0123456789abcdef";

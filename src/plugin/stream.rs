@@ -214,22 +214,22 @@ impl Stream {
         let unchecked = !listener && vm.may_count_at_response();
         let instances = &self.config.instances;
         let index_bytes = self.config.index_bytes;
-        let (routed, keep, check_due) = vm.with_tracker(&self.config, |t| {
+        let (routed, placed_by_envoy, keep, check_due) = vm.with_tracker(&self.config, |t| {
             // The deciding configuration's fleet, also when it lists none
             // (a configuration update that removed the list), and index
             // size (an upstream filter's configuration need not repeat it).
             t.set_configured_instances(instances);
             t.set_index_bytes(index_bytes);
             let routed = policy.route(derivation, t, random, now);
-            // A LONGEST_PREFIX request Envoy placed is counted where it
-            // went, at the response, if no upstream filter does.
+            // A LONGEST_PREFIX request Envoy placed: indexed where it went,
+            // and counted there if no upstream filter does, at the response.
             let placed_by_envoy = routed.headers.host_override.is_none()
                 && matches!(*policy, Policy::LongestPrefix(_));
             let keep =
                 listener || (unchecked && (routed.headers.counted.is_some() || placed_by_envoy));
             let key = routed.headers.key.as_deref().filter(|_| keep);
             let check_due = key.is_some_and(|key| t.response_check_due(key, now));
-            (routed, keep, check_due)
+            (routed, placed_by_envoy, keep, check_due)
         });
         for (name, value) in steering::header_writes(&self.config, &routed.headers) {
             warn_on_error(
@@ -247,9 +247,7 @@ impl Stream {
             let count = ListenerCount::of(&self.config, &routed.headers, check_due);
             self.listener_count = Some(count);
         }
-        if routed.headers.host_override.is_none()
-            && matches!(*self.policy, Policy::LongestPrefix(_))
-        {
+        if placed_by_envoy {
             self.placed_by_envoy = derivation.blocks.as_ref().map(|b| b.chain.clone());
         }
         self.ticket = routed.ticket;

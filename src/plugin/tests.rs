@@ -20,12 +20,7 @@ const B: &str = "10.0.0.2:8000";
 /// [`configured_as`] with `match: FIXED_PREFIX` unless `json` names a
 /// match: most of these tests pin the mechanics of Maglev keys.
 fn configured(json: &str) -> (Rc<MemoryHost>, TestVm, PluginRoot) {
-    let mut value: serde_json::Value = serde_json::from_str(json).unwrap();
-    let object = value.as_object_mut().unwrap();
-    object
-        .entry("match")
-        .or_insert_with(|| serde_json::json!("FIXED_PREFIX"));
-    configured_as(&value.to_string())
+    configured_as(&crate::testing::fixed_prefix_unless_named(json))
 }
 
 fn configured_as(json: &str) -> (Rc<MemoryHost>, TestVm, PluginRoot) {

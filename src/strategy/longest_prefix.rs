@@ -102,7 +102,7 @@ impl LongestPrefix {
         }
         let is_holder = |c: &Candidate| attracted && held.holders.contains(&c.instance.slot);
         let mut order: Vec<&Candidate> = candidates.iter().collect();
-        order.sort_by_key(|c| {
+        order.sort_by_cached_key(|c| {
             (
                 std::cmp::Reverse(is_holder(c)),
                 std::cmp::Reverse(rank(blocks.opening, &c.instance.address)),
