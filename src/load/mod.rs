@@ -20,6 +20,7 @@
 //! - Every table has a fixed size ([`LoadConfig`]); time is a parameter.
 
 mod codec;
+mod engine;
 // Only for the cargo-fuzz target (`--cfg fuzzing`) and its seed test: it
 // asserts, which the filter itself never does.
 #[cfg(any(fuzzing, test))]
@@ -40,6 +41,7 @@ pub use tracker::{LoadTracker, RESPONSE_CHECK_MS};
 
 use crate::headers::PENDING_MARK;
 
+pub use engine::{EngineBounds, EngineLoad};
 pub use prefix_index::Remembered;
 
 /// Sizes, times and namespace of the shared tables.

@@ -1,0 +1,197 @@
+//! What an engine (vLLM, SGLang, llama.cpp) last reported about its own load,
+//! as one shared record per instance, and how a decision turns that report
+//! into the instance's load for the whole fleet.
+//!
+//! Why: every count the filter keeps is this Envoy's. With N proxies in front
+//! of a fleet (gateway replicas, or a sidecar per client pod) an instance
+//! receives what all of them send, and only the engine sees that sum. The
+//! engine's figure is a sample, though: since it was taken, this Envoy has
+//! sent more. So the load a decision sees is the engine's running + waiting
+//! plus this Envoy's in-flight requests on the instance beyond what it had in
+//! flight when the sample arrived ([`EngineRecord::estimated_requests`]).
+//! Requests other proxies sent since the sample are not seen until the next
+//! one; the sampling interval bounds how stale that is.
+
+use super::codec::{Reader, Writer};
+use super::table::Record;
+
+const ENGINE_VERSION: u8 = 1;
+
+/// What the engine reported: its running and waiting requests and, where it
+/// exports it, the share of its KV cache in use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct EngineLoad {
+    pub running: u32,
+    pub waiting: u32,
+    /// KV-cache usage in thousandths (0..=1000); None if the engine does not
+    /// export it (llama.cpp).
+    pub kv_usage_permille: Option<u16>,
+}
+
+/// The fleet-wide overload rule: an instance whose estimated load reaches a
+/// bound takes no new request while another instance is below it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct EngineBounds {
+    /// Bound of running + waiting (estimated, see the module documentation).
+    pub max_requests: Option<u32>,
+    /// Bound of KV-cache usage, in thousandths.
+    pub max_kv_usage_permille: Option<u16>,
+}
+
+/// One instance's last engine sample, under `engine/<slot>`. The default
+/// record (a missing key) holds no sample.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct EngineRecord {
+    /// Hash of the instance's address: a slot reused by another instance
+    /// does not inherit the sample.
+    pub(crate) addr_hash: u64,
+    /// When the sample arrived (host clock, ms); 0: no sample.
+    pub(crate) sampled_at_ms: u64,
+    pub(crate) load: EngineLoad,
+    /// This Envoy's in-flight requests on the instance when the sample
+    /// arrived (all worker VMs).
+    pub(crate) base_in_flight: u32,
+}
+
+impl EngineRecord {
+    /// True if the record holds a sample of `addr_hash` at most `max_age_ms`
+    /// old at `now_ms`.
+    pub(crate) fn is_fresh(&self, addr_hash: u64, now_ms: u64, max_age_ms: u64) -> bool {
+        self.sampled_at_ms != 0
+            && self.addr_hash == addr_hash
+            && now_ms.saturating_sub(self.sampled_at_ms) <= max_age_ms
+    }
+
+    /// The instance's load for the whole fleet: the engine's running +
+    /// waiting, plus what this Envoy has in flight there beyond what it had
+    /// when the sample arrived.
+    pub(crate) fn estimated_requests(&self, in_flight_now: u32) -> u32 {
+        self.load
+            .running
+            .saturating_add(self.load.waiting)
+            .saturating_add(in_flight_now.saturating_sub(self.base_in_flight))
+    }
+
+    /// True if the estimate reaches a configured bound.
+    pub(crate) fn over(&self, bounds: &EngineBounds, in_flight_now: u32) -> bool {
+        let requests = bounds
+            .max_requests
+            .is_some_and(|max| self.estimated_requests(in_flight_now) >= max);
+        let kv = match (bounds.max_kv_usage_permille, self.load.kv_usage_permille) {
+            (Some(max), Some(used)) => used >= max,
+            _ => false,
+        };
+        requests || kv
+    }
+}
+
+/// `u16::MAX` encodes "not exported".
+const NO_KV_USAGE: u16 = u16::MAX;
+
+impl Record for EngineRecord {
+    fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::with_capacity(31);
+        w.u8(ENGINE_VERSION)
+            .u64(self.addr_hash)
+            .u64(self.sampled_at_ms)
+            .u32(self.load.running)
+            .u32(self.load.waiting)
+            .u16(self.load.kv_usage_permille.unwrap_or(NO_KV_USAGE))
+            .u32(self.base_in_flight);
+        w.finish()
+    }
+
+    fn decode(buf: &[u8]) -> Option<Self> {
+        let mut r = Reader::new(buf);
+        if r.u8()? != ENGINE_VERSION {
+            return None;
+        }
+        let addr_hash = r.u64()?;
+        let sampled_at_ms = r.u64()?;
+        let running = r.u32()?;
+        let waiting = r.u32()?;
+        let kv = r.u16()?;
+        let base_in_flight = r.u32()?;
+        r.is_empty().then_some(Self {
+            addr_hash,
+            sampled_at_ms,
+            load: EngineLoad {
+                running,
+                waiting,
+                kv_usage_permille: (kv != NO_KV_USAGE).then_some(kv.min(1000)),
+            },
+            base_in_flight,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(running: u32, waiting: u32, kv: Option<u16>, base: u32) -> EngineRecord {
+        EngineRecord {
+            addr_hash: 7,
+            sampled_at_ms: 1_000,
+            load: EngineLoad {
+                running,
+                waiting,
+                kv_usage_permille: kv,
+            },
+            base_in_flight: base,
+        }
+    }
+
+    #[test]
+    fn round_trip_with_and_without_kv_usage_and_foreign_bytes() {
+        for record in [sample(3, 2, Some(450), 1), sample(0, 0, None, 0)] {
+            assert_eq!(EngineRecord::decode(&record.encode()), Some(record));
+        }
+        let mut other_version = sample(1, 1, None, 0).encode();
+        other_version[0] = ENGINE_VERSION + 1;
+        assert_eq!(EngineRecord::decode(&other_version), None);
+        let mut long = sample(1, 1, None, 0).encode();
+        long.push(0);
+        assert_eq!(EngineRecord::decode(&long), None);
+        assert_eq!(EngineRecord::decode(&[ENGINE_VERSION, 1, 2]), None);
+    }
+
+    #[test]
+    fn freshness_needs_a_sample_of_this_address_within_the_age() {
+        let record = sample(1, 0, None, 0);
+        assert!(record.is_fresh(7, 1_500, 500));
+        assert!(!record.is_fresh(7, 1_501, 500));
+        assert!(!record.is_fresh(8, 1_100, 500));
+        assert!(!EngineRecord::default().is_fresh(0, 0, u64::MAX));
+    }
+
+    #[test]
+    fn estimate_adds_only_what_this_envoy_sent_since_the_sample() {
+        let record = sample(4, 2, None, 3);
+        assert_eq!(record.estimated_requests(3), 6);
+        assert_eq!(record.estimated_requests(5), 8);
+        // Requests that finished since the sample are already out of the
+        // engine's next figure; they do not make the estimate negative.
+        assert_eq!(record.estimated_requests(0), 6);
+    }
+
+    #[test]
+    fn over_either_bound_and_never_without_one() {
+        let record = sample(4, 2, Some(900), 0);
+        let none = EngineBounds::default();
+        assert!(!record.over(&none, 10));
+        let requests = EngineBounds {
+            max_requests: Some(7),
+            max_kv_usage_permille: None,
+        };
+        assert!(!record.over(&requests, 0));
+        assert!(record.over(&requests, 1));
+        let kv = EngineBounds {
+            max_requests: None,
+            max_kv_usage_permille: Some(900),
+        };
+        assert!(record.over(&kv, 0));
+        assert!(!sample(4, 2, None, 0).over(&kv, 0));
+        assert!(!sample(4, 2, Some(899), 0).over(&kv, 0));
+    }
+}
