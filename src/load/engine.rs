@@ -38,6 +38,14 @@ pub struct EngineBounds {
     pub max_kv_usage_permille: Option<u16>,
 }
 
+/// How a deciding configuration uses the engine samples: how old one may be,
+/// and the fleet-wide bounds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct EngineView {
+    pub max_age_ms: u64,
+    pub bounds: EngineBounds,
+}
+
 /// One instance's last engine sample, under `engine/<slot>`. The default
 /// record (a missing key) holds no sample.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -64,12 +72,21 @@ impl EngineRecord {
 
     /// The instance's load for the whole fleet: the engine's running +
     /// waiting, plus what this Envoy has in flight there beyond what it had
-    /// when the sample arrived.
+    /// when the sample arrived, and never less than this Envoy has in flight.
     pub(crate) fn estimated_requests(&self, in_flight_now: u32) -> u32 {
         self.load
             .running
             .saturating_add(self.load.waiting)
             .saturating_add(in_flight_now.saturating_sub(self.base_in_flight))
+            // The engine may not have seen requests still on their way to it.
+            .max(in_flight_now)
+    }
+
+    /// Requests the instance may still take under `bounds.max_requests`.
+    pub(crate) fn room(&self, bounds: &EngineBounds, in_flight_now: u32) -> Option<u32> {
+        bounds
+            .max_requests
+            .map(|max| max.saturating_sub(self.estimated_requests(in_flight_now)))
     }
 
     /// True if the estimate reaches a configured bound.
@@ -173,6 +190,18 @@ mod tests {
         // Requests that finished since the sample are already out of the
         // engine's next figure; they do not make the estimate negative.
         assert_eq!(record.estimated_requests(0), 6);
+        // Never below what this Envoy itself has in flight there.
+        assert_eq!(sample(1, 0, None, 3).estimated_requests(3), 3);
+        assert_eq!(sample(1, 0, None, 3).room(&bounds(4), 3), Some(1));
+        assert_eq!(record.room(&bounds(4), 3), Some(0));
+        assert_eq!(record.room(&EngineBounds::default(), 3), None);
+    }
+
+    fn bounds(max_requests: u32) -> EngineBounds {
+        EngineBounds {
+            max_requests: Some(max_requests),
+            max_kv_usage_permille: None,
+        }
     }
 
     #[test]

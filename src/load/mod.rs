@@ -41,7 +41,7 @@ pub use tracker::{LoadTracker, RESPONSE_CHECK_MS};
 
 use crate::headers::PENDING_MARK;
 
-pub use engine::{EngineBounds, EngineLoad};
+pub use engine::{EngineBounds, EngineLoad, EngineView};
 pub use prefix_index::Remembered;
 
 /// Sizes, times and namespace of the shared tables.
@@ -181,11 +181,46 @@ pub struct InstanceLoad {
     pub fresh: bool,
 }
 
-/// A fresh instance with its in-flight count, as LONGEST_PREFIX weighs it.
+/// A fresh instance with its load, as the policies weigh it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Candidate {
     pub instance: InstanceRef,
+    /// This Envoy's requests in flight there: exact, what claims count.
     pub in_flight: u32,
+    /// The load decisions compare: the engine's fleet-wide estimate where a
+    /// fresh engine sample exists (never below `in_flight`), else `in_flight`.
+    pub load: u32,
+    /// Requests the instance may still take under the fleet-wide
+    /// `max_requests` bound (None: no bound, or no fresh sample).
+    pub engine_room: Option<u32>,
+    /// At or over a fleet-wide engine bound (requests or KV usage).
+    pub over_bounds: bool,
+}
+
+impl Candidate {
+    /// An instance known only by this Envoy's counts.
+    pub fn local(instance: InstanceRef, in_flight: u32) -> Self {
+        Self {
+            instance,
+            in_flight,
+            load: in_flight,
+            engine_room: None,
+            over_bounds: false,
+        }
+    }
+
+    /// The local in-flight count at which this instance's load reaches
+    /// `load_cap` (claims count local requests; bounds are in load terms),
+    /// lowered to stay within the engine's room.
+    pub fn local_cap(&self, load_cap: u32) -> u32 {
+        let cap = self
+            .in_flight
+            .saturating_add(load_cap.saturating_sub(self.load));
+        match self.engine_room {
+            Some(room) => cap.min(self.in_flight.saturating_add(room)),
+            None => cap,
+        }
+    }
 }
 
 /// The longest prefix of a chain some candidate holds.
@@ -220,14 +255,21 @@ pub trait LoadView {
         cap: Option<u32>,
         now_ms: u64,
     ) -> Claim;
-    /// The fresh instance other than `exclude` with the fewest requests in
-    /// flight (ties broken by `random`), with that count.
+    /// The fresh instance other than `exclude` with the least load (ties
+    /// broken by `random`); one within the fleet-wide engine bounds if any.
     fn least_busy_other(
         &mut self,
         exclude: &InstanceRef,
         random: u64,
         now_ms: u64,
-    ) -> Option<(InstanceRef, u32)>;
+    ) -> Option<Candidate>;
+    /// With engine load on: `instance` weighed by its engine's sample (its
+    /// load and the fleet-wide bounds), if it is fresh. None when engine
+    /// load is off: the policies then see only this Envoy's counts.
+    fn engine_candidate(&mut self, instance: &InstanceRef, now_ms: u64) -> Option<Candidate> {
+        let _ = (instance, now_ms);
+        None
+    }
     /// Every fresh instance (the configured and the learned ones) with its
     /// in-flight count.
     fn candidates(&mut self, now_ms: u64) -> Vec<Candidate> {

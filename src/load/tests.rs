@@ -220,12 +220,16 @@ fn least_busy_other_picks_the_emptiest_fresh_instance() {
     let _b2 = w2.upstream_started(start(B, None), 2);
     let _c1 = w1.upstream_started(start(C, None), 2);
     // w2 learns the instances w1 registered without waiting for a tick.
-    let (other, load) = w2.least_busy_other(&target, 0, 3).expect("a candidate");
-    assert_eq!((other.address.as_str(), load), (C, 1));
+    let other = w2.least_busy_other(&target, 0, 3).expect("a candidate");
+    assert_eq!((other.instance.address.as_str(), other.in_flight), (C, 1));
+    assert_eq!(
+        other.load, other.in_flight,
+        "no engine load: the local count"
+    );
     // C unseen for instance_ttl while B was just seen: B is the only candidate.
     serve(&mut w1, start(B, None), 5_002);
-    let (other, _) = w1.least_busy_other(&target, 0, 5_003).expect("a candidate");
-    assert_eq!(other.address, B);
+    let other = w1.least_busy_other(&target, 0, 5_003).expect("a candidate");
+    assert_eq!(other.instance.address, B);
 }
 
 #[test]
@@ -238,7 +242,10 @@ fn ties_are_broken_by_the_random_argument() {
     }
     let target = instance(&mut w, &addrs[0], 1);
     let picked: std::collections::BTreeSet<String> = (0..64)
-        .filter_map(|r| w.least_busy_other(&target, r, 2).map(|(i, _)| i.address))
+        .filter_map(|r| {
+            w.least_busy_other(&target, r, 2)
+                .map(|c| c.instance.address)
+        })
         .collect();
     assert!(picked.len() >= 3, "ties spread over candidates: {picked:?}");
     assert!(!picked.contains(&addrs[0]));
@@ -253,7 +260,8 @@ fn a_nominated_host_envoy_did_not_use_stops_being_a_candidate() {
     }
     let target = instance(&mut w, A, 1);
     assert_eq!(
-        w.least_busy_other(&target, 0, 2).map(|(i, _)| i.address),
+        w.least_busy_other(&target, 0, 2)
+            .map(|c| c.instance.address),
         Some(B.into())
     );
     // The decision nominated B, but Envoy fell back to A: B is gone.
@@ -778,7 +786,10 @@ fn configured_instances_are_overflow_candidates_before_any_traffic() {
     serve(&mut w, start(&fleet[0], Some("k")), 1);
     let target = instance(&mut w, "k", 1);
     let picked: std::collections::BTreeSet<String> = (0..64)
-        .filter_map(|r| w.least_busy_other(&target, r, 2).map(|(i, _)| i.address))
+        .filter_map(|r| {
+            w.least_busy_other(&target, r, 2)
+                .map(|c| c.instance.address)
+        })
         .collect();
     let others: std::collections::BTreeSet<String> = fleet[1..].iter().cloned().collect();
     assert_eq!(picked, others, "every configured instance but the target");
@@ -806,7 +817,7 @@ fn a_configured_instance_is_never_forgotten_a_learned_one_is() {
     let picked: std::collections::BTreeSet<String> = (0..32)
         .filter_map(|r| {
             w.least_busy_other(&target, r, quiet)
-                .map(|(i, _)| i.address)
+                .map(|c| c.instance.address)
         })
         .collect();
     let expected: std::collections::BTreeSet<String> = listed.iter().cloned().collect();
@@ -818,7 +829,7 @@ fn a_configured_instance_is_never_forgotten_a_learned_one_is() {
     let candidates: Vec<String> = (0..32)
         .filter_map(|r| {
             w.least_busy_other(&other_target, r, quiet)
-                .map(|(i, _)| i.address)
+                .map(|c| c.instance.address)
         })
         .collect();
     assert!(
@@ -852,7 +863,7 @@ fn ticks_keep_configured_instances_fresh_for_vms_that_do_not_list_them() {
     let picked: std::collections::BTreeSet<String> = (0..32)
         .filter_map(|r| {
             bare.least_busy_other(&target, r, now)
-                .map(|(i, _)| i.address)
+                .map(|c| c.instance.address)
         })
         .collect();
     let expected: std::collections::BTreeSet<String> = listed[1..].iter().cloned().collect();
@@ -867,7 +878,8 @@ fn a_configured_instance_envoy_did_not_use_is_suspect_until_it_serves() {
     serve(&mut w, start(A, Some(A)), 1);
     let target = instance(&mut w, A, 1);
     assert_eq!(
-        w.least_busy_other(&target, 0, 2).map(|(i, _)| i.address),
+        w.least_busy_other(&target, 0, 2)
+            .map(|c| c.instance.address),
         Some(B.into())
     );
     let gone = UpstreamStart {
@@ -926,7 +938,11 @@ fn nine_overflows_at_threshold_three_spread_over_six_other_instances() {
     for i in 0..9u64 {
         // Two workers alternate, as Envoy's do in a burst.
         let w = if i % 2 == 0 { &mut w1 } else { &mut w2 };
-        let (other, load) = w
+        let Candidate {
+            instance: other,
+            in_flight: load,
+            ..
+        } = w
             .least_busy_other(&target, i.wrapping_mul(0x9E37_79B9), 2)
             .expect("a candidate");
         match w.claim(&other, None, Some(load + 1), 2) {
@@ -937,4 +953,76 @@ fn nine_overflows_at_threshold_three_spread_over_six_other_instances() {
     }
     assert_eq!(landed.len(), 6, "{landed:?}");
     assert!(landed.values().all(|&n| n <= 2), "{landed:?}");
+}
+
+/// Writes an engine sample of `address` (registry `slot`) as the poller does.
+fn engine_sample(store: &MemoryStore, slot: u16, address: &str, load: EngineLoad, at: u64) {
+    let record = engine::EngineRecord {
+        addr_hash: xxhash_rust::xxh3::xxh3_64(address.as_bytes()),
+        sampled_at_ms: at,
+        load,
+        base_in_flight: 0,
+    };
+    let key = format!("prefix-router/default/v1/engine/{slot}");
+    store.set(&key, &record.encode(), None).expect("written");
+}
+
+#[test]
+fn candidates_are_weighed_by_fresh_engine_samples_of_their_own_address() {
+    let store = Rc::new(MemoryStore::new());
+    let mut w = worker(&store, 1);
+    for addr in [A, B, C] {
+        serve(&mut w, start(addr, Some(addr)), 1);
+    }
+    let slot = |w: &mut LoadTracker<Rc<MemoryStore>>, addr: &str| instance(w, addr, 2).slot;
+    let (a, b) = (slot(&mut w, A), slot(&mut w, B));
+    let _a1 = w.upstream_started(start(A, None), 2);
+    let requests = |running, waiting| EngineLoad {
+        running,
+        waiting,
+        kv_usage_permille: None,
+    };
+    engine_sample(&store, a, A, requests(3, 1), 2);
+    engine_sample(&store, b, C, requests(9, 9), 2);
+    let weighed = |w: &mut LoadTracker<Rc<MemoryStore>>, now: u64| {
+        w.candidates(now)
+            .into_iter()
+            .map(|c| (c.instance.address, (c.in_flight, c.load, c.over_bounds)))
+            .collect::<std::collections::BTreeMap<_, _>>()
+    };
+    // Engine load off: this Envoy's counts only.
+    assert_eq!(weighed(&mut w, 3)[A], (1, 1, false));
+    w.set_engine_view(Some(EngineView {
+        max_age_ms: 500,
+        bounds: EngineBounds {
+            max_requests: Some(5),
+            max_kv_usage_permille: Some(900),
+        },
+    }));
+    let now = weighed(&mut w, 3);
+    // 3 running + 1 waiting + this Envoy's one request sent since (base 0).
+    assert_eq!(now[A], (1, 5, true));
+    // A sample of another address in B's slot is not B's.
+    assert_eq!(now[B], (0, 0, false));
+    assert_eq!(now[C], (0, 0, false));
+    // The overflow choice avoids the instance at the fleet-wide bound.
+    let (on_a, on_c) = (instance(&mut w, A, 3), instance(&mut w, C, 3));
+    assert_eq!(w.engine_candidate(&on_a, 3).map(|c| c.load), Some(5));
+    // The overflow choice takes an instance within the bounds before a
+    // less loaded one over them: A with one request but its KV cache 95 %
+    // used (bound 90 %), B with two requests of this Envoy.
+    let kv_full = EngineLoad {
+        kv_usage_permille: Some(950),
+        ..requests(0, 0)
+    };
+    engine_sample(&store, a, A, kv_full, 3);
+    let _b = [
+        w.upstream_started(start(B, None), 3),
+        w.upstream_started(start(B, None), 3),
+    ];
+    assert_eq!(weighed(&mut w, 4)[A], (1, 1, true));
+    let other = w.least_busy_other(&on_c, 0, 4).expect("one");
+    assert_eq!((other.instance.address.as_str(), other.load), (B, 2));
+    // Older than max_age_ms: back to this Envoy's counts.
+    assert_eq!(weighed(&mut w, 504)[A], (1, 1, false));
 }

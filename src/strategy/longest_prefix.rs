@@ -108,22 +108,26 @@ impl LongestPrefix {
                 std::cmp::Reverse(rank(blocks.opening, &c.instance.address)),
             )
         });
-        let least = candidates.iter().map(|c| c.in_flight).min().unwrap_or(0);
+        let least = candidates.iter().map(|c| c.load).min().unwrap_or(0);
         let bound = self.load_bound(least);
-        // Claimed only below both the cap and the margin, so workers
-        // deciding at the same moment do not all pile onto one instance.
-        let cap = self
-            .concurrency_threshold
-            .min(bound.saturating_add(1))
-            .max(1);
+        // The fleet-wide engine bounds pass an instance over only while
+        // another is within them.
+        let some_within_bounds = candidates.iter().any(|c| !c.over_bounds);
         let mut passed_over = false;
         let mut full = false;
         let mut chosen: Option<(&Candidate, Option<Ticket>)> = None;
         for &candidate in &order {
-            if candidate.in_flight > bound {
+            if candidate.load > bound || (candidate.over_bounds && some_within_bounds) {
                 passed_over = true;
                 continue;
             }
+            // Claimed only below the cap, the margin and the engine's room,
+            // so workers deciding at the same moment do not all pile onto
+            // one instance.
+            let cap = self
+                .concurrency_threshold
+                .min(candidate.local_cap(bound.saturating_add(1)))
+                .max(1);
             match load.claim(&candidate.instance, None, Some(cap), now_ms) {
                 Claim::Claimed(ticket) => {
                     chosen = Some((candidate, Some(ticket)));
@@ -150,7 +154,8 @@ impl LongestPrefix {
                 // Every instance at the cap (or over the margin): the least
                 // loaded, counted past the cap.
                 full = true;
-                let Some(&least_loaded) = order.iter().min_by_key(|c| c.in_flight) else {
+                let Some(&least_loaded) = order.iter().min_by_key(|c| (c.over_bounds, c.load))
+                else {
                     return Routed::untracked(RouteHeaders::bare(DecisionKind::Cold));
                 };
                 let ticket = match load.claim(&least_loaded.instance, None, None, now_ms) {
@@ -215,6 +220,11 @@ mod tests {
         contended: bool,
         /// Requests stay in flight after `route` (else each one completes).
         hold: bool,
+        /// Requests other proxies have on each instance, as its engine
+        /// reports them (None: no engine sample).
+        engine: Vec<Option<u32>>,
+        /// The fleet-wide bound of running + waiting.
+        max_requests: Option<u32>,
     }
 
     impl Fleet {
@@ -278,19 +288,22 @@ mod tests {
                 owner: 0,
             })
         }
-        fn least_busy_other(
-            &mut self,
-            _: &InstanceRef,
-            _: u64,
-            _: u64,
-        ) -> Option<(InstanceRef, u32)> {
+        fn least_busy_other(&mut self, _: &InstanceRef, _: u64, _: u64) -> Option<Candidate> {
             None
         }
         fn candidates(&mut self, _: u64) -> Vec<Candidate> {
             (0..self.in_flight.len() as u16)
-                .map(|slot| Candidate {
-                    instance: Fleet::instance(slot),
-                    in_flight: self.in_flight[usize::from(slot)],
+                .map(|slot| {
+                    let in_flight = self.in_flight[usize::from(slot)];
+                    let mut candidate = Candidate::local(Fleet::instance(slot), in_flight);
+                    if let Some(engine) = self.engine.get(usize::from(slot)).copied().flatten() {
+                        candidate.load = (engine + in_flight).max(in_flight);
+                        candidate.engine_room = self
+                            .max_requests
+                            .map(|max| max.saturating_sub(candidate.load));
+                        candidate.over_bounds = candidate.engine_room == Some(0);
+                    }
+                    candidate
                 })
                 .collect()
         }
@@ -551,5 +564,70 @@ mod tests {
         assert_eq!(policy.load_bound(0), 4);
         assert_eq!(policy.load_bound(3), 10);
         assert_eq!(policy.load_bound(u32::MAX), u32::MAX);
+    }
+
+    #[test]
+    fn load_other_proxies_sent_moves_a_prompt_off_its_holder() {
+        let policy = LongestPrefix::new(10, 2, true);
+        let mut fleet = Fleet::new(4);
+        let turns = conversation("", 3, 2);
+        let (_, home) = fleet.route(&policy, &turns[0]);
+        // This Envoy has nothing in flight anywhere; the engines report
+        // five requests on the holder (other proxies'), none elsewhere.
+        fleet.engine = vec![Some(0); 4];
+        fleet.engine[usize::from(home)] = Some(2);
+        assert_eq!(
+            fleet.route(&policy, &turns[1]),
+            (DecisionKind::Matched, home),
+            "two above the least loaded: within the margin"
+        );
+        fleet.engine[usize::from(home)] = Some(5);
+        let (kind, other) = fleet.route(&policy, &turns[1]);
+        assert_eq!(kind, DecisionKind::Moved);
+        assert_ne!(other, home);
+    }
+
+    #[test]
+    fn the_fleet_wide_bound_passes_an_instance_over_while_another_is_within_it() {
+        let policy = LongestPrefix::new(10, 1000, true);
+        let mut fleet = Fleet::new(4);
+        fleet.max_requests = Some(3);
+        let turns = conversation("", 4, 2);
+        let (_, home) = fleet.route(&policy, &turns[0]);
+        fleet.engine = vec![Some(0); 4];
+        fleet.engine[usize::from(home)] = Some(3);
+        let (kind, other) = fleet.route(&policy, &turns[1]);
+        assert_eq!(kind, DecisionKind::Moved, "the margin alone would keep it");
+        assert_ne!(other, home);
+        // Every instance at the bound: a holder of the prompt (both hold it
+        // now), the least loaded (equal loads: the first in order of
+        // preference), counted.
+        fleet.engine = vec![Some(3); 4];
+        fleet.hold = true;
+        fleet.in_flight = vec![0; 4];
+        let (kind, slot) = fleet.route(&policy, &turns[1]);
+        assert_eq!(kind, DecisionKind::Matched);
+        assert!([home, other].contains(&slot), "{slot}");
+        assert_eq!(fleet.in_flight.iter().sum::<u32>(), 1);
+    }
+
+    #[test]
+    fn claims_stay_within_the_room_the_engines_report() {
+        let policy = LongestPrefix::new(10, 1000, true);
+        let mut fleet = Fleet::new(4);
+        fleet.hold = true;
+        fleet.max_requests = Some(4);
+        // Two requests of other proxies on every instance: room for two
+        // more each under the fleet-wide bound of four.
+        fleet.engine = vec![Some(2); 4];
+        let turns = conversation("", 5, 1);
+        for _ in 0..8 {
+            fleet.route(&policy, &turns[0]);
+        }
+        assert_eq!(fleet.in_flight, vec![2; 4]);
+        // The ninth finds every instance at the bound: the least loaded
+        // takes it all the same (no request is refused).
+        fleet.route(&policy, &turns[0]);
+        assert_eq!(fleet.in_flight.iter().sum::<u32>(), 9);
     }
 }

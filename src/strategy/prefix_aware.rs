@@ -16,6 +16,8 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use super::{DecisionKind, RouteHeaders, Routed, RoutingPolicy};
 use crate::headers::PENDING_MARK;
+#[cfg(test)]
+use crate::load::Candidate;
 use crate::load::{Claim, InstanceRef, LoadView, Target, Ticket};
 
 /// Salts tried for one overflow (bounds the lookups per request).
@@ -110,23 +112,26 @@ impl PrefixAware {
         }
     }
 
+    /// The target is full (`target_over`: over a fleet-wide engine bound,
+    /// else at this Envoy's cap) with `target_load`: to the least loaded
+    /// other instance if it is less loaded, else stay.
+    #[allow(clippy::too_many_arguments)]
     fn overflow(
         &self,
         key: &str,
         target: &Target,
         target_load: u32,
+        target_over: bool,
         load: &mut dyn LoadView,
         random: u64,
         now_ms: u64,
     ) -> Routed {
         if self.host_override {
             for attempt in 1..=OVERFLOW_ATTEMPTS {
-                let Some((other, other_load)) =
-                    load.least_busy_other(&target.instance, random, now_ms)
-                else {
+                let Some(other) = load.least_busy_other(&target.instance, random, now_ms) else {
                     break;
                 };
-                if other_load >= target_load {
+                if (other.over_bounds, other.load) >= (target_over, target_load) {
                     return Self::stay(key, target, load, now_ms);
                 }
                 // Claimed only if no other worker took a slot there since its
@@ -134,15 +139,16 @@ impl PrefixAware {
                 // workers overflowing at the same moment spread out instead of
                 // all landing on the one instance they each saw as least busy.
                 // The last attempt claims whatever the count, as a tie-break.
-                let cap = (attempt < OVERFLOW_ATTEMPTS).then_some(other_load.saturating_add(1));
-                let ticket = match load.claim(&other, None, cap, now_ms) {
+                let cap = (attempt < OVERFLOW_ATTEMPTS)
+                    .then(|| other.local_cap(other.load.saturating_add(1)));
+                let ticket = match load.claim(&other.instance, None, cap, now_ms) {
                     Claim::Claimed(ticket) => Some(ticket),
                     Claim::Full { .. } | Claim::Gone => continue,
                     // Left to the upstream filter to count.
                     Claim::Contended => None,
                 };
-                let host = Some(other.address.clone());
-                return Self::overflowed(key.to_string(), host, Some(&other), ticket);
+                let host = Some(other.instance.address.clone());
+                return Self::overflowed(key.to_string(), host, Some(&other.instance), ticket);
             }
         }
         self.salted(key, target, target_load, load, now_ms)
@@ -216,11 +222,18 @@ impl RoutingPolicy for PrefixAware {
                 ..RouteHeaders::bare(DecisionKind::Prefix)
             });
         };
+        // With engine load on: the target weighed by its engine's sample; at
+        // a fleet-wide bound its keys overflow as at this Envoy's cap.
+        let weighed = load.engine_candidate(&target.instance, now_ms);
+        if let Some(over) = weighed.as_ref().filter(|c| c.over_bounds) {
+            return self.overflow(key, &target, over.load, true, load, random, now_ms);
+        }
         let cap = Some(self.concurrency_threshold);
         match load.claim(&target.instance, Some(key), cap, now_ms) {
             Claim::Claimed(ticket) => Self::to_target(key, &target, Some(ticket)),
             Claim::Full { in_flight } => {
-                self.overflow(key, &target, in_flight, load, random, now_ms)
+                let target_load = weighed.map_or(in_flight, |c| c.load.max(in_flight));
+                self.overflow(key, &target, target_load, false, load, random, now_ms)
             }
             // Could not claim atomically, or the target is gone: let Maglev
             // route and the upstream filter count.
@@ -267,6 +280,21 @@ mod tests {
         always_raced: Option<u16>,
         claims: Vec<(u16, Option<u32>)>,
         blind: Vec<String>,
+        /// Engine-weighed load and whether it is over the fleet-wide bounds,
+        /// per slot (absent: engine load off for it).
+        engine: HashMap<u16, (u32, bool)>,
+    }
+
+    impl Script {
+        fn weighed(&self, instance: &InstanceRef) -> Candidate {
+            let in_flight = self.loads.get(&instance.slot).copied().unwrap_or(0);
+            let mut candidate = Candidate::local(instance.clone(), in_flight);
+            if let Some(&(load, over)) = self.engine.get(&instance.slot) {
+                candidate.load = load;
+                candidate.over_bounds = over;
+            }
+            candidate
+        }
     }
 
     impl Script {
@@ -318,11 +346,16 @@ mod tests {
             _exclude: &InstanceRef,
             _random: u64,
             _now_ms: u64,
-        ) -> Option<(InstanceRef, u32)> {
+        ) -> Option<Candidate> {
             self.others
                 .iter()
-                .map(|i| (i.clone(), self.loads.get(&i.slot).copied().unwrap_or(0)))
-                .min_by_key(|(_, load)| *load)
+                .map(|i| self.weighed(i))
+                .min_by_key(|c| (c.over_bounds, c.load))
+        }
+        fn engine_candidate(&mut self, instance: &InstanceRef, _now_ms: u64) -> Option<Candidate> {
+            self.engine
+                .contains_key(&instance.slot)
+                .then(|| self.weighed(instance))
         }
     }
 
@@ -372,6 +405,56 @@ mod tests {
             "the key stays for Maglev's fallback"
         );
         assert_eq!(routed.ticket, Some(ticket(2)));
+    }
+
+    #[test]
+    fn a_target_over_the_fleet_wide_bound_overflows_before_this_envoys_cap() {
+        // One request of this Envoy in flight (cap 3), but the engine
+        // reports the target at its fleet-wide bound.
+        let mut script = script_with_full_target(1);
+        script.engine.insert(1, (8, true));
+        script.others = vec![instance(2), instance(3)];
+        script.engine.insert(2, (5, false));
+        script.engine.insert(3, (2, false));
+        let routed = PrefixAware::new(3, true).decide(Some(KEY), &mut script, 0, 0);
+        assert_eq!(routed.headers.kind, DecisionKind::Overflow);
+        assert_eq!(routed.headers.host_override, Some(instance(3).address));
+        assert_eq!(routed.ticket, Some(ticket(3)));
+        assert_eq!(
+            script.claims,
+            vec![(3, Some(1))],
+            "the target is not claimed; the other only if its count is unchanged"
+        );
+    }
+
+    #[test]
+    fn a_target_over_the_bound_stays_when_every_other_is_over_it_and_busier() {
+        let mut script = script_with_full_target(1);
+        script.engine.insert(1, (8, true));
+        script.others = vec![instance(2)];
+        script.engine.insert(2, (9, true));
+        let routed = PrefixAware::new(3, true).decide(Some(KEY), &mut script, 0, 0);
+        assert_eq!(routed.headers.kind, DecisionKind::Prefix);
+        assert_eq!(routed.headers.host_override, None);
+        assert_eq!(routed.ticket, Some(ticket(1)));
+        // Over the bound but less loaded than the target: moved there.
+        script.engine.insert(2, (7, true));
+        let routed = PrefixAware::new(3, true).decide(Some(KEY), &mut script, 0, 0);
+        assert_eq!(routed.headers.kind, DecisionKind::Overflow);
+        assert_eq!(routed.headers.host_override, Some(instance(2).address));
+    }
+
+    #[test]
+    fn at_this_envoys_cap_the_overflow_compares_engine_loads() {
+        // At the cap here; the engine counts the target's load as 4 and
+        // the other's as 6 (other proxies'): staying is better.
+        let mut script = script_with_full_target(3);
+        script.engine.insert(1, (4, false));
+        script.others = vec![instance(2)];
+        script.engine.insert(2, (6, false));
+        let routed = PrefixAware::new(3, true).decide(Some(KEY), &mut script, 0, 0);
+        assert_eq!(routed.headers.kind, DecisionKind::Prefix);
+        assert_eq!(routed.headers.host_override, None);
     }
 
     #[test]

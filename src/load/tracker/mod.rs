@@ -8,6 +8,7 @@
 
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
+use super::engine::{EngineRecord, EngineView};
 use super::instances::InstanceRecord;
 use super::mark::UpstreamFilterMark;
 use super::prefix_index::{Holder, PrefixIndex, Remembered};
@@ -51,6 +52,9 @@ pub struct LoadTracker<S: SharedStore> {
     /// A deciding configuration sized the index (a VM that only counts, or
     /// only ticks, such as Envoy's main thread, has no index of its own).
     index_sized: bool,
+    /// How decisions use the engines' samples (None: engine load is off,
+    /// decisions see this Envoy's counts only).
+    engine_view: Option<EngineView>,
 }
 
 fn addr_hash(address: &str) -> u64 {
@@ -79,6 +83,7 @@ impl<S: SharedStore> LoadTracker<S> {
             index: PrefixIndex::new(config.index_bytes),
             index_writes: Remembered::default(),
             index_sized: false,
+            engine_view: None,
             config,
         }
     }
@@ -105,6 +110,12 @@ impl<S: SharedStore> LoadTracker<S> {
             self.config.index_bytes = index_bytes;
             self.index = PrefixIndex::new(index_bytes);
         }
+    }
+
+    /// How decisions weigh the engines' samples (the deciding
+    /// configuration's `engine_load`; None: not at all).
+    pub fn set_engine_view(&mut self, view: Option<EngineView>) {
+        self.engine_view = view;
     }
 
     /// Entries the prefix index holds at most, once a deciding
@@ -399,17 +410,32 @@ impl<S: SharedStore> LoadView for LoadTracker<S> {
         exclude: &InstanceRef,
         random: u64,
         now_ms: u64,
-    ) -> Option<(InstanceRef, u32)> {
-        self.registry
-            .seed_configured(&self.tables, &mut self.columns, now_ms);
-        let epoch = Registry::epoch(&self.tables).epoch;
-        self.registry.rescan_if_changed(&self.tables, epoch);
-        self.registry
-            .least_busy_other(&self.tables, &mut self.columns, exclude, random, now_ms)
+    ) -> Option<Candidate> {
+        let others = self
+            .fresh_candidates(now_ms)
+            .into_iter()
+            .filter(|c| c.instance.slot != exclude.slot && c.instance.address != exclude.address);
+        // Within the engine bounds first, then the least load; equal ones
+        // by a hash of the slot seeded with the decision's random number,
+        // so concurrent overflows spread.
+        others.min_by_key(|c| {
+            (
+                c.over_bounds,
+                c.load,
+                xxh3_64_with_seed(&c.instance.slot.to_le_bytes(), random),
+            )
+        })
     }
 
     fn candidates(&mut self, now_ms: u64) -> Vec<Candidate> {
         self.fresh_candidates(now_ms)
+    }
+
+    fn engine_candidate(&mut self, instance: &InstanceRef, now_ms: u64) -> Option<Candidate> {
+        self.engine_view?;
+        self.fresh_candidates(now_ms)
+            .into_iter()
+            .find(|c| c.instance == *instance)
     }
 
     fn longest_held(
@@ -474,13 +500,41 @@ impl<S: SharedStore> LoadTracker<S> {
         self.remember_held(chain, known, &instance, &candidates, now_ms);
     }
 
-    /// [`LoadView::candidates`], with the configured instances registered.
+    /// [`LoadView::candidates`], with the configured instances registered,
+    /// each weighed by its engine's sample where one is fresh.
     fn fresh_candidates(&mut self, now_ms: u64) -> Vec<Candidate> {
         self.registry
             .seed_configured(&self.tables, &mut self.columns, now_ms);
         let epoch = Registry::epoch(&self.tables).epoch;
         self.registry.rescan_if_changed(&self.tables, epoch);
-        self.registry
-            .candidates(&self.tables, &mut self.columns, now_ms)
+        let mut candidates = self
+            .registry
+            .candidates(&self.tables, &mut self.columns, now_ms);
+        if let Some(view) = self.engine_view {
+            for candidate in &mut candidates {
+                let Some(sample) = self.engine_sample(&candidate.instance, view.max_age_ms, now_ms)
+                else {
+                    continue;
+                };
+                candidate.load = sample.estimated_requests(candidate.in_flight);
+                candidate.engine_room = sample.room(&view.bounds, candidate.in_flight);
+                candidate.over_bounds = sample.over(&view.bounds, candidate.in_flight);
+            }
+        }
+        candidates
+    }
+
+    /// The engine sample of `instance`, if fresh and of that address.
+    pub(crate) fn engine_sample(
+        &mut self,
+        instance: &InstanceRef,
+        max_age_ms: u64,
+        now_ms: u64,
+    ) -> Option<EngineRecord> {
+        let key = self.tables.key(format_args!("engine/{}", instance.slot));
+        let record: EngineRecord = self.tables.read(&key).record;
+        record
+            .is_fresh(addr_hash(&instance.address), now_ms, max_age_ms)
+            .then_some(record)
     }
 }

@@ -9,8 +9,6 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use xxhash_rust::xxh3::xxh3_64_with_seed;
-
 use super::super::instances::{InstanceRecord, RegistryEpoch, MAX_ADDRESS_LEN};
 use super::super::table::{Change, Read, Tables, Updated};
 use super::super::{Candidate, InstanceRef};
@@ -428,51 +426,12 @@ impl Registry {
                 continue;
             };
             let in_flight = columns.total(tables, slot, &record, now_ms);
-            out.push(Candidate {
-                instance: InstanceRef {
-                    slot,
-                    address: record.address,
-                },
-                in_flight,
-            });
+            let instance = InstanceRef {
+                slot,
+                address: record.address,
+            };
+            out.push(Candidate::local(instance, in_flight));
         }
         out
-    }
-
-    /// The fresh known instance other than `exclude` with the fewest
-    /// requests in flight (ties broken by `random`), with that count.
-    pub(super) fn least_busy_other<S: SharedStore>(
-        &self,
-        tables: &Tables<S>,
-        columns: &mut Columns,
-        exclude: &InstanceRef,
-        random: u64,
-        now_ms: u64,
-    ) -> Option<(InstanceRef, u32)> {
-        let mut best: Option<(InstanceRef, u32, u64)> = None;
-        for &slot in &self.known_slots {
-            if slot == exclude.slot {
-                continue;
-            }
-            let Some(record) = self.fresh_record(tables, slot, now_ms) else {
-                continue;
-            };
-            if record.address == exclude.address {
-                continue;
-            }
-            let in_flight = columns.total(tables, slot, &record, now_ms);
-            let tie_break = xxh3_64_with_seed(&slot.to_le_bytes(), random);
-            let better = best.as_ref().is_none_or(|(_, best_load, best_tie)| {
-                in_flight < *best_load || (in_flight == *best_load && tie_break < *best_tie)
-            });
-            if better {
-                let instance = InstanceRef {
-                    slot,
-                    address: record.address,
-                };
-                best = Some((instance, in_flight, tie_break));
-            }
-        }
-        best.map(|(instance, in_flight, _)| (instance, in_flight))
     }
 }
