@@ -93,6 +93,9 @@ struct State {
     generation_tokens: u64,
     request_success: u64,
     ttft: Histogram,
+    /// Most requests running + waiting at once since the last
+    /// [`Engine::take_peak_requests`].
+    peak_requests: usize,
 }
 
 /// The engine of one simulated instance.
@@ -118,6 +121,7 @@ impl Engine {
                 generation_tokens: 0,
                 request_success: 0,
                 ttft: Histogram::new(&TTFT_BUCKETS),
+                peak_requests: 0,
             }),
             cfg,
         })
@@ -177,6 +181,8 @@ impl Engine {
             arrived: Instant::now(),
             reply: tx,
         });
+        let requests = state.waiting.len() + state.running.len();
+        state.peak_requests = state.peak_requests.max(requests);
         self.schedule(&mut state);
         drop(state);
         Ok(Ticket {
@@ -258,6 +264,15 @@ impl Engine {
     pub fn reset_prefix_cache(&self) -> bool {
         let mut state = self.lock();
         state.waiting.is_empty() && state.running.is_empty() && state.pool.reset_prefix_cache()
+    }
+
+    /// The most requests running + waiting at once since the last call (or
+    /// the start), and starts the next period at the current count: what a
+    /// bound on the engine's queue must hold, without sampling it.
+    pub fn take_peak_requests(&self) -> usize {
+        let mut state = self.lock();
+        let now = state.waiting.len() + state.running.len();
+        std::mem::replace(&mut state.peak_requests, now)
     }
 
     /// Current counters and gauges.
@@ -378,6 +393,22 @@ mod tests {
         );
         assert_eq!(snap.request_success, 1);
         assert_eq!(snap.generation_tokens, 4);
+    }
+
+    #[tokio::test]
+    async fn the_peak_of_running_plus_waiting_is_kept_until_taken() {
+        let engine = Engine::new(cfg(1, 1000));
+        assert_eq!(engine.take_peak_requests(), 0);
+        let a = engine.submit(job(1, 100)).unwrap();
+        let b = engine.submit(job(2, 100)).unwrap();
+        let c = engine.submit(job(3, 100)).unwrap();
+        drop((b, c));
+        // Three at once (one running, two waiting), one now.
+        assert_eq!(engine.take_peak_requests(), 3);
+        assert_eq!(engine.take_peak_requests(), 1);
+        drop(a);
+        assert_eq!(engine.take_peak_requests(), 1);
+        assert_eq!(engine.take_peak_requests(), 0);
     }
 
     #[tokio::test]
