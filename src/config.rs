@@ -11,9 +11,11 @@ use std::fmt;
 use serde_json::{Map, Value};
 
 use crate::classify::{default_path_rules, ApiKind, PathRule};
+pub use crate::engine_load::metrics_text::Series;
 use crate::headers::{
     DEFAULT_HOST_HEADER, DEFAULT_KEY_HEADER, DEFAULT_TENANT_HEADER, INTERNAL_REQUEST_HEADERS,
 };
+use crate::load::EngineBounds;
 
 /// How requests are spread over the instances.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -164,7 +166,148 @@ pub struct Config {
     /// `instance_ttl_ms` while listed (instances learned from traffic still
     /// are). Empty (the default): learned from traffic only.
     pub instances: Vec<String>,
+    /// Polling the engines' own load (`engine_load`); `None` (the default):
+    /// no polling, decisions use this Envoy's counts alone.
+    pub engine_load: Option<EngineLoadConfig>,
 }
+
+/// Which engine's series names `engine_load` reads unless it names them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Engine {
+    Vllm,
+    Sglang,
+    Llamacpp,
+}
+
+impl Engine {
+    const NAMES: [(&'static str, Engine); 3] = [
+        ("VLLM", Engine::Vllm),
+        ("SGLANG", Engine::Sglang),
+        ("LLAMACPP", Engine::Llamacpp),
+    ];
+
+    /// The configuration spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Engine::Vllm => "VLLM",
+            Engine::Sglang => "SGLANG",
+            Engine::Llamacpp => "LLAMACPP",
+        }
+    }
+
+    /// The series the engine exports: running, waiting, KV usage (0..1).
+    pub fn series(self) -> Series {
+        let (running, waiting, kv) = match self {
+            Engine::Vllm => (
+                "vllm:num_requests_running",
+                "vllm:num_requests_waiting",
+                Some("vllm:kv_cache_usage_perc"),
+            ),
+            Engine::Sglang => (
+                "sglang:num_running_reqs",
+                "sglang:num_queue_reqs",
+                Some("sglang:token_usage"),
+            ),
+            Engine::Llamacpp => (
+                "llamacpp:requests_processing",
+                "llamacpp:requests_deferred",
+                None,
+            ),
+        };
+        Series {
+            running: running.to_string(),
+            waiting: waiting.to_string(),
+            kv_usage: kv.map(str::to_string),
+        }
+    }
+}
+
+/// `engine_load`: where and how often the engines' `/metrics` are polled,
+/// which series are read, and the fleet-wide bounds decisions apply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineLoadConfig {
+    /// The Envoy cluster the calls go through (see `docs/design.md`,
+    /// "Engine load": an ORIGINAL_DST cluster that takes the host from a
+    /// header).
+    pub cluster: String,
+    pub engine: Engine,
+    /// The series names read: the engine's, or those configured.
+    pub series: Series,
+    /// The metrics path, e.g. `/metrics`.
+    pub path: String,
+    /// Mean time between two polls of one instance (each jittered by
+    /// [`ENGINE_JITTER_PERCENT`]).
+    pub interval_ms: u64,
+    /// Most a poll may take; never more than the interval.
+    pub timeout_ms: u64,
+    /// A sample older than this is not used.
+    pub max_age_ms: u64,
+    /// Bound of an instance's running + waiting, as estimated.
+    pub max_requests: Option<u32>,
+    /// Bound of an instance's KV-cache usage, in thousandths.
+    pub max_kv_usage_permille: Option<u16>,
+}
+
+impl EngineLoadConfig {
+    /// The fleet-wide bounds decisions apply.
+    pub fn bounds(&self) -> EngineBounds {
+        EngineBounds {
+            max_requests: self.max_requests,
+            max_kv_usage_permille: self.max_kv_usage_permille,
+        }
+    }
+
+    /// The settings, for the configure log line.
+    pub fn describe(&self) -> String {
+        let bound = |b: Option<String>| b.unwrap_or_else(|| "none".to_string());
+        format!(
+            "engine {}, cluster {}, path {}, series {} + {} (kv {}), interval_ms {}, timeout_ms {}, max_age_ms {}, max_requests {}, max_kv_usage {}",
+            self.engine.as_str(),
+            self.cluster,
+            self.path,
+            self.series.running,
+            self.series.waiting,
+            self.series.kv_usage.as_deref().unwrap_or("none"),
+            self.interval_ms,
+            self.timeout_ms,
+            self.max_age_ms,
+            bound(self.max_requests.map(|m| m.to_string())),
+            bound(
+                self.max_kv_usage_permille
+                    .map(|m| format!("{}", f64::from(m) / 1000.0))
+            ),
+        )
+    }
+}
+
+/// `engine_load.interval_ms` unless configured: measured cost and the
+/// reasoning are in `docs/configuration.md`.
+pub const ENGINE_INTERVAL_MS_DEFAULT: u64 = 500;
+pub const ENGINE_INTERVAL_MS_RANGE: (u64, u64) = (50, 60_000);
+/// Each poll is due `interval_ms` +- this share of it after the last one,
+/// so that many proxies started together do not poll in step.
+pub const ENGINE_JITTER_PERCENT: u64 = 20;
+/// `engine_load.timeout_ms` unless configured: 80 % of the interval (so a
+/// poll ends before the earliest jittered next one is due), at most this.
+pub const ENGINE_TIMEOUT_MS_DEFAULT_MAX: u64 = 2_000;
+pub const ENGINE_TIMEOUT_MS_MIN: u64 = 10;
+/// `engine_load.max_age_ms` unless configured: this many intervals.
+pub const ENGINE_MAX_AGE_INTERVALS: u64 = 3;
+pub const ENGINE_MAX_AGE_MS_MAX: u64 = 600_000;
+pub const ENGINE_MAX_REQUESTS_RANGE: (u64, u64) = (1, 1_000_000);
+const ENGINE_FIELDS: [&str; 11] = [
+    "cluster",
+    "engine",
+    "running_metric",
+    "waiting_metric",
+    "kv_usage_metric",
+    "path",
+    "interval_ms",
+    "timeout_ms",
+    "max_age_ms",
+    "max_requests",
+    "max_kv_usage",
+];
 
 pub const PREFIX_LENGTH_RANGE: (u64, u64) = (1024, 65536);
 /// From a quarter of a vLLM block of text (16 tokens, ~64 bytes) to 4 KiB.
@@ -198,7 +341,7 @@ const RESERVED_KEY_HEADERS: [&str; 9] = [
     "expect",
 ];
 
-const FIELDS: [&str; 18] = [
+const FIELDS: [&str; 19] = [
     "strategy",
     "match",
     "prefix_length",
@@ -217,6 +360,7 @@ const FIELDS: [&str; 18] = [
     "instance_ttl_ms",
     "counting",
     "instances",
+    "engine_load",
 ];
 
 impl Default for Config {
@@ -240,6 +384,7 @@ impl Default for Config {
             instance_ttl_ms: 60_000,
             counting: Counting::UpstreamFilter,
             instances: Vec::new(),
+            engine_load: None,
         }
     }
 }
@@ -502,6 +647,166 @@ fn reject_unknown(
     }
 }
 
+/// A Prometheus metric name (`[a-zA-Z_:][a-zA-Z0-9_:]*`).
+fn metric_name(field: &str, value: &Value) -> Result<String, ConfigError> {
+    let name = string(field, value)?;
+    let first_ok = name
+        .bytes()
+        .next()
+        .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_' || b == b':');
+    let rest_ok = name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b':');
+    if !(first_ok && rest_ok) {
+        return Err(error(
+            field,
+            format!(
+                "{} is not a Prometheus metric name ([a-zA-Z_:][a-zA-Z0-9_:]*)",
+                shown(value)
+            ),
+        ));
+    }
+    Ok(name.to_string())
+}
+
+/// `engine_load`: an object (see [`EngineLoadConfig`]); `null` is no polling.
+fn engine_load(value: &Value) -> Result<Option<EngineLoadConfig>, ConfigError> {
+    const AT: &str = "engine_load";
+    let object = match value {
+        Value::Null => return Ok(None),
+        Value::Object(object) => object,
+        _ => return Err(wrong_type(AT, "an object (or null)", value)),
+    };
+    reject_unknown(AT, object, &ENGINE_FIELDS)?;
+    let field = |name: &str| format!("{AT}.{name}");
+    let cluster_value = object.get("cluster").ok_or_else(|| {
+        error(
+            field("cluster"),
+            "missing (the Envoy cluster the polls go through)",
+        )
+    })?;
+    let cluster = string(&field("cluster"), cluster_value)?;
+    if cluster.is_empty() || cluster.len() > 256 || cluster.chars().any(char::is_whitespace) {
+        return Err(error(
+            field("cluster"),
+            format!(
+                "{} is not a cluster name (1 to 256 characters, no whitespace)",
+                shown(cluster_value)
+            ),
+        ));
+    }
+    let engine = match object.get("engine") {
+        Some(v) => one_of(&field("engine"), v, &Engine::NAMES)?,
+        None => Engine::Vllm,
+    };
+    let mut series = engine.series();
+    if let Some(v) = object.get("running_metric") {
+        series.running = metric_name(&field("running_metric"), v)?;
+    }
+    if let Some(v) = object.get("waiting_metric") {
+        series.waiting = metric_name(&field("waiting_metric"), v)?;
+    }
+    match object.get("kv_usage_metric") {
+        Some(Value::Null) => series.kv_usage = None,
+        Some(v) => series.kv_usage = Some(metric_name(&field("kv_usage_metric"), v)?),
+        None => {}
+    }
+    let path = match object.get("path") {
+        Some(v) => {
+            let path = string(&field("path"), v)?;
+            let printable = path.bytes().all(|b| b.is_ascii_graphic());
+            if !path.starts_with('/') || !printable || path.len() > 1024 {
+                return Err(error(
+                    field("path"),
+                    format!(
+                        "{} must start with '/' and hold only printable ASCII without spaces",
+                        shown(v)
+                    ),
+                ));
+            }
+            path.to_string()
+        }
+        None => "/metrics".to_string(),
+    };
+    let interval_ms = match object.get("interval_ms") {
+        Some(v) => integer_in(&field("interval_ms"), v, ENGINE_INTERVAL_MS_RANGE)?,
+        None => ENGINE_INTERVAL_MS_DEFAULT,
+    };
+    let timeout_ms = match object.get("timeout_ms") {
+        Some(v) => {
+            let timeout = integer_in(&field("timeout_ms"), v, (ENGINE_TIMEOUT_MS_MIN, 60_000))?;
+            if timeout > interval_ms {
+                return Err(error(
+                    field("timeout_ms"),
+                    format!(
+                        "{timeout} exceeds interval_ms ({interval_ms}); a poll must end before the next one is due"
+                    ),
+                ));
+            }
+            timeout
+        }
+        None => (interval_ms * 4 / 5).clamp(ENGINE_TIMEOUT_MS_MIN, ENGINE_TIMEOUT_MS_DEFAULT_MAX),
+    };
+    let max_age_ms = match object.get("max_age_ms") {
+        Some(v) => integer_in(
+            &field("max_age_ms"),
+            v,
+            (interval_ms, ENGINE_MAX_AGE_MS_MAX),
+        )
+        .map_err(|e| ConfigError {
+            problem: format!(
+                "{} (at least interval_ms: a sample must live until the next poll)",
+                e.problem
+            ),
+            ..e
+        })?,
+        None => interval_ms * ENGINE_MAX_AGE_INTERVALS,
+    };
+    let max_requests = match object.get("max_requests") {
+        None | Some(Value::Null) => None,
+        Some(v) => {
+            let max = integer_in(&field("max_requests"), v, ENGINE_MAX_REQUESTS_RANGE)?;
+            Some(u32::try_from(max).unwrap_or(u32::MAX))
+        }
+    };
+    let max_kv_usage_permille = match object.get("max_kv_usage") {
+        None | Some(Value::Null) => None,
+        Some(v) => {
+            let share = v
+                .as_f64()
+                .ok_or_else(|| wrong_type(&field("max_kv_usage"), "a number in (0, 1]", v))?;
+            if !(share > 0.0 && share <= 1.0) {
+                return Err(error(
+                    field("max_kv_usage"),
+                    format!(
+                        "{} is out of range (0, 1] (a share of the KV cache)",
+                        shown(v)
+                    ),
+                ));
+            }
+            if series.kv_usage.is_none() {
+                return Err(error(
+                    field("max_kv_usage"),
+                    "set, but no KV-usage series is read (the engine exports none, or kv_usage_metric is null)",
+                ));
+            }
+            // At least one thousandth: 0 would hold every instance over.
+            Some(((share * 1000.0).round() as u16).max(1))
+        }
+    };
+    Ok(Some(EngineLoadConfig {
+        cluster: cluster.to_string(),
+        engine,
+        series,
+        path,
+        interval_ms,
+        timeout_ms,
+        max_age_ms,
+        max_requests,
+        max_kv_usage_permille,
+    }))
+}
+
 impl Config {
     /// Parses the plugin configuration. Empty (or only whitespace) means all
     /// defaults; otherwise a JSON object whose fields override the defaults.
@@ -568,6 +873,7 @@ impl Config {
             }
             "counting" => self.counting = one_of(name, value, &Counting::NAMES)?,
             "instances" => self.instances = instances(value)?,
+            "engine_load" => self.engine_load = engine_load(value)?,
             // `reject_unknown` ran first; kept total so a field listed in
             // FIELDS but not handled here is still an error, not a no-op.
             _ => return Err(error(name, "unknown field")),
@@ -726,6 +1032,7 @@ mod tests {
             instance_ttl_ms: 60_000,
             counting: Counting::UpstreamFilter,
             instances: Vec::new(),
+            engine_load: None,
         };
         assert_eq!(parse(""), Ok(defaults.clone()));
         assert_eq!(parse(" \n"), Ok(defaults.clone()));
@@ -1148,6 +1455,210 @@ mod tests {
         assert_eq!(
             err(&list(MAX_INSTANCES + 1)),
             "instances: 65 instances is out of range 0..=64"
+        );
+    }
+
+    fn engine(json: &str) -> Result<EngineLoadConfig, String> {
+        parse(&format!("{{\"engine_load\": {json}}}"))
+            .map(|c| c.engine_load.expect("engine_load set"))
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn engine_load_is_off_unless_configured_and_null_is_off() {
+        assert_eq!(Config::default().engine_load, None);
+        assert_eq!(parse(r#"{"engine_load": null}"#).unwrap().engine_load, None);
+    }
+
+    #[test]
+    fn engine_load_defaults_follow_the_interval() {
+        let config = engine(r#"{"cluster": "engine_metrics"}"#).unwrap();
+        assert_eq!(
+            config,
+            EngineLoadConfig {
+                cluster: "engine_metrics".into(),
+                engine: Engine::Vllm,
+                series: Series {
+                    running: "vllm:num_requests_running".into(),
+                    waiting: "vllm:num_requests_waiting".into(),
+                    kv_usage: Some("vllm:kv_cache_usage_perc".into()),
+                },
+                path: "/metrics".into(),
+                interval_ms: 500,
+                timeout_ms: 400,
+                max_age_ms: 1_500,
+                max_requests: None,
+                max_kv_usage_permille: None,
+            }
+        );
+        assert_eq!(config.bounds(), EngineBounds::default());
+        let slow = engine(r#"{"cluster": "c", "interval_ms": 60000}"#).unwrap();
+        assert_eq!((slow.timeout_ms, slow.max_age_ms), (2_000, 180_000));
+        let fast = engine(r#"{"cluster": "c", "interval_ms": 50}"#).unwrap();
+        assert_eq!((fast.timeout_ms, fast.max_age_ms), (40, 150));
+    }
+
+    #[test]
+    fn engine_presets_and_overrides() {
+        let sglang = engine(r#"{"cluster": "c", "engine": "SGLANG"}"#).unwrap();
+        assert_eq!(sglang.series.running, "sglang:num_running_reqs");
+        assert_eq!(sglang.series.waiting, "sglang:num_queue_reqs");
+        assert_eq!(
+            sglang.series.kv_usage.as_deref(),
+            Some("sglang:token_usage")
+        );
+        let llama = engine(r#"{"cluster": "c", "engine": "LLAMACPP"}"#).unwrap();
+        assert_eq!(llama.series.running, "llamacpp:requests_processing");
+        assert_eq!(llama.series.waiting, "llamacpp:requests_deferred");
+        assert_eq!(llama.series.kv_usage, None);
+        let custom = engine(
+            r#"{"cluster": "c", "running_metric": "my:running", "waiting_metric": "my_waiting",
+                "kv_usage_metric": null, "path": "/stats/engine?format=prom"}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            custom.series,
+            Series {
+                running: "my:running".into(),
+                waiting: "my_waiting".into(),
+                kv_usage: None
+            }
+        );
+        assert_eq!(custom.path, "/stats/engine?format=prom");
+        let kv =
+            engine(r#"{"cluster": "c", "engine": "LLAMACPP", "kv_usage_metric": "kv"}"#).unwrap();
+        assert_eq!(kv.series.kv_usage.as_deref(), Some("kv"));
+    }
+
+    #[test]
+    fn engine_bounds_are_parsed_into_thousandths() {
+        let config = engine(
+            r#"{"cluster": "c", "max_requests": 24, "max_kv_usage": 0.9,
+                "interval_ms": 1000, "timeout_ms": 1000, "max_age_ms": 1000}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            config.bounds(),
+            EngineBounds {
+                max_requests: Some(24),
+                max_kv_usage_permille: Some(900)
+            }
+        );
+        assert_eq!((config.timeout_ms, config.max_age_ms), (1_000, 1_000));
+        let tiny = engine(r#"{"cluster": "c", "max_kv_usage": 0.0001}"#).unwrap();
+        assert_eq!(tiny.max_kv_usage_permille, Some(1));
+        let full = engine(r#"{"cluster": "c", "max_kv_usage": 1}"#).unwrap();
+        assert_eq!(full.max_kv_usage_permille, Some(1000));
+    }
+
+    #[test]
+    fn engine_load_refuses_what_cannot_work() {
+        let cases = [
+            ("[]", "engine_load: expected an object (or null)"),
+            ("{}", "engine_load.cluster: missing"),
+            (
+                r#"{"cluster": ""}"#,
+                "engine_load.cluster: \"\" is not a cluster name",
+            ),
+            (
+                r#"{"cluster": "a b"}"#,
+                "engine_load.cluster: \"a b\" is not a cluster name",
+            ),
+            (
+                r#"{"cluster": 7}"#,
+                "engine_load.cluster: expected a string",
+            ),
+            (
+                r#"{"cluster": "c", "engine": "TGI"}"#,
+                "engine_load.engine: \"TGI\" is not one of VLLM, SGLANG, LLAMACPP",
+            ),
+            (
+                r#"{"cluster": "c", "clustr": "c"}"#,
+                "engine_load.clustr: unknown field",
+            ),
+            (
+                r#"{"cluster": "c", "interval_ms": 49}"#,
+                "engine_load.interval_ms: 49 is out of range 50..=60000",
+            ),
+            (
+                r#"{"cluster": "c", "interval_ms": 60001}"#,
+                "engine_load.interval_ms: 60001 is out of range",
+            ),
+            (
+                r#"{"cluster": "c", "interval_ms": 100, "timeout_ms": 101}"#,
+                "engine_load.timeout_ms: 101 exceeds interval_ms (100)",
+            ),
+            (
+                r#"{"cluster": "c", "timeout_ms": 5}"#,
+                "engine_load.timeout_ms: 5 is out of range 10..=60000",
+            ),
+            (
+                r#"{"cluster": "c", "interval_ms": 100, "max_age_ms": 99}"#,
+                "engine_load.max_age_ms: 99 is out of range 100..=600000 (at least interval_ms",
+            ),
+            (
+                r#"{"cluster": "c", "max_requests": 0}"#,
+                "engine_load.max_requests: 0 is out of range 1..=1000000",
+            ),
+            (
+                r#"{"cluster": "c", "max_requests": 1.5}"#,
+                "engine_load.max_requests: expected an integer",
+            ),
+            (
+                r#"{"cluster": "c", "max_kv_usage": 0}"#,
+                "engine_load.max_kv_usage: 0 is out of range (0, 1]",
+            ),
+            (
+                r#"{"cluster": "c", "max_kv_usage": 1.01}"#,
+                "engine_load.max_kv_usage: 1.01 is out of range (0, 1]",
+            ),
+            (
+                r#"{"cluster": "c", "max_kv_usage": "90%"}"#,
+                "engine_load.max_kv_usage: expected a number in (0, 1]",
+            ),
+            (
+                r#"{"cluster": "c", "engine": "LLAMACPP", "max_kv_usage": 0.9}"#,
+                "engine_load.max_kv_usage: set, but no KV-usage series is read",
+            ),
+            (
+                r#"{"cluster": "c", "running_metric": "1abc"}"#,
+                "engine_load.running_metric: \"1abc\" is not a Prometheus metric name",
+            ),
+            (
+                r#"{"cluster": "c", "waiting_metric": "a-b"}"#,
+                "engine_load.waiting_metric: \"a-b\" is not a Prometheus metric name",
+            ),
+            (
+                r#"{"cluster": "c", "kv_usage_metric": ""}"#,
+                "engine_load.kv_usage_metric: \"\" is not a Prometheus metric name",
+            ),
+            (
+                r#"{"cluster": "c", "path": "metrics"}"#,
+                "engine_load.path: \"metrics\" must start with '/'",
+            ),
+            (
+                r#"{"cluster": "c", "path": "/a b"}"#,
+                "engine_load.path: \"/a b\" must start with '/'",
+            ),
+        ];
+        for (json, expected) in cases {
+            let problem = engine(json).unwrap_err();
+            assert!(
+                problem.starts_with(expected),
+                "{json}: got {problem:?}, expected it to start with {expected:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn engine_load_settings_are_described_for_the_configure_log() {
+        let config =
+            engine(r#"{"cluster": "m", "max_requests": 8, "max_kv_usage": 0.85}"#).unwrap();
+        assert_eq!(
+            config.describe(),
+            "engine VLLM, cluster m, path /metrics, series vllm:num_requests_running + \
+             vllm:num_requests_waiting (kv vllm:kv_cache_usage_perc), interval_ms 500, \
+             timeout_ms 400, max_age_ms 1500, max_requests 8, max_kv_usage 0.85"
         );
     }
 }

@@ -1,0 +1,81 @@
+//! The engines' own load, polled from their `/metrics` endpoints into
+//! shared data, so that decisions can see what every proxy in front of an
+//! instance sent there, not only this Envoy's share.
+//!
+//! Split the way the rest of the filter is: [`metrics_text`] reads a body,
+//! [`poller`] decides when each instance is polled and what a response
+//! means, both plain Rust tested natively; `crate::plugin` makes the calls
+//! (`dispatch_http_call` from the root tick) and stores the samples
+//! (`crate::load`, `engine/<slot>`). See `docs/design.md`, "Engine load".
+
+pub mod metrics_text;
+pub mod poller;
+
+/// Counter of polls sent.
+pub const POLLS: &str = "prefix_router.engine.polls";
+/// Counter of polls that gave no sample, one per reason
+/// ([`poller::PollFault::reason`]): `prefix_router.engine.poll_failures.<reason>`.
+pub const POLL_FAILURE_PREFIX: &str = "prefix_router.engine.poll_failures";
+/// Counter of polls not sent because the instance's previous one was still
+/// open when the next was due (polls never pile up).
+pub const POLLS_SKIPPED: &str = "prefix_router.engine.polls_skipped";
+/// Per-instance gauge prefixes (`<prefix>.<instance>`, the instance spelt
+/// as in the in-flight gauges): the engine's running + waiting, its KV
+/// usage in thousandths, and the age of its last good sample.
+pub const REQUESTS_GAUGE_PREFIX: &str = "prefix_router.engine.requests";
+pub const KV_USAGE_GAUGE_PREFIX: &str = "prefix_router.engine.kv_usage_permille";
+pub const SAMPLE_AGE_GAUGE_PREFIX: &str = "prefix_router.engine.sample_age_ms";
+
+/// `prefix_router.engine.poll_failures.<reason>`.
+pub fn poll_failure_counter_name(reason: &str) -> String {
+    format!("{POLL_FAILURE_PREFIX}.{reason}")
+}
+
+/// `<prefix>.<instance>` with every character of the address outside
+/// `[a-zA-Z0-9]` turned into `_` (as `crate::metrics::in_flight_gauge_name`).
+pub fn instance_gauge_name(prefix: &str, address: &str) -> String {
+    let mut name = String::with_capacity(prefix.len() + 1 + address.len());
+    name.push_str(prefix);
+    name.push('.');
+    name.extend(
+        address
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }),
+    );
+    name
+}
+
+/// Every stat the poller defines, as documented (per-instance ones with
+/// `<instance>`, per-reason ones with each reason).
+pub fn documented_stat_names() -> Vec<String> {
+    let mut names = vec![POLLS.to_string(), POLLS_SKIPPED.to_string()];
+    names.extend(
+        poller::PollFault::REASONS
+            .iter()
+            .map(|r| poll_failure_counter_name(r)),
+    );
+    for prefix in [
+        REQUESTS_GAUGE_PREFIX,
+        KV_USAGE_GAUGE_PREFIX,
+        SAMPLE_AGE_GAUGE_PREFIX,
+    ] {
+        names.push(format!("{prefix}.<instance>"));
+    }
+    names
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn instance_gauges_spell_the_address_like_the_in_flight_gauges() {
+        assert_eq!(
+            instance_gauge_name(REQUESTS_GAUGE_PREFIX, "127.0.0.1:8001"),
+            "prefix_router.engine.requests.127_0_0_1_8001"
+        );
+        let in_flight = crate::metrics::in_flight_gauge_name("[fd00::7]:80");
+        let engine = instance_gauge_name("prefix_router.in_flight", "[fd00::7]:80");
+        assert_eq!(engine, in_flight);
+    }
+}
