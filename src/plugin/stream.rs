@@ -12,7 +12,7 @@ use crate::config::{Config, Counting};
 use crate::counting_check::{AtResponse, MISSING_UPSTREAM_FILTER_WARNING};
 use crate::headers::{COUNTED_HEADER, INTERNAL_REQUEST_HEADERS};
 use crate::host::{HeaderMap, Host};
-use crate::load::{Ticket, UpstreamStart};
+use crate::load::{EngineView, Ticket, UpstreamStart};
 use crate::metrics::Counter;
 use crate::request::{
     BodyVerdict, HeadersVerdict, KeyDerivation, LocalReply, RequestHead, RequestReader,
@@ -214,12 +214,17 @@ impl Stream {
         let unchecked = !listener && vm.may_count_at_response();
         let instances = &self.config.instances;
         let index_bytes = self.config.index_bytes;
+        let engine_view = self.config.engine_load.as_ref().map(|engine| EngineView {
+            max_age_ms: engine.max_age_ms,
+            bounds: engine.bounds(),
+        });
         let (routed, placed_by_envoy, keep, check_due) = vm.with_tracker(&self.config, |t| {
             // The deciding configuration's fleet, also when it lists none
             // (a configuration update that removed the list), and index
             // size (an upstream filter's configuration need not repeat it).
             t.set_configured_instances(instances);
             t.set_index_bytes(index_bytes);
+            t.set_engine_view(engine_view);
             let routed = policy.route(derivation, t, random, now);
             // A LONGEST_PREFIX request Envoy placed: indexed where it went,
             // and counted there if no upstream filter does, at the response.
