@@ -18,6 +18,7 @@
 //!
 //! [`Host`]: crate::host::Host
 
+mod engine_poll;
 mod metric_ids;
 mod root;
 mod stream;
@@ -26,6 +27,7 @@ mod vm;
 #[cfg(test)]
 mod tests;
 
+pub use engine_poll::{EnginePolling, ORIGINAL_DST_HOST_HEADER};
 pub use metric_ids::MetricIds;
 pub use root::{PluginRoot, TICK_PERIOD_MS};
 pub use stream::Stream;

@@ -20,6 +20,7 @@ use crate::headers::PENDING_MARK;
 use crate::shared::SharedStore;
 
 mod columns;
+mod engine;
 mod learned;
 mod registry;
 
@@ -51,6 +52,8 @@ pub struct LoadTracker<S: SharedStore> {
     /// A deciding configuration sized the index (a VM that only counts, or
     /// only ticks, such as Envoy's main thread, has no index of its own).
     index_sized: bool,
+    /// Engine samples as this VM last read them.
+    engine_cache: engine::EngineCache,
 }
 
 fn addr_hash(address: &str) -> u64 {
@@ -79,6 +82,7 @@ impl<S: SharedStore> LoadTracker<S> {
             index: PrefixIndex::new(config.index_bytes),
             index_writes: Remembered::default(),
             index_sized: false,
+            engine_cache: engine::EngineCache::default(),
             config,
         }
     }
