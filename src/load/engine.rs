@@ -65,6 +65,8 @@ impl EngineRecord {
     /// The instance's load for the whole fleet: the engine's running +
     /// waiting, plus what this Envoy has in flight there beyond what it had
     /// when the sample arrived.
+    // Read by decisions (`crate::strategy`), which are built separately.
+    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn estimated_requests(&self, in_flight_now: u32) -> u32 {
         self.load
             .running
@@ -73,6 +75,7 @@ impl EngineRecord {
     }
 
     /// True if the estimate reaches a configured bound.
+    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn over(&self, bounds: &EngineBounds, in_flight_now: u32) -> bool {
         let requests = bounds
             .max_requests

@@ -25,6 +25,8 @@ mod stream;
 mod vm;
 
 #[cfg(test)]
+mod engine_poll_tests;
+#[cfg(test)]
 mod tests;
 
 pub use engine_poll::{EnginePolling, ORIGINAL_DST_HOST_HEADER};

@@ -31,6 +31,9 @@ pub(crate) struct SentReply {
     pub(crate) body: Vec<u8>,
 }
 
+/// An answer to an HTTP call: its headers and body.
+type CallAnswer = (Vec<(String, Vec<u8>)>, Vec<u8>);
+
 /// An HTTP call the filter dispatched.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct SentCall {
@@ -68,7 +71,7 @@ pub(crate) struct MemoryHost {
     /// What dispatching answers instead of a token (`None`: a token).
     http_call_refusal: Cell<Option<HostStatus>>,
     /// The answer being delivered: headers and body (`None`: no response).
-    http_call_answer: RefCell<Option<(Vec<(String, Vec<u8>)>, Vec<u8>)>>,
+    http_call_answer: RefCell<Option<CallAnswer>>,
 }
 
 impl MemoryHost {

@@ -144,3 +144,86 @@ impl<S: SharedStore> LoadTracker<S> {
             .then_some(record)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::rc::Rc;
+
+    use super::*;
+    use crate::load::LoadConfig;
+    use crate::shared::MemoryStore;
+
+    const A: &str = "10.0.0.1:8000";
+
+    fn tracker(store: &Rc<MemoryStore>, nonce: u64) -> LoadTracker<Rc<MemoryStore>> {
+        let mut tracker = LoadTracker::new(Rc::clone(store), LoadConfig::default(), nonce);
+        tracker.set_configured_instances(&[A.to_string()]);
+        tracker
+    }
+
+    fn load(running: u32) -> EngineLoad {
+        EngineLoad {
+            running,
+            waiting: 1,
+            kv_usage_permille: None,
+        }
+    }
+
+    #[test]
+    fn a_stored_sample_is_read_by_every_vm_until_it_is_cleared_or_too_old() {
+        let store = Rc::new(MemoryStore::new());
+        let mut poller = tracker(&store, 1);
+        let mut reader = tracker(&store, 2);
+        let instance = poller.engine_poll_targets(1_000).pop().unwrap();
+        assert_eq!(instance.address, A);
+        assert!(poller.store_engine_sample(&instance, load(3), 1_000));
+        let record = reader.engine_sample(&instance, 500, 1_000).unwrap();
+        assert_eq!((record.load, record.sampled_at_ms), (load(3), 1_000));
+        assert_eq!(reader.engine_sample(&instance, 500, 1_501), None, "too old");
+        // Another instance in the same slot does not inherit it.
+        let stranger = InstanceRef {
+            slot: instance.slot,
+            address: "10.9.9.9:1".into(),
+        };
+        assert_eq!(reader.engine_sample(&stranger, 500, 1_100), None);
+        assert!(poller.store_engine_sample(&instance, load(4), 1_600));
+        assert!(reader.engine_sample(&instance, 500, 1_700).is_some());
+        poller.clear_engine_sample(&instance, 1_750);
+        assert_eq!(poller.engine_sample(&instance, 500, 1_750), None);
+        assert_eq!(reader.engine_sample(&instance, 500, 1_800), None, "cleared");
+    }
+
+    #[test]
+    fn the_reader_reads_each_key_at_most_once_per_cache_period() {
+        let store = Rc::new(MemoryStore::new());
+        let mut poller = tracker(&store, 1);
+        let mut reader = tracker(&store, 2);
+        let instance = poller.engine_poll_targets(1_000).pop().unwrap();
+        poller.store_engine_sample(&instance, load(3), 1_000);
+        let reads = store.reads();
+        assert!(reader.engine_sample(&instance, 5_000, 1_000).is_some());
+        assert_eq!(store.reads(), reads + 1);
+        poller.store_engine_sample(&instance, load(7), 1_010);
+        let reads = store.reads() - 1;
+        let cached = reader.engine_sample(&instance, 5_000, 1_000 + ENGINE_CACHE_MS - 1);
+        assert_eq!(cached.map(|r| r.load.running), Some(3), "the cached copy");
+        assert_eq!(store.reads(), reads + 1, "no read within the period");
+        let fresh = reader.engine_sample(&instance, 5_000, 1_000 + ENGINE_CACHE_MS);
+        assert_eq!(fresh.map(|r| r.load.running), Some(7));
+        assert_eq!(store.reads(), reads + 2);
+    }
+
+    #[test]
+    fn one_poller_lease_per_store_taken_over_when_not_renewed() {
+        let store = Rc::new(MemoryStore::new());
+        let mut first = tracker(&store, 1);
+        let mut second = tracker(&store, 2);
+        assert!(first.hold_engine_poller(11, 1_000, 1_500));
+        assert!(!second.hold_engine_poller(22, 1_000, 1_500));
+        // Renewed at a quarter of the lease time: still held later.
+        assert!(first.hold_engine_poller(11, 1_400, 1_500));
+        assert!(!second.hold_engine_poller(22, 2_800, 1_500));
+        assert!(second.hold_engine_poller(22, 2_901, 1_500), "expired");
+        assert!(!first.hold_engine_poller(11, 2_950, 1_500), "lost it");
+    }
+}
