@@ -65,7 +65,7 @@ impl EngineRecord {
     /// The instance's load for the whole fleet: the engine's running +
     /// waiting, plus what this Envoy has in flight there beyond what it had
     /// when the sample arrived.
-    // Read by decisions (`crate::strategy`), which are built separately.
+    // Read by decisions (`crate::strategy`).
     #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn estimated_requests(&self, in_flight_now: u32) -> u32 {
         self.load

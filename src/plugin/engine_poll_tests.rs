@@ -310,10 +310,7 @@ fn a_refused_dispatch_and_a_call_never_answered_are_faults_and_polling_goes_on()
     assert_eq!(addresses(&again), vec![A, B], "polled again");
     // The late answer to a given-up call is ignored.
     s.answer(&calls[0], Some((200, &body(9, 9, 0.9))));
-    assert_eq!(
-        s.sample(calls[0].header(":authority").unwrap()),
-        None
-    );
+    assert_eq!(s.sample(calls[0].header(":authority").unwrap()), None);
 }
 
 #[test]
