@@ -1015,14 +1015,17 @@ fn candidates_are_weighed_by_fresh_engine_samples_of_their_own_address() {
         kv_usage_permille: Some(950),
         ..requests(0, 0)
     };
-    engine_sample(&store, a, A, kv_full, 3);
+    // (A later sample, read once this VM's cached read of A is older than
+    // the cache's lifetime.)
+    let later = 3 + tracker::ENGINE_CACHE_MS;
+    engine_sample(&store, a, A, kv_full, later);
     let _b = [
-        w.upstream_started(start(B, None), 3),
-        w.upstream_started(start(B, None), 3),
+        w.upstream_started(start(B, None), later),
+        w.upstream_started(start(B, None), later),
     ];
-    assert_eq!(weighed(&mut w, 4)[A], (1, 1, true));
-    let other = w.least_busy_other(&on_c, 0, 4).expect("one");
+    assert_eq!(weighed(&mut w, later)[A], (1, 1, true));
+    let other = w.least_busy_other(&on_c, 0, later).expect("one");
     assert_eq!((other.instance.address.as_str(), other.load), (B, 2));
     // Older than max_age_ms: back to this Envoy's counts.
-    assert_eq!(weighed(&mut w, 504)[A], (1, 1, false));
+    assert_eq!(weighed(&mut w, later + 501)[A], (1, 1, false));
 }

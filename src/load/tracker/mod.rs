@@ -8,7 +8,7 @@
 
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
-use super::engine::{EngineRecord, EngineView};
+use super::engine::EngineView;
 use super::instances::InstanceRecord;
 use super::mark::UpstreamFilterMark;
 use super::prefix_index::{Holder, PrefixIndex, Remembered};
@@ -21,6 +21,9 @@ use crate::headers::PENDING_MARK;
 use crate::shared::SharedStore;
 
 mod columns;
+mod engine;
+#[cfg(test)]
+pub(crate) use engine::ENGINE_CACHE_MS;
 mod learned;
 mod registry;
 
@@ -58,6 +61,8 @@ pub struct LoadTracker<S: SharedStore> {
     /// Cold prompts this VM placed, by registry slot, with the hash of the
     /// address they were placed on (a reused slot starts from zero).
     cold_placed: Vec<(u64, u32)>,
+    /// Engine samples as this VM last read them.
+    engine_cache: engine::EngineCache,
 }
 
 fn addr_hash(address: &str) -> u64 {
@@ -88,6 +93,7 @@ impl<S: SharedStore> LoadTracker<S> {
             index_sized: false,
             engine_view: None,
             cold_placed: Vec::new(),
+            engine_cache: engine::EngineCache::default(),
             config,
         }
     }
@@ -547,19 +553,5 @@ impl<S: SharedStore> LoadTracker<S> {
             }
         }
         candidates
-    }
-
-    /// The engine sample of `instance`, if fresh and of that address.
-    pub(crate) fn engine_sample(
-        &mut self,
-        instance: &InstanceRef,
-        max_age_ms: u64,
-        now_ms: u64,
-    ) -> Option<EngineRecord> {
-        let key = self.tables.key(format_args!("engine/{}", instance.slot));
-        let record: EngineRecord = self.tables.read(&key).record;
-        record
-            .is_fresh(addr_hash(&instance.address), now_ms, max_age_ms)
-            .then_some(record)
     }
 }
