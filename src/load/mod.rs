@@ -263,16 +263,6 @@ pub trait LoadView {
         random: u64,
         now_ms: u64,
     ) -> Option<Candidate>;
-    /// Cold prompts this worker VM placed on `instance` (LONGEST_PREFIX
-    /// spreads them by these counts as well as by their opening).
-    fn cold_placed(&mut self, instance: &InstanceRef) -> u32 {
-        let _ = instance;
-        0
-    }
-    /// Counts one cold prompt placed on `instance`.
-    fn count_cold_placement(&mut self, instance: &InstanceRef) {
-        let _ = instance;
-    }
     /// With engine load on: `instance` weighed by its engine's sample (its
     /// load and the fleet-wide bounds), if it is fresh. None when engine
     /// load is off: the policies then see only this Envoy's counts.

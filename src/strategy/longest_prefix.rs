@@ -45,14 +45,7 @@ pub struct LongestPrefix {
     /// so a cold prompt goes by Maglev on its opening (over every host Envoy
     /// has) and the index learns where it went from the response.
     pub fleet_listed: bool,
-    /// Cold prompts an instance may have been given beyond the fewest any
-    /// candidate was given (by this worker VM) and still take a cold
-    /// prompt; `None`: cold prompts go by their opening alone.
-    pub placement_slack: Option<u32>,
 }
-
-/// See [`LongestPrefix::placement_slack`].
-pub const PLACEMENT_SLACK: u32 = 2;
 
 /// Rendezvous score of `address` for a prompt opening.
 fn rank(opening: u64, address: &str) -> u64 {
@@ -65,7 +58,6 @@ impl LongestPrefix {
             concurrency_threshold: concurrency_threshold.max(1),
             load_margin,
             fleet_listed,
-            placement_slack: Some(PLACEMENT_SLACK),
         }
     }
 
@@ -121,57 +113,34 @@ impl LongestPrefix {
         // The fleet-wide engine bounds pass an instance over only while
         // another is within them.
         let some_within_bounds = candidates.iter().any(|c| !c.over_bounds);
-        // A cold prompt skips instances this VM already gave many more cold
-        // prompts than the fewest: openings alone spread as a binomial does
-        // (40 documents over 7 instances: 2 to 10 each), and an instance
-        // given more holds more than its cache fits.
-        let placed: Vec<u32> = match self.placement_slack {
-            Some(_) if !attracted => order
-                .iter()
-                .map(|c| load.cold_placed(&c.instance))
-                .collect(),
-            _ => Vec::new(),
-        };
-        let placement_limit = self
-            .placement_slack
-            .zip(placed.iter().min())
-            .map(|(slack, fewest)| fewest.saturating_add(slack));
         let mut passed_over = false;
         let mut full = false;
-        // The first instance in `order` that may take the request and whose
-        // claim succeeds; instances given more cold prompts than `limit`
-        // are skipped.
-        let mut first_taker = |limit: Option<u32>| -> Option<(&Candidate, Option<Ticket>)> {
-            for (n, &candidate) in order.iter().enumerate() {
-                if candidate.load > bound || (candidate.over_bounds && some_within_bounds) {
-                    passed_over = true;
-                    continue;
-                }
-                if limit.is_some_and(|limit| placed.get(n).is_some_and(|&p| p > limit)) {
-                    continue;
-                }
-                // Claimed only below the cap, the margin and the engine's
-                // room, so workers deciding at the same moment do not all
-                // pile onto one instance.
-                let cap = self
-                    .concurrency_threshold
-                    .min(candidate.local_cap(bound.saturating_add(1)))
-                    .max(1);
-                match load.claim(&candidate.instance, None, Some(cap), now_ms) {
-                    Claim::Claimed(ticket) => return Some((candidate, Some(ticket))),
-                    // Left to the upstream filter to count.
-                    Claim::Contended => return Some((candidate, None)),
-                    Claim::Full { .. } | Claim::Gone => full = true,
-                }
+        let mut chosen: Option<(&Candidate, Option<Ticket>)> = None;
+        for &candidate in &order {
+            if candidate.load > bound || (candidate.over_bounds && some_within_bounds) {
+                passed_over = true;
+                continue;
             }
-            None
-        };
-        // Should the placement limit leave no instance with room (the
-        // fewest given are full), again without it.
-        let chosen = match placement_limit {
-            Some(limit) => first_taker(Some(limit)).or_else(|| first_taker(None)),
-            None => first_taker(None),
-        };
+            // Claimed only below the cap, the margin and the engine's room,
+            // so workers deciding at the same moment do not all pile onto
+            // one instance.
+            let cap = self
+                .concurrency_threshold
+                .min(candidate.local_cap(bound.saturating_add(1)))
+                .max(1);
+            match load.claim(&candidate.instance, None, Some(cap), now_ms) {
+                Claim::Claimed(ticket) => {
+                    chosen = Some((candidate, Some(ticket)));
+                    break;
+                }
+                // Left to the upstream filter to count.
+                Claim::Contended => {
+                    chosen = Some((candidate, None));
+                    break;
+                }
+                Claim::Full { .. } | Claim::Gone => full = true,
+            }
+        }
         let (candidate, ticket) = match chosen {
             Some(found) => found,
             // Instances not learned yet may have room: Maglev on a salted
@@ -197,9 +166,6 @@ impl LongestPrefix {
             }
         };
         let holder = is_holder(candidate);
-        if !attracted {
-            load.count_cold_placement(&candidate.instance);
-        }
         let kind = match (attracted, holder) {
             (true, true) => DecisionKind::Matched,
             _ if full => DecisionKind::Overflow,
@@ -259,8 +225,6 @@ mod tests {
         engine: Vec<Option<u32>>,
         /// The fleet-wide bound of running + waiting.
         max_requests: Option<u32>,
-        /// Cold prompts placed, by slot.
-        placed: HashMap<u16, u32>,
     }
 
     impl Fleet {
@@ -342,12 +306,6 @@ mod tests {
                     candidate
                 })
                 .collect()
-        }
-        fn cold_placed(&mut self, i: &InstanceRef) -> u32 {
-            self.placed.get(&i.slot).copied().unwrap_or(0)
-        }
-        fn count_cold_placement(&mut self, i: &InstanceRef) {
-            *self.placed.entry(i.slot).or_default() += 1;
         }
         fn longest_held(&mut self, chain: &[u64], among: &[Candidate], _: u64) -> HeldPrefix {
             for blocks in (1..=chain.len()).rev() {
@@ -671,44 +629,5 @@ mod tests {
         // takes it all the same (no request is refused).
         fleet.route(&policy, &turns[0]);
         assert_eq!(fleet.in_flight.iter().sum::<u32>(), 9);
-    }
-
-    #[test]
-    fn cold_prompts_spread_evenly_by_what_each_instance_was_given() {
-        let policy = LongestPrefix::new(10, 1000, true);
-        let mut fleet = Fleet::new(7);
-        for id in 0..70 {
-            let (kind, _) = fleet.route(&policy, &conversation("", id, 1)[0]);
-            assert_eq!(kind, DecisionKind::Cold);
-        }
-        let given: Vec<u32> = (0..7).map(|slot| fleet.placed[&slot]).collect();
-        let (fewest, most) = (given.iter().min().unwrap(), given.iter().max().unwrap());
-        assert!(most - fewest <= PLACEMENT_SLACK + 1, "{given:?}");
-        // By the opening alone, the same 70 spread as a binomial does.
-        let unlimited = LongestPrefix {
-            placement_slack: None,
-            ..policy.clone()
-        };
-        let mut fleet = Fleet::new(7);
-        let mut by_opening = [0u32; 7];
-        for id in 0..70 {
-            by_opening[usize::from(fleet.route(&unlimited, &conversation("", id, 1)[0]).1)] += 1;
-        }
-        let spread = by_opening.iter().max().unwrap() - by_opening.iter().min().unwrap();
-        assert!(spread > PLACEMENT_SLACK + 1, "{by_opening:?}");
-    }
-
-    #[test]
-    fn the_placement_limit_gives_way_when_the_fewest_given_are_full() {
-        let policy = LongestPrefix::new(1, 1000, true);
-        let mut fleet = Fleet::new(2);
-        fleet.hold = true;
-        // Instance 0 was given 5 cold prompts, instance 1 none, but 1 is at
-        // the cap: the prompt goes to 0 rather than past the cap.
-        fleet.placed.insert(0, 5);
-        fleet.in_flight = vec![0, 1];
-        let (_, slot) = fleet.route(&policy, &conversation("", 1, 1)[0]);
-        assert_eq!(slot, 0);
-        assert_eq!(fleet.in_flight, vec![1, 1]);
     }
 }

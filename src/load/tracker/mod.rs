@@ -58,9 +58,6 @@ pub struct LoadTracker<S: SharedStore> {
     /// How decisions use the engines' samples (None: engine load is off,
     /// decisions see this Envoy's counts only).
     engine_view: Option<EngineView>,
-    /// Cold prompts this VM placed, by registry slot, with the hash of the
-    /// address they were placed on (a reused slot starts from zero).
-    cold_placed: Vec<(u64, u32)>,
     /// Engine samples as this VM last read them.
     engine_cache: engine::EngineCache,
 }
@@ -92,7 +89,6 @@ impl<S: SharedStore> LoadTracker<S> {
             index_writes: Remembered::default(),
             index_sized: false,
             engine_view: None,
-            cold_placed: Vec::new(),
             engine_cache: engine::EngineCache::default(),
             config,
         }
@@ -439,27 +435,6 @@ impl<S: SharedStore> LoadView for LoadTracker<S> {
 
     fn candidates(&mut self, now_ms: u64) -> Vec<Candidate> {
         self.fresh_candidates(now_ms)
-    }
-
-    fn cold_placed(&mut self, instance: &InstanceRef) -> u32 {
-        match self.cold_placed.get(usize::from(instance.slot)) {
-            Some(&(hash, count)) if hash == addr_hash(&instance.address) => count,
-            _ => 0,
-        }
-    }
-
-    fn count_cold_placement(&mut self, instance: &InstanceRef) {
-        let slot = usize::from(instance.slot);
-        if slot >= self.cold_placed.len() {
-            self.cold_placed.resize(slot + 1, (0, 0));
-        }
-        let hash = addr_hash(&instance.address);
-        if let Some(entry) = self.cold_placed.get_mut(slot) {
-            if entry.0 != hash {
-                *entry = (hash, 0);
-            }
-            entry.1 = entry.1.saturating_add(1);
-        }
     }
 
     fn engine_candidate(&mut self, instance: &InstanceRef, now_ms: u64) -> Option<Candidate> {
