@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use harness::bodies::json_string;
 use harness::client::{self, Outgoing};
+use harness::load::{filter_counter, wait_for_counter};
 use prefix_router_tools::envoy::Envoy;
 use prefix_router_tools::sim::{SimConfig, SimServer};
 
@@ -82,7 +83,7 @@ fn plugin_config(engine: bool) -> String {
 
 fn envoys(count: usize, workers: u32, sims: &[SimServer], engine: bool) -> Vec<Envoy> {
     let config = plugin_config(engine);
-    (0..count)
+    let envoys: Vec<Envoy> = (0..count)
         .map(|n| {
             Envoy::builder()
                 .upstreams(sims.iter().map(SimServer::addr))
@@ -90,6 +91,29 @@ fn envoys(count: usize, workers: u32, sims: &[SimServer], engine: bool) -> Vec<E
                 .plugin_config(config.clone())
                 .start()
                 .unwrap_or_else(|e| panic!("Envoy {n}: {e}"))
+        })
+        .collect();
+    if engine {
+        // Each proxy's poller has sampled every instance (Envoy flushes the
+        // filter's counters on its 1 s tick): what a deployed proxy has
+        // before traffic comes.
+        for envoy in &envoys {
+            wait_for_counter(envoy, "engine.polls", 2 * INSTANCES as u64);
+        }
+    }
+    envoys
+}
+
+/// Each proxy's polls and failed polls, for the report.
+fn poll_figures(proxies: &[Envoy]) -> Vec<(u64, u64)> {
+    proxies
+        .iter()
+        .map(|envoy| {
+            let failed = ["timeout", "unreachable", "status", "body"]
+                .iter()
+                .map(|reason| filter_counter(envoy, &format!("engine.poll_failures.{reason}")))
+                .sum();
+            (filter_counter(envoy, "engine.polls"), failed)
         })
         .collect()
 }
@@ -104,11 +128,12 @@ fn hot_body() -> String {
     )
 }
 
-/// What the traffic did: each engine's peak of running + waiting, and how
-/// many requests each instance served.
+/// What the traffic did: each engine's peak of running + waiting, how many
+/// requests each instance served, and each proxy's (polls, failed polls).
 struct Outcome {
     peaks: Vec<usize>,
     served: Vec<usize>,
+    polls: Vec<(u64, u64)>,
 }
 
 impl Outcome {
@@ -165,7 +190,11 @@ fn hot_traffic(
         .iter()
         .map(|sim| sim.engine().take_peak_requests())
         .collect();
-    Outcome { peaks, served }
+    Outcome {
+        peaks,
+        served,
+        polls: poll_figures(proxies),
+    }
 }
 
 /// The bound holds with engine load and is exceeded without it, through
@@ -182,8 +211,8 @@ fn bound_holds_across(proxies: usize, workers: u32) {
         hot_traffic(&runtime, &sims, &envoys)
     };
     println!(
-        "{proxies} proxies, bound {BOUND}: peaks of running + waiting per instance {:?} (served {:?}) with engine load; {:?} (served {:?}) with each proxy's cap only",
-        with_engine.peaks, with_engine.served, local_only.peaks, local_only.served
+        "{proxies} proxies, bound {BOUND}: peaks of running + waiting per instance {:?} (served {:?}; polls, failed per proxy {:?}) with engine load; {:?} (served {:?}) with each proxy's cap only",
+        with_engine.peaks, with_engine.served, with_engine.polls, local_only.peaks, local_only.served
     );
     assert!(
         local_only.hottest() > BOUND as usize,
