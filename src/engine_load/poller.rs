@@ -234,6 +234,20 @@ impl Poller {
         gone
     }
 
+    /// The earliest time something is due: a poll, or giving up an open
+    /// call (`timeout_ms` + [`GIVE_UP_GRACE_MS`] after it was sent). None
+    /// when no instance is known yet.
+    pub fn next_due_ms(&self, timeout_ms: u64) -> Option<u64> {
+        let give_up = timeout_ms.saturating_add(GIVE_UP_GRACE_MS) + 1;
+        self.by_address
+            .values()
+            .map(|p| match p.open {
+                Some((_, sent_ms)) => p.due_ms.min(sent_ms.saturating_add(give_up)),
+                None => p.due_ms,
+            })
+            .min()
+    }
+
     /// Calls open now.
     pub fn open_calls(&self) -> usize {
         self.by_address
@@ -341,6 +355,21 @@ mod tests {
         );
         assert_eq!(poller.open_calls(), 0);
         assert_eq!(poller.answered(9), None, "a late answer is ignored");
+    }
+
+    #[test]
+    fn the_next_due_time_covers_polls_and_giving_up() {
+        let mut poller = Poller::default();
+        assert_eq!(poller.next_due_ms(400), None);
+        let fleet = [instance(0, 8001), instance(1, 8002)];
+        poller.due(&fleet, 0);
+        assert_eq!(poller.next_due_ms(400), Some(0));
+        poller.sent(&fleet[0].address, Some(1), 0, 10_000, 0);
+        poller.sent(&fleet[1].address, None, 0, 10_000, 0);
+        // Both next due at 8 s; the open call is given up first.
+        assert_eq!(poller.next_due_ms(400), Some(400 + GIVE_UP_GRACE_MS + 1));
+        poller.answered(1);
+        assert_eq!(poller.next_due_ms(400), Some(8_000));
     }
 
     #[test]

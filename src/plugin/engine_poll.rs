@@ -34,6 +34,10 @@ pub const ORIGINAL_DST_HOST_HEADER: &str = "x-envoy-original-dst-host";
 /// each sample).
 const AGE_GAUGE_PERIOD_MS: u64 = 1_000;
 
+/// How often the fleet to poll is read when no poll is due (new instances
+/// are polled at most this late).
+const TARGETS_REFRESH_MS: u64 = 1_000;
+
 /// Most instances with gauges of their own (as the in-flight gauges).
 const MAX_ENGINE_GAUGES: usize = super::vm::MAX_GAUGES;
 
@@ -78,6 +82,8 @@ pub struct EnginePolling {
     /// When each instance last gave a sample (for the age gauge).
     last_sample_ms: HashMap<String, u64>,
     last_age_publish_ms: u64,
+    /// When the fleet to poll was last read.
+    targets_read_ms: u64,
 }
 
 impl EnginePolling {
@@ -120,9 +126,19 @@ fn poll_round<H: Host + Clone>(
 ) {
     let stats = state.stats.get_or_insert_with(|| define_stats(vm.host()));
     let skipped_id = stats.skipped;
+    // Most ticks have nothing due: they skip reading the fleet (its shared
+    // records), which is still read once a second for new instances.
+    let idle = state
+        .poller
+        .next_due_ms(engine.timeout_ms)
+        .is_some_and(|due| now < due);
+    if idle && now.saturating_sub(state.targets_read_ms) < TARGETS_REFRESH_MS {
+        return;
+    }
     for instance in state.poller.give_up(now, engine.timeout_ms) {
         finish(vm, state, config, &instance, Err(PollFault::Timeout), now);
     }
+    state.targets_read_ms = now;
     let targets = vm.with_tracker(config, |t| t.engine_poll_targets(now));
     let due = state.poller.due(&targets, now);
     if due.skipped > 0 {
