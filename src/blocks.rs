@@ -8,10 +8,12 @@
 //! Also what cold placement and the matching rule need of the prompt's
 //! structure (canonical text only; raw bytes have none):
 //! - the **opening**: the prompt through its first message that is not a
-//!   system (or developer, or `/responses` instructions) message, capped at
-//!   the prefix. A conversation's turns all begin with it, a document's
-//!   questions with the document; a cold prompt is placed by its hash.
-//!   Raw bytes: the first [`RAW_OPENING_BYTES`].
+//!   system (or developer, or `/responses` instructions) message, at most
+//!   [`OWN_OPENING_BYTES`] of that message, capped at the prefix. A
+//!   conversation's turns all begin with it, a document's questions with
+//!   the document (whatever the question after it, so replicas that each
+//!   see another question first still agree); a cold prompt is placed by
+//!   its hash. Raw bytes: the first [`RAW_OPENING_BYTES`].
 //! - the **conversation's start**: where that first own message begins. A
 //!   match that ends in the system messages before it (a system prompt many
 //!   conversations share) does not attract the request: the matched blocks
@@ -29,6 +31,11 @@ use crate::key::KeyMaterial;
 /// (a fixed prefix of 1024 kept 97 % of the achievable hits on ShareGPT
 /// conversations, see `docs/benchmarks-peers.md`).
 pub const RAW_OPENING_BYTES: usize = 1024;
+
+/// The most of the first own message the opening takes: enough to tell
+/// conversations apart, short enough that questions placed after a
+/// document of 500 characters or more open alike.
+pub const OWN_OPENING_BYTES: usize = 512;
 
 const DOMAIN_TAG: &[u8] = b"prefix-router/blocks/v1";
 
@@ -63,7 +70,10 @@ impl PromptBlocks {
             chain.push(previous);
         }
         let (start, opening_end) = match material.source {
-            PrefixSource::CanonicalText => canonical_opening(prefix),
+            PrefixSource::CanonicalText => {
+                let (start, end) = canonical_opening(prefix);
+                (start, end.min(start.saturating_add(OWN_OPENING_BYTES)))
+            }
             PrefixSource::RawBytes => (0, RAW_OPENING_BYTES.min(prefix.len())),
         };
         let opening = xxh3_64_with_seed(prefix.get(..opening_end).unwrap_or(prefix), seed);
@@ -208,6 +218,30 @@ mod tests {
             }
             assert_ne!(base.opening, blocks.opening);
         }
+    }
+
+    #[test]
+    fn questions_after_one_document_open_alike_and_other_documents_do_not() {
+        let document = "The quarterly report lists revenue by region. ".repeat(20);
+        let ask = |doc: &str, question: &str| {
+            let text = record("user", &format!("{doc}\n\n{question}"));
+            PromptBlocks::new(&canonical(&text), 256).opening
+        };
+        assert!(document.len() > OWN_OPENING_BYTES);
+        assert_eq!(
+            ask(&document, "Summarise it."),
+            ask(&document, "Which region grew most?")
+        );
+        let other = document.replacen("quarterly", "annual", 1);
+        assert_ne!(
+            ask(&document, "Summarise it."),
+            ask(&other, "Summarise it.")
+        );
+        // A short first message is the opening whole.
+        assert_ne!(
+            ask("Hi.", "What is a KV cache?"),
+            ask("Hi.", "Write a haiku.")
+        );
     }
 
     #[test]
