@@ -271,7 +271,12 @@ fn finish<H: Host + Clone>(
             publish_sample(vm.host(), state, address, &load);
         }
         Err(fault) => {
-            vm.with_tracker(config, |t| t.clear_engine_sample(instance, now));
+            // A slow answer (common on a busy host) leaves the last sample
+            // to age out at max_age_ms: it is still the best figure. An
+            // endpoint that answers wrongly or is gone is not trusted.
+            if *fault != PollFault::Timeout {
+                vm.with_tracker(config, |t| t.clear_engine_sample(instance, now));
+            }
             let index = PollFault::REASONS.iter().position(|r| *r == fault.reason());
             let id = state
                 .stats
@@ -285,7 +290,12 @@ fn finish<H: Host + Clone>(
     match state.poller.ended(address, verdict.as_ref().map(|_| ())) {
         Some(Change::Failing(fault)) => log::warn!(
             "prefix-router: engine load of {address}: {fault}; until it answers with its \
-             figures, decisions count only this Envoy's requests on it (stat {})",
+             figures, decisions count only this Envoy's requests on it{} (stat {})",
+            if fault == PollFault::Timeout {
+                " once its last sample is older than max_age_ms"
+            } else {
+                ""
+            },
             poll_failure_counter_name(fault.reason())
         ),
         Some(Change::Recovered) => log::info!(

@@ -240,7 +240,7 @@ fn an_open_poll_is_not_repeated_and_the_next_is_jittered_around_the_interval() {
 }
 
 #[test]
-fn faults_clear_the_sample_at_once_are_counted_by_reason_and_recover() {
+fn faults_but_a_timeout_clear_the_sample_at_once_are_counted_by_reason_and_recover() {
     let mut s = setup(ENGINE);
     let answer_a = |s: &mut Setup, answer: Option<(u32, &[u8])>, wait: u64| {
         s.host.advance_ms(600);
@@ -270,8 +270,18 @@ fn faults_clear_the_sample_at_once_are_counted_by_reason_and_recover() {
     assert_eq!(s.sample(A), None);
     assert_eq!(s.counter("prefix_router.engine.poll_failures.body"), 1);
 
+    answer_a(&mut s, Some((200, &good)), 5);
+    assert!(s.sample(A).is_some(), "recovered");
+    // A slow answer leaves the last sample to age out at max_age_ms.
     answer_a(&mut s, Some((504, b"upstream request timeout")), 400);
     assert_eq!(s.counter("prefix_router.engine.poll_failures.timeout"), 1);
+    let max_age = s.config.engine_load.as_ref().unwrap().max_age_ms;
+    assert!(max_age > 1_000, "the sample is 1 s old: {max_age}");
+    assert_eq!(
+        s.sample(A).map(|l| l.running),
+        Some(2),
+        "kept after a timeout"
+    );
 
     let refused: &[u8] = b"upstream connect error or disconnect/reset before headers. \
                            reset reason: remote connection failure";
