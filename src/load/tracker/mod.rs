@@ -10,7 +10,7 @@ use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
 use super::instances::InstanceRecord;
 use super::mark::UpstreamFilterMark;
-use super::prefix_index::{Holder, PrefixIndex, Remembered};
+use super::prefix_index::{BucketReads, Holder, PrefixIndex, Remembered};
 use super::table::{Change, Tables, Updated};
 use super::{
     Candidate, Claim, HeldPrefix, InstanceLoad, InstanceRef, LoadConfig, LoadView, Target, Ticket,
@@ -48,6 +48,9 @@ pub struct LoadTracker<S: SharedStore> {
     index: PrefixIndex,
     /// What this VM's index writes did since [`LoadTracker::take_index_writes`].
     index_writes: Remembered,
+    /// The prompt being decided and what its lookups read (see
+    /// [`IndexSession`]).
+    index_session: IndexSession,
     /// A deciding configuration sized the index (a VM that only counts, or
     /// only ticks, such as Envoy's main thread, has no index of its own).
     index_sized: bool,
@@ -78,6 +81,7 @@ impl<S: SharedStore> LoadTracker<S> {
             ),
             index: PrefixIndex::new(config.index_bytes),
             index_writes: Remembered::default(),
+            index_session: IndexSession::default(),
             index_sized: false,
             config,
         }
@@ -412,16 +416,15 @@ impl<S: SharedStore> LoadView for LoadTracker<S> {
         self.fresh_candidates(now_ms)
     }
 
-    fn longest_held(
-        &mut self,
-        chain: &[u64],
-        candidates: &[Candidate],
-        _now_ms: u64,
-    ) -> HeldPrefix {
-        let live = holders_of(candidates);
-        let held = self
-            .index
-            .longest_held(&self.tables, chain, &|h| live.contains(&h));
+    fn longest_held(&mut self, chain: &[u64], candidates: &[Candidate], now_ms: u64) -> HeldPrefix {
+        self.index_session.begin(chain, now_ms);
+        let live = self.index_session.holders_of(candidates);
+        let held = self.index.longest_held(
+            &self.tables,
+            chain,
+            &|h| live.contains(&h),
+            &mut self.index_session.reads,
+        );
         HeldPrefix {
             blocks: held.blocks,
             holders: held.holders.iter().map(|h| h.slot).collect(),
@@ -436,26 +439,64 @@ impl<S: SharedStore> LoadView for LoadTracker<S> {
         candidates: &[Candidate],
         now_ms: u64,
     ) {
-        let live = holders_of(candidates);
-        let holder = Holder::new(instance.slot, addr_hash(&instance.address));
-        let written = self.index.remember(
-            &self.tables,
-            chain,
-            known,
-            holder,
-            &|h| live.contains(&h),
-            now_ms,
-        );
-        self.index_writes.add(written);
+        self.index_session.begin(chain, now_ms);
+        let live = self.index_session.holders_of(candidates);
+        let holder = self.index_session.holder_of(instance);
+        self.remember_chain(chain, known, holder, &live, now_ms);
     }
 }
 
-/// The prefix-index holders of `candidates` (the live instances).
-fn holders_of(candidates: &[Candidate]) -> Vec<Holder> {
-    candidates
-        .iter()
-        .map(|c| Holder::new(c.instance.slot, addr_hash(&c.instance.address)))
-        .collect()
+/// One prompt's use of the prefix index in one callback: the buckets its
+/// lookups read (its recording writes over them instead of reading them
+/// again) and the holders of the candidates (one xxh3 per instance, once).
+/// Whatever another prompt, or the same prompt at another millisecond, left
+/// here is dropped first.
+#[derive(Debug, Default)]
+struct IndexSession {
+    /// (now_ms, chain length, last hash) of the prompt these are for.
+    prompt: Option<(u64, usize, u64)>,
+    reads: BucketReads,
+    /// (slot, holder) of every instance this prompt's calls named.
+    holders: Vec<(u16, Holder)>,
+}
+
+impl IndexSession {
+    fn begin(&mut self, chain: &[u64], now_ms: u64) {
+        let prompt = Some((
+            now_ms,
+            chain.len(),
+            chain.last().copied().unwrap_or_default(),
+        ));
+        if self.prompt != prompt {
+            self.end();
+            self.prompt = prompt;
+        }
+    }
+
+    fn end(&mut self) {
+        self.prompt = None;
+        self.reads.clear();
+        self.holders.clear();
+    }
+
+    /// The prefix-index holders of `candidates` (the live instances),
+    /// hashing only the addresses this prompt's earlier calls did not.
+    fn holders_of(&mut self, candidates: &[Candidate]) -> Vec<Holder> {
+        candidates
+            .iter()
+            .map(|c| self.holder_of(&c.instance))
+            .collect()
+    }
+
+    fn holder_of(&mut self, instance: &InstanceRef) -> Holder {
+        let slot = instance.slot;
+        if let Some((_, holder)) = self.holders.iter().find(|(s, _)| *s == slot) {
+            return *holder;
+        }
+        let holder = Holder::new(slot, addr_hash(&instance.address));
+        self.holders.push((slot, holder));
+        holder
+    }
 }
 
 impl<S: SharedStore> LoadTracker<S> {
@@ -467,11 +508,42 @@ impl<S: SharedStore> LoadTracker<S> {
         let Some(served) = candidates.iter().find(|c| c.instance.address == address) else {
             return;
         };
+        self.index_session.begin(chain, now_ms);
+        let live = self.index_session.holders_of(&candidates);
+        let holder = self.index_session.holder_of(&served.instance);
         let known = self
-            .longest_held(chain, std::slice::from_ref(served), now_ms)
+            .index
+            .longest_held(
+                &self.tables,
+                chain,
+                &|h| h == holder,
+                &mut self.index_session.reads,
+            )
             .blocks;
-        let instance = served.instance.clone();
-        self.remember_held(chain, known, &instance, &candidates, now_ms);
+        self.remember_chain(chain, known, holder, &live, now_ms);
+    }
+
+    /// Records `chain` for `holder` (known to hold `known` blocks of it),
+    /// over this prompt's reads, and ends its session.
+    fn remember_chain(
+        &mut self,
+        chain: &[u64],
+        known: usize,
+        holder: Holder,
+        live: &[Holder],
+        now_ms: u64,
+    ) {
+        let written = self.index.remember(
+            &self.tables,
+            chain,
+            known,
+            holder,
+            &|h| live.contains(&h),
+            now_ms,
+            &mut self.index_session.reads,
+        );
+        self.index_session.end();
+        self.index_writes.add(written);
     }
 
     /// [`LoadView::candidates`], with the configured instances registered.
