@@ -615,6 +615,44 @@ fn a_new_chain_costs_a_binary_search_over_its_spans_and_one_write_per_span() {
     assert_eq!(store.successful_sets() - writes, needed.len() as u64 - 1);
 }
 
+/// A new prompt Envoy placed (Maglev: no instance list), as the tracker
+/// drives the index: the decision's lookup, then at the response, in a new
+/// callback, the serving instance's lookup and the recording over that
+/// lookup's reads. A 4 KiB prefix (16 blocks, 4 spans): 3 reads, then 4
+/// reads and 4 writes.
+#[test]
+fn a_new_prompt_placed_by_maglev_costs_three_reads_then_four_reads_and_four_writes() {
+    let store = MemoryStore::new();
+    let tables = tables(&store);
+    let index = PrefixIndex::new(DEFAULT_BUDGET_BYTES);
+    let prompt = chain(&(1..=16).collect::<Vec<_>>());
+    assert_eq!(distinct_buckets(&index, &prompt), 4);
+    let before = store.reads();
+    let held = index.longest_held(&tables, &prompt, &all_live, &mut BucketReads::default());
+    assert_eq!(held, Held::default());
+    assert_eq!(store.reads() - before, 3, "the last span, then log2(4)");
+
+    let (before, writes) = (store.reads(), store.successful_sets());
+    let mut reads = BucketReads::default();
+    let served = |h: Holder| h == H1;
+    let known = index
+        .longest_held(&tables, &prompt, &served, &mut reads)
+        .blocks;
+    assert_eq!(known, 0);
+    let done = index.remember(&tables, &prompt, known, H1, &all_live, T0, &mut reads);
+    assert_eq!((done.written, done.filled), (16, 16));
+    assert_eq!(
+        (store.reads() - before, store.successful_sets() - writes),
+        (4, 4)
+    );
+    assert_eq!(
+        index
+            .longest_held(&tables, &prompt, &served, &mut reads)
+            .blocks,
+        16
+    );
+}
+
 /// Along a growing conversation every block of the chain stays younger
 /// than the refresh interval, the first ones included, while turns within
 /// the interval write only their new blocks.
