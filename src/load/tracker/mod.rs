@@ -556,3 +556,120 @@ impl<S: SharedStore> LoadTracker<S> {
             .candidates(&self.tables, &mut self.columns, now_ms)
     }
 }
+
+#[cfg(test)]
+mod index_session_tests {
+    use std::rc::Rc;
+
+    use super::*;
+    use crate::shared::MemoryStore;
+
+    const A: &str = "10.0.0.1:8000";
+    const B: &str = "10.0.0.2:8000";
+    const NOW: u64 = 1_700_000_000_000;
+
+    /// A worker's tracker over `store`, having seen A and B serve.
+    fn tracker(store: &Rc<MemoryStore>, vm_nonce: u64) -> LoadTracker<Rc<MemoryStore>> {
+        let mut tracker = LoadTracker::new(Rc::clone(store), LoadConfig::default(), vm_nonce);
+        for address in [A, B] {
+            let start = UpstreamStart {
+                address,
+                key: None,
+                overridden: false,
+                counted: None,
+            };
+            if let Some(ticket) = tracker.upstream_started(start, NOW) {
+                tracker.release(ticket, NOW);
+            }
+        }
+        tracker
+    }
+
+    /// 16 blocks: 4 spans, whose first blocks fall in 4 distinct buckets.
+    fn chain(salt: u64) -> Vec<u64> {
+        (1..=16u64)
+            .map(|k| xxh3_64_with_seed(&k.to_le_bytes(), salt))
+            .collect()
+    }
+
+    fn named<'a>(candidates: &'a [Candidate], address: &str) -> &'a Candidate {
+        candidates
+            .iter()
+            .find(|c| c.instance.address == address)
+            .expect("a known instance")
+    }
+
+    #[test]
+    fn a_decision_reads_each_bucket_once_and_the_next_one_reads_again() {
+        let store = Rc::new(MemoryStore::new());
+        let mut tracker = tracker(&store, 1);
+        let prompt = chain(7);
+        let candidates = tracker.candidates(NOW);
+        let a = named(&candidates, A).clone();
+        let reads = store.reads();
+        let held = tracker.longest_held(&prompt, &candidates, NOW);
+        assert_eq!(held, HeldPrefix::default());
+        assert_eq!(store.reads() - reads, 3, "the last span, then log2(4)");
+        // The decision's second lookup, for the instance it chose: no read.
+        let reads = store.reads();
+        assert_eq!(
+            tracker
+                .longest_held(&prompt, std::slice::from_ref(&a), NOW)
+                .blocks,
+            0
+        );
+        assert_eq!(store.reads(), reads);
+        // Its recording reads only the one bucket no lookup read.
+        let (reads, writes) = (store.reads(), store.successful_sets());
+        tracker.remember_held(&prompt, 0, &a.instance, &candidates, NOW);
+        assert_eq!(
+            (store.reads() - reads, store.successful_sets() - writes),
+            (1, 4)
+        );
+        // The next decision, a millisecond later, reads the index again.
+        let reads = store.reads();
+        let held = tracker.longest_held(&prompt, &candidates, NOW + 1);
+        assert_eq!(held.blocks, 16);
+        assert_eq!(held.holders, vec![a.instance.slot]);
+        assert_eq!(store.reads() - reads, 1);
+    }
+
+    #[test]
+    fn a_later_decision_sees_what_another_vm_recorded_after_the_last_one() {
+        let store = Rc::new(MemoryStore::new());
+        let (mut vm_a, mut vm_b) = (tracker(&store, 1), tracker(&store, 2));
+        let prompt = chain(8);
+        let candidates = vm_a.candidates(NOW);
+        // A decides without recording (Maglev), B records the prompt on B.
+        assert_eq!(vm_a.longest_held(&prompt, &candidates, NOW).blocks, 0);
+        vm_b.remember_where_served(&prompt, B, NOW);
+        let held = vm_a.longest_held(&prompt, &candidates, NOW + 1);
+        assert_eq!(
+            (held.blocks, held.holders),
+            (16, vec![named(&candidates, B).instance.slot])
+        );
+    }
+
+    #[test]
+    fn a_recording_over_reads_another_vm_wrote_since_loses_nothing() {
+        let store = Rc::new(MemoryStore::new());
+        let (mut vm_a, mut vm_b) = (tracker(&store, 1), tracker(&store, 2));
+        let prompt = chain(9);
+        // VM A decides (Maglev: nothing recorded yet) and keeps its reads;
+        // VM B records the same prompt on B meanwhile; then A's response
+        // records it on A, in the same millisecond, over A's old reads.
+        let candidates = vm_a.candidates(NOW);
+        assert_eq!(vm_a.longest_held(&prompt, &candidates, NOW).blocks, 0);
+        vm_b.remember_where_served(&prompt, B, NOW);
+        vm_a.remember_where_served(&prompt, A, NOW);
+        let later = vm_b.candidates(NOW + 1);
+        let mut held = vm_b.longest_held(&prompt, &later, NOW + 1);
+        held.holders.sort_unstable();
+        let mut both = vec![
+            named(&candidates, A).instance.slot,
+            named(&candidates, B).instance.slot,
+        ];
+        both.sort_unstable();
+        assert_eq!((held.blocks, held.holders), (16, both));
+    }
+}
