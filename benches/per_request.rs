@@ -11,16 +11,22 @@
 //!
 //! Each line is the best of 7 timed runs after a warm-up (the machine is
 //! shared; the minimum is the least disturbed). The host calls around this
-//! work are measured through Envoy instead (docs/benchmarks.md).
+//! work are measured through Envoy instead (docs/benchmarks.md); the
+//! shared-data reads and writes of the routing lines are counted here too.
 
 use std::hint::black_box;
 use std::rc::Rc;
 use std::time::Instant;
 
+use prefix_router::blocks::PromptBlocks;
 use prefix_router::config::Config;
+use prefix_router::extract::PrefixSource;
 use prefix_router::headers::OnceHeader;
+use prefix_router::key::KeyMaterial;
 use prefix_router::load::{LoadTracker, UpstreamStart};
-use prefix_router::request::{BodyVerdict, HeadersVerdict, RequestHead, RequestReader};
+use prefix_router::request::{
+    BodyVerdict, HeadersVerdict, KeyDerivation, RequestHead, RequestReader,
+};
 use prefix_router::shared::MemoryStore;
 use prefix_router::steering;
 use prefix_router::strategy::RoutingPolicy;
@@ -112,6 +118,11 @@ fn config(json: &str) -> Rc<Config> {
 
 /// Headers and body callbacks as Envoy makes them; panics unless a key comes out.
 fn read_request(config: &Rc<Config>, path: &str, body: &[u8]) -> String {
+    read_derivation(config, path, body).key.expect("keyed")
+}
+
+/// What [`read_request`] derives from the request.
+fn read_derivation(config: &Rc<Config>, path: &str, body: &[u8]) -> KeyDerivation {
     let mut reader = RequestReader::new(Rc::clone(config));
     let head = RequestHead {
         path: path.as_bytes(),
@@ -129,23 +140,20 @@ fn read_request(config: &Rc<Config>, path: &str, body: &[u8]) -> String {
         let mut read = |start: usize, len: usize| body.get(start..start + len).map(<[u8]>::to_vec);
         match reader.on_request_body(buffered, end, &mut read) {
             BodyVerdict::Pause => continue,
-            BodyVerdict::Continue(derivation) => return derivation.key.expect("keyed"),
+            BodyVerdict::Continue(derivation) => return derivation,
             BodyVerdict::AlreadyDecided => break,
         }
     }
     panic!("no decision")
 }
 
-/// Routing `requests` through one worker's tracker: the decision, the count
-/// where Envoy sends it (the host override, else a stand-in for Maglev) and
-/// the release of both, 50 keys in turn.
-fn route_requests(strategy: &str) -> impl FnMut() {
-    let config = config(&format!(
-        r#"{{"strategy":"{strategy}","prefix_length":4096,"host_header":"x-prefix-route-host"}}"#
-    ));
-    let policy = steering::policy_for(&config);
-    let mut tracker = LoadTracker::new(MemoryStore::new(), steering::load_config(&config), 7);
-    let mut now_ms = 1_000_000u64;
+/// A tracker over `store` that has seen every instance serve.
+fn tracker_with_instances(
+    config: &Config,
+    store: &Rc<MemoryStore>,
+    now_ms: u64,
+) -> LoadTracker<Rc<MemoryStore>> {
+    let mut tracker = LoadTracker::new(Rc::clone(store), steering::load_config(config), 7);
     for address in INSTANCES {
         let start = UpstreamStart {
             address,
@@ -157,6 +165,19 @@ fn route_requests(strategy: &str) -> impl FnMut() {
             tracker.release(ticket, now_ms);
         }
     }
+    tracker
+}
+
+/// Routing `requests` through one worker's tracker: the decision, the count
+/// where Envoy sends it (the host override, else a stand-in for Maglev) and
+/// the release of both, 50 keys in turn.
+fn route_requests(strategy: &str) -> impl FnMut() {
+    let config = config(&format!(
+        r#"{{"strategy":"{strategy}","match":"FIXED_PREFIX","prefix_length":4096,"host_header":"x-prefix-route-host"}}"#
+    ));
+    let policy = steering::policy_for(&config);
+    let mut now_ms = 1_000_000u64;
+    let mut tracker = tracker_with_instances(&config, &Rc::new(MemoryStore::new()), now_ms);
     let keys: Vec<String> = (0..50u64).map(|k| format!("{k:016x}")).collect();
     let mut n = 0usize;
     move || {
@@ -182,6 +203,56 @@ fn route_requests(strategy: &str) -> impl FnMut() {
             tracker.release(ticket, now_ms);
         }
     }
+}
+
+/// LONGEST_PREFIX (the default) as the overhead benchmark configures it
+/// (no `instances`: a cold prompt goes by Maglev and is recorded at its
+/// response): the decision on `body`'s blocks, the upstream count, the
+/// response's recording when Envoy placed it, the releases. `fresh`: every
+/// request a new prompt (its chain salted with the request number), else
+/// the same one. Also returns the store, to count its reads and writes.
+fn route_prompts(path: &str, body: &[u8], fresh: bool) -> (impl FnMut(), Rc<MemoryStore>) {
+    let config = config(
+        r#"{"strategy":"PREFIX_AWARE","prefix_length":4096,"host_header":"x-prefix-route-host"}"#,
+    );
+    let derivation = read_derivation(&config, path, body);
+    let key = derivation.key.clone().expect("keyed");
+    let policy = steering::policy_for(&config);
+    let mut now_ms = 1_000_000u64;
+    let store = Rc::new(MemoryStore::new());
+    let mut tracker = tracker_with_instances(&config, &store, now_ms);
+    let mut n = 0u64;
+    let mut derivation = derivation;
+    let route = move || {
+        n += 1;
+        now_ms += 1;
+        if fresh {
+            if let Some(blocks) = derivation.blocks.as_mut() {
+                for hash in &mut blocks.chain {
+                    *hash ^= n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+                }
+            }
+        }
+        let random = n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        let routed = policy.route(&derivation, &mut tracker, random, now_ms);
+        let decision = &routed.headers;
+        let address = decision.host_override.as_deref().unwrap_or(INSTANCES[0]);
+        let start = UpstreamStart {
+            address,
+            key: Some(&key),
+            overridden: decision.host_override.is_some(),
+            counted: decision.counted.as_deref(),
+        };
+        let upstream_ticket = tracker.upstream_started(start, now_ms);
+        if decision.host_override.is_none() {
+            let chain = derivation.blocks.as_ref().map_or(&[][..], |b| &b.chain);
+            tracker.remember_where_served(chain, address, now_ms + 1);
+        }
+        for ticket in [routed.ticket, upstream_ticket].into_iter().flatten() {
+            tracker.release(ticket, now_ms);
+        }
+    };
+    (route, store)
 }
 
 fn main() {
@@ -213,8 +284,52 @@ fn main() {
         black_box(read_request(&prefix_4096, "/invocations", black_box(&body)));
     });
     println!("  {:<28} {us:8.2}", "read invoke 8 KiB");
+    // LONGEST_PREFIX's blocks of a 4 KiB canonical prefix: a system message
+    // of a third, then the conversation (chained hashes, opening, start).
+    let mut canonical = format!("role=system\u{1f}text={}\u{1f}\u{1e}", prose(1365));
+    while canonical.len() < 4096 {
+        canonical.push_str(&format!("role=user\u{1f}text={}\u{1f}\u{1e}", prose(800)));
+    }
+    let material = KeyMaterial {
+        tenant: None,
+        model: Some(b"meta-llama/Llama-3.1-70B-Instruct"),
+        source: PrefixSource::CanonicalText,
+        prefix: &canonical.as_bytes()[..4096],
+    };
+    let us = best_of_7(20_000, || {
+        black_box(PromptBlocks::new(black_box(&material), 256));
+    });
+    println!("  {:<28} {us:8.2}", "blocks of a 4 KiB prefix");
     for strategy in ["RANDOM", "PREFIX_AWARE"] {
         let us = best_of_7(20_000, route_requests(strategy));
-        println!("  {:<28} {us:8.2}", format!("route {strategy}"));
+        let name = match strategy {
+            "PREFIX_AWARE" => "route FIXED_PREFIX".to_string(),
+            other => format!("route {other}"),
+        };
+        println!("  {name:<28} {us:8.2}");
+    }
+    // The overhead benchmark's bodies: one prompt again and again.
+    let chat = chat_body(8 << 10);
+    let invoke: Vec<u8> = serde_json::to_vec(&serde_json::json!({
+        "inputs": prose(8000),
+        "parameters": {"max_new_tokens": 8}
+    }))
+    .expect("serialisable");
+    for (name, path, body) in [
+        ("chat 8 KiB", "/v1/chat/completions", &chat),
+        ("invoke 8 KiB", "/invocations", &invoke),
+    ] {
+        for (fresh, what) in [(false, "held"), (true, "new")] {
+            let (mut route, store) = route_prompts(path, body, fresh);
+            let us = best_of_7(5_000, &mut route);
+            let (reads, writes) = (store.reads(), store.successful_sets());
+            route();
+            println!(
+                "  {:<28} {us:8.2}   shared data per request: {} reads, {} writes",
+                format!("route LONGEST {name} {what}"),
+                store.reads() - reads,
+                store.successful_sets() - writes
+            );
+        }
     }
 }

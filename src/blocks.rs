@@ -125,26 +125,30 @@ fn chain_seed(material: &KeyMaterial<'_>) -> u64 {
 /// Without any own record: (end of the preamble, end of the prefix).
 fn canonical_opening(text: &[u8]) -> (usize, usize) {
     let mut start = 0;
-    let mut escaped = false;
     let record_end = RECORD_END as u8;
     let escape = ESCAPE as u8;
-    for (i, &byte) in text.iter().enumerate() {
-        if escaped {
-            escaped = false;
+    // Jumps from separator to separator (both ASCII, so a byte search is
+    // exact): a byte-at-a-time loop cost most of a 4 KiB prefix's blocks.
+    let mut at = 0;
+    while let Some(found) = text
+        .get(at..)
+        .and_then(|rest| memchr::memchr2(escape, record_end, rest))
+    {
+        let i = at + found;
+        if text.get(i) == Some(&escape) {
+            // The escaped byte is content, whatever it is.
+            at = i + 2;
             continue;
         }
-        if byte == escape {
-            escaped = true;
-        } else if byte == record_end {
-            let record = text.get(start..i).unwrap_or_default();
-            let preamble = PREAMBLE_RECORDS
-                .iter()
-                .any(|tag| record.starts_with(tag.as_bytes()));
-            if !preamble {
-                return (start, i + 1);
-            }
-            start = i + 1;
+        let record = text.get(start..i).unwrap_or_default();
+        let preamble = PREAMBLE_RECORDS
+            .iter()
+            .any(|tag| record.starts_with(tag.as_bytes()));
+        if !preamble {
+            return (start, i + 1);
         }
+        start = i + 1;
+        at = i + 1;
     }
     // The prefix ends inside a record: the first own one, or still the
     // preamble (then the conversation starts past the prefix).
@@ -306,6 +310,74 @@ mod tests {
         let system = "role=system\u{1f}text=a\u{10}\u{10}\u{1f}\u{1e}";
         let text = format!("{system}{}", record("user", "q"));
         assert_eq!(canonical_opening(text.as_bytes()).0, system.len());
+    }
+
+    /// The opening as a byte-at-a-time scan finds it: the reference the
+    /// separator-to-separator search must agree with.
+    fn opening_byte_by_byte(text: &[u8]) -> (usize, usize) {
+        let (mut start, mut escaped) = (0, false);
+        for (i, &byte) in text.iter().enumerate() {
+            if escaped {
+                escaped = false;
+            } else if byte == ESCAPE as u8 {
+                escaped = true;
+            } else if byte == RECORD_END as u8 {
+                let record = &text[start..i];
+                if !PREAMBLE_RECORDS
+                    .iter()
+                    .any(|tag| record.starts_with(tag.as_bytes()))
+                {
+                    return (start, i + 1);
+                }
+                start = i + 1;
+            }
+        }
+        let rest = &text[start..];
+        if PREAMBLE_RECORDS
+            .iter()
+            .any(|tag| rest.starts_with(tag.as_bytes()))
+        {
+            return (text.len(), text.len());
+        }
+        (start, text.len())
+    }
+
+    #[test]
+    fn the_opening_search_agrees_with_a_byte_by_byte_scan() {
+        // Records of every kind with escapes anywhere (runs of them, before
+        // a record end, as the last byte), cut at every length.
+        let pieces = [
+            "role=system\u{1f}text=",
+            "role=developer\u{1f}text=",
+            "instructions=",
+            "role=user\u{1f}text=",
+            "plain words ",
+            "\u{10}",
+            "\u{10}\u{10}",
+            "\u{10}\u{1e}",
+            "\u{1f}",
+            "\u{1e}",
+        ];
+        let mut state = 0x2545_f491_4f6c_dd1d_u64;
+        for _ in 0..400 {
+            let mut text = String::new();
+            for _ in 0..12 {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                text.push_str(pieces[(state % pieces.len() as u64) as usize]);
+            }
+            let bytes = text.as_bytes();
+            for cut in 0..=bytes.len() {
+                let prefix = &bytes[..cut];
+                assert_eq!(
+                    canonical_opening(prefix),
+                    opening_byte_by_byte(prefix),
+                    "{:?}",
+                    String::from_utf8_lossy(prefix)
+                );
+            }
+        }
     }
 
     #[test]

@@ -11,18 +11,29 @@
 //!
 //! Layout: shared data has no delete, no TTL and no size cap, so the index is
 //! a fixed number N of keys, `prefix/<b>` for b < N, computed from a byte
-//! budget ([`PrefixIndex::new`]). A block's bucket is its hash mod N (the
-//! hashes are xxh3 outputs, already uniform). Each bucket is one [`Record`]
-//! of at most [`ENTRIES`] entries of [`ENTRY_BYTES`] bytes: block hash (u64),
+//! budget ([`PrefixIndex::new`]). The chain is cut into spans of
+//! [`SPAN_BLOCKS`] (4) consecutive blocks, and every block of a span lives in
+//! the bucket of the span's first block: its hash mod N (the hashes are xxh3
+//! outputs, already uniform). So one write records four blocks, and one read
+//! shows how far into a span a prompt is held: a new 16-block prompt costs
+//! four bucket writes, not sixteen, and every block is still recorded, so a
+//! match is as long as what was sent (a conversation's next turn matches
+//! every full block of the last one, a document's next question every block
+//! up to where the questions differ). Each bucket is one [`Record`] of at
+//! most [`ENTRIES`] (64) entries of [`ENTRY_BYTES`] bytes: block hash (u64),
 //! holder slot (u16), holder tag (u16), last used (u32 seconds), plus a
-//! version and a count byte: [`RECORD_BYTES`] (258) bytes at most. Sixteen
-//! entries keep the record a few hundred bytes (it is copied in and out of
-//! the VM on every read) while letting a bucket hold a hot prefix's block for
-//! several instances beside other prefixes' blocks: with only a few ways,
-//! which blocks happen to share a bucket, rather than their age, would decide
-//! what is evicted. The default budget of 8 MiB buys 32,513 buckets: 520,208
-//! entries, as many 256-byte blocks as 127 MiB of prompt text held by one
-//! instance each. Outside the budget, Envoy also keeps each key's name
+//! version and a count byte: [`RECORD_BYTES`] (1,026) bytes at most. Sixteen
+//! spans' worth of entries let a bucket hold a hot prefix's span for several
+//! instances beside other prefixes' spans: with only a few ways, which spans
+//! happen to share a bucket, rather than their age, would decide what is
+//! evicted. The price of spans: prompts that agree up to a span's start and
+//! differ inside it (conversations behind one shared system prompt) put
+//! their blocks of that span in one bucket, which keeps the most recent
+//! sixteen or so of them; their later spans are each their own, so a
+//! conversation that outgrew that span is still found past it. The default
+//! budget of 8 MiB buys 8,176 buckets: 523,264 entries, as many 256-byte
+//! blocks as 127 MiB of prompt text held by one instance each. Outside the
+//! budget, Envoy also keeps each key's name
 //! (`prefix-router/<namespace>/v1/prefix/<b>`, about 40 bytes) and its map
 //! entry.
 //!
@@ -32,14 +43,20 @@
 //! is refreshed instead); several holders of one block coexist.
 //!
 //! Cost (each shared-data read or write is a host call of a few us): a lookup
-//! probes the full chain first, then binary-searches its length, at most
-//! 1 + ceil(log2(n)) reads; never one read per block. Recording a chain the
-//! instance already holds reads one bucket and writes nothing while that
-//! holding was last refreshed less than [`REFRESH_SECS`] ago; new blocks cost
-//! one read-modify-CAS ([`Tables::update`]) per bucket touched. Measured
+//! reads the chain's last span (a repeated prompt, or one that ends in the
+//! span where the held prefix ends: one read), then binary-searches the
+//! spans, at most 1 + ceil(log2(spans)) reads; the buckets one decision read
+//! are kept in a [`BucketReads`] and not read again by its other lookups or
+//! by its recording. Recording a chain the instance already holds writes
+//! nothing while that holding was last refreshed less than [`REFRESH_SECS`]
+//! ago; new blocks cost one read-modify-CAS ([`Tables::update`]) per bucket
+//! touched, starting from the lookup's read where there is one. Measured
 //! with `MemoryStore` (tests below): a held 32-block prompt, lookup and
-//! record, 2 reads and 0 writes; a new 64-block prompt, 7 reads to look it up
-//! and one read and one write per bucket (64) to record it.
+//! record, 1 read and 0 writes (2 and 0 with one bucket per block); a new
+//! 16-block prompt placed by Maglev, 3 reads at the decision, then 4 reads
+//! and 4 writes at its response (5, then 5 + 16 reads and 16 writes); a new
+//! 64-block prompt (16 spans), 5 reads to look it up and, with those reads
+//! reused, 11 more reads and 16 writes to record it (7, then 64 and 64).
 
 use super::codec::{Reader, Writer};
 use super::table::{Change, Read, Record, Tables, Updated};
@@ -49,8 +66,13 @@ use crate::shared::SharedStore;
 /// starts with it, so a value of another table never decodes as a bucket.
 const BUCKET_VERSION: u8 = 0x50;
 
-/// Entries per bucket (the bucket's ways).
-pub(crate) const ENTRIES: usize = 16;
+/// Consecutive blocks of a chain whose entries share one bucket (the bucket
+/// of the span's first block). Four: the overhead benchmark's 16-block
+/// prompts cost four bucket writes, while a bucket stays about a kilobyte.
+pub(crate) const SPAN_BLOCKS: usize = 4;
+
+/// Entries per bucket (the bucket's ways): sixteen spans' worth.
+pub(crate) const ENTRIES: usize = 16 * SPAN_BLOCKS;
 
 /// Encoded size of one entry: hash 8, slot 2, tag 2, last used 4.
 pub(crate) const ENTRY_BYTES: u64 = 16;
@@ -58,11 +80,11 @@ pub(crate) const ENTRY_BYTES: u64 = 16;
 /// Encoded size of a full bucket: version, count, entries.
 pub(crate) const RECORD_BYTES: u64 = 2 + ENTRY_BYTES * ENTRIES as u64;
 
-/// Smallest budget (64 KiB: 254 buckets).
+/// Smallest budget (64 KiB: 63 buckets).
 pub(crate) const MIN_BUDGET_BYTES: u64 = 64 << 10;
-/// Largest budget (256 MiB: 1,040,447 buckets).
+/// Largest budget (256 MiB: 261,632 buckets).
 pub(crate) const MAX_BUDGET_BYTES: u64 = 256 << 20;
-/// Default budget (8 MiB: 32,513 buckets, 520,208 entries).
+/// Default budget (8 MiB: 8,176 buckets, 523,264 entries).
 pub(crate) const DEFAULT_BUDGET_BYTES: u64 = 8 << 20;
 
 /// An instance's holding is refreshed (its entries' last-used time set to now)
@@ -101,6 +123,10 @@ pub(crate) struct PrefixEntry {
     /// Seconds (`now_ms / 1000`) when the holding was last recorded.
     pub(crate) last_used: u32,
 }
+
+/// The ways of a bucket one mutation wrote (bit i: way i).
+type WrittenWays = u128;
+const _: () = assert!(ENTRIES <= WrittenWays::BITS as usize && ENTRIES < 256);
 
 /// One bucket: at most [`ENTRIES`] entries, no (hash, holder) pair twice.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -148,7 +174,7 @@ impl PrefixBucket {
         holder: Holder,
         stamp: u32,
         live: &dyn Fn(Holder) -> bool,
-        written: &mut u32,
+        written: &mut WrittenWays,
     ) -> Put {
         let entry = PrefixEntry {
             hash,
@@ -300,59 +326,77 @@ impl PrefixIndex {
         hash % self.buckets.max(1)
     }
 
+    /// The bucket of `chain[i]`: that of the first block of its span.
+    fn bucket_of_block(&self, chain: &[u64], i: usize) -> u64 {
+        let first = i - i % SPAN_BLOCKS;
+        self.bucket_of(chain.get(first).copied().unwrap_or_default())
+    }
+
     fn key<S: SharedStore>(&self, tables: &Tables<S>, bucket: u64) -> String {
         tables.key(format_args!("prefix/{bucket}"))
     }
 
-    fn read<S: SharedStore>(&self, tables: &Tables<S>, hash: u64) -> Read<PrefixBucket> {
-        tables.read(&self.key(tables, self.bucket_of(hash)))
+    /// The longest prefix of `chain` ending in span `span` that a live
+    /// holder holds, if any (one read, unless `reads` has the bucket).
+    fn longest_in_span<S: SharedStore>(
+        &self,
+        tables: &Tables<S>,
+        chain: &[u64],
+        span: usize,
+        live: &dyn Fn(Holder) -> bool,
+        reads: &mut BucketReads,
+    ) -> Option<Held> {
+        let first = span * SPAN_BLOCKS;
+        let end = (first + SPAN_BLOCKS).min(chain.len());
+        let record = reads.get(self, tables, self.bucket_of_block(chain, first));
+        (first..end).rev().find_map(|i| {
+            let holders = record.live_holders(*chain.get(i)?, live);
+            (!holders.is_empty()).then_some(Held {
+                blocks: i + 1,
+                holders,
+            })
+        })
     }
 
     /// The longest `n` (0..=chain.len()) such that a live holder holds
     /// `chain[n-1]`, with those holders.
     ///
-    /// Probes the full chain first (a repeated prompt: one read), then
-    /// binary-searches the length: at most 1 + ceil(log2(len)) reads. The
-    /// search assumes that a held block's predecessors are held too (they
-    /// were recorded for the same holder at the same time or earlier). When
-    /// eviction broke that (a block of the chain evicted, later ones kept),
-    /// the answer is still a block that a live holder holds, read from the
-    /// index: maybe a shorter match than the longest, or a longer one past
-    /// the evicted block (still true: its hash stands for the whole prefix),
-    /// never a block nobody holds.
+    /// Reads the chain's last span first (a repeated prompt, or a turn whose
+    /// held prefix ends in it: one read), then binary-searches the spans for
+    /// the last one holding anything, then takes the longest held prefix in
+    /// it: at most 1 + ceil(log2(spans)) reads, none for a bucket `reads`
+    /// already has. The search assumes that a held block's predecessors are
+    /// held too (they were recorded for the same holder at the same time or
+    /// earlier). When eviction broke that (a block of the chain evicted,
+    /// later ones kept), the answer is still a block that a live holder
+    /// holds, read from the index: maybe a shorter match than the longest,
+    /// or a longer one past the evicted block (still true: its hash stands
+    /// for the whole prefix), never a block nobody holds.
     pub(crate) fn longest_held<S: SharedStore>(
         &self,
         tables: &Tables<S>,
         chain: &[u64],
         live: &dyn Fn(Holder) -> bool,
+        reads: &mut BucketReads,
     ) -> Held {
-        let holders_of = |n: usize| -> Vec<Holder> {
-            match n.checked_sub(1).and_then(|i| chain.get(i)) {
-                Some(&hash) => self.read(tables, hash).record.live_holders(hash, live),
-                None => Vec::new(),
-            }
+        let Some(last) = chain.len().div_ceil(SPAN_BLOCKS).checked_sub(1) else {
+            return Held::default();
         };
-        let holders = holders_of(chain.len());
-        if !holders.is_empty() {
-            return Held {
-                blocks: chain.len(),
-                holders,
-            };
+        if let Some(held) = self.longest_in_span(tables, chain, last, live, reads) {
+            return held;
         }
-        // Invariant: `held` is a true match of `held.blocks` blocks (0 at
-        // first); `missing` blocks are not held.
+        // Invariant: spans before `low` hold something, the match being in
+        // span `low - 1` (`held`); spans from `high` on hold nothing.
+        let (mut low, mut high) = (0, last);
         let mut held = Held::default();
-        let mut missing = chain.len();
-        while missing - held.blocks > 1 {
-            let mid = held.blocks + (missing - held.blocks) / 2;
-            let holders = holders_of(mid);
-            if holders.is_empty() {
-                missing = mid;
-            } else {
-                held = Held {
-                    blocks: mid,
-                    holders,
-                };
+        while low < high {
+            let mid = low + (high - low) / 2;
+            match self.longest_in_span(tables, chain, mid, live, reads) {
+                Some(found) => {
+                    held = found;
+                    low = mid + 1;
+                }
+                None => high = mid,
             }
         }
         held
@@ -369,7 +413,9 @@ impl PrefixIndex {
     /// never older than the blocks after it, and one read of the last block
     /// tells whether the early blocks, which LRU would otherwise evict first,
     /// need refreshing. Writes are grouped by bucket: one [`Tables::update`]
-    /// per bucket touched, none for a bucket where nothing changes.
+    /// per bucket touched, none for a bucket where nothing changes, each
+    /// starting from the read in `reads` if there is one (which it uses up).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn remember<S: SharedStore>(
         &self,
         tables: &Tables<S>,
@@ -378,27 +424,25 @@ impl PrefixIndex {
         holder: Holder,
         live: &dyn Fn(Holder) -> bool,
         now_ms: u64,
+        reads: &mut BucketReads,
     ) -> Remembered {
         let now = u32::try_from(now_ms / 1000).unwrap_or(u32::MAX);
         let from = from.min(chain.len());
-        let mut first: Option<(u64, Read<PrefixBucket>)> = None;
-        let (start, stamp) = match from.checked_sub(1).and_then(|i| chain.get(i)) {
+        let (start, stamp) = match from.checked_sub(1).and_then(|i| Some((i, *chain.get(i)?))) {
             None => (0, now),
-            Some(&known) => {
-                let read = self.read(tables, known);
-                let used = read.record.last_used(known, holder);
-                first = Some((self.bucket_of(known), read));
-                match used {
+            Some((i, known)) => {
+                let record = reads.get(self, tables, self.bucket_of_block(chain, i));
+                match record.last_used(known, holder) {
                     Some(used) if now.saturating_sub(used) < REFRESH_SECS => (from, used),
                     _ => (0, now),
                 }
             }
         };
         let mut blocks: Vec<(u64, u64)> = chain
-            .get(start..)
-            .unwrap_or_default()
             .iter()
-            .map(|&hash| (self.bucket_of(hash), hash))
+            .enumerate()
+            .skip(start)
+            .map(|(i, &hash)| (self.bucket_of_block(chain, i), hash))
             .collect();
         blocks.sort_unstable();
         let mut done = Remembered::default();
@@ -406,19 +450,12 @@ impl PrefixIndex {
             let Some(&(bucket, _)) = group.first() else {
                 continue;
             };
-            let read = match first.take() {
-                Some((read_bucket, read)) if read_bucket == bucket => Some(read),
-                other => {
-                    first = other;
-                    None
-                }
-            };
             let updated = tables.update_from(
                 &self.key(tables, bucket),
-                read,
+                reads.take(bucket),
                 |record: &mut PrefixBucket| {
                     let mut counts = Remembered::default();
-                    let mut written_ways = 0u32;
+                    let mut written_ways: WrittenWays = 0;
                     for &(_, hash) in group {
                         let put = record.put(hash, holder, stamp, live, &mut written_ways);
                         counts.written += u32::from(put != Put::Unchanged);
@@ -439,6 +476,50 @@ impl PrefixIndex {
             }
         }
         done
+    }
+}
+
+/// The buckets read while deciding for one prompt, so that the decision's
+/// lookups and its recording read each bucket once. A kept read is only
+/// where a write starts from (a compare-and-swap on its token: if another
+/// VM wrote since, the write reads again), so it is safe however old; the
+/// caller still drops them once the prompt is recorded, so that a later
+/// lookup sees other VMs' writes.
+#[derive(Debug, Default)]
+pub(crate) struct BucketReads {
+    reads: Vec<(u64, Read<PrefixBucket>)>,
+}
+
+impl BucketReads {
+    pub(crate) fn clear(&mut self) {
+        self.reads.clear();
+    }
+
+    /// Bucket `bucket` as read, reading it if it is not here yet.
+    fn get<S: SharedStore>(
+        &mut self,
+        index: &PrefixIndex,
+        tables: &Tables<S>,
+        bucket: u64,
+    ) -> &PrefixBucket {
+        let at = match self.reads.iter().position(|(b, _)| *b == bucket) {
+            Some(at) => at,
+            None => {
+                let read = tables.read(&index.key(tables, bucket));
+                self.reads.push((bucket, read));
+                self.reads.len() - 1
+            }
+        };
+        static EMPTY: PrefixBucket = PrefixBucket {
+            entries: Vec::new(),
+        };
+        self.reads.get(at).map_or(&EMPTY, |(_, read)| &read.record)
+    }
+
+    /// The read of `bucket`, if here, taken out (a write is about to use it).
+    fn take(&mut self, bucket: u64) -> Option<Read<PrefixBucket>> {
+        let at = self.reads.iter().position(|(b, _)| *b == bucket)?;
+        Some(self.reads.swap_remove(at).1)
     }
 }
 

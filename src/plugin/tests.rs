@@ -626,7 +626,7 @@ fn longest_prefix_names_the_instance_holding_the_prompt_and_fills_the_index() {
     // 233 bytes, differs from the first's partial one). A gauge every VM adds
     // its own new entries to.
     assert_eq!(host.counter(crate::metrics::INDEX_ENTRIES), 9);
-    assert_eq!(host.gauge(crate::metrics::INDEX_CAPACITY), Some(520_208));
+    assert_eq!(host.gauge(crate::metrics::INDEX_CAPACITY), Some(523_264));
     assert_eq!(
         host.metric(crate::metrics::MATCHED_BYTES).unwrap().records,
         vec![0, 1792]

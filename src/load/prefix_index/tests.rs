@@ -38,27 +38,41 @@ fn tables(store: &MemoryStore) -> Tables<&MemoryStore> {
     Tables::new(store, "t", 16)
 }
 
-/// The bucket `hash` lives in, as stored.
+/// The bucket of a span whose first block is `hash` (so also of a
+/// one-block chain `[hash]`), as stored.
 fn bucket_of(index: &PrefixIndex, store: &MemoryStore, hash: u64) -> PrefixBucket {
     let key = index.key(&tables(store), index.bucket_of(hash));
+    decoded(store, &key)
+}
+
+fn decoded(store: &MemoryStore, key: &str) -> PrefixBucket {
     store
-        .get(&key)
+        .get(key)
         .0
         .as_deref()
         .and_then(PrefixBucket::decode)
         .unwrap_or_default()
 }
 
-/// True if `holder`'s entry of `hash` is stored.
-fn stored(index: &PrefixIndex, store: &MemoryStore, hash: u64, holder: Holder) -> bool {
-    bucket_of(index, store, hash)
-        .last_used(hash, holder)
-        .is_some()
+/// When `holder`'s entry of `hash` was last used, wherever it is stored.
+fn last_used(store: &MemoryStore, hash: u64, holder: Holder) -> Option<u32> {
+    store
+        .keys()
+        .iter()
+        .find_map(|key| decoded(store, key).last_used(hash, holder))
 }
 
-/// Buckets the blocks of `chain` fall in.
+/// True if `holder`'s entry of `hash` is stored.
+fn stored(store: &MemoryStore, hash: u64, holder: Holder) -> bool {
+    last_used(store, hash, holder).is_some()
+}
+
+/// Buckets the blocks of `chain` fall in (one per span, unless spans'
+/// first blocks share a bucket).
 fn distinct_buckets(index: &PrefixIndex, chain: &[u64]) -> u64 {
-    let buckets: BTreeSet<u64> = chain.iter().map(|&h| index.bucket_of(h)).collect();
+    let buckets: BTreeSet<u64> = (0..chain.len())
+        .map(|i| index.bucket_of_block(chain, i))
+        .collect();
     buckets.len() as u64
 }
 
@@ -68,8 +82,12 @@ fn same_bucket(index: &PrefixIndex, bucket: u64, count: u64) -> Vec<u64> {
 }
 
 /// Removes `holder`'s entry of `hash` (what an eviction does to it).
-fn evict(index: &PrefixIndex, store: &MemoryStore, hash: u64, holder: Holder) {
-    let key = index.key(&tables(store), index.bucket_of(hash));
+fn evict(store: &MemoryStore, hash: u64, holder: Holder) {
+    let key = store
+        .keys()
+        .into_iter()
+        .find(|key| decoded(store, key).last_used(hash, holder).is_some())
+        .expect("stored before it is evicted");
     let updated = tables(store).update(&key, |bucket: &mut PrefixBucket| {
         bucket
             .entries
@@ -77,11 +95,12 @@ fn evict(index: &PrefixIndex, store: &MemoryStore, hash: u64, holder: Holder) {
         Change::<(), ()>::Write(())
     });
     assert_eq!(updated, Updated::Written(()));
-    assert!(!stored(index, store, hash, holder));
+    assert!(!stored(store, hash, holder));
 }
 
 /// Routes one request the way the filter does: look up, then record the
-/// chosen holder (the one found if any, else `fallback`).
+/// chosen holder (the one found if any, else `fallback`) over the lookup's
+/// reads.
 fn route(
     index: &PrefixIndex,
     tables: &Tables<&MemoryStore>,
@@ -89,18 +108,19 @@ fn route(
     fallback: Holder,
     now_ms: u64,
 ) -> (Held, Remembered) {
-    let held = index.longest_held(tables, chain, &all_live);
+    let mut reads = BucketReads::default();
+    let held = index.longest_held(tables, chain, &all_live, &mut reads);
     let (holder, from) = match held.holders.first() {
         Some(&holder) => (holder, held.blocks),
         None => (fallback, 0),
     };
-    let done = index.remember(tables, chain, from, holder, &all_live, now_ms);
+    let done = index.remember(tables, chain, from, holder, &all_live, now_ms, &mut reads);
     (held, done)
 }
 
 #[test]
 fn the_budget_buys_whole_buckets_within_its_bounds() {
-    assert_eq!(RECORD_BYTES, 258);
+    assert_eq!(RECORD_BYTES, 1026);
     let full = PrefixBucket {
         entries: (0..ENTRIES as u64)
             .map(|hash| PrefixEntry {
@@ -113,14 +133,14 @@ fn the_budget_buys_whole_buckets_within_its_bounds() {
     assert_eq!(full.encode().len() as u64, RECORD_BYTES);
 
     let default = PrefixIndex::new(DEFAULT_BUDGET_BYTES);
-    assert_eq!(default.buckets(), 32_513);
-    assert_eq!(default.bytes(), 8_388_354);
-    assert_eq!(default.capacity(), 520_208);
+    assert_eq!(default.buckets(), 8_176);
+    assert_eq!(default.bytes(), 8_388_576);
+    assert_eq!(default.capacity(), 523_264);
     // As many 256-byte blocks as 127 MiB of prompt text.
     assert_eq!((default.capacity() * 256) >> 20, 127);
 
-    assert_eq!(PrefixIndex::new(MIN_BUDGET_BYTES).buckets(), 254);
-    assert_eq!(PrefixIndex::new(MAX_BUDGET_BYTES).buckets(), 1_040_447);
+    assert_eq!(PrefixIndex::new(MIN_BUDGET_BYTES).buckets(), 63);
+    assert_eq!(PrefixIndex::new(MAX_BUDGET_BYTES).buckets(), 261_632);
     assert_eq!(PrefixIndex::new(0), PrefixIndex::new(MIN_BUDGET_BYTES));
     assert_eq!(
         PrefixIndex::new(MIN_BUDGET_BYTES - 1),
@@ -204,8 +224,24 @@ fn the_longest_held_prefix_is_found_among_chains_sharing_prefixes() {
     let index = PrefixIndex::new(DEFAULT_BUDGET_BYTES);
     let a = chain(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
     let b = chain(&[1, 2, 3, 4, 50, 60, 70]);
-    index.remember(&tables, &a, 0, H1, &all_live, T0);
-    index.remember(&tables, &b, 0, H2, &all_live, T0);
+    index.remember(
+        &tables,
+        &a,
+        0,
+        H1,
+        &all_live,
+        T0,
+        &mut BucketReads::default(),
+    );
+    index.remember(
+        &tables,
+        &b,
+        0,
+        H2,
+        &all_live,
+        T0,
+        &mut BucketReads::default(),
+    );
 
     let cases: [(&[u32], usize, &[Holder]); 10] = [
         (&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10], 10, &[H1]),
@@ -223,7 +259,12 @@ fn the_longest_held_prefix_is_found_among_chains_sharing_prefixes() {
         (&[], 0, &[]),
     ];
     for (blocks, want, holders) in cases {
-        let held = index.longest_held(&tables, &chain(blocks), &all_live);
+        let held = index.longest_held(
+            &tables,
+            &chain(blocks),
+            &all_live,
+            &mut BucketReads::default(),
+        );
         let mut got = held.holders.clone();
         got.sort_by_key(|h| h.slot);
         assert_eq!((held.blocks, got.as_slice()), (want, holders), "{blocks:?}");
@@ -231,7 +272,9 @@ fn the_longest_held_prefix_is_found_among_chains_sharing_prefixes() {
     // The same blocks under another tenant+model seed share nothing.
     let other_seed: Vec<u64> = a.iter().map(|h| h ^ 1).collect();
     assert_eq!(
-        index.longest_held(&tables, &other_seed, &all_live).blocks,
+        index
+            .longest_held(&tables, &other_seed, &all_live, &mut BucketReads::default())
+            .blocks,
         0
     );
 }
@@ -242,17 +285,41 @@ fn only_the_holders_of_the_longest_block_are_named() {
     let tables = tables(&store);
     let index = PrefixIndex::new(DEFAULT_BUDGET_BYTES);
     let long = chain(&[1, 2, 3, 4, 5, 6]);
-    index.remember(&tables, &long, 0, H1, &all_live, T0);
-    index.remember(&tables, &long[..3], 0, H2, &all_live, T0);
-    index.remember(&tables, &long[..3], 0, H3, &all_live, T0);
+    index.remember(
+        &tables,
+        &long,
+        0,
+        H1,
+        &all_live,
+        T0,
+        &mut BucketReads::default(),
+    );
+    index.remember(
+        &tables,
+        &long[..3],
+        0,
+        H2,
+        &all_live,
+        T0,
+        &mut BucketReads::default(),
+    );
+    index.remember(
+        &tables,
+        &long[..3],
+        0,
+        H3,
+        &all_live,
+        T0,
+        &mut BucketReads::default(),
+    );
     assert_eq!(
-        index.longest_held(&tables, &long, &all_live),
+        index.longest_held(&tables, &long, &all_live, &mut BucketReads::default()),
         Held {
             blocks: 6,
             holders: vec![H1]
         }
     );
-    let mut short = index.longest_held(&tables, &long[..3], &all_live);
+    let mut short = index.longest_held(&tables, &long[..3], &all_live, &mut BucketReads::default());
     short.holders.sort_by_key(|h| h.slot);
     assert_eq!(
         short,
@@ -263,7 +330,7 @@ fn only_the_holders_of_the_longest_block_are_named() {
     );
     // Without H1, the longest held is H2's and H3's three blocks.
     let not_h1 = |h: Holder| h != H1;
-    let mut without = index.longest_held(&tables, &long, &not_h1);
+    let mut without = index.longest_held(&tables, &long, &not_h1, &mut BucketReads::default());
     without.holders.sort_by_key(|h| h.slot);
     assert_eq!(
         without,
@@ -280,17 +347,30 @@ fn holders_that_are_not_live_never_match_and_are_evicted_first() {
     let tables = tables(&store);
     let index = PrefixIndex::new(MIN_BUDGET_BYTES);
     let prompt = chain(&[1, 2, 3, 4]);
-    index.remember(&tables, &prompt, 0, H1, &all_live, T0);
+    index.remember(
+        &tables,
+        &prompt,
+        0,
+        H1,
+        &all_live,
+        T0,
+        &mut BucketReads::default(),
+    );
     let h1_gone = |h: Holder| h != H1;
     assert_eq!(
-        index.longest_held(&tables, &prompt, &h1_gone),
+        index.longest_held(&tables, &prompt, &h1_gone, &mut BucketReads::default()),
         Held::default()
     );
     // Its slot reused by another address: the old tag is not believed.
     let reused = Holder::new(H1.slot, 0x1234_5678_9abc_def0);
     assert_eq!(reused.tag, 0x1234);
     let only_reused = |h: Holder| h == reused;
-    assert_eq!(index.longest_held(&tables, &prompt, &only_reused).blocks, 0);
+    assert_eq!(
+        index
+            .longest_held(&tables, &prompt, &only_reused, &mut BucketReads::default())
+            .blocks,
+        0
+    );
 
     // A full bucket: H2's entry is the newest, but H2 is gone.
     let store = MemoryStore::new();
@@ -298,20 +378,33 @@ fn holders_that_are_not_live_never_match_and_are_evicted_first() {
     let hashes = same_bucket(&index, 7, ENTRIES as u64 + 1);
     for (k, &hash) in hashes.iter().take(ENTRIES).enumerate() {
         let holder = if k == ENTRIES - 1 { H2 } else { H3 };
-        let done = index.remember(&tables, &[hash], 0, holder, &all_live, T0 + k as u64 * 1000);
+        let done = index.remember(
+            &tables,
+            &[hash],
+            0,
+            holder,
+            &all_live,
+            T0 + k as u64 * 1000,
+            &mut BucketReads::default(),
+        );
         assert_eq!(done.filled, 1);
     }
     let h2_gone = |h: Holder| h != H2;
-    let done = index.remember(&tables, &hashes[ENTRIES..], 0, H3, &h2_gone, T0 + 99_000);
-    assert_eq!((done.written, done.evicted, done.filled), (1, 1, 0));
-    assert!(
-        !stored(&index, &store, hashes[ENTRIES - 1], H2),
-        "gone first"
+    let done = index.remember(
+        &tables,
+        &hashes[ENTRIES..],
+        0,
+        H3,
+        &h2_gone,
+        T0 + 99_000,
+        &mut BucketReads::default(),
     );
+    assert_eq!((done.written, done.evicted, done.filled), (1, 1, 0));
+    assert!(!stored(&store, hashes[ENTRIES - 1], H2), "gone first");
     for &hash in &hashes[..ENTRIES - 1] {
-        assert!(stored(&index, &store, hash, H3), "older, but live");
+        assert!(stored(&store, hash, H3), "older, but live");
     }
-    assert!(stored(&index, &store, hashes[ENTRIES], H3));
+    assert!(stored(&store, hashes[ENTRIES], H3));
 }
 
 #[test]
@@ -322,19 +415,43 @@ fn a_full_bucket_evicts_the_least_recently_used_in_order() {
     let hashes = same_bucket(&index, 3, ENTRIES as u64 + 3);
     // Stored oldest first; a filled bucket is not written again.
     for (k, &hash) in hashes.iter().take(ENTRIES).enumerate() {
-        index.remember(&tables, &[hash], 0, H1, &all_live, T0 + k as u64 * 1000);
+        index.remember(
+            &tables,
+            &[hash],
+            0,
+            H1,
+            &all_live,
+            T0 + k as u64 * 1000,
+            &mut BucketReads::default(),
+        );
     }
     // The oldest one used again: now the second oldest is least recent.
-    let refreshed = index.remember(&tables, &[hashes[0]], 0, H1, &all_live, T0 + 100_000);
+    let refreshed = index.remember(
+        &tables,
+        &[hashes[0]],
+        0,
+        H1,
+        &all_live,
+        T0 + 100_000,
+        &mut BucketReads::default(),
+    );
     assert_eq!((refreshed.written, refreshed.filled), (1, 0));
     for (k, &hash) in hashes[ENTRIES..].iter().enumerate() {
-        let done = index.remember(&tables, &[hash], 0, H1, &all_live, T0 + 200_000);
+        let done = index.remember(
+            &tables,
+            &[hash],
+            0,
+            H1,
+            &all_live,
+            T0 + 200_000,
+            &mut BucketReads::default(),
+        );
         assert_eq!(done.evicted, 1);
         assert_eq!(bucket_of(&index, &store, hash).entries.len(), ENTRIES);
         // Evicted so far: hashes[1..=k+1], in age order.
         for (j, &old) in hashes.iter().enumerate().take(ENTRIES) {
             let evicted = (1..=k + 1).contains(&j);
-            assert_eq!(!stored(&index, &store, old, H1), evicted, "{k} {j}");
+            assert_eq!(!stored(&store, old, H1), evicted, "{k} {j}");
         }
     }
     // A bucket full of one call's own blocks keeps the last ones.
@@ -342,13 +459,21 @@ fn a_full_bucket_evicts_the_least_recently_used_in_order() {
     let store = MemoryStore::new();
     let tables = self::tables(&store);
     let many = same_bucket(&index, 5, ENTRIES as u64 + 2);
-    let done = index.remember(&tables, &many, 0, H1, &all_live, T0);
+    let done = index.remember(
+        &tables,
+        &many,
+        0,
+        H1,
+        &all_live,
+        T0,
+        &mut BucketReads::default(),
+    );
     assert_eq!(
         (done.written, done.filled, done.evicted),
         (ENTRIES as u32 + 2, ENTRIES as u32, 2)
     );
     assert_eq!(bucket_of(&index, &store, many[0]).entries.len(), ENTRIES);
-    assert!(stored(&index, &store, many[ENTRIES + 1], H1));
+    assert!(stored(&store, many[ENTRIES + 1], H1));
 }
 
 #[test]
@@ -358,12 +483,29 @@ fn a_pair_is_stored_once_and_several_holders_of_a_block_coexist() {
     let index = PrefixIndex::new(DEFAULT_BUDGET_BYTES);
     let prompt = chain(&[1, 2, 3]);
     for holder in [H1, H2, H1, H3, H2] {
-        index.remember(&tables, &prompt, 0, holder, &all_live, T0);
+        index.remember(
+            &tables,
+            &prompt,
+            0,
+            holder,
+            &all_live,
+            T0,
+            &mut BucketReads::default(),
+        );
     }
     let later = T0 + u64::from(REFRESH_SECS) * 1000;
-    index.remember(&tables, &prompt, 0, H1, &all_live, later);
+    index.remember(
+        &tables,
+        &prompt,
+        0,
+        H1,
+        &all_live,
+        later,
+        &mut BucketReads::default(),
+    );
+    // The chain is one span: one bucket.
+    let bucket = bucket_of(&index, &store, prompt[0]);
     for &hash in &prompt {
-        let bucket = bucket_of(&index, &store, hash);
         let mut pairs: Vec<(u64, u16)> = bucket
             .entries
             .iter()
@@ -377,17 +519,17 @@ fn a_pair_is_stored_once_and_several_holders_of_a_block_coexist() {
     }
 }
 
-/// The steady case (a prompt its instance already holds): a few reads, no
+/// The steady case (a prompt its instance already holds): one read, no
 /// write until the holding is due a refresh; then one write per bucket.
 #[test]
-fn a_held_prompt_costs_two_reads_and_no_write_until_its_refresh() {
+fn a_held_prompt_costs_one_read_and_no_write_until_its_refresh() {
     let store = MemoryStore::new();
     let tables = tables(&store);
     let index = PrefixIndex::new(DEFAULT_BUDGET_BYTES);
-    // 8 KiB of prompt in 256-byte blocks.
+    // 8 KiB of prompt in 256-byte blocks: 8 spans.
     let prompt = chain(&(1..=32).collect::<Vec<_>>());
     let buckets = distinct_buckets(&index, &prompt);
-    assert_eq!(buckets, 32, "this chain's blocks share no bucket");
+    assert_eq!(buckets, 8, "this chain's spans share no bucket");
     route(&index, &tables, &prompt, H1, T0);
 
     let due = T0 + u64::from(REFRESH_SECS) * 1000;
@@ -396,43 +538,45 @@ fn a_held_prompt_costs_two_reads_and_no_write_until_its_refresh() {
         let (held, done) = route(&index, &tables, &prompt, H2, now);
         assert_eq!((held.blocks, held.holders), (32, vec![H1]));
         assert_eq!(done, Remembered::default());
-        assert_eq!(store.reads() - reads, 2, "one lookup probe, one check");
+        assert_eq!(
+            store.reads() - reads,
+            1,
+            "one lookup probe, the check on its read"
+        );
         assert_eq!(store.successful_sets() - writes, 0);
     }
-    // Due: every bucket rewritten once (the check's read reused).
+    // Due: every bucket rewritten once (the lookup's read reused).
     let (reads, writes) = (store.reads(), store.successful_sets());
     let (_, done) = route(&index, &tables, &prompt, H2, due);
     assert_eq!(done.written, 32);
-    assert_eq!(store.reads() - reads, 1 + buckets);
+    assert_eq!(store.reads() - reads, buckets);
     assert_eq!(store.successful_sets() - writes, buckets);
     // And quiet again.
     let (reads, writes) = (store.reads(), store.successful_sets());
     route(&index, &tables, &prompt, H2, due + 1000);
     assert_eq!(
         (store.reads() - reads, store.successful_sets() - writes),
-        (2, 0)
+        (1, 0)
     );
 }
 
 #[test]
-fn a_new_chain_costs_a_binary_search_and_one_write_per_bucket() {
+fn a_new_chain_costs_a_binary_search_over_its_spans_and_one_write_per_span() {
     let store = MemoryStore::new();
     let tables = tables(&store);
     let index = PrefixIndex::new(DEFAULT_BUDGET_BYTES);
     let prompt = chain(&(1..=64).collect::<Vec<_>>());
     let buckets = distinct_buckets(&index, &prompt);
-    assert_eq!(buckets, 64, "this chain's blocks share no bucket");
-    let reads = store.reads();
-    let held = index.longest_held(&tables, &prompt, &all_live);
+    assert_eq!(buckets, 16, "this chain's 16 spans share no bucket");
+    let mut reads = BucketReads::default();
+    let before = store.reads();
+    let held = index.longest_held(&tables, &prompt, &all_live, &mut reads);
     assert_eq!(held, Held::default());
-    assert_eq!(
-        store.reads() - reads,
-        1 + 6,
-        "the full chain, then log2(64)"
-    );
+    let lookup_reads = store.reads() - before;
+    assert_eq!(lookup_reads, 1 + 4, "the last span, then log2(16)");
 
-    let (reads, writes) = (store.reads(), store.successful_sets());
-    let done = index.remember(&tables, &prompt, 0, H1, &all_live, T0);
+    let (before, writes) = (store.reads(), store.successful_sets());
+    let done = index.remember(&tables, &prompt, 0, H1, &all_live, T0, &mut reads);
     assert_eq!(
         done,
         Remembered {
@@ -442,27 +586,71 @@ fn a_new_chain_costs_a_binary_search_and_one_write_per_bucket() {
             failed: 0
         }
     );
-    assert_eq!(store.reads() - reads, buckets);
+    assert_eq!(
+        store.reads() - before,
+        buckets - lookup_reads,
+        "the buckets the lookup read are not read again"
+    );
     assert_eq!(store.successful_sets() - writes, buckets);
     assert_eq!(store.len() as u64, buckets);
+    assert!(prompt.iter().all(|&h| stored(&store, h, H1)));
 
     // The conversation goes on: 64 more blocks after the 64 held.
     let longer = chain(&(1..=128).collect::<Vec<_>>());
-    let reads = store.reads();
-    let held = index.longest_held(&tables, &longer, &all_live);
+    let mut reads = BucketReads::default();
+    let before = store.reads();
+    let held = index.longest_held(&tables, &longer, &all_live, &mut reads);
     assert_eq!((held.blocks, held.holders), (64, vec![H1]));
-    assert!(store.reads() - reads <= 1 + 7);
-    let (reads, writes) = (store.reads(), store.successful_sets());
-    let done = index.remember(&tables, &longer, 64, H1, &all_live, T0 + 1000);
+    let lookup_reads = store.reads() - before;
+    assert!(lookup_reads <= 1 + 5, "{lookup_reads}: over 1 + log2(32)");
+    let (before, writes) = (store.reads(), store.successful_sets());
+    let done = index.remember(&tables, &longer, 64, H1, &all_live, T0 + 1000, &mut reads);
     assert_eq!((done.written, done.filled), (64, 64));
-    let new_buckets = distinct_buckets(&index, &longer[64..]);
-    let check_reused = u64::from(
-        longer[64..]
-            .iter()
-            .any(|&h| index.bucket_of(h) == index.bucket_of(longer[63])),
+    // Each bucket the lookup and the recording need is read once: the
+    // check's (the 64th block's span) and the 16 new spans'.
+    let needed: BTreeSet<u64> = (63..128)
+        .map(|i| index.bucket_of_block(&longer, i))
+        .collect();
+    assert_eq!(lookup_reads + store.reads() - before, needed.len() as u64);
+    assert_eq!(store.successful_sets() - writes, needed.len() as u64 - 1);
+}
+
+/// A new prompt Envoy placed (Maglev: no instance list), as the tracker
+/// drives the index: the decision's lookup, then at the response, in a new
+/// callback, the serving instance's lookup and the recording over that
+/// lookup's reads. A 4 KiB prefix (16 blocks, 4 spans): 3 reads, then 4
+/// reads and 4 writes.
+#[test]
+fn a_new_prompt_placed_by_maglev_costs_three_reads_then_four_reads_and_four_writes() {
+    let store = MemoryStore::new();
+    let tables = tables(&store);
+    let index = PrefixIndex::new(DEFAULT_BUDGET_BYTES);
+    let prompt = chain(&(1..=16).collect::<Vec<_>>());
+    assert_eq!(distinct_buckets(&index, &prompt), 4);
+    let before = store.reads();
+    let held = index.longest_held(&tables, &prompt, &all_live, &mut BucketReads::default());
+    assert_eq!(held, Held::default());
+    assert_eq!(store.reads() - before, 3, "the last span, then log2(4)");
+
+    let (before, writes) = (store.reads(), store.successful_sets());
+    let mut reads = BucketReads::default();
+    let served = |h: Holder| h == H1;
+    let known = index
+        .longest_held(&tables, &prompt, &served, &mut reads)
+        .blocks;
+    assert_eq!(known, 0);
+    let done = index.remember(&tables, &prompt, known, H1, &all_live, T0, &mut reads);
+    assert_eq!((done.written, done.filled), (16, 16));
+    assert_eq!(
+        (store.reads() - before, store.successful_sets() - writes),
+        (4, 4)
     );
-    assert_eq!(store.reads() - reads, 1 + new_buckets - check_reused);
-    assert_eq!(store.successful_sets() - writes, new_buckets);
+    assert_eq!(
+        index
+            .longest_held(&tables, &prompt, &served, &mut reads)
+            .blocks,
+        16
+    );
 }
 
 /// Along a growing conversation every block of the chain stays younger
@@ -485,7 +673,7 @@ fn a_growing_conversation_keeps_its_early_blocks_fresh() {
         let ages: Vec<u32> = prompt
             .iter()
             .map(|&h| {
-                let used = bucket_of(&index, &store, h).last_used(h, H1);
+                let used = last_used(&store, h, H1);
                 (now / 1000) as u32 - used.unwrap_or(0)
             })
             .collect();
@@ -539,7 +727,15 @@ fn two_vms_writing_one_bucket_lose_nothing() {
             reads: Cell::new(0),
             at: 1,
             between: RefCell::new(Some(Box::new(|| {
-                let done = index.remember(&vm_b, &hashes[1..], 0, H2, &all_live, T0);
+                let done = index.remember(
+                    &vm_b,
+                    &hashes[1..],
+                    0,
+                    H2,
+                    &all_live,
+                    T0,
+                    &mut BucketReads::default(),
+                );
                 assert_eq!(done.filled, 2, "vm b's write went first");
             }))),
         },
@@ -547,7 +743,15 @@ fn two_vms_writing_one_bucket_lose_nothing() {
         16,
     );
     let writes = store.successful_sets();
-    let done = index.remember(&vm_a, &hashes[..2], 0, H1, &all_live, T0);
+    let done = index.remember(
+        &vm_a,
+        &hashes[..2],
+        0,
+        H1,
+        &all_live,
+        T0,
+        &mut BucketReads::default(),
+    );
     assert_eq!((done.written, done.filled, done.failed), (2, 2, 0));
     assert_eq!(store.successful_sets() - writes, 2, "b's write, then a's");
     assert_eq!(
@@ -579,9 +783,11 @@ fn a_flood_of_prefixes_stays_within_the_buckets_and_counts_its_evictions() {
     let holders = [H1, H2, H3, H4];
     let prefixes = 50_000u32;
     let mut total = Remembered::default();
+    // A shared system prompt of one span, then a block of its own (in a
+    // span of its own: see the next test for blocks that share a span).
+    let prompt_of = |i: u32| chain(&[0, 0, 0, 0, i + 1]);
     for i in 0..prefixes {
-        // A shared system prompt, then a block of its own.
-        let prompt = chain(&[0, i + 1]);
+        let prompt = prompt_of(i);
         let fallback = holders[i as usize % holders.len()];
         let (_, done) = route(&index, &tables, &prompt, fallback, T0 + u64::from(i) * 10);
         total.add(done);
@@ -608,26 +814,113 @@ fn a_flood_of_prefixes_stays_within_the_buckets_and_counts_its_evictions() {
     for i in last {
         assert_eq!(
             index
-                .longest_held(&tables, &chain(&[0, i + 1]), &all_live)
+                .longest_held(
+                    &tables,
+                    &prompt_of(i),
+                    &all_live,
+                    &mut BucketReads::default()
+                )
                 .blocks,
-            2,
+            5,
             "{i}"
         );
     }
     let first_found = (0..50)
         .filter(|i| {
             index
-                .longest_held(&tables, &chain(&[0, i + 1]), &all_live)
+                .longest_held(
+                    &tables,
+                    &prompt_of(*i),
+                    &all_live,
+                    &mut BucketReads::default(),
+                )
                 .blocks
-                == 2
+                == 5
         })
         .count();
     assert_eq!(first_found, 0);
     // The shared system prompt, used by every request, is still held.
     assert_eq!(
-        index.longest_held(&tables, &chain(&[0]), &all_live).blocks,
-        1
+        index
+            .longest_held(
+                &tables,
+                &chain(&[0, 0, 0, 0]),
+                &all_live,
+                &mut BucketReads::default()
+            )
+            .blocks,
+        4
     );
+}
+
+/// Prompts that agree up to a span's start and differ inside it (here:
+/// one shared block, then one of their own) keep their blocks of that span
+/// in its one bucket: the most recent ones stay, LRU, within the bounds;
+/// a prompt that goes on past that span is still found past it.
+#[test]
+fn prompts_that_differ_inside_a_span_share_its_bucket_and_the_newest_stay() {
+    let store = MemoryStore::new();
+    let tables = tables(&store);
+    let index = PrefixIndex::new(DEFAULT_BUDGET_BYTES);
+    let holders = [H1, H2, H3, H4];
+    let prompts = 1000u32;
+    let prompt_of = |i: u32| chain(&[0, i + 1]);
+    let mut total = Remembered::default();
+    for i in 0..prompts {
+        let holder = holders[i as usize % holders.len()];
+        // One per refresh interval: each is stamped with its own time, so
+        // LRU tells every prompt's entries apart.
+        let now = T0 + u64::from(i) * u64::from(REFRESH_SECS) * 1000;
+        let prompt = prompt_of(i);
+        let mut reads = BucketReads::default();
+        let held = index.longest_held(&tables, &prompt, &all_live, &mut reads);
+        let from = if held.holders.contains(&holder) {
+            held.blocks
+        } else {
+            0
+        };
+        total.add(index.remember(&tables, &prompt, from, holder, &all_live, now, &mut reads));
+    }
+    assert_eq!(store.keys().len(), 1, "one span: one bucket");
+    let bucket = bucket_of(&index, &store, prompt_of(0)[0]);
+    assert_eq!(bucket.entries.len(), ENTRIES);
+    assert_eq!(total.failed, 0);
+    // The shared block's entry of each holder, and the newest own blocks.
+    let kept = ENTRIES as u32 - holders.len() as u32;
+    let found = |i: u32| {
+        index
+            .longest_held(
+                &tables,
+                &prompt_of(i),
+                &all_live,
+                &mut BucketReads::default(),
+            )
+            .blocks
+    };
+    for i in prompts - kept..prompts {
+        assert_eq!(found(i), 2, "{i}");
+    }
+    assert_eq!(found(prompts - kept - 1), 1, "older: only the shared block");
+    assert_eq!(found(0), 1);
+    // Such a prompt that went on past its first span is found whole after
+    // its first span's own blocks were evicted: the later spans are its own.
+    let store = MemoryStore::new();
+    let tables = self::tables(&store);
+    let long = chain(&[0, 1, 2, 3, 4, 5, 6]);
+    index.remember(
+        &tables,
+        &long,
+        0,
+        H1,
+        &all_live,
+        T0,
+        &mut BucketReads::default(),
+    );
+    for &i in &[1, 2, 3] {
+        evict(&store, long[i], H1);
+    }
+    let held = index.longest_held(&tables, &long, &all_live, &mut BucketReads::default());
+    assert_eq!((held.blocks, held.holders), (7, vec![H1]));
 }
 
 /// Eviction can remove a block while later blocks of its chain stay; the
@@ -638,26 +931,44 @@ fn a_chain_with_an_evicted_block_still_gets_a_true_match() {
     let index = PrefixIndex::new(DEFAULT_BUDGET_BYTES);
     let setup = |evicted: &[usize]| {
         let store = MemoryStore::new();
-        index.remember(&tables(&store), &prompt, 0, H1, &all_live, T0);
+        index.remember(
+            &tables(&store),
+            &prompt,
+            0,
+            H1,
+            &all_live,
+            T0,
+            &mut BucketReads::default(),
+        );
         for &i in evicted {
-            evict(&index, &store, prompt[i], H1);
+            evict(&store, prompt[i], H1);
         }
         store
     };
     // Every single block evicted in turn.
     for i in 0..prompt.len() {
         let store = setup(&[i]);
-        let held = index.longest_held(&tables(&store), &prompt, &all_live);
+        let held = index.longest_held(
+            &tables(&store),
+            &prompt,
+            &all_live,
+            &mut BucketReads::default(),
+        );
         assert_ne!(held.blocks, i + 1, "block {i} is held by nobody");
         assert!(held.blocks > 0, "{i}");
-        assert!(stored(&index, &store, prompt[held.blocks - 1], H1), "{i}");
+        assert!(stored(&store, prompt[held.blocks - 1], H1), "{i}");
         assert_eq!(held.holders, vec![H1]);
     }
     // The last block gone: the match stops before it.
     let store = setup(&[9]);
     assert_eq!(
         index
-            .longest_held(&tables(&store), &prompt, &all_live)
+            .longest_held(
+                &tables(&store),
+                &prompt,
+                &all_live,
+                &mut BucketReads::default()
+            )
             .blocks,
         9
     );
@@ -666,29 +977,79 @@ fn a_chain_with_an_evicted_block_still_gets_a_true_match() {
     let store = setup(&[4]);
     assert_eq!(
         index
-            .longest_held(&tables(&store), &prompt, &all_live)
+            .longest_held(
+                &tables(&store),
+                &prompt,
+                &all_live,
+                &mut BucketReads::default()
+            )
             .blocks,
         10
     );
-    // Blocks 5 and 10 gone: the search's first probe (5) misses, and the
-    // answer is the shorter 4 although 9 is held.
+    // Blocks 5 and 10 gone: the last span still holds block 9.
     let store = setup(&[4, 9]);
-    assert!(stored(&index, &store, prompt[8], H1));
     assert_eq!(
-        index.longest_held(&tables(&store), &prompt, &all_live),
+        index
+            .longest_held(
+                &tables(&store),
+                &prompt,
+                &all_live,
+                &mut BucketReads::default()
+            )
+            .blocks,
+        9
+    );
+    // 16 blocks (4 spans), the second and the last span gone: the search's
+    // probe of the second misses, and the answer is the shorter 4 although
+    // 12 is held.
+    let long = chain(&(1..=16).collect::<Vec<_>>());
+    let store = MemoryStore::new();
+    index.remember(
+        &tables(&store),
+        &long,
+        0,
+        H1,
+        &all_live,
+        T0,
+        &mut BucketReads::default(),
+    );
+    for i in (4..8).chain(12..16) {
+        evict(&store, long[i], H1);
+    }
+    assert!(stored(&store, long[11], H1));
+    assert_eq!(
+        index.longest_held(
+            &tables(&store),
+            &long,
+            &all_live,
+            &mut BucketReads::default()
+        ),
         Held {
             blocks: 4,
             holders: vec![H1]
         }
     );
-    // Recording the chain again heals it, blocks 5 and 10 included.
-    index.remember(&tables(&store), &prompt, 4, H1, &all_live, T0 + 1000);
-    assert!(prompt.iter().all(|&h| stored(&index, &store, h, H1)));
+    // Recording the chain again heals it, the evicted blocks included.
+    index.remember(
+        &tables(&store),
+        &long,
+        4,
+        H1,
+        &all_live,
+        T0 + 1000,
+        &mut BucketReads::default(),
+    );
+    assert!(long.iter().all(|&h| stored(&store, h, H1)));
     assert_eq!(
         index
-            .longest_held(&tables(&store), &prompt, &all_live)
+            .longest_held(
+                &tables(&store),
+                &long,
+                &all_live,
+                &mut BucketReads::default()
+            )
             .blocks,
-        10
+        16
     );
 }
 
@@ -698,13 +1059,29 @@ fn a_recorded_block_whose_entry_is_missing_rewrites_the_whole_chain() {
     let tables = tables(&store);
     let index = PrefixIndex::new(DEFAULT_BUDGET_BYTES);
     let prompt = chain(&[1, 2, 3, 4]);
-    index.remember(&tables, &prompt, 0, H1, &all_live, T0);
-    evict(&index, &store, prompt[1], H1);
-    evict(&index, &store, prompt[3], H1);
+    index.remember(
+        &tables,
+        &prompt,
+        0,
+        H1,
+        &all_live,
+        T0,
+        &mut BucketReads::default(),
+    );
+    evict(&store, prompt[1], H1);
+    evict(&store, prompt[3], H1);
     // Claimed held through block 4, but its entry is gone: all rewritten.
-    let done = index.remember(&tables, &prompt, 4, H1, &all_live, T0 + 1000);
+    let done = index.remember(
+        &tables,
+        &prompt,
+        4,
+        H1,
+        &all_live,
+        T0 + 1000,
+        &mut BucketReads::default(),
+    );
     assert_eq!((done.written, done.filled), (4, 2));
-    assert!(prompt.iter().all(|&h| stored(&index, &store, h, H1)));
+    assert!(prompt.iter().all(|&h| stored(&store, h, H1)));
 }
 
 #[test]
@@ -716,13 +1093,26 @@ fn garbage_in_a_bucket_reads_as_empty_and_is_replaced() {
     let key = index.key(&tables, index.bucket_of(prompt[0]));
     store.set(&key, b"written by another build", None).unwrap();
     assert_eq!(
-        index.longest_held(&tables, &prompt, &all_live),
+        index.longest_held(&tables, &prompt, &all_live, &mut BucketReads::default()),
         Held::default()
     );
-    let done = index.remember(&tables, &prompt, 0, H1, &all_live, T0);
+    let done = index.remember(
+        &tables,
+        &prompt,
+        0,
+        H1,
+        &all_live,
+        T0,
+        &mut BucketReads::default(),
+    );
     assert_eq!(done.filled, 1);
     assert_eq!(store.keys(), vec![key]);
-    assert_eq!(index.longest_held(&tables, &prompt, &all_live).blocks, 1);
+    assert_eq!(
+        index
+            .longest_held(&tables, &prompt, &all_live, &mut BucketReads::default())
+            .blocks,
+        1
+    );
 }
 
 /// A store whose every write the host refuses.
@@ -743,7 +1133,15 @@ fn refused_writes_count_as_failed_blocks() {
     let tables = Tables::new(&store, "t", 16);
     let index = PrefixIndex::new(DEFAULT_BUDGET_BYTES);
     let prompt = chain(&[1, 2, 3, 4, 5]);
-    let done = index.remember(&tables, &prompt, 0, H1, &all_live, T0);
+    let done = index.remember(
+        &tables,
+        &prompt,
+        0,
+        H1,
+        &all_live,
+        T0,
+        &mut BucketReads::default(),
+    );
     assert_eq!(
         done,
         Remembered {
@@ -764,18 +1162,45 @@ fn a_call_does_not_evict_the_blocks_it_just_wrote() {
     let store = MemoryStore::new();
     let tables = tables(&store);
     let index = PrefixIndex::new(MIN_BUDGET_BYTES);
-    let first = 1 + 3 * index.buckets();
-    let [x, y] = [9 + index.buckets(), 9 + 2 * index.buckets()];
-    index.remember(&tables, &[first], 0, H1, &all_live, T0);
+    let n = index.buckets();
+    // A first span in bucket 1; the second span (x, y) in bucket 9.
+    let first = [1 + 3 * n, 1 + 4 * n, 1 + 5 * n, 1 + 6 * n];
+    let [x, y] = [9 + n, 9 + 2 * n];
+    index.remember(
+        &tables,
+        &first,
+        0,
+        H1,
+        &all_live,
+        T0,
+        &mut BucketReads::default(),
+    );
     for (k, &hash) in same_bucket(&index, 9, 100)
         .iter()
         .skip(3)
         .take(ENTRIES)
         .enumerate()
     {
-        index.remember(&tables, &[hash], 0, H2, &all_live, T0 + 5000 + k as u64);
+        index.remember(
+            &tables,
+            &[hash],
+            0,
+            H2,
+            &all_live,
+            T0 + 5000 + k as u64,
+            &mut BucketReads::default(),
+        );
     }
-    let done = index.remember(&tables, &[first, x, y], 1, H1, &all_live, T0 + 6000);
+    let prompt = [first[0], first[1], first[2], first[3], x, y];
+    let done = index.remember(
+        &tables,
+        &prompt,
+        4,
+        H1,
+        &all_live,
+        T0 + 6000,
+        &mut BucketReads::default(),
+    );
     assert_eq!((done.written, done.evicted), (2, 2));
     let bucket = bucket_of(&index, &store, x);
     assert_eq!(bucket.last_used(x, H1), Some((T0 / 1000) as u32));
@@ -790,21 +1215,38 @@ fn blocks_sharing_a_bucket_are_written_in_one_update() {
     let tables = tables(&store);
     let index = PrefixIndex::new(MIN_BUDGET_BYTES);
     let n = index.buckets();
-    // Blocks 1, 3 and 4 in bucket 20, block 2 in bucket 21.
-    let prompt = [20, 21 + n, 20 + n, 20 + 2 * n];
-    let done = index.remember(&tables, &prompt, 0, H1, &all_live, T0);
-    assert_eq!((done.written, done.filled), (4, 4));
+    // Three spans: the first two start in bucket 20, the third in 21.
+    let prompt = [20, 1, 2, 3, 20 + n, 4, 5, 6, 21 + 2 * n];
+    let done = index.remember(
+        &tables,
+        &prompt,
+        0,
+        H1,
+        &all_live,
+        T0,
+        &mut BucketReads::default(),
+    );
+    assert_eq!((done.written, done.filled), (9, 9));
     assert_eq!((store.reads(), store.successful_sets()), (2, 2));
     assert_eq!(store.keys().len(), 2);
-    assert_eq!(bucket_of(&index, &store, 20).entries.len(), 3);
+    assert_eq!(bucket_of(&index, &store, 20).entries.len(), 8);
+    assert_eq!(bucket_of(&index, &store, 21).entries.len(), 1);
     // Due a refresh: again one read and one write per bucket.
     let later = T0 + u64::from(REFRESH_SECS) * 1000;
     let (reads, writes) = (store.reads(), store.successful_sets());
-    let done = index.remember(&tables, &prompt, 4, H1, &all_live, later);
-    assert_eq!(done.written, 4);
+    let done = index.remember(
+        &tables,
+        &prompt,
+        9,
+        H1,
+        &all_live,
+        later,
+        &mut BucketReads::default(),
+    );
+    assert_eq!(done.written, 9);
     assert_eq!(
         (store.reads() - reads, store.successful_sets() - writes),
         (2, 2),
-        "the check's read of bucket 20 reused"
+        "the check's read of bucket 21 reused"
     );
 }

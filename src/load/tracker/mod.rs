@@ -11,7 +11,7 @@ use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 use super::engine::EngineView;
 use super::instances::InstanceRecord;
 use super::mark::UpstreamFilterMark;
-use super::prefix_index::{Holder, PrefixIndex, Remembered};
+use super::prefix_index::{BucketReads, Holder, PrefixIndex, Remembered};
 use super::table::{Change, Tables, Updated};
 use super::{
     Candidate, Claim, HeldPrefix, InstanceLoad, InstanceRef, LoadConfig, LoadView, Target, Ticket,
@@ -52,6 +52,9 @@ pub struct LoadTracker<S: SharedStore> {
     index: PrefixIndex,
     /// What this VM's index writes did since [`LoadTracker::take_index_writes`].
     index_writes: Remembered,
+    /// The prompt being decided and what its lookups read (see
+    /// [`IndexSession`]).
+    index_session: IndexSession,
     /// A deciding configuration sized the index (a VM that only counts, or
     /// only ticks, such as Envoy's main thread, has no index of its own).
     index_sized: bool,
@@ -87,6 +90,7 @@ impl<S: SharedStore> LoadTracker<S> {
             ),
             index: PrefixIndex::new(config.index_bytes),
             index_writes: Remembered::default(),
+            index_session: IndexSession::default(),
             index_sized: false,
             engine_view: None,
             engine_cache: engine::EngineCache::default(),
@@ -444,16 +448,15 @@ impl<S: SharedStore> LoadView for LoadTracker<S> {
             .find(|c| c.instance == *instance)
     }
 
-    fn longest_held(
-        &mut self,
-        chain: &[u64],
-        candidates: &[Candidate],
-        _now_ms: u64,
-    ) -> HeldPrefix {
-        let live = holders_of(candidates);
-        let held = self
-            .index
-            .longest_held(&self.tables, chain, &|h| live.contains(&h));
+    fn longest_held(&mut self, chain: &[u64], candidates: &[Candidate], now_ms: u64) -> HeldPrefix {
+        self.index_session.begin(chain, now_ms);
+        let live = self.index_session.holders_of(candidates);
+        let held = self.index.longest_held(
+            &self.tables,
+            chain,
+            &|h| live.contains(&h),
+            &mut self.index_session.reads,
+        );
         HeldPrefix {
             blocks: held.blocks,
             holders: held.holders.iter().map(|h| h.slot).collect(),
@@ -468,26 +471,64 @@ impl<S: SharedStore> LoadView for LoadTracker<S> {
         candidates: &[Candidate],
         now_ms: u64,
     ) {
-        let live = holders_of(candidates);
-        let holder = Holder::new(instance.slot, addr_hash(&instance.address));
-        let written = self.index.remember(
-            &self.tables,
-            chain,
-            known,
-            holder,
-            &|h| live.contains(&h),
-            now_ms,
-        );
-        self.index_writes.add(written);
+        self.index_session.begin(chain, now_ms);
+        let live = self.index_session.holders_of(candidates);
+        let holder = self.index_session.holder_of(instance);
+        self.remember_chain(chain, known, holder, &live, now_ms);
     }
 }
 
-/// The prefix-index holders of `candidates` (the live instances).
-fn holders_of(candidates: &[Candidate]) -> Vec<Holder> {
-    candidates
-        .iter()
-        .map(|c| Holder::new(c.instance.slot, addr_hash(&c.instance.address)))
-        .collect()
+/// One prompt's use of the prefix index in one callback: the buckets its
+/// lookups read (its recording writes over them instead of reading them
+/// again) and the holders of the candidates (one xxh3 per instance, once).
+/// Whatever another prompt, or the same prompt at another millisecond, left
+/// here is dropped first.
+#[derive(Debug, Default)]
+struct IndexSession {
+    /// (now_ms, chain length, last hash) of the prompt these are for.
+    prompt: Option<(u64, usize, u64)>,
+    reads: BucketReads,
+    /// (slot, holder) of every instance this prompt's calls named.
+    holders: Vec<(u16, Holder)>,
+}
+
+impl IndexSession {
+    fn begin(&mut self, chain: &[u64], now_ms: u64) {
+        let prompt = Some((
+            now_ms,
+            chain.len(),
+            chain.last().copied().unwrap_or_default(),
+        ));
+        if self.prompt != prompt {
+            self.end();
+            self.prompt = prompt;
+        }
+    }
+
+    fn end(&mut self) {
+        self.prompt = None;
+        self.reads.clear();
+        self.holders.clear();
+    }
+
+    /// The prefix-index holders of `candidates` (the live instances),
+    /// hashing only the addresses this prompt's earlier calls did not.
+    fn holders_of(&mut self, candidates: &[Candidate]) -> Vec<Holder> {
+        candidates
+            .iter()
+            .map(|c| self.holder_of(&c.instance))
+            .collect()
+    }
+
+    fn holder_of(&mut self, instance: &InstanceRef) -> Holder {
+        let slot = instance.slot;
+        if let Some((_, holder)) = self.holders.iter().find(|(s, _)| *s == slot) {
+            return *holder;
+        }
+        let holder = Holder::new(slot, addr_hash(&instance.address));
+        self.holders.push((slot, holder));
+        holder
+    }
 }
 
 impl<S: SharedStore> LoadTracker<S> {
@@ -499,11 +540,42 @@ impl<S: SharedStore> LoadTracker<S> {
         let Some(served) = candidates.iter().find(|c| c.instance.address == address) else {
             return;
         };
+        self.index_session.begin(chain, now_ms);
+        let live = self.index_session.holders_of(&candidates);
+        let holder = self.index_session.holder_of(&served.instance);
         let known = self
-            .longest_held(chain, std::slice::from_ref(served), now_ms)
+            .index
+            .longest_held(
+                &self.tables,
+                chain,
+                &|h| h == holder,
+                &mut self.index_session.reads,
+            )
             .blocks;
-        let instance = served.instance.clone();
-        self.remember_held(chain, known, &instance, &candidates, now_ms);
+        self.remember_chain(chain, known, holder, &live, now_ms);
+    }
+
+    /// Records `chain` for `holder` (known to hold `known` blocks of it),
+    /// over this prompt's reads, and ends its session.
+    fn remember_chain(
+        &mut self,
+        chain: &[u64],
+        known: usize,
+        holder: Holder,
+        live: &[Holder],
+        now_ms: u64,
+    ) {
+        let written = self.index.remember(
+            &self.tables,
+            chain,
+            known,
+            holder,
+            &|h| live.contains(&h),
+            now_ms,
+            &mut self.index_session.reads,
+        );
+        self.index_session.end();
+        self.index_writes.add(written);
     }
 
     /// [`LoadView::candidates`], with the configured instances registered,
@@ -528,5 +600,122 @@ impl<S: SharedStore> LoadTracker<S> {
             }
         }
         candidates
+    }
+}
+
+#[cfg(test)]
+mod index_session_tests {
+    use std::rc::Rc;
+
+    use super::*;
+    use crate::shared::MemoryStore;
+
+    const A: &str = "10.0.0.1:8000";
+    const B: &str = "10.0.0.2:8000";
+    const NOW: u64 = 1_700_000_000_000;
+
+    /// A worker's tracker over `store`, having seen A and B serve.
+    fn tracker(store: &Rc<MemoryStore>, vm_nonce: u64) -> LoadTracker<Rc<MemoryStore>> {
+        let mut tracker = LoadTracker::new(Rc::clone(store), LoadConfig::default(), vm_nonce);
+        for address in [A, B] {
+            let start = UpstreamStart {
+                address,
+                key: None,
+                overridden: false,
+                counted: None,
+            };
+            if let Some(ticket) = tracker.upstream_started(start, NOW) {
+                tracker.release(ticket, NOW);
+            }
+        }
+        tracker
+    }
+
+    /// 16 blocks: 4 spans, whose first blocks fall in 4 distinct buckets.
+    fn chain(salt: u64) -> Vec<u64> {
+        (1..=16u64)
+            .map(|k| xxh3_64_with_seed(&k.to_le_bytes(), salt))
+            .collect()
+    }
+
+    fn named<'a>(candidates: &'a [Candidate], address: &str) -> &'a Candidate {
+        candidates
+            .iter()
+            .find(|c| c.instance.address == address)
+            .expect("a known instance")
+    }
+
+    #[test]
+    fn a_decision_reads_each_bucket_once_and_the_next_one_reads_again() {
+        let store = Rc::new(MemoryStore::new());
+        let mut tracker = tracker(&store, 1);
+        let prompt = chain(7);
+        let candidates = tracker.candidates(NOW);
+        let a = named(&candidates, A).clone();
+        let reads = store.reads();
+        let held = tracker.longest_held(&prompt, &candidates, NOW);
+        assert_eq!(held, HeldPrefix::default());
+        assert_eq!(store.reads() - reads, 3, "the last span, then log2(4)");
+        // The decision's second lookup, for the instance it chose: no read.
+        let reads = store.reads();
+        assert_eq!(
+            tracker
+                .longest_held(&prompt, std::slice::from_ref(&a), NOW)
+                .blocks,
+            0
+        );
+        assert_eq!(store.reads(), reads);
+        // Its recording reads only the one bucket no lookup read.
+        let (reads, writes) = (store.reads(), store.successful_sets());
+        tracker.remember_held(&prompt, 0, &a.instance, &candidates, NOW);
+        assert_eq!(
+            (store.reads() - reads, store.successful_sets() - writes),
+            (1, 4)
+        );
+        // The next decision, a millisecond later, reads the index again.
+        let reads = store.reads();
+        let held = tracker.longest_held(&prompt, &candidates, NOW + 1);
+        assert_eq!(held.blocks, 16);
+        assert_eq!(held.holders, vec![a.instance.slot]);
+        assert_eq!(store.reads() - reads, 1);
+    }
+
+    #[test]
+    fn a_later_decision_sees_what_another_vm_recorded_after_the_last_one() {
+        let store = Rc::new(MemoryStore::new());
+        let (mut vm_a, mut vm_b) = (tracker(&store, 1), tracker(&store, 2));
+        let prompt = chain(8);
+        let candidates = vm_a.candidates(NOW);
+        // A decides without recording (Maglev), B records the prompt on B.
+        assert_eq!(vm_a.longest_held(&prompt, &candidates, NOW).blocks, 0);
+        vm_b.remember_where_served(&prompt, B, NOW);
+        let held = vm_a.longest_held(&prompt, &candidates, NOW + 1);
+        assert_eq!(
+            (held.blocks, held.holders),
+            (16, vec![named(&candidates, B).instance.slot])
+        );
+    }
+
+    #[test]
+    fn a_recording_over_reads_another_vm_wrote_since_loses_nothing() {
+        let store = Rc::new(MemoryStore::new());
+        let (mut vm_a, mut vm_b) = (tracker(&store, 1), tracker(&store, 2));
+        let prompt = chain(9);
+        // VM A decides (Maglev: nothing recorded yet) and keeps its reads;
+        // VM B records the same prompt on B meanwhile; then A's response
+        // records it on A, in the same millisecond, over A's old reads.
+        let candidates = vm_a.candidates(NOW);
+        assert_eq!(vm_a.longest_held(&prompt, &candidates, NOW).blocks, 0);
+        vm_b.remember_where_served(&prompt, B, NOW);
+        vm_a.remember_where_served(&prompt, A, NOW);
+        let later = vm_b.candidates(NOW + 1);
+        let mut held = vm_b.longest_held(&prompt, &later, NOW + 1);
+        held.holders.sort_unstable();
+        let mut both = vec![
+            named(&candidates, A).instance.slot,
+            named(&candidates, B).instance.slot,
+        ];
+        both.sort_unstable();
+        assert_eq!((held.blocks, held.holders), (16, both));
     }
 }
