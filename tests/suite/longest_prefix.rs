@@ -755,21 +755,22 @@ fn index_stats(envoy: &Envoy) -> (u64, u64, u64) {
 const INDEX_ENTRY_BYTES: u64 = 16;
 /// How long the index gauges are watched: three of the filter's 1 s ticks.
 const TICKS_WATCHED: Duration = Duration::from_millis(3_100);
-/// Buckets (shared-data keys) a 64 KiB budget buys: 258-byte records.
-const FLOOD_INDEX_KEYS: u64 = FLOOD_INDEX_BYTES / 258;
+/// Buckets (shared-data keys) a 64 KiB budget buys: 1,026-byte records.
+const FLOOD_INDEX_KEYS: u64 = FLOOD_INDEX_BYTES / 1026;
 /// What Envoy keeps per shared-data key beside its value: the key's name
 /// (`prefix-router/<namespace>/v1/prefix/<b>`, ~40 bytes), two string
 /// headers and the map slot. Measured under this flood, less the values
-/// (16 bytes an entry) and ~0.5 MB of Envoy's own growth: ~170 bytes (a
-/// 4 MiB budget, 16,256 keys, 149,317 entries: +5.69 MB; 8 MiB, 32,513
-/// keys, 149,928 entries: +8.35 MB).
+/// (16 bytes an entry) and ~0.5 MB of Envoy's own growth: ~170 bytes
+/// (measured with 16-entry buckets, four times as many keys: a 4 MiB
+/// budget, 16,256 keys, 149,317 entries: +5.69 MB; 8 MiB, 32,513 keys,
+/// 149,928 entries: +8.35 MB).
 const ENVOY_BYTES_PER_KEY: u64 = 256;
 /// Envoy's own heap growth over the flood, beside the index: connection
 /// buffers, stats, allocator caches (+0.5 to 0.7 MB measured with a full
 /// 64 KiB index, of which the index is ~0.12 MB).
 const ENVOY_FLOOD_GROWTH: u64 = 1536 * 1024;
 /// Envoy's heap growth allowed over the flood: the full index and its keys,
-/// plus Envoy's own growth (1.62 MiB in all). An index past its budget
+/// plus Envoy's own growth (1.58 MiB in all). An index past its budget
 /// fails it: a 4 MiB budget grows the heap by 5.69 MB under the same flood.
 const FLOOD_MEMORY_BOUND: u64 =
     FLOOD_INDEX_BYTES + FLOOD_INDEX_KEYS * ENVOY_BYTES_PER_KEY + ENVOY_FLOOD_GROWTH;
