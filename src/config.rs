@@ -987,6 +987,23 @@ mod tests {
         assert_eq!(config, expected);
     }
 
+    /// The README's engine-load example is accepted as pasted and turns the
+    /// fleet-wide bound on.
+    #[test]
+    fn readme_engine_load_example_is_accepted() {
+        let readme = include_str!("../README.md");
+        let json = readme
+            .split("## Which rule protects what")
+            .nth(1)
+            .and_then(|after| after.split("```json").nth(1))
+            .and_then(|block| block.split("```").next())
+            .expect("a json block in the section");
+        let config = Config::parse(json.as_bytes()).expect("the README example is accepted");
+        let engine = config.engine_load.expect("engine_load is set");
+        assert_eq!(engine.cluster, "engine_metrics");
+        assert_eq!(engine.bounds().max_requests, Some(64));
+    }
+
     fn parse(text: &str) -> Result<Config, ConfigError> {
         Config::parse(text.as_bytes())
     }
