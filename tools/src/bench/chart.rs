@@ -21,6 +21,8 @@ fn colour(peer: Peer) -> &'static str {
         Peer::Filter(Strategy::PrefixAware) => "#2a7ab9",
         Peer::LongestPrefix(_) => "#4292c6",
         Peer::TwoEnvoys => "#1b9e77",
+        Peer::PrefixAwareEngine => "#7570b3",
+        Peer::ThreeEnvoys => "#a6761d",
         Peer::FixedPrefix(_) => "#6baed6",
         Peer::SglangCacheAware => "#d95f02",
         Peer::Oracle => "#333333",

@@ -10,6 +10,7 @@ pub mod cli;
 pub mod closed_loop;
 pub mod cpu;
 pub mod demo;
+pub mod engine_load;
 pub mod fleet;
 pub mod instant_upstream;
 pub mod overhead;
