@@ -1,6 +1,7 @@
 //! Everything the filter asks of its host (Envoy), behind one trait,
 //! [`Host`]: headers, body and configuration buffers, local replies, metrics,
-//! properties, the clock, tick period, entropy and shared data. The plugin
+//! properties, the clock, tick period, entropy, shared data and HTTP calls
+//! (the engine-load poller's). The plugin
 //! logic (`plugin`) is written against the trait, so it is tested natively
 //! with an in-memory host; `AbiHost` implements it over the proxy-wasm ABI, in
 //! the `.wasm` only.
@@ -80,6 +81,26 @@ pub trait Host: SharedStore {
     fn set_tick_period_ms(&self, period: u32) -> Result<(), HostStatus>;
     /// 64 random bits from the host's entropy source, `None` if it fails.
     fn random_u64(&self) -> Option<u64>;
+    /// Sends an HTTP request through Envoy's `cluster` (from a root
+    /// context); its answer arrives at that root context's
+    /// `on_http_call_response` under the returned token, at the latest when
+    /// `timeout_ms` has passed.
+    fn dispatch_http_call(
+        &self,
+        cluster: &str,
+        headers: &[(&str, &str)],
+        timeout_ms: u32,
+    ) -> Result<u32, HostStatus>;
+    /// Inside `on_http_call_response`: the answer's headers (`:status`
+    /// among them); empty when Envoy reports no response.
+    fn http_call_response_headers(&self) -> Result<HeaderMap, HostStatus>;
+    /// Inside `on_http_call_response`: up to `len` bytes of the answer's
+    /// body from `start`; `None` if it has none.
+    fn http_call_response_body(
+        &self,
+        start: usize,
+        len: usize,
+    ) -> Result<Option<Vec<u8>>, HostStatus>;
 }
 
 impl<T: Host + ?Sized> Host for std::rc::Rc<T> {
@@ -130,6 +151,24 @@ impl<T: Host + ?Sized> Host for std::rc::Rc<T> {
     }
     fn random_u64(&self) -> Option<u64> {
         (**self).random_u64()
+    }
+    fn dispatch_http_call(
+        &self,
+        cluster: &str,
+        headers: &[(&str, &str)],
+        timeout_ms: u32,
+    ) -> Result<u32, HostStatus> {
+        (**self).dispatch_http_call(cluster, headers, timeout_ms)
+    }
+    fn http_call_response_headers(&self) -> Result<HeaderMap, HostStatus> {
+        (**self).http_call_response_headers()
+    }
+    fn http_call_response_body(
+        &self,
+        start: usize,
+        len: usize,
+    ) -> Result<Option<Vec<u8>>, HostStatus> {
+        (**self).http_call_response_body(start, len)
     }
 }
 
@@ -242,7 +281,9 @@ mod abi {
 
     const MAP_HTTP_REQUEST_HEADERS: u32 = 0;
     const MAP_HTTP_RESPONSE_HEADERS: u32 = 2;
+    const MAP_HTTP_CALL_RESPONSE_HEADERS: u32 = 6;
     const BUFFER_HTTP_REQUEST_BODY: u32 = 0;
+    const BUFFER_HTTP_CALL_RESPONSE_BODY: u32 = 4;
     const BUFFER_PLUGIN_CONFIGURATION: u32 = 7;
 
     /// The ABI's `MetricType`.
@@ -351,14 +392,13 @@ mod abi {
         }
     }
 
-    /// Every request header, in one host call.
-    fn get_request_headers() -> Result<HeaderMap, HostStatus> {
+    /// Every header of `map`, in one host call.
+    fn get_header_map(map: u32) -> Result<HeaderMap, HostStatus> {
         let mut data: *mut u8 = null_mut();
         let mut size: usize = 0;
         // SAFETY: pointers are valid for the call; the host writes a buffer
         // it allocated through our allocator.
-        let status =
-            unsafe { proxy_get_header_map_pairs(MAP_HTTP_REQUEST_HEADERS, &mut data, &mut size) };
+        let status = unsafe { proxy_get_header_map_pairs(map, &mut data, &mut size) };
         match status {
             // SAFETY: see `take`.
             STATUS_OK => HeaderMap::decode(&unsafe { take(data, size) })
@@ -393,7 +433,7 @@ mod abi {
     ) -> Result<Option<Vec<u8>>, HostStatus> {
         let mut data: *mut u8 = null_mut();
         let mut size: usize = 0;
-        // SAFETY: as in `get_request_headers`.
+        // SAFETY: as in `get_header_map`.
         let status =
             unsafe { proxy_get_buffer_bytes(buffer_type, start, max_size, &mut data, &mut size) };
         match status {
@@ -451,7 +491,7 @@ mod abi {
         let path = super::serialize_property_path(path);
         let mut data: *mut u8 = null_mut();
         let mut size: usize = 0;
-        // SAFETY: as in `get_request_headers`.
+        // SAFETY: as in `get_header_map`.
         let status = unsafe { proxy_get_property(path.as_ptr(), path.len(), &mut data, &mut size) };
         match status {
             // SAFETY: see `take`.
@@ -473,6 +513,33 @@ mod abi {
         check(unsafe { proxy_set_tick_period_milliseconds(period) })
     }
 
+    /// The one call made through the SDK rather than the ABI: the SDK's
+    /// dispatcher must record which context sent the call (its
+    /// `proxy_on_http_call_response` export panics on a token it does not
+    /// know), and only `hostcalls::dispatch_http_call` records it. That
+    /// function panics on a status other than Ok, BadArgument and
+    /// InternalFailure; Envoy's `Context::httpCall`
+    /// (`source/extensions/common/wasm/context.cc`) answers no other. The
+    /// headers it checks (`:method`, `:path`, `:authority`) are always sent,
+    /// and an empty cluster name is refused here, before the call.
+    fn dispatch_http_call(
+        cluster: &str,
+        headers: &[(&str, &str)],
+        timeout_ms: u32,
+    ) -> Result<u32, HostStatus> {
+        const STATUS_BAD_ARGUMENT: u32 = 2;
+        const STATUS_INTERNAL_FAILURE: u32 = 10;
+        if cluster.is_empty() {
+            return Err(HostStatus(STATUS_BAD_ARGUMENT));
+        }
+        let timeout = std::time::Duration::from_millis(u64::from(timeout_ms));
+        proxy_wasm::hostcalls::dispatch_http_call(cluster, headers.to_vec(), None, vec![], timeout)
+            .map_err(|status| match status {
+                proxy_wasm::types::Status::BadArgument => HostStatus(STATUS_BAD_ARGUMENT),
+                _ => HostStatus(STATUS_INTERNAL_FAILURE),
+            })
+    }
+
     fn random_u64() -> Option<u64> {
         let mut bytes = [0u8; 8];
         // SAFETY: the pointer is valid for `bytes.len()` bytes for the call.
@@ -487,7 +554,7 @@ mod abi {
 
     impl Host for AbiHost {
         fn request_headers(&self) -> Result<HeaderMap, HostStatus> {
-            get_request_headers()
+            get_header_map(MAP_HTTP_REQUEST_HEADERS)
         }
         fn replace_request_header(&self, name: &str, value: &[u8]) -> Result<(), HostStatus> {
             replace_header(MAP_HTTP_REQUEST_HEADERS, name, value)
@@ -534,6 +601,24 @@ mod abi {
         fn random_u64(&self) -> Option<u64> {
             random_u64()
         }
+        fn dispatch_http_call(
+            &self,
+            cluster: &str,
+            headers: &[(&str, &str)],
+            timeout_ms: u32,
+        ) -> Result<u32, HostStatus> {
+            dispatch_http_call(cluster, headers, timeout_ms)
+        }
+        fn http_call_response_headers(&self) -> Result<HeaderMap, HostStatus> {
+            get_header_map(MAP_HTTP_CALL_RESPONSE_HEADERS)
+        }
+        fn http_call_response_body(
+            &self,
+            start: usize,
+            len: usize,
+        ) -> Result<Option<Vec<u8>>, HostStatus> {
+            get_buffer(BUFFER_HTTP_CALL_RESPONSE_BODY, start, len)
+        }
     }
 
     impl SharedStore for AbiHost {
@@ -541,7 +626,7 @@ mod abi {
             let mut data: *mut u8 = null_mut();
             let mut size: usize = 0;
             let mut cas: u32 = 0;
-            // SAFETY: as in `get_request_headers`.
+            // SAFETY: as in `get_header_map`.
             let status = unsafe {
                 proxy_get_shared_data(key.as_ptr(), key.len(), &mut data, &mut size, &mut cas)
             };

@@ -29,6 +29,8 @@
 //! - [`metrics`]: the names of the stats the filter exports.
 //! - [`shared`]: the proxy-wasm shared-data contract, with an in-memory store.
 //! - [`load`]: in-flight accounting and learned tables in shared data.
+//! - [`engine_load`]: the engines' own load, read from their `/metrics`
+//!   (the parser, and when each instance is polled).
 //! - [`steering`]: from a policy's decision to the headers the plugin writes.
 //! - [`strategy`]: the routing policies (prefix-aware with overflow, least
 //!   outstanding, random).

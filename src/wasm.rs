@@ -46,7 +46,20 @@ fn action(flow: Flow) -> Action {
 
 struct RootGlue(PluginRoot);
 
-impl Context for RootGlue {}
+impl Context for RootGlue {
+    fn on_http_call_response(
+        &mut self,
+        token_id: u32,
+        num_headers: usize,
+        body_size: usize,
+        _num_trailers: usize,
+    ) {
+        with_vm((), |vm| {
+            self.0
+                .http_call_response(vm, token_id, num_headers, body_size)
+        });
+    }
+}
 
 impl RootContext for RootGlue {
     fn on_vm_start(&mut self, _vm_configuration_size: usize) -> bool {

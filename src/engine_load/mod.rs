@@ -45,8 +45,8 @@ pub fn instance_gauge_name(prefix: &str, address: &str) -> String {
     name
 }
 
-/// Every stat the poller defines, as documented (per-instance ones with
-/// `<instance>`, per-reason ones with each reason).
+/// Every stat the poller defines, as `docs/metrics.md` names them
+/// (per-instance ones as `<prefix>.<ip>_<port>`, one per failure reason).
 pub fn documented_stat_names() -> Vec<String> {
     let mut names = vec![POLLS.to_string(), POLLS_SKIPPED.to_string()];
     names.extend(
@@ -59,7 +59,7 @@ pub fn documented_stat_names() -> Vec<String> {
         KV_USAGE_GAUGE_PREFIX,
         SAMPLE_AGE_GAUGE_PREFIX,
     ] {
-        names.push(format!("{prefix}.<instance>"));
+        names.push(format!("{prefix}.<ip>_<port>"));
     }
     names
 }

@@ -11,9 +11,9 @@
 //!   was sent, so proxies started together drift apart instead of polling
 //!   every instance in step.
 //! - **Log once per change.** Each instance remembers whether its last poll
-//!   gave a sample, and why not; only a change of that state is reported
-//!   (a warning when it starts failing or fails for another reason, an info
-//!   line when it recovers), not every failed poll.
+//!   gave a sample; only a change of that state is reported (a warning with
+//!   the fault when it starts failing, an info line when it recovers), not
+//!   every failed poll.
 
 use std::collections::HashMap;
 
@@ -31,11 +31,11 @@ pub enum PollFault {
     /// No answer within the timeout (Envoy's 504 at the timeout, or no
     /// callback at all).
     Timeout,
-    /// No answer: Envoy refused the call, or reset it before any response
-    /// (the endpoint went away, the cluster is missing).
+    /// No answer: Envoy refused the call, reset it before any response, or
+    /// answered its own 503 for an endpoint it cannot reach (refused,
+    /// closed, gone).
     Unreachable(String),
-    /// An answer other than 200 (Envoy's own 503 when it cannot connect
-    /// shows here too, with its text).
+    /// An answer other than 200 from the endpoint.
     Status { status: u32, excerpt: String },
     /// A 200 whose body lacks a needed series or gives it a bad value.
     Body(BodyFault),
@@ -70,6 +70,11 @@ impl std::fmt::Display for PollFault {
     }
 }
 
+/// How Envoy's 503 local replies begin when the endpoint cannot be reached
+/// (`source/common/router/router.cc`; seen for a closed port and for a
+/// server that closes the connection).
+const ENVOY_UNREACHABLE: [&[u8]; 2] = [b"upstream connect error", b"no healthy upstream"];
+
 /// What one answer to a poll says: the engine's load, or why there is none.
 /// `status` None: Envoy reported no response at all; `elapsed_ms` is the
 /// time since the call was sent.
@@ -86,6 +91,11 @@ pub fn judge(
         None if timed_out => Err(PollFault::Timeout),
         None => Err(PollFault::Unreachable("reset before a response".into())),
         Some(504) if timed_out => Err(PollFault::Timeout),
+        // Envoy's own answer when it cannot reach the endpoint (refused,
+        // reset, gone): the texts of its local replies.
+        Some(503) if ENVOY_UNREACHABLE.iter().any(|t| body.starts_with(t)) => {
+            Err(PollFault::Unreachable(excerpt(body)))
+        }
         Some(200) => metrics_text::parse(body, series).map_err(PollFault::Body),
         Some(status) => Err(PollFault::Status {
             status,
@@ -224,6 +234,20 @@ impl Poller {
         gone
     }
 
+    /// The earliest time something is due: a poll, or giving up an open
+    /// call (`timeout_ms` + [`GIVE_UP_GRACE_MS`] after it was sent). None
+    /// when no instance is known yet.
+    pub fn next_due_ms(&self, timeout_ms: u64) -> Option<u64> {
+        let give_up = timeout_ms.saturating_add(GIVE_UP_GRACE_MS) + 1;
+        self.by_address
+            .values()
+            .map(|p| match p.open {
+                Some((_, sent_ms)) => p.due_ms.min(sent_ms.saturating_add(give_up)),
+                None => p.due_ms,
+            })
+            .min()
+    }
+
     /// Calls open now.
     pub fn open_calls(&self) -> usize {
         self.by_address
@@ -238,11 +262,14 @@ impl Poller {
         let polled = self.by_address.get_mut(address)?;
         match outcome {
             Ok(()) => polled.failing.take().map(|_| Change::Recovered),
-            Err(fault) => {
-                let reason = fault.reason();
-                (polled.failing.replace(reason) != Some(reason))
-                    .then(|| Change::Failing(fault.clone()))
-            }
+            // Failing for another reason than before is no change of
+            // state (the stats count each reason); an endpoint alternating
+            // between two faults logs once.
+            Err(fault) => polled
+                .failing
+                .replace(fault.reason())
+                .is_none()
+                .then(|| Change::Failing(fault.clone())),
         }
     }
 }
@@ -331,6 +358,21 @@ mod tests {
     }
 
     #[test]
+    fn the_next_due_time_covers_polls_and_giving_up() {
+        let mut poller = Poller::default();
+        assert_eq!(poller.next_due_ms(400), None);
+        let fleet = [instance(0, 8001), instance(1, 8002)];
+        poller.due(&fleet, 0);
+        assert_eq!(poller.next_due_ms(400), Some(0));
+        poller.sent(&fleet[0].address, Some(1), 0, 10_000, 0);
+        poller.sent(&fleet[1].address, None, 0, 10_000, 0);
+        // Both next due at 8 s; the open call is given up first.
+        assert_eq!(poller.next_due_ms(400), Some(400 + GIVE_UP_GRACE_MS + 1));
+        poller.answered(1);
+        assert_eq!(poller.next_due_ms(400), Some(8_000));
+    }
+
+    #[test]
     fn a_refused_send_leaves_no_open_call() {
         let mut poller = Poller::default();
         let fleet = [instance(0, 8001)];
@@ -373,8 +415,8 @@ mod tests {
         };
         assert_eq!(
             poller.ended(address, Err(&status)),
-            Some(Change::Failing(status.clone())),
-            "another reason is another state"
+            None,
+            "another reason is the same state"
         );
         assert_eq!(poller.ended(address, Ok(())), Some(Change::Recovered));
         assert_eq!(poller.ended(address, Ok(())), None);
@@ -408,10 +450,22 @@ mod tests {
             Err("unreachable")
         );
         assert_eq!(
-            judge(Some(503), b"upstream connect error\n", 3, 400, &vllm()),
+            judge(
+                Some(503),
+                b"upstream connect error or disconnect/reset before headers. reset reason: \
+                  remote connection failure",
+                3,
+                400,
+                &vllm()
+            )
+            .map_err(|f| f.reason()),
+            Err("unreachable")
+        );
+        assert_eq!(
+            judge(Some(503), b"overloaded\n", 3, 400, &vllm()),
             Err(PollFault::Status {
                 status: 503,
-                excerpt: "upstream connect error".into()
+                excerpt: "overloaded".into()
             })
         );
         assert_eq!(

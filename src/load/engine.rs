@@ -90,6 +90,7 @@ impl EngineRecord {
     }
 
     /// True if the estimate reaches a configured bound.
+    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn over(&self, bounds: &EngineBounds, in_flight_now: u32) -> bool {
         let requests = bounds
             .max_requests

@@ -18,14 +18,18 @@
 //!
 //! [`Host`]: crate::host::Host
 
+mod engine_poll;
 mod metric_ids;
 mod root;
 mod stream;
 mod vm;
 
 #[cfg(test)]
+mod engine_poll_tests;
+#[cfg(test)]
 mod tests;
 
+pub use engine_poll::{EnginePolling, ORIGINAL_DST_HOST_HEADER};
 pub use metric_ids::MetricIds;
 pub use root::{PluginRoot, TICK_PERIOD_MS};
 pub use stream::Stream;

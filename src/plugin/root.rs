@@ -1,9 +1,11 @@
 //! One root context per plugin: its configuration (read and validated on
 //! every `on_configure`), the policy that configuration selects, its metric
-//! ids, and the 1 s tick (metric flush, heartbeat, count repair, gauges).
+//! ids, and the 1 s tick (metric flush, heartbeat, count repair, gauges), or a
+//! faster one while the engines' load is polled (`engine_load`).
 
 use std::rc::Rc;
 
+use super::engine_poll;
 use super::metric_ids::MetricIds;
 use super::stream::Stream;
 use super::vm::Vm;
@@ -61,7 +63,7 @@ impl PluginRoot {
         match Config::parse(&bytes) {
             Ok(config) => {
                 log::info!(
-                    "prefix-router: configured: strategy {}, match {}, prefix_length {}, block_bytes {}, index_bytes {}, load_margin {}, concurrency_threshold {}, max_body_bytes {}, key_header {}, host_header {}, tenant_header {}, decision_header {}, instance_ttl_ms {}, include_model {}, body_tenant {}, counting {}, {} configured instances, {} path rules",
+                    "prefix-router: configured: strategy {}, match {}, prefix_length {}, block_bytes {}, index_bytes {}, load_margin {}, concurrency_threshold {}, max_body_bytes {}, key_header {}, host_header {}, tenant_header {}, decision_header {}, instance_ttl_ms {}, include_model {}, body_tenant {}, counting {}, {} configured instances, {} path rules, engine_load {}",
                     config.strategy.as_str(),
                     config.matching.as_str(),
                     config.prefix_length,
@@ -79,7 +81,11 @@ impl PluginRoot {
                     config.body_tenant,
                     config.counting.as_str(),
                     config.instances.len(),
-                    config.path_rules.len()
+                    config.path_rules.len(),
+                    config
+                        .engine_load
+                        .as_ref()
+                        .map_or_else(|| "off".to_string(), |e| format!("({})", e.describe()))
                 );
                 self.policy = Rc::new(steering::policy_for(&config));
                 self.config = Rc::new(config);
@@ -87,11 +93,16 @@ impl PluginRoot {
                 if self.metrics.is_empty() {
                     self.metrics = Rc::new(MetricIds::define(host));
                 }
-                warn_on_error(
-                    "set tick period",
-                    "root",
-                    host.set_tick_period_ms(TICK_PERIOD_MS),
-                );
+                // Polling ticks faster than the rest of the tick's work,
+                // which `Vm::tick_due` keeps to once per TICK_PERIOD_MS.
+                let period = self
+                    .config
+                    .engine_load
+                    .as_ref()
+                    .map_or(TICK_PERIOD_MS, |e| {
+                        engine_poll::tick_period_ms(e).min(TICK_PERIOD_MS)
+                    });
+                warn_on_error("set tick period", "root", host.set_tick_period_ms(period));
                 true
             }
             Err(error) => {
@@ -107,6 +118,9 @@ impl PluginRoot {
     pub fn tick<H: Host + Clone>(&self, vm: &mut Vm<H>) {
         vm.flush_metrics();
         let now = vm.now_ms();
+        if let Some(engine) = &self.config.engine_load {
+            engine_poll::tick(vm, &self.config, engine, now);
+        }
         if !vm.tick_due(now, TICK_PERIOD_MS) {
             return;
         }
@@ -116,6 +130,18 @@ impl PluginRoot {
         });
         vm.publish_gauges(&loads);
         self.metrics.publish_index(vm, &index_writes, capacity);
+    }
+
+    /// `on_http_call_response`: an answer to one of this root's engine polls.
+    pub fn http_call_response<H: Host + Clone>(
+        &self,
+        vm: &mut Vm<H>,
+        token: u32,
+        num_headers: usize,
+        body_size: usize,
+    ) {
+        let now = vm.now_ms();
+        engine_poll::answer(vm, &self.config, token, num_headers, body_size, now);
     }
 
     /// `create_http_context`: a stream that keeps this root's configuration,

@@ -1,11 +1,13 @@
 //! One worker VM's state, shared by every root and stream context of the VM
 //! (listener and upstream filters, old and new configurations): the handle on
 //! the shared load tables, the metric updates not yet handed to Envoy, the
-//! in-flight gauges, when the tick last did its work, and the random source.
+//! in-flight gauges, when the tick last did its work, the random source, and
+//! the engine-load poller's state.
 //! Kept across configuration updates (Envoy reuses the VM for them).
 
 use std::collections::HashMap;
 
+use super::engine_poll::EnginePolling;
 use super::warn_on_error;
 use crate::config::Config;
 use crate::counting_check::{AtResponse, UpstreamFilterCheck};
@@ -47,6 +49,8 @@ pub struct Vm<H: Host + Clone> {
     upstream_check: UpstreamFilterCheck,
     /// Upstream role: this VM's upstream filter has left its mark.
     upstream_marked: bool,
+    /// The engine-load poller's state (`engine_load`).
+    engine_polling: EnginePolling,
 }
 
 impl<H: Host + Clone> Vm<H> {
@@ -61,7 +65,23 @@ impl<H: Host + Clone> Vm<H> {
             random_state: None,
             upstream_check: UpstreamFilterCheck::default(),
             upstream_marked: false,
+            engine_polling: EnginePolling::default(),
         }
+    }
+
+    /// The engine-load poller's state, taken out while the poller works on
+    /// the VM (give it back with [`Self::put_engine_polling`]).
+    pub fn take_engine_polling(&mut self) -> EnginePolling {
+        std::mem::take(&mut self.engine_polling)
+    }
+
+    pub fn put_engine_polling(&mut self, state: EnginePolling) {
+        self.engine_polling = state;
+    }
+
+    /// The engine-load poller's state (tests).
+    pub fn engine_polling(&self) -> &EnginePolling {
+        &self.engine_polling
     }
 
     /// Listener role: whether decisions should keep what counting at the

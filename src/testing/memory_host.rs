@@ -31,6 +31,27 @@ pub(crate) struct SentReply {
     pub(crate) body: Vec<u8>,
 }
 
+/// An answer to an HTTP call: its headers and body.
+type CallAnswer = (Vec<(String, Vec<u8>)>, Vec<u8>);
+
+/// An HTTP call the filter dispatched.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SentCall {
+    pub(crate) token: u32,
+    pub(crate) cluster: String,
+    pub(crate) headers: Vec<(String, String)>,
+    pub(crate) timeout_ms: u32,
+}
+
+impl SentCall {
+    pub(crate) fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
 /// See the module documentation.
 #[derive(Debug, Default)]
 pub(crate) struct MemoryHost {
@@ -46,6 +67,11 @@ pub(crate) struct MemoryHost {
     replies: RefCell<Vec<SentReply>>,
     tick_period_ms: Cell<Option<u32>>,
     calls: RefCell<Vec<String>>,
+    http_calls: RefCell<Vec<SentCall>>,
+    /// What dispatching answers instead of a token (`None`: a token).
+    http_call_refusal: Cell<Option<HostStatus>>,
+    /// The answer being delivered: headers and body (`None`: no response).
+    http_call_answer: RefCell<Option<CallAnswer>>,
 }
 
 impl MemoryHost {
@@ -157,6 +183,27 @@ impl MemoryHost {
 
     pub(crate) fn tick_period_ms(&self) -> Option<u32> {
         self.tick_period_ms.get()
+    }
+
+    /// The HTTP calls dispatched since the last call of this.
+    pub(crate) fn take_http_calls(&self) -> Vec<SentCall> {
+        std::mem::take(&mut *self.http_calls.borrow_mut())
+    }
+
+    /// Makes dispatching refuse with `status` (`None`: accept again).
+    pub(crate) fn refuse_http_calls(&self, status: Option<HostStatus>) {
+        self.http_call_refusal.set(status);
+    }
+
+    /// The answer the next `http_call_response_*` calls read: `status` and
+    /// `body`, or (`None`) no response at all.
+    pub(crate) fn set_http_call_answer(&self, answer: Option<(u32, &[u8])>) {
+        *self.http_call_answer.borrow_mut() = answer.map(|(status, body)| {
+            (
+                vec![(":status".to_string(), status.to_string().into_bytes())],
+                body.to_vec(),
+            )
+        });
     }
 
     /// The host calls made since the last call of this, by name (e.g.
@@ -299,6 +346,58 @@ impl Host for MemoryHost {
     fn random_u64(&self) -> Option<u64> {
         self.log("random_u64".into());
         self.entropy.get()
+    }
+
+    fn dispatch_http_call(
+        &self,
+        cluster: &str,
+        headers: &[(&str, &str)],
+        timeout_ms: u32,
+    ) -> Result<u32, HostStatus> {
+        self.log(format!("dispatch_http_call {cluster}"));
+        if let Some(status) = self.http_call_refusal.get() {
+            return Err(status);
+        }
+        static NEXT_TOKEN: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
+        let token = NEXT_TOKEN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.http_calls.borrow_mut().push(SentCall {
+            token,
+            cluster: cluster.to_string(),
+            headers: headers
+                .iter()
+                .map(|(n, v)| (n.to_string(), v.to_string()))
+                .collect(),
+            timeout_ms,
+        });
+        Ok(token)
+    }
+
+    fn http_call_response_headers(&self) -> Result<HeaderMap, HostStatus> {
+        self.log("http_call_response_headers".into());
+        let answer = self.http_call_answer.borrow();
+        let pairs = answer
+            .as_ref()
+            .map(|(headers, _)| {
+                headers
+                    .iter()
+                    .map(|(n, v)| (n.as_bytes().to_vec(), v.clone()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        Ok(HeaderMap::from_pairs(pairs))
+    }
+
+    fn http_call_response_body(
+        &self,
+        start: usize,
+        len: usize,
+    ) -> Result<Option<Vec<u8>>, HostStatus> {
+        self.log("http_call_response_body".into());
+        let answer = self.http_call_answer.borrow();
+        Ok(answer.as_ref().and_then(|(_, body)| {
+            let end = start.saturating_add(len).min(body.len());
+            body.get(start..end).map(<[u8]>::to_vec)
+        }))
     }
 }
 

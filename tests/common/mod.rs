@@ -48,8 +48,18 @@ impl Harness {
 
     /// Same, with any further launcher options.
     pub fn start_with(customise: impl FnOnce(EnvoyBuilder) -> EnvoyBuilder) -> Self {
+        Self::start_prepared(|_| {}, customise)
+    }
+
+    /// [`Harness::start_with`], with the instances set up by `prepare`
+    /// before Envoy starts (e.g. what their `/metrics` answers).
+    pub fn start_prepared(
+        prepare: impl FnOnce(&UpstreamFleet),
+        customise: impl FnOnce(EnvoyBuilder) -> EnvoyBuilder,
+    ) -> Self {
         let fleet = UpstreamFleet::start(INSTANCES)
             .unwrap_or_else(|e| panic!("starting upstream instances: {e:#}"));
+        prepare(&fleet);
         let builder = Envoy::builder().upstreams(fleet.addrs());
         let envoy = customise(builder).start().unwrap_or_else(|e| panic!("{e}"));
         Harness { envoy, fleet }

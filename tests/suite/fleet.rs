@@ -271,9 +271,15 @@ async fn an_upstream_filter_under_another_vm_id_is_detected_and_the_cap_holds() 
             let mut renamed = 0;
             let clusters = c["static_resources"]["clusters"].as_sequence_mut();
             for cluster in clusters.into_iter().flatten() {
-                let filters = cluster["typed_extension_protocol_options"]
-                    ["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]["http_filters"]
-                    .as_sequence_mut();
+                // get_mut, not indexing: indexing would give a cluster without
+                // upstream filters (engine_metrics) a null list Envoy rejects.
+                let filters = cluster
+                    .get_mut("typed_extension_protocol_options")
+                    .and_then(|o| {
+                        o.get_mut("envoy.extensions.upstreams.http.v3.HttpProtocolOptions")
+                    })
+                    .and_then(|o| o.get_mut("http_filters"))
+                    .and_then(|f| f.as_sequence_mut());
                 for filter in filters.into_iter().flatten() {
                     // get_mut, not indexing: indexing would add the path to
                     // the codec filter too.

@@ -9,6 +9,9 @@
 //! requests and the maximum reached, so tests check a concurrency cap where it
 //! matters: at the instance.
 //!
+//! An instance can also answer `GET /metrics` as a test chooses
+//! ([`MetricsReply`]): an engine's series, an error, garbage, silence.
+//!
 //! A fleet runs on its own small tokio runtime, so it works the same from
 //! synchronous code (xtask) and from inside async tests.
 
@@ -53,6 +56,28 @@ pub const SSE_INTERVAL_HEADER: &str = "x-upstream-sse-interval-ms";
 
 /// Bound on a `hang`: a test run never leaves a task behind for longer.
 pub const HANG_LIMIT: Duration = Duration::from_secs(120);
+
+/// How an instance answers `GET /metrics` (the engine-load poller's path;
+/// see [`UpstreamFleet::set_metrics`]). Every such request is recorded like
+/// any other, so tests count polls at the instance.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum MetricsReply {
+    /// Like any other request (the default: tests that do not poll see no
+    /// difference).
+    #[default]
+    Ordinary,
+    /// 200 with this text (e.g. vLLM's series, or garbage).
+    Text(String),
+    /// This status, with a short text body.
+    Status(u16),
+    /// Never answers (until [`HANG_LIMIT`] or the peer closes).
+    Hang,
+    /// Closes the connection without answering.
+    Reset,
+}
+
+/// The path whose answer [`MetricsReply`] sets.
+pub const METRICS_PATH: &str = "/metrics";
 
 /// What one instance received in one request.
 #[derive(Debug, Clone)]
@@ -129,6 +154,7 @@ struct Instance {
     name: String,
     addr: SocketAddr,
     load: Arc<Load>,
+    metrics: Arc<Mutex<MetricsReply>>,
 }
 
 /// Several recording instances sharing one log of received requests.
@@ -160,19 +186,38 @@ impl UpstreamFleet {
             listener.set_nonblocking(true)?;
             let addr = listener.local_addr()?;
             let load = Arc::new(Load::default());
+            let metrics = Arc::new(Mutex::new(MetricsReply::default()));
             let server = Server {
                 name: name.clone(),
                 records: Arc::clone(&records),
                 load: Arc::clone(&load),
+                metrics: Arc::clone(&metrics),
             };
             runtime.spawn(serve(listener, server));
-            instances.push(Instance { name, addr, load });
+            instances.push(Instance {
+                name,
+                addr,
+                load,
+                metrics,
+            });
         }
         Ok(UpstreamFleet {
             runtime: Some(runtime),
             instances,
             records,
         })
+    }
+
+    /// Sets how instance `index` answers `GET /metrics` from now on.
+    pub fn set_metrics(&self, index: usize, reply: MetricsReply) -> anyhow::Result<()> {
+        let Some(instance) = self.instances.get(index) else {
+            bail!("no upstream instance {index}");
+        };
+        *instance
+            .metrics
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = reply;
+        Ok(())
     }
 
     /// Instance addresses, in name order.
@@ -329,6 +374,7 @@ struct Server {
     name: String,
     records: Arc<Mutex<Vec<RecordedRequest>>>,
     load: Arc<Load>,
+    metrics: Arc<Mutex<MetricsReply>>,
 }
 
 /// The instance closes the connection instead of answering.
@@ -430,8 +476,31 @@ async fn handle(
         "{{\"served_by\":\"{name}\",\"body_bytes\":{},\"body_sha256\":\"{}\"}}",
         record.body_len, record.body_sha256
     );
+    let is_metrics = parts.method == hyper::Method::GET && parts.uri.path() == METRICS_PATH;
     // Recorded before answering: once the client has the response, the record exists.
     lock(&server.records).push(record);
+    if is_metrics {
+        let reply = server
+            .metrics
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone();
+        match reply {
+            MetricsReply::Ordinary => {}
+            MetricsReply::Text(text) => {
+                return Ok(response(200, name, ReplyBody::full(text, in_flight)))
+            }
+            MetricsReply::Status(status) => {
+                let text = format!("metrics answer {status} requested");
+                return Ok(response(status, name, ReplyBody::full(text, in_flight)));
+            }
+            MetricsReply::Hang => {
+                tokio::time::sleep(HANG_LIMIT).await;
+                return Err(ResetRequested);
+            }
+            MetricsReply::Reset => return Err(ResetRequested),
+        }
+    }
     if !hold.is_zero() {
         tokio::time::sleep(hold).await;
     }

@@ -8,7 +8,7 @@
 
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
-use super::engine::{EngineRecord, EngineView};
+use super::engine::EngineView;
 use super::instances::InstanceRecord;
 use super::mark::UpstreamFilterMark;
 use super::prefix_index::{Holder, PrefixIndex, Remembered};
@@ -21,6 +21,7 @@ use crate::headers::PENDING_MARK;
 use crate::shared::SharedStore;
 
 mod columns;
+mod engine;
 mod learned;
 mod registry;
 
@@ -55,6 +56,8 @@ pub struct LoadTracker<S: SharedStore> {
     /// How decisions use the engines' samples (None: engine load is off,
     /// decisions see this Envoy's counts only).
     engine_view: Option<EngineView>,
+    /// Engine samples as this VM last read them.
+    engine_cache: engine::EngineCache,
 }
 
 fn addr_hash(address: &str) -> u64 {
@@ -84,6 +87,7 @@ impl<S: SharedStore> LoadTracker<S> {
             index_writes: Remembered::default(),
             index_sized: false,
             engine_view: None,
+            engine_cache: engine::EngineCache::default(),
             config,
         }
     }
@@ -522,19 +526,5 @@ impl<S: SharedStore> LoadTracker<S> {
             }
         }
         candidates
-    }
-
-    /// The engine sample of `instance`, if fresh and of that address.
-    pub(crate) fn engine_sample(
-        &mut self,
-        instance: &InstanceRef,
-        max_age_ms: u64,
-        now_ms: u64,
-    ) -> Option<EngineRecord> {
-        let key = self.tables.key(format_args!("engine/{}", instance.slot));
-        let record: EngineRecord = self.tables.read(&key).record;
-        record
-            .is_fresh(addr_hash(&instance.address), now_ms, max_age_ms)
-            .then_some(record)
     }
 }

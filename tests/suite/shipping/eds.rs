@@ -24,6 +24,7 @@ fn eds_example_differs_from_envoy_yaml_only_in_where_endpoints_come_from() {
     let mut shipped = yaml("envoy/envoy.yaml");
     // EDS delivers the endpoints; a static `instances` list would go stale.
     remove_configured_fleet(&mut shipped);
+    remove_engine_metrics_cluster(&mut shipped);
     for config in [&mut eds, &mut shipped] {
         for cluster in clusters_mut(config) {
             remove(cluster, &["type"]);

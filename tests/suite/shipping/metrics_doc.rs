@@ -21,6 +21,7 @@ fn metrics_doc_and_dashboards_name_every_stat_the_filter_defines() {
         .map(|c| c.name().to_string())
         .collect();
     defined.push(prefix_router::metrics::BYTES_INSPECTED.to_string());
+    defined.extend(prefix_router::engine_load::documented_stat_names());
     // Decision counters are documented once, as `prefix_router.decision.<kind>`
     // with every kind listed.
     for kind in prefix_router::metrics::DECISION_KINDS {

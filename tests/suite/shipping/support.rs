@@ -386,10 +386,25 @@ pub fn remove_configured_fleet(config: &mut Value) {
 /// health-checked instances) is `envoy/envoy.yaml` but for the admin address,
 /// the `.wasm` path and the clusters' endpoints (the `instances` the plugin
 /// configuration lists among them).
+/// `envoy/envoy.yaml` ships the `engine_metrics` cluster (ORIGINAL_DST, no
+/// endpoints) that `engine_load` polls through; the deployment copies carry
+/// it commented out. Removes it, failing unless there is exactly one.
+pub fn remove_engine_metrics_cluster(config: &mut Value) {
+    let clusters = clusters_mut(config);
+    let before = clusters.len();
+    clusters.retain(|cluster| cluster["name"] != "engine_metrics");
+    assert_eq!(
+        clusters.len() + 1,
+        before,
+        "one engine_metrics cluster in envoy/envoy.yaml"
+    );
+}
+
 pub fn assert_only_deployment_differs(rel: &str) {
     let mut copy = yaml(rel);
     let mut shipped = yaml("envoy/envoy.yaml");
     remove_configured_fleet(&mut shipped);
+    remove_engine_metrics_cluster(&mut shipped);
     for config in [&mut copy, &mut shipped] {
         remove(config, &["admin", "address"]);
         set_wasm_filename(config, "WASM");

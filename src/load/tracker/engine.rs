@@ -1,0 +1,229 @@
+//! The engines' samples in shared data, as this VM sees them: the poller's
+//! lease and instance list, its writes of each instance's sample
+//! (`engine/<slot>`), and the one reader decisions use, through a per-VM
+//! cache so that a decision does not read every instance's key on every
+//! request.
+
+use std::collections::HashMap;
+
+use super::super::engine::EngineRecord;
+use super::super::lease::{self, Heartbeat, Lease};
+use super::super::table::{Change, Tables, Updated};
+use super::super::{EngineLoad, InstanceRef, LoadView};
+use super::{addr_hash, LoadTracker};
+use crate::shared::SharedStore;
+
+/// How long a VM reuses an engine record it read before reading it again.
+/// Samples arrive every `interval_ms` (500 ms by default, 50 ms at the
+/// least), so reading a slot at most every 50 ms per VM adds at most 50 ms
+/// to a sample's age (a cleared record, after a failed poll, is seen at most
+/// 50 ms late), while a burst of requests reads each instance's key once.
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) const ENGINE_CACHE_MS: u64 = 50;
+
+/// The shared-data key of instance slot `slot`'s engine sample.
+fn engine_key<S: SharedStore>(tables: &Tables<S>, slot: u16) -> String {
+    tables.key(format_args!("engine/{slot}"))
+}
+
+/// The poller lease's key: one poller per Envoy (per shared-data map).
+fn poller_key<S: SharedStore>(tables: &Tables<S>) -> String {
+    tables.key(format_args!("engine-poller"))
+}
+
+/// This VM's engine records as last read, by slot, with when.
+#[derive(Debug, Default)]
+pub(super) struct EngineCache {
+    by_slot: HashMap<u16, (u64, EngineRecord)>,
+}
+
+impl<S: SharedStore> LoadTracker<S> {
+    /// Whether this VM (`nonce`, random per VM) polls the engines: it holds
+    /// the poller lease, or takes it because it is free or its holder has
+    /// not renewed it for `lease_ms`. The holder renews it when a quarter of
+    /// `lease_ms` has passed since it last did.
+    pub fn hold_engine_poller(&mut self, nonce: u64, now_ms: u64, lease_ms: u64) -> bool {
+        let key = poller_key(&self.tables);
+        let held: Lease = self.tables.read(&key).record;
+        if held.nonce == nonce && held.is_live(now_ms, lease_ms) {
+            if now_ms.saturating_sub(held.heartbeat_ms) >= lease_ms / 4 {
+                return lease::heartbeat(&self.tables, &key, nonce, now_ms) != Heartbeat::Lost;
+            }
+            return true;
+        }
+        if held.is_live(now_ms, lease_ms) {
+            return false;
+        }
+        lease::try_claim(&self.tables, &key, nonce, now_ms, lease_ms)
+    }
+
+    /// The instances the poller polls: every fresh instance the tracker
+    /// knows, configured and learned.
+    pub fn engine_poll_targets(&mut self, now_ms: u64) -> Vec<InstanceRef> {
+        self.fresh_candidates(now_ms)
+            .into_iter()
+            .map(|c| c.instance)
+            .collect()
+    }
+
+    /// Stores `load`, just read from `instance`'s engine, with this Envoy's
+    /// in-flight count on it now (all worker VMs). False if the instance no
+    /// longer holds its slot or the write did not get through.
+    pub fn store_engine_sample(
+        &mut self,
+        instance: &InstanceRef,
+        load: EngineLoad,
+        now_ms: u64,
+    ) -> bool {
+        let Some(base_in_flight) = self.in_flight(instance, now_ms) else {
+            return false;
+        };
+        let record = EngineRecord {
+            addr_hash: addr_hash(&instance.address),
+            sampled_at_ms: now_ms.max(1),
+            load,
+            base_in_flight,
+        };
+        let key = engine_key(&self.tables, instance.slot);
+        let written = self.tables.update(&key, |stored: &mut EngineRecord| {
+            *stored = record;
+            Change::<(), ()>::Write(())
+        });
+        self.engine_cache
+            .by_slot
+            .insert(instance.slot, (now_ms, record));
+        written == Updated::Written(())
+    }
+
+    /// Clears `instance`'s sample (its engine did not answer usably), so
+    /// decisions fall back to this Envoy's own counts at once.
+    pub fn clear_engine_sample(&mut self, instance: &InstanceRef, now_ms: u64) {
+        let key = engine_key(&self.tables, instance.slot);
+        let hash = addr_hash(&instance.address);
+        self.tables.update(&key, |stored: &mut EngineRecord| {
+            if stored.sampled_at_ms == 0 || stored.addr_hash != hash {
+                return Change::<(), ()>::Keep(());
+            }
+            *stored = EngineRecord::default();
+            Change::Write(())
+        });
+        self.engine_cache
+            .by_slot
+            .insert(instance.slot, (now_ms, EngineRecord::default()));
+    }
+
+    /// `instance`'s engine sample if there is one of its address at most
+    /// `max_age_ms` old, read through this VM's cache (at most
+    /// [`ENGINE_CACHE_MS`] stale). The decision side's one reader.
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) fn engine_sample(
+        &mut self,
+        instance: &InstanceRef,
+        max_age_ms: u64,
+        now_ms: u64,
+    ) -> Option<EngineRecord> {
+        let cached = self
+            .engine_cache
+            .by_slot
+            .get(&instance.slot)
+            .filter(|(read_at, _)| now_ms.saturating_sub(*read_at) < ENGINE_CACHE_MS)
+            .map(|(_, record)| *record);
+        let record = match cached {
+            Some(record) => record,
+            None => {
+                let key = engine_key(&self.tables, instance.slot);
+                let record: EngineRecord = self.tables.read(&key).record;
+                self.engine_cache
+                    .by_slot
+                    .insert(instance.slot, (now_ms, record));
+                record
+            }
+        };
+        record
+            .is_fresh(addr_hash(&instance.address), now_ms, max_age_ms)
+            .then_some(record)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::rc::Rc;
+
+    use super::*;
+    use crate::load::LoadConfig;
+    use crate::shared::MemoryStore;
+
+    const A: &str = "10.0.0.1:8000";
+
+    fn tracker(store: &Rc<MemoryStore>, nonce: u64) -> LoadTracker<Rc<MemoryStore>> {
+        let mut tracker = LoadTracker::new(Rc::clone(store), LoadConfig::default(), nonce);
+        tracker.set_configured_instances(&[A.to_string()]);
+        tracker
+    }
+
+    fn load(running: u32) -> EngineLoad {
+        EngineLoad {
+            running,
+            waiting: 1,
+            kv_usage_permille: None,
+        }
+    }
+
+    #[test]
+    fn a_stored_sample_is_read_by_every_vm_until_it_is_cleared_or_too_old() {
+        let store = Rc::new(MemoryStore::new());
+        let mut poller = tracker(&store, 1);
+        let mut reader = tracker(&store, 2);
+        let instance = poller.engine_poll_targets(1_000).pop().unwrap();
+        assert_eq!(instance.address, A);
+        assert!(poller.store_engine_sample(&instance, load(3), 1_000));
+        let record = reader.engine_sample(&instance, 500, 1_000).unwrap();
+        assert_eq!((record.load, record.sampled_at_ms), (load(3), 1_000));
+        assert_eq!(reader.engine_sample(&instance, 500, 1_501), None, "too old");
+        // Another instance in the same slot does not inherit it.
+        let stranger = InstanceRef {
+            slot: instance.slot,
+            address: "10.9.9.9:1".into(),
+        };
+        assert_eq!(reader.engine_sample(&stranger, 500, 1_100), None);
+        assert!(poller.store_engine_sample(&instance, load(4), 1_600));
+        assert!(reader.engine_sample(&instance, 500, 1_700).is_some());
+        poller.clear_engine_sample(&instance, 1_750);
+        assert_eq!(poller.engine_sample(&instance, 500, 1_750), None);
+        assert_eq!(reader.engine_sample(&instance, 500, 1_800), None, "cleared");
+    }
+
+    #[test]
+    fn the_reader_reads_each_key_at_most_once_per_cache_period() {
+        let store = Rc::new(MemoryStore::new());
+        let mut poller = tracker(&store, 1);
+        let mut reader = tracker(&store, 2);
+        let instance = poller.engine_poll_targets(1_000).pop().unwrap();
+        poller.store_engine_sample(&instance, load(3), 1_000);
+        let reads = store.reads();
+        assert!(reader.engine_sample(&instance, 5_000, 1_000).is_some());
+        assert_eq!(store.reads(), reads + 1);
+        poller.store_engine_sample(&instance, load(7), 1_010);
+        let reads = store.reads() - 1;
+        let cached = reader.engine_sample(&instance, 5_000, 1_000 + ENGINE_CACHE_MS - 1);
+        assert_eq!(cached.map(|r| r.load.running), Some(3), "the cached copy");
+        assert_eq!(store.reads(), reads + 1, "no read within the period");
+        let fresh = reader.engine_sample(&instance, 5_000, 1_000 + ENGINE_CACHE_MS);
+        assert_eq!(fresh.map(|r| r.load.running), Some(7));
+        assert_eq!(store.reads(), reads + 2);
+    }
+
+    #[test]
+    fn one_poller_lease_per_store_taken_over_when_not_renewed() {
+        let store = Rc::new(MemoryStore::new());
+        let mut first = tracker(&store, 1);
+        let mut second = tracker(&store, 2);
+        assert!(first.hold_engine_poller(11, 1_000, 1_500));
+        assert!(!second.hold_engine_poller(22, 1_000, 1_500));
+        // Renewed at a quarter of the lease time: still held later.
+        assert!(first.hold_engine_poller(11, 1_400, 1_500));
+        assert!(!second.hold_engine_poller(22, 2_800, 1_500));
+        assert!(second.hold_engine_poller(22, 2_901, 1_500), "expired");
+        assert!(!first.hold_engine_poller(11, 2_950, 1_500), "lost it");
+    }
+}

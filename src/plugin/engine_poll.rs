@@ -1,0 +1,380 @@
+//! The engine-load poller as the plugin runs it (`engine_load`): from the
+//! root tick, the one VM that holds the poller lease sends each due poll
+//! with `dispatch_http_call`; the answer, at the same root context's
+//! `on_http_call_response`, becomes the instance's shared sample, or clears
+//! it. Requests never wait on any of this: they read whatever sample is in
+//! shared data when they decide.
+//!
+//! What to poll and when, and what an answer means, is decided in
+//! [`crate::engine_load::poller`]; the samples live in
+//! [`crate::load::LoadTracker`]. This file makes the host calls, keeps the
+//! stats and logs each instance's changes of state.
+
+use std::collections::HashMap;
+
+use super::vm::{define_metric, Vm};
+use super::warn_on_error;
+use crate::config::{Config, EngineLoadConfig};
+use crate::engine_load::metrics_text::MAX_BODY_BYTES;
+use crate::engine_load::poller::{judge, Change, PollFault, Poller};
+use crate::engine_load::{
+    instance_gauge_name, poll_failure_counter_name, KV_USAGE_GAUGE_PREFIX, POLLS, POLLS_SKIPPED,
+    REQUESTS_GAUGE_PREFIX, SAMPLE_AGE_GAUGE_PREFIX,
+};
+use crate::host::{Host, MetricKind};
+use crate::load::{EngineLoad, InstanceRef};
+
+/// The header that names the instance a poll is for, `ip:port`: what an
+/// ORIGINAL_DST cluster with `use_http_header` connects to (Envoy's
+/// `original_dst_cluster.cc`), and what a dedicated `override_host` cluster
+/// can be told to read.
+pub const ORIGINAL_DST_HOST_HEADER: &str = "x-envoy-original-dst-host";
+
+/// How often the age gauges are set (the requests and KV gauges are set at
+/// each sample).
+const AGE_GAUGE_PERIOD_MS: u64 = 1_000;
+
+/// How often the fleet to poll is read when no poll is due (new instances
+/// are polled at most this late).
+const TARGETS_REFRESH_MS: u64 = 1_000;
+
+/// Most instances with gauges of their own (as the in-flight gauges).
+const MAX_ENGINE_GAUGES: usize = super::vm::MAX_GAUGES;
+
+/// The root tick period while `engine_load` is configured: a tenth of the
+/// interval (so polls keep their jitter), 10 ms to 1 s.
+pub fn tick_period_ms(engine: &EngineLoadConfig) -> u32 {
+    u32::try_from((engine.interval_ms / 10).clamp(10, 1_000)).unwrap_or(1_000)
+}
+
+/// How long the poller lease lives without renewal before another VM takes
+/// over: three intervals, at least a second.
+pub fn lease_ms(engine: &EngineLoadConfig) -> u64 {
+    (engine.interval_ms * 3).max(1_000)
+}
+
+/// The stat ids of the poller (defined by the VM that first polls).
+#[derive(Debug, Default)]
+struct PollStats {
+    polls: Option<u32>,
+    skipped: Option<u32>,
+    failures: [Option<u32>; PollFault::REASONS.len()],
+}
+
+/// One instance's gauges.
+#[derive(Debug, Clone, Copy, Default)]
+struct InstanceGauges {
+    requests: Option<u32>,
+    kv_usage: Option<u32>,
+    age: Option<u32>,
+}
+
+/// This VM's poller state (kept across configuration updates, like the VM).
+#[derive(Debug, Default)]
+pub struct EnginePolling {
+    /// This VM's identity in the poller lease (random, once per VM).
+    nonce: Option<u64>,
+    /// Whether this VM held the lease at its last tick.
+    holding: bool,
+    poller: Poller,
+    stats: Option<PollStats>,
+    gauges: HashMap<String, InstanceGauges>,
+    /// When each instance last gave a sample (for the age gauge).
+    last_sample_ms: HashMap<String, u64>,
+    last_age_publish_ms: u64,
+    /// When the fleet to poll was last read.
+    targets_read_ms: u64,
+}
+
+impl EnginePolling {
+    /// Calls open now (tests).
+    pub fn open_calls(&self) -> usize {
+        self.poller.open_calls()
+    }
+}
+
+/// Root tick with `engine_load` configured: takes or renews the poller
+/// lease, gives up calls Envoy never answered, and sends the polls due.
+pub fn tick<H: Host + Clone>(vm: &mut Vm<H>, config: &Config, engine: &EngineLoadConfig, now: u64) {
+    let mut state = vm.take_engine_polling();
+    let nonce = match state.nonce {
+        Some(nonce) => nonce,
+        None => *state.nonce.insert(vm.random().max(1)),
+    };
+    let holding = vm.with_tracker(config, |t| {
+        t.hold_engine_poller(nonce, now, lease_ms(engine))
+    });
+    if holding != state.holding {
+        log::info!(
+            "prefix-router: engine load: this worker VM {} the poller",
+            if holding { "is now" } else { "is no longer" }
+        );
+        state.holding = holding;
+    }
+    if holding {
+        poll_round(vm, &mut state, config, engine, now);
+    }
+    vm.put_engine_polling(state);
+}
+
+fn poll_round<H: Host + Clone>(
+    vm: &mut Vm<H>,
+    state: &mut EnginePolling,
+    config: &Config,
+    engine: &EngineLoadConfig,
+    now: u64,
+) {
+    let stats = state.stats.get_or_insert_with(|| define_stats(vm.host()));
+    let skipped_id = stats.skipped;
+    // Most ticks have nothing due: they skip reading the fleet (its shared
+    // records), which is still read once a second for new instances.
+    let idle = state
+        .poller
+        .next_due_ms(engine.timeout_ms)
+        .is_some_and(|due| now < due);
+    if idle && now.saturating_sub(state.targets_read_ms) < TARGETS_REFRESH_MS {
+        return;
+    }
+    for instance in state.poller.give_up(now, engine.timeout_ms) {
+        finish(vm, state, config, &instance, Err(PollFault::Timeout), now);
+    }
+    state.targets_read_ms = now;
+    let targets = vm.with_tracker(config, |t| t.engine_poll_targets(now));
+    let due = state.poller.due(&targets, now);
+    if due.skipped > 0 {
+        let random = vm.random();
+        state
+            .poller
+            .postpone_skipped(now, engine.interval_ms, random);
+        if let Some(id) = skipped_id {
+            for _ in 0..due.skipped {
+                vm.count_later(id);
+            }
+        }
+    }
+    for instance in due.poll {
+        let sent = send(vm.host(), engine, &instance);
+        let random = vm.random();
+        let token = sent.as_ref().ok().copied();
+        state
+            .poller
+            .sent(&instance.address, token, now, engine.interval_ms, random);
+        if let Some(id) = state.stats.as_ref().and_then(|s| s.polls) {
+            vm.count_later(id);
+        }
+        if let Err(status) = sent {
+            let fault = PollFault::Unreachable(format!(
+                "Envoy refused the call through cluster {}: {status}",
+                engine.cluster
+            ));
+            finish(vm, state, config, &instance, Err(fault), now);
+        }
+    }
+    if now.saturating_sub(state.last_age_publish_ms) >= AGE_GAUGE_PERIOD_MS {
+        state.last_age_publish_ms = now;
+        publish_ages(vm, state, &targets, now);
+    }
+}
+
+/// Sends one poll: a GET of the metrics path, with the instance in the
+/// authority and in the header that picks the host.
+fn send(
+    host: &impl Host,
+    engine: &EngineLoadConfig,
+    instance: &InstanceRef,
+) -> Result<u32, crate::host::HostStatus> {
+    let timeout = u32::try_from(engine.timeout_ms).unwrap_or(u32::MAX);
+    host.dispatch_http_call(
+        &engine.cluster,
+        &[
+            (":method", "GET"),
+            (":path", &engine.path),
+            (":authority", &instance.address),
+            (ORIGINAL_DST_HOST_HEADER, &instance.address),
+            ("accept", "text/plain"),
+        ],
+        timeout,
+    )
+}
+
+/// `on_http_call_response` of the root that sent call `token`: judges the
+/// answer and stores or clears the instance's sample.
+pub fn answer<H: Host + Clone>(
+    vm: &mut Vm<H>,
+    config: &Config,
+    token: u32,
+    num_headers: usize,
+    body_size: usize,
+    now: u64,
+) {
+    let mut state = vm.take_engine_polling();
+    let answered = state.poller.answered(token);
+    if let (Some((instance, sent_ms)), Some(engine)) = (answered, &config.engine_load) {
+        let (status, body) = read_answer(vm.host(), num_headers, body_size);
+        let verdict = judge(
+            status,
+            &body,
+            now.saturating_sub(sent_ms),
+            engine.timeout_ms,
+            &engine.series,
+        );
+        finish(vm, &mut state, config, &instance, verdict, now);
+    }
+    vm.put_engine_polling(state);
+}
+
+/// The answer's status (None: no response) and the body, at most one byte
+/// past the parser's cap (so that it knows the body was cut).
+fn read_answer(host: &impl Host, num_headers: usize, body_size: usize) -> (Option<u32>, Vec<u8>) {
+    if num_headers == 0 {
+        return (None, Vec::new());
+    }
+    let status = match host.http_call_response_headers() {
+        Ok(headers) => headers
+            .get(":status")
+            .and_then(|s| std::str::from_utf8(s).ok())
+            .and_then(|s| s.parse::<u32>().ok()),
+        Err(status) => {
+            log::warn!("prefix-router: cannot read an engine poll's response headers: {status}");
+            None
+        }
+    };
+    let body = match body_size {
+        0 => Vec::new(),
+        size => host
+            .http_call_response_body(0, size.min(MAX_BODY_BYTES + 1))
+            .unwrap_or_else(|status| {
+                log::warn!("prefix-router: cannot read an engine poll's body: {status}");
+                None
+            })
+            .unwrap_or_default(),
+    };
+    (status, body)
+}
+
+/// One poll of `instance` ended: the sample is stored (or cleared), the
+/// gauges and failure stats move, and a change of state is logged.
+fn finish<H: Host + Clone>(
+    vm: &mut Vm<H>,
+    state: &mut EnginePolling,
+    config: &Config,
+    instance: &InstanceRef,
+    verdict: Result<EngineLoad, PollFault>,
+    now: u64,
+) {
+    let address = instance.address.as_str();
+    match &verdict {
+        Ok(load) => {
+            let load = *load;
+            vm.with_tracker(config, |t| t.store_engine_sample(instance, load, now));
+            state.last_sample_ms.insert(address.to_string(), now);
+            publish_sample(vm.host(), state, address, &load);
+        }
+        Err(fault) => {
+            vm.with_tracker(config, |t| t.clear_engine_sample(instance, now));
+            let index = PollFault::REASONS.iter().position(|r| *r == fault.reason());
+            let id = state
+                .stats
+                .as_ref()
+                .and_then(|s| index.and_then(|i| s.failures.get(i).copied().flatten()));
+            if let Some(id) = id {
+                vm.count_later(id);
+            }
+        }
+    }
+    match state.poller.ended(address, verdict.as_ref().map(|_| ())) {
+        Some(Change::Failing(fault)) => log::warn!(
+            "prefix-router: engine load of {address}: {fault}; until it answers with its \
+             figures, decisions count only this Envoy's requests on it (stat {})",
+            poll_failure_counter_name(fault.reason())
+        ),
+        Some(Change::Recovered) => log::info!(
+            "prefix-router: engine load of {address}: answering again; its engine's figures \
+             are used again"
+        ),
+        None => {}
+    }
+}
+
+fn define_stats(host: &impl Host) -> PollStats {
+    let mut stats = PollStats {
+        polls: define_metric(host, MetricKind::Counter, POLLS),
+        skipped: define_metric(host, MetricKind::Counter, POLLS_SKIPPED),
+        failures: Default::default(),
+    };
+    for (slot, reason) in stats.failures.iter_mut().zip(PollFault::REASONS) {
+        *slot = define_metric(
+            host,
+            MetricKind::Counter,
+            &poll_failure_counter_name(reason),
+        );
+    }
+    stats
+}
+
+/// The gauges of `address`, defined on first use (none past
+/// [`MAX_ENGINE_GAUGES`] instances).
+fn gauges_of(
+    host: &impl Host,
+    state: &mut EnginePolling,
+    address: &str,
+    with_kv: bool,
+) -> Option<InstanceGauges> {
+    if !state.gauges.contains_key(address) && state.gauges.len() >= MAX_ENGINE_GAUGES {
+        return None;
+    }
+    let gauges = state.gauges.entry(address.to_string()).or_default();
+    let define = |prefix: &str| {
+        define_metric(
+            host,
+            MetricKind::Gauge,
+            &instance_gauge_name(prefix, address),
+        )
+    };
+    if gauges.requests.is_none() {
+        gauges.requests = define(REQUESTS_GAUGE_PREFIX);
+        gauges.age = define(SAMPLE_AGE_GAUGE_PREFIX);
+    }
+    if with_kv && gauges.kv_usage.is_none() {
+        gauges.kv_usage = define(KV_USAGE_GAUGE_PREFIX);
+    }
+    Some(*gauges)
+}
+
+fn publish_sample(host: &impl Host, state: &mut EnginePolling, address: &str, load: &EngineLoad) {
+    let Some(gauges) = gauges_of(host, state, address, load.kv_usage_permille.is_some()) else {
+        return;
+    };
+    let requests = u64::from(load.running) + u64::from(load.waiting);
+    let set = |id: Option<u32>, value: u64| {
+        if let Some(id) = id {
+            warn_on_error("set gauge", address, host.record_metric(id, value));
+        }
+    };
+    set(gauges.requests, requests);
+    set(gauges.age, 0);
+    if let Some(kv) = load.kv_usage_permille {
+        set(gauges.kv_usage, u64::from(kv));
+    }
+}
+
+/// Sets the age gauge of every polled instance that gave a sample once.
+fn publish_ages<H: Host + Clone>(
+    vm: &mut Vm<H>,
+    state: &mut EnginePolling,
+    targets: &[InstanceRef],
+    now: u64,
+) {
+    state
+        .last_sample_ms
+        .retain(|address, _| targets.iter().any(|t| &t.address == address));
+    for (address, at) in &state.last_sample_ms {
+        if let Some(Some(id)) = state.gauges.get(address).map(|g| g.age) {
+            warn_on_error(
+                "set gauge",
+                address,
+                vm.host().record_metric(id, now.saturating_sub(*at)),
+            );
+        }
+    }
+}

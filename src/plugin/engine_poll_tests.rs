@@ -1,0 +1,346 @@
+//! The engine-load poller against the in-memory host: which calls reach
+//! Envoy, what an answer does to the shared sample, the stats and the
+//! gauges, and that one VM of an Envoy polls.
+
+use std::rc::Rc;
+
+use super::*;
+use crate::config::Config;
+use crate::host::HostStatus;
+use crate::load::{InstanceRef, UpstreamStart};
+use crate::shared::MemoryStore;
+use crate::testing::memory_host::{MemoryHost, SentCall};
+
+type TestVm = Vm<Rc<MemoryHost>>;
+
+const A: &str = "10.0.0.1:8000";
+const B: &str = "10.0.0.2:8000";
+
+fn json(engine: &str) -> String {
+    format!(r#"{{"instances": ["{A}", "{B}"], "engine_load": {engine}}}"#)
+}
+
+const ENGINE: &str = r#"{"cluster": "engine_metrics", "interval_ms": 500}"#;
+
+fn body(running: u32, waiting: u32, kv: f64) -> Vec<u8> {
+    format!(
+        "# TYPE vllm:num_requests_running gauge\n\
+         vllm:num_requests_running{{engine=\"0\"}} {running}\n\
+         vllm:num_requests_waiting{{engine=\"0\"}} {waiting}\n\
+         vllm:kv_cache_usage_perc{{engine=\"0\"}} {kv}\n"
+    )
+    .into_bytes()
+}
+
+struct Setup {
+    store: Rc<MemoryStore>,
+    host: Rc<MemoryHost>,
+    vm: TestVm,
+    root: PluginRoot,
+    config: Config,
+}
+
+fn setup_on(store: Rc<MemoryStore>, json: &str) -> Setup {
+    let host = MemoryHost::with_store(Rc::clone(&store));
+    let mut vm = Vm::new(Rc::clone(&host));
+    let mut root = PluginRoot::default();
+    let size = host.set_configuration(json);
+    assert!(root.configure(&mut vm, size), "{json}");
+    host.take_calls();
+    Setup {
+        store,
+        host,
+        vm,
+        root,
+        config: Config::parse(json.as_bytes()).unwrap(),
+    }
+}
+
+fn setup(engine: &str) -> Setup {
+    setup_on(Rc::new(MemoryStore::new()), &json(engine))
+}
+
+impl Setup {
+    fn tick(&mut self) -> Vec<SentCall> {
+        self.root.tick(&mut self.vm);
+        self.host.take_http_calls()
+    }
+
+    /// Answers `call` with `status` and `body` (`None`: no response).
+    fn answer(&mut self, call: &SentCall, answer: Option<(u32, &[u8])>) {
+        self.host.set_http_call_answer(answer);
+        let (headers, size) = match answer {
+            Some((_, body)) => (1, body.len()),
+            None => (0, 0),
+        };
+        self.root
+            .http_call_response(&mut self.vm, call.token, headers, size);
+    }
+
+    fn sample(&mut self, address: &str) -> Option<crate::load::EngineLoad> {
+        let now = self.vm.now_ms();
+        let max_age = self.config.engine_load.as_ref().unwrap().max_age_ms;
+        self.vm.with_tracker(&self.config, |t| {
+            let slot = t
+                .engine_poll_targets(now)
+                .into_iter()
+                .find(|i| i.address == address)?
+                .slot;
+            let instance = InstanceRef {
+                slot,
+                address: address.to_string(),
+            };
+            t.engine_sample(&instance, max_age, now).map(|r| r.load)
+        })
+    }
+
+    fn counter(&mut self, name: &str) -> i64 {
+        self.vm.flush_metrics();
+        self.host.counter(name)
+    }
+}
+
+fn addresses(calls: &[SentCall]) -> Vec<&str> {
+    let mut out: Vec<&str> = calls
+        .iter()
+        .map(|c| c.header(ORIGINAL_DST_HOST_HEADER).unwrap())
+        .collect();
+    out.sort_unstable();
+    out
+}
+
+#[test]
+fn without_engine_load_nothing_is_polled_and_the_tick_stays_at_a_second() {
+    let mut s = setup_on(
+        Rc::new(MemoryStore::new()),
+        &format!(r#"{{"instances": ["{A}", "{B}"]}}"#),
+    );
+    assert_eq!(s.host.tick_period_ms(), Some(TICK_PERIOD_MS));
+    for _ in 0..5 {
+        assert!(s.tick().is_empty());
+        s.host.advance_ms(1_000);
+    }
+    assert!(s.host.metric(crate::engine_load::POLLS).is_none());
+}
+
+#[test]
+fn each_instance_is_polled_through_the_cluster_with_its_address_and_the_timeout() {
+    let mut s = setup(ENGINE);
+    assert_eq!(s.host.tick_period_ms(), Some(50), "a tenth of the interval");
+    let calls = s.tick();
+    assert_eq!(addresses(&calls), vec![A, B]);
+    for call in &calls {
+        assert_eq!(call.cluster, "engine_metrics");
+        assert_eq!(call.header(":method"), Some("GET"));
+        assert_eq!(call.header(":path"), Some("/metrics"));
+        assert_eq!(
+            call.header(":authority"),
+            call.header(ORIGINAL_DST_HOST_HEADER)
+        );
+        assert_eq!(call.timeout_ms, 400);
+    }
+    assert_eq!(s.counter(crate::engine_load::POLLS), 2);
+}
+
+#[test]
+fn a_good_answer_becomes_the_shared_sample_and_the_gauges() {
+    let mut s = setup(ENGINE);
+    let calls = s.tick();
+    let call_a = calls
+        .iter()
+        .find(|c| c.header(":authority") == Some(A))
+        .unwrap();
+    s.host.advance_ms(5);
+    s.answer(call_a, Some((200, &body(3, 2, 0.45))));
+    assert_eq!(
+        s.sample(A),
+        Some(crate::load::EngineLoad {
+            running: 3,
+            waiting: 2,
+            kv_usage_permille: Some(450)
+        })
+    );
+    assert_eq!(s.sample(B), None, "B has not answered");
+    let gauge = |prefix: &str| crate::engine_load::instance_gauge_name(prefix, A);
+    assert_eq!(
+        s.host
+            .gauge(&gauge(crate::engine_load::REQUESTS_GAUGE_PREFIX)),
+        Some(5)
+    );
+    assert_eq!(
+        s.host
+            .gauge(&gauge(crate::engine_load::KV_USAGE_GAUGE_PREFIX)),
+        Some(450)
+    );
+    // Another VM of the same Envoy reads it from shared data.
+    let mut other = setup_on(Rc::clone(&s.store), &json(ENGINE));
+    assert!(other.sample(A).is_some());
+    // Too old to be used once max_age_ms (3 intervals) has passed.
+    s.host.advance_ms(1_501);
+    assert_eq!(s.sample(A), None);
+}
+
+#[test]
+fn the_sample_keeps_this_envoys_in_flight_count_when_it_arrived() {
+    let mut s = setup(ENGINE);
+    let calls = s.tick();
+    let now = s.vm.now_ms();
+    let ticket = s.vm.with_tracker(&s.config, |t| {
+        t.upstream_started(
+            UpstreamStart {
+                address: A,
+                key: None,
+                overridden: false,
+                counted: None,
+            },
+            now,
+        )
+    });
+    assert!(ticket.is_some());
+    let call_a = calls
+        .iter()
+        .find(|c| c.header(":authority") == Some(A))
+        .unwrap();
+    s.answer(call_a, Some((200, &body(4, 0, 0.1))));
+    let max_age = s.config.engine_load.as_ref().unwrap().max_age_ms;
+    let record = s.vm.with_tracker(&s.config, |t| {
+        let instance = t
+            .engine_poll_targets(now)
+            .into_iter()
+            .find(|i| i.address == A)
+            .unwrap();
+        t.engine_sample(&instance, max_age, now).unwrap()
+    });
+    assert_eq!(record.base_in_flight, 1);
+    assert_eq!(record.estimated_requests(1), 4, "nothing sent since");
+    assert_eq!(record.estimated_requests(3), 6);
+}
+
+#[test]
+fn an_open_poll_is_not_repeated_and_the_next_is_jittered_around_the_interval() {
+    let mut s = setup(ENGINE);
+    let first = s.tick();
+    assert_eq!(first.len(), 2);
+    // Not due again before 400 ms (interval - 20 %).
+    for _ in 0..7 {
+        s.host.advance_ms(50);
+        assert!(s.tick().is_empty());
+    }
+    // Past 600 ms both are due, but their calls are still open.
+    s.host.advance_ms(300);
+    assert!(s.tick().is_empty(), "never two open calls of one instance");
+    assert_eq!(s.counter(crate::engine_load::POLLS_SKIPPED), 2);
+    assert_eq!(s.vm.engine_polling().open_calls(), 2);
+    for call in &first {
+        s.answer(call, Some((200, &body(1, 0, 0.0))));
+    }
+    assert_eq!(s.vm.engine_polling().open_calls(), 0);
+    s.host.advance_ms(600);
+    assert_eq!(addresses(&s.tick()), vec![A, B]);
+}
+
+#[test]
+fn faults_clear_the_sample_at_once_are_counted_by_reason_and_recover() {
+    let mut s = setup(ENGINE);
+    let answer_a = |s: &mut Setup, answer: Option<(u32, &[u8])>, wait: u64| {
+        s.host.advance_ms(600);
+        let calls = s.tick();
+        let call = calls
+            .iter()
+            .find(|c| c.header(":authority") == Some(A))
+            .unwrap();
+        s.host.advance_ms(wait);
+        s.answer(call, answer);
+        for other in calls.iter().filter(|c| c.token != call.token) {
+            s.answer(other, Some((200, &body(0, 0, 0.0))));
+        }
+    };
+    let good = body(2, 1, 0.3);
+    answer_a(&mut s, Some((200, &good)), 5);
+    assert!(s.sample(A).is_some());
+
+    answer_a(&mut s, Some((500, b"boom")), 5);
+    assert_eq!(s.sample(A), None, "a 500 clears the sample");
+    assert_eq!(s.counter("prefix_router.engine.poll_failures.status"), 1);
+
+    answer_a(&mut s, Some((200, &good)), 5);
+    assert!(s.sample(A).is_some(), "recovered");
+
+    answer_a(&mut s, Some((200, b"<html>not metrics</html>")), 5);
+    assert_eq!(s.sample(A), None);
+    assert_eq!(s.counter("prefix_router.engine.poll_failures.body"), 1);
+
+    answer_a(&mut s, Some((504, b"upstream request timeout")), 400);
+    assert_eq!(s.counter("prefix_router.engine.poll_failures.timeout"), 1);
+
+    let refused: &[u8] = b"upstream connect error or disconnect/reset before headers. \
+                           reset reason: remote connection failure";
+    answer_a(&mut s, Some((503, refused)), 1);
+    answer_a(&mut s, None, 1);
+    assert_eq!(
+        s.counter("prefix_router.engine.poll_failures.unreachable"),
+        2
+    );
+    assert_eq!(s.sample(A), None);
+
+    answer_a(&mut s, Some((200, &good)), 5);
+    assert!(s.sample(A).is_some(), "recovers by itself");
+    assert_eq!(s.counter("prefix_router.engine.poll_failures.status"), 1);
+    assert_eq!(s.sample(B).map(|l| l.running), Some(0), "B unaffected");
+}
+
+#[test]
+fn a_refused_dispatch_and_a_call_never_answered_are_faults_and_polling_goes_on() {
+    let mut s = setup(ENGINE);
+    s.host.refuse_http_calls(Some(HostStatus(2)));
+    assert!(s.tick().is_empty());
+    assert_eq!(
+        s.counter("prefix_router.engine.poll_failures.unreachable"),
+        2
+    );
+    assert_eq!(s.vm.engine_polling().open_calls(), 0);
+    s.host.refuse_http_calls(None);
+    s.host.advance_ms(600);
+    let calls = s.tick();
+    assert_eq!(calls.len(), 2);
+    // Envoy never answers: given up after the timeout and a grace.
+    s.host.advance_ms(400 + 1_001);
+    let again = s.tick();
+    assert_eq!(s.counter("prefix_router.engine.poll_failures.timeout"), 2);
+    assert_eq!(addresses(&again), vec![A, B], "polled again");
+    // The late answer to a given-up call is ignored.
+    s.answer(&calls[0], Some((200, &body(9, 9, 0.9))));
+    assert_eq!(s.sample(calls[0].header(":authority").unwrap()), None);
+}
+
+#[test]
+fn one_vm_of_an_envoy_polls_and_another_takes_over_when_it_stops() {
+    let store = Rc::new(MemoryStore::new());
+    let mut first = setup_on(Rc::clone(&store), &json(ENGINE));
+    let mut second = setup_on(Rc::clone(&store), &json(ENGINE));
+    // Distinct entropy, so distinct VM nonces (as in Envoy).
+    second.host.set_entropy(Some(0xBEEF));
+    assert_eq!(first.tick().len(), 2);
+    let mut polled_by_second = 0;
+    for _ in 0..40 {
+        first.host.advance_ms(50);
+        second.host.advance_ms(50);
+        for call in first.tick() {
+            first.answer(&call, Some((200, &body(1, 1, 0.1))));
+        }
+        polled_by_second += second.tick().len();
+    }
+    assert_eq!(polled_by_second, 0, "the lease holder polls alone");
+    // The first VM stops ticking (gone); after the lease time (1.5 s) the
+    // second takes over.
+    let mut taken_over_after = None;
+    for step in 1..=40 {
+        second.host.advance_ms(50);
+        if !second.tick().is_empty() {
+            taken_over_after = Some(step * 50);
+            break;
+        }
+    }
+    let after = taken_over_after.expect("the second VM took over");
+    assert!((1_000..=1_600).contains(&after), "after {after} ms");
+}

@@ -1,0 +1,353 @@
+//! Engine load in a real Envoy (`engine_load`): the filter polls each
+//! instance's `/metrics` through the shipped `engine_metrics` cluster
+//! (ORIGINAL_DST, the instance named in `x-envoy-original-dst-host`), and
+//! each instance's figure shows in Envoy's stats.
+//!
+//! What is checked, at the instances and in Envoy:
+//! - every poll reaches the instance it names, and the per-instance gauge
+//!   equals what that instance's `/metrics` says;
+//! - endpoints that hang, answer 500, answer garbage, reset the connection
+//!   or are closed: no request fails, none waits on them (each request's
+//!   latency, measured at the client, stays far below the time a hanging
+//!   poll is held open), each failure reason is counted, Envoy's log warns
+//!   once per instance, and once the endpoints answer again their figures
+//!   are used again (gauges, an info line);
+//! - with two workers, one VM polls: each instance gets about one poll per
+//!   interval, not two.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use harness::load::{filter_counter, prefix_request, shoot_all};
+use harness::{wait_until, Harness, INSTANCES};
+use prefix_router::engine_load::{
+    instance_gauge_name, KV_USAGE_GAUGE_PREFIX, REQUESTS_GAUGE_PREFIX,
+};
+use prefix_router::plugin::ORIGINAL_DST_HOST_HEADER;
+use prefix_router_tools::upstream::{MetricsReply, UpstreamFleet, METRICS_PATH};
+
+/// The shipped cluster the polls go through (`envoy/envoy.yaml`).
+const CLUSTER: &str = "engine_metrics";
+
+/// vLLM's three series, as vLLM prints them (one engine, labelled).
+fn vllm_text(running: u32, waiting: u32, kv: f64) -> String {
+    let labels = r#"{engine="0",model_name="m"}"#;
+    format!(
+        "# HELP vllm:num_requests_running Number of requests in model execution batches.\n\
+         # TYPE vllm:num_requests_running gauge\n\
+         vllm:num_requests_running{labels} {running}.0\n\
+         # TYPE vllm:num_requests_waiting gauge\n\
+         vllm:num_requests_waiting{labels} {waiting}.0\n\
+         # TYPE vllm:kv_cache_usage_perc gauge\n\
+         vllm:kv_cache_usage_perc{labels} {kv}\n\
+         vllm:time_to_first_token_seconds_bucket{{le=\"+Inf\"}} 3\n"
+    )
+}
+
+/// Instance `i`'s chosen figures: (running, waiting, KV usage).
+fn figures(i: usize) -> (u32, u32, f64) {
+    let i = u32::try_from(i).unwrap();
+    (i + 1, 2 * i, f64::from(i) / 10.0)
+}
+
+/// The listener's plugin configuration: the fleet listed (the launcher
+/// writes the run's instances in) and `engine_load` with `engine`.
+fn plugin_config(engine: serde_json::Value) -> String {
+    serde_json::json!({
+        "instances": ["127.0.0.1:1"],
+        "engine_load": engine,
+    })
+    .to_string()
+}
+
+fn start(
+    engine: serde_json::Value,
+    prepare: impl FnOnce(&UpstreamFleet),
+    extra_instance: Option<SocketAddr>,
+) -> Harness {
+    let config = plugin_config(engine);
+    Harness::start_prepared(prepare, move |b| {
+        let b = b.concurrency(2).plugin_config(config);
+        match extra_instance {
+            None => b,
+            Some(addr) => b.edit(move |c| add_configured_instance(c, addr)),
+        }
+    })
+}
+
+/// Appends `addr` to the listener filter's `instances` (after the launcher
+/// wrote the run's upstreams there): an instance the filter polls that is
+/// not among the cluster's endpoints.
+fn add_configured_instance(config: &mut serde_yaml::Value, addr: SocketAddr) -> anyhow::Result<()> {
+    let filters = &mut config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+        ["typed_config"]["http_filters"];
+    let value = filters[0]["typed_config"]["config"]["configuration"]["value"]
+        .as_str()
+        .ok_or_else(|| anyhow::anyhow!("no listener plugin configuration"))?;
+    let mut json: serde_json::Value = serde_json::from_str(value)?;
+    json["instances"]
+        .as_array_mut()
+        .ok_or_else(|| anyhow::anyhow!("no instances list"))?
+        .push(addr.to_string().into());
+    filters[0]["typed_config"]["config"]["configuration"]["value"] = json.to_string().into();
+    Ok(())
+}
+
+fn gauge(harness: &Harness, prefix: &str, addr: SocketAddr) -> Option<u64> {
+    let name = format!(
+        "wasmcustom.{}",
+        instance_gauge_name(prefix, &addr.to_string())
+    );
+    harness.envoy.stat(&name).expect("admin /stats")
+}
+
+/// The `/metrics` requests each instance received, by instance address.
+fn polls_by_instance(fleet: &UpstreamFleet) -> BTreeMap<SocketAddr, Vec<Option<String>>> {
+    let mut polls: BTreeMap<SocketAddr, Vec<Option<String>>> = BTreeMap::new();
+    for record in fleet.records() {
+        if record.path == METRICS_PATH {
+            let addr = fleet.addr_of(&record.instance).unwrap();
+            polls
+                .entry(addr)
+                .or_default()
+                .push(record.header(ORIGINAL_DST_HOST_HEADER).map(str::to_string));
+        }
+    }
+    polls
+}
+
+fn failures(harness: &Harness, reason: &str) -> u64 {
+    filter_counter(&harness.envoy, &format!("engine.poll_failures.{reason}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_instance_is_polled_and_its_figures_are_in_envoys_stats() {
+    let harness = start(
+        serde_json::json!({"cluster": CLUSTER, "interval_ms": 200}),
+        |fleet| {
+            for i in 0..INSTANCES {
+                let (running, waiting, kv) = figures(i);
+                fleet
+                    .set_metrics(i, MetricsReply::Text(vllm_text(running, waiting, kv)))
+                    .unwrap();
+            }
+        },
+        None,
+    );
+    let addrs = harness.fleet.addrs();
+    let expected: Vec<(Option<u64>, Option<u64>)> = (0..INSTANCES)
+        .map(|i| {
+            let (running, waiting, kv) = figures(i);
+            (
+                Some(u64::from(running + waiting)),
+                Some((kv * 1000.0).round() as u64),
+            )
+        })
+        .collect();
+    wait_until(
+        "every instance's engine gauges equal its /metrics",
+        Duration::from_secs(15),
+        || {
+            addrs
+                .iter()
+                .map(|a| {
+                    (
+                        gauge(&harness, REQUESTS_GAUGE_PREFIX, *a),
+                        gauge(&harness, KV_USAGE_GAUGE_PREFIX, *a),
+                    )
+                })
+                .collect::<Vec<_>>()
+        },
+        |seen| *seen == expected,
+    )
+    .await;
+    // Every poll reached the instance it named, and each instance got some.
+    let polls = polls_by_instance(&harness.fleet);
+    for addr in &addrs {
+        let received = polls.get(addr).map(Vec::as_slice).unwrap_or_default();
+        assert!(!received.is_empty(), "{addr} was never polled");
+        for named in received {
+            assert_eq!(named.as_deref(), Some(addr.to_string().as_str()));
+        }
+    }
+    for reason in ["timeout", "unreachable", "status", "body"] {
+        assert_eq!(failures(&harness, reason), 0, "{reason}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_two_workers_each_instance_is_polled_about_once_per_interval() {
+    const INTERVAL: Duration = Duration::from_millis(200);
+    const WINDOW: Duration = Duration::from_secs(4);
+    let harness = start(
+        serde_json::json!({"cluster": CLUSTER, "interval_ms": 200}),
+        |fleet| {
+            for i in 0..INSTANCES {
+                fleet
+                    .set_metrics(i, MetricsReply::Text(vllm_text(0, 0, 0.0)))
+                    .unwrap();
+            }
+        },
+        None,
+    );
+    wait_until(
+        "every instance polled",
+        Duration::from_secs(10),
+        || polls_by_instance(&harness.fleet).len(),
+        |n| *n == INSTANCES,
+    )
+    .await;
+    harness.fleet.clear();
+    // The measurement window itself: polls are counted over it.
+    tokio::time::sleep(WINDOW).await;
+    let per_interval = WINDOW.as_millis() / INTERVAL.as_millis();
+    let counts: BTreeMap<SocketAddr, usize> = polls_by_instance(&harness.fleet)
+        .into_iter()
+        .map(|(a, p)| (a, p.len()))
+        .collect();
+    assert_eq!(counts.len(), INSTANCES, "{counts:?}");
+    for (addr, count) in &counts {
+        let count = *count as u128;
+        // One poller: ~20 in 4 s (jitter +-20 %, tick granularity 20 ms);
+        // two would give ~40.
+        assert!(
+            count * 4 >= per_interval && count <= per_interval * 5 / 4 + 1,
+            "{addr}: {count} polls in {WINDOW:?} at a {INTERVAL:?} interval: {counts:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn faulty_endpoints_never_delay_or_fail_requests_and_recover() {
+    // A poll of the hanging endpoint stays open for its whole timeout.
+    const HANG: Duration = Duration::from_millis(1_000);
+    // Indexes of the faulty instances and what each does.
+    let faults = [
+        (0, MetricsReply::Hang, "timeout"),
+        (1, MetricsReply::Status(500), "status"),
+        (
+            2,
+            MetricsReply::Text("<html>no metrics here</html>".into()),
+            "body",
+        ),
+        (3, MetricsReply::Reset, "unreachable"),
+    ];
+    // An instance that is gone: listed, its port closed.
+    let closed = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap()
+    };
+    let fault_setup = faults.clone();
+    let harness = start(
+        serde_json::json!({"cluster": CLUSTER, "interval_ms": 1000, "timeout_ms": 1000}),
+        move |fleet| {
+            for i in 0..INSTANCES {
+                let (running, waiting, kv) = figures(i);
+                fleet
+                    .set_metrics(i, MetricsReply::Text(vllm_text(running, waiting, kv)))
+                    .unwrap();
+            }
+            for (i, reply, _) in fault_setup {
+                fleet.set_metrics(i, reply).unwrap();
+            }
+        },
+        Some(closed),
+    );
+    let addrs = harness.fleet.addrs();
+    wait_until(
+        "every fault counted at least twice",
+        Duration::from_secs(20),
+        || ["timeout", "status", "body", "unreachable"].map(|reason| failures(&harness, reason)),
+        // unreachable: the reset and the closed port.
+        |[timeout, status, body, unreachable]| {
+            *timeout >= 2 && *status >= 2 && *body >= 2 && *unreachable >= 4
+        },
+    )
+    .await;
+
+    // Requests while the endpoints fail: all answered, none waiting on a poll.
+    let requests: Vec<_> = (0..70)
+        .map(|n| prefix_request(&format!("engine-{n}"), 0))
+        .collect();
+    let started = Instant::now();
+    let outcomes = shoot_all(harness.envoy.listener_addr(), requests).await;
+    let took = started.elapsed();
+    let mut served: BTreeMap<String, usize> = BTreeMap::new();
+    for outcome in &outcomes {
+        assert_eq!(
+            outcome.status,
+            Some(200),
+            "{outcome:?}\n{}",
+            harness.log_tail()
+        );
+        let latency = outcome.finished - outcome.started;
+        assert!(
+            latency < HANG / 2,
+            "a request took {latency:?} (a hanging poll is held {HANG:?}): {outcome:?}"
+        );
+        *served
+            .entry(outcome.served_by.clone().unwrap_or_default())
+            .or_default() += 1;
+    }
+    let hanging = harness.fleet.names()[0].clone();
+    assert!(
+        served.get(&hanging).copied().unwrap_or(0) > 0,
+        "no request reached the instance whose /metrics hangs: {served:?}"
+    );
+    assert!(took < HANG * 5, "70 requests took {took:?}");
+
+    // Envoy's log warns once per faulty instance, however many polls failed.
+    let log = harness.envoy.log();
+    let warned = |addr: &str| {
+        log.lines()
+            .filter(|l| {
+                l.contains(&format!("engine load of {addr}:")) && l.contains("until it answers")
+            })
+            .count()
+    };
+    for (i, _, _) in &faults {
+        assert_eq!(warned(&addrs[*i].to_string()), 1, "{}\n{log}", addrs[*i]);
+    }
+    assert_eq!(warned(&closed.to_string()), 1, "the closed port\n{log}");
+    for addr in &addrs[4..] {
+        assert_eq!(warned(&addr.to_string()), 0, "{addr} answers well");
+    }
+
+    // The endpoints answer again: their figures are used again.
+    for (i, _, _) in &faults {
+        let (running, waiting, kv) = figures(*i);
+        harness
+            .fleet
+            .set_metrics(*i, MetricsReply::Text(vllm_text(running, waiting, kv)))
+            .unwrap();
+    }
+    let expected: Vec<Option<u64>> = faults
+        .iter()
+        .map(|(i, _, _)| {
+            let (running, waiting, _) = figures(*i);
+            Some(u64::from(running + waiting))
+        })
+        .collect();
+    wait_until(
+        "the recovered instances' figures in Envoy's stats",
+        Duration::from_secs(15),
+        || {
+            faults
+                .iter()
+                .map(|(i, _, _)| gauge(&harness, REQUESTS_GAUGE_PREFIX, addrs[*i]))
+                .collect::<Vec<_>>()
+        },
+        |seen| *seen == expected,
+    )
+    .await;
+    for (i, _, _) in &faults {
+        let addr = addrs[*i].to_string();
+        harness
+            .envoy
+            .wait_for_log_line(Duration::from_secs(5), |l| {
+                l.contains(&format!("engine load of {addr}: answering again"))
+            })
+            .unwrap();
+    }
+}
