@@ -41,7 +41,8 @@ pub struct RoutingArgs {
     /// block_bytes B), two-envoys (prefix-aware through two Envoys, turns
     /// alternating), prefix-aware-engine (prefix-aware with engine_load),
     /// three-envoys (prefix-aware-engine through three Envoys, turns
-    /// alternating), sglang, oracle; comma-separated.
+    /// alternating), three-envoys-without-engine (prefix-aware through three
+    /// Envoys), sglang, oracle; comma-separated.
     #[arg(long, value_delimiter = ',')]
     pub peers: Vec<String>,
     /// Repetitions to take medians over (default 3, or 1 with --quick).

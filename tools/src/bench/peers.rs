@@ -47,6 +47,9 @@ pub enum Peer {
     /// instance itself, so each sees the others' requests in the engines'
     /// figures.
     ThreeEnvoys,
+    /// [`Peer::Filter`]`(PrefixAware)` through three Envoys, without
+    /// `engine_load`: what [`Peer::ThreeEnvoys`] is without the engines' figures.
+    ThreeEnvoysWithoutEngine,
     /// SGLang's router, policy `cache_aware` at its defaults.
     SglangCacheAware,
     /// Every group pinned to one instance, spread evenly, no proxy.
@@ -90,6 +93,7 @@ impl Peer {
             Peer::TwoEnvoys => "PREFIX_AWARE (longest), 2 Envoys".to_string(),
             Peer::PrefixAwareEngine => "PREFIX_AWARE (longest) + engine load".to_string(),
             Peer::ThreeEnvoys => "PREFIX_AWARE (longest) + engine load, 3 Envoys".to_string(),
+            Peer::ThreeEnvoysWithoutEngine => "PREFIX_AWARE (longest), 3 Envoys".to_string(),
             Peer::SglangCacheAware => "sglang-router cache_aware".to_string(),
             Peer::Oracle => "oracle (group mod 7)".to_string(),
         }
@@ -106,6 +110,7 @@ impl Peer {
             Peer::TwoEnvoys => "two-envoys".into(),
             Peer::PrefixAwareEngine => "prefix-aware-engine".into(),
             Peer::ThreeEnvoys => "three-envoys".into(),
+            Peer::ThreeEnvoysWithoutEngine => "three-envoys-without-engine".into(),
             Peer::SglangCacheAware => "sglang".into(),
             Peer::Oracle => "oracle".into(),
         }
@@ -115,7 +120,7 @@ impl Peer {
     /// filter's default matching), prefix-N (FIXED_PREFIX at prefix_length
     /// N), longest-B (LONGEST_PREFIX with block_bytes B), two-envoys,
     /// prefix-aware-engine (the defaults with engine_load), three-envoys
-    /// (that through three Envoys), sglang, oracle.
+    /// (that through three Envoys), three-envoys-without-engine, sglang, oracle.
     pub fn parse(name: &str) -> Result<Peer, String> {
         let number = |prefix: &str| {
             name.strip_prefix(prefix)
@@ -128,6 +133,7 @@ impl Peer {
             "two-envoys" => Peer::TwoEnvoys,
             "prefix-aware-engine" => Peer::PrefixAwareEngine,
             "three-envoys" => Peer::ThreeEnvoys,
+            "three-envoys-without-engine" => Peer::ThreeEnvoysWithoutEngine,
             "sglang" => Peer::SglangCacheAware,
             "oracle" => Peer::Oracle,
             _ => match (number("prefix-"), number("longest-")) {
@@ -137,7 +143,7 @@ impl Peer {
                     return Err(format!(
                         "unknown peer {name:?}: random, least-outstanding, prefix-aware, \
                          prefix-N, longest-B, two-envoys, prefix-aware-engine, three-envoys, \
-                         sglang or oracle"
+                         three-envoys-without-engine, sglang or oracle"
                     ))
                 }
             },
@@ -158,7 +164,7 @@ impl Peer {
                 Strategy::PrefixAware,
                 json!({"match": "LONGEST_PREFIX", "block_bytes": block}),
             ),
-            Peer::TwoEnvoys => (Strategy::PrefixAware, json!({})),
+            Peer::TwoEnvoys | Peer::ThreeEnvoysWithoutEngine => (Strategy::PrefixAware, json!({})),
             Peer::PrefixAwareEngine | Peer::ThreeEnvoys => (
                 Strategy::PrefixAware,
                 json!({"engine_load": engine_load_config(None)}),
@@ -177,7 +183,7 @@ impl Peer {
     pub fn envoys(self) -> usize {
         match self {
             Peer::TwoEnvoys => REPLICAS,
-            Peer::ThreeEnvoys => ENGINE_REPLICAS,
+            Peer::ThreeEnvoys | Peer::ThreeEnvoysWithoutEngine => ENGINE_REPLICAS,
             Peer::SglangCacheAware | Peer::Oracle => 0,
             _ => 1,
         }
@@ -217,6 +223,10 @@ impl Peer {
                 "three Envoys with the filter as prefix-aware-engine in front of the same fleet, each polling \
                  every instance; the load generator sends turn t of conversation c to Envoy (c + t) mod \
                  {ENGINE_REPLICAS}, other requests i to Envoy i mod {ENGINE_REPLICAS}"
+            ),
+            Peer::ThreeEnvoysWithoutEngine => format!(
+                "three Envoys with the filter at its defaults (as prefix-aware, no engine_load) in front of \
+                 the same fleet, alternated between as three-envoys (Envoy (c + t) mod {ENGINE_REPLICAS})"
             ),
             Peer::SglangCacheAware => format!(
                 "{SGLANG_ROUTER_REQUIREMENT} (python -m sglang_router.launch_router) --policy cache_aware \
@@ -363,6 +373,7 @@ mod tests {
                 Peer::TwoEnvoys,
                 Peer::PrefixAwareEngine,
                 Peer::ThreeEnvoys,
+                Peer::ThreeEnvoysWithoutEngine,
             ])
         {
             assert_eq!(Peer::parse(&peer.cli_name()), Ok(peer));
@@ -430,7 +441,11 @@ mod tests {
 
     #[test]
     fn the_default_arm_sends_neither_match_nor_prefix_length() {
-        for peer in [Peer::Filter(Strategy::PrefixAware), Peer::TwoEnvoys] {
+        for peer in [
+            Peer::Filter(Strategy::PrefixAware),
+            Peer::TwoEnvoys,
+            Peer::ThreeEnvoysWithoutEngine,
+        ] {
             assert_eq!(
                 own_fields(peer),
                 json!({"strategy": "PREFIX_AWARE"}),
@@ -452,6 +467,7 @@ mod tests {
         }
         assert_eq!(Peer::PrefixAwareEngine.envoys(), 1);
         assert_eq!(Peer::ThreeEnvoys.envoys(), 3);
+        assert_eq!(Peer::ThreeEnvoysWithoutEngine.envoys(), 3);
     }
 
     #[test]

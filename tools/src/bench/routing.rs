@@ -816,27 +816,48 @@ pub fn engine_poll_lines(strategies: &[StrategyResult]) -> String {
     out
 }
 
-/// Three Envoys with engine load against one, if both ran: TTFT p90 and hit
-/// rate, the ratio of the medians and each run's.
+/// Three Envoys with engine load against one, and against three without
+/// it, for the pairs that ran: TTFT p90 and hit rate, the ratio of the
+/// medians and each run's.
 pub fn replica_lines(strategies: &[StrategyResult]) -> String {
     let find = |peer: Peer| strategies.iter().find(|s| s.strategy == peer);
-    let (Some(one), Some(three)) = (find(Peer::PrefixAwareEngine), find(Peer::ThreeEnvoys)) else {
-        return String::new();
-    };
-    let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { f64::NAN };
-    let per_run: Vec<String> = three
+    let mut out = String::new();
+    if let (Some(one), Some(three)) = (find(Peer::PrefixAwareEngine), find(Peer::ThreeEnvoys)) {
+        out.push_str(&compare(
+            "3 Envoys over 1, both with engine load",
+            three,
+            one,
+        ));
+    }
+    if let (Some(without), Some(with)) = (
+        find(Peer::ThreeEnvoysWithoutEngine),
+        find(Peer::ThreeEnvoys),
+    ) {
+        out.push_str(&compare(
+            "3 Envoys with engine load over 3 without",
+            with,
+            without,
+        ));
+    }
+    out
+}
+
+/// `label`: `a`'s TTFT p90 over `b`'s (medians, each run's) and hit rates.
+fn compare(label: &str, a: &StrategyResult, b: &StrategyResult) -> String {
+    let ratio = |x: f64, y: f64| if y > 0.0 { x / y } else { f64::NAN };
+    let per_run: Vec<String> = a
         .ttft_p90_runs
         .iter()
-        .zip(&one.ttft_p90_runs)
-        .map(|(t, o)| format!("{:.2}", ratio(*t, *o)))
+        .zip(&b.ttft_p90_runs)
+        .map(|(x, y)| format!("{:.2}", ratio(*x, *y)))
         .collect();
     format!(
-        "\n3 Envoys over 1, both with engine load: TTFT p90 x{:.2} (medians; per run: {}), hit rate {:.1}% vs {:.1}% ({:+.1} points)\n",
-        ratio(three.ttft_p90_ms, one.ttft_p90_ms),
+        "\n{label}: TTFT p90 x{:.2} (medians; per run: {}), hit rate {:.1}% vs {:.1}% ({:+.1} points)\n",
+        ratio(a.ttft_p90_ms, b.ttft_p90_ms),
         per_run.join(", "),
-        three.hit_rate * 100.0,
-        one.hit_rate * 100.0,
-        (three.hit_rate - one.hit_rate) * 100.0
+        a.hit_rate * 100.0,
+        b.hit_rate * 100.0,
+        (a.hit_rate - b.hit_rate) * 100.0
     )
 }
 
@@ -1113,6 +1134,14 @@ mod tests {
             "{lines}"
         );
         assert_eq!(replica_lines(&strategies[..2]), "");
+        let mut without = result(Peer::ThreeEnvoysWithoutEngine, 0.45, 100.0, "w");
+        without.ttft_p90_runs = vec![200.0, 100.0];
+        let with_both = [strategies[2].clone(), without];
+        let lines = replica_lines(&with_both);
+        assert!(
+            lines.contains("3 Envoys with engine load over 3 without: TTFT p90 x1.10"),
+            "{lines}"
+        );
         assert_eq!(engine_poll_lines(&strategies[..1]), "");
     }
 }
