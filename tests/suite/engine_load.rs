@@ -13,7 +13,10 @@
 //!   once per instance, and once the endpoints answer again their figures
 //!   are used again (gauges, an info line);
 //! - with two workers, one VM polls: each instance gets about one poll per
-//!   interval, not two.
+//!   interval, not two;
+//! - with vllm-sim instances, requests another proxy sent to one of them show
+//!   in this Envoy's engine figure for it (equal to what its `/metrics`
+//!   says), while this Envoy's own in-flight count there stays 0.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -349,5 +352,90 @@ async fn faulty_endpoints_never_delay_or_fail_requests_and_recover() {
                 l.contains(&format!("engine load of {addr}: answering again"))
             })
             .unwrap();
+    }
+}
+
+/// vllm-sim instances, whose `/metrics` follows their engine state: requests
+/// another proxy sent (here straight to the instance) show in this Envoy's
+/// engine figure for it, while its own in-flight count there stays 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_sim_load_from_another_proxy_shows_in_envoys_engine_figures() {
+    use harness::client::{self, Outgoing};
+    use prefix_router_tools::envoy::Envoy;
+    use prefix_router_tools::sim::metrics::parse_sample;
+    use prefix_router_tools::sim::{SimConfig, SimServer};
+
+    let mut sims = Vec::new();
+    for i in 0..3 {
+        let config = SimConfig {
+            name: format!("sim-{i}"),
+            // Two run at once; more wait.
+            max_num_seqs: 2,
+            ..SimConfig::default()
+        };
+        sims.push(
+            SimServer::start(config, "127.0.0.1:0".parse().unwrap())
+                .await
+                .unwrap(),
+        );
+    }
+    let addrs: Vec<SocketAddr> = sims.iter().map(SimServer::addr).collect();
+    let envoy = Envoy::builder()
+        .upstreams(addrs.clone())
+        .concurrency(2)
+        .plugin_config(plugin_config(
+            serde_json::json!({"cluster": CLUSTER, "interval_ms": 200}),
+        ))
+        .start()
+        .unwrap_or_else(|e| panic!("{e}"));
+    // Another proxy's requests: long generations straight to the first instance.
+    let busy = addrs[0];
+    let body = r#"{"model": "m", "prompt": "tell a long story", "max_tokens": 5000}"#;
+    let others: Vec<_> = (0..5)
+        .map(|_| tokio::spawn(client::send(busy, Outgoing::post("/v1/completions", body))))
+        .collect();
+    let stat = |name: String| {
+        envoy
+            .stat(&format!("wasmcustom.{name}"))
+            .expect("admin /stats")
+    };
+    let sim_figures = || async {
+        let reply = client::send(busy, Outgoing::get("/metrics")).await.unwrap();
+        let text = String::from_utf8_lossy(&reply.body).into_owned();
+        let sample = |name: &str| parse_sample(&text, name).unwrap() as u64;
+        (
+            sample("vllm:num_requests_running"),
+            sample("vllm:num_requests_waiting"),
+        )
+    };
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (running, waiting) = sim_figures().await;
+        let engine = stat(instance_gauge_name(
+            REQUESTS_GAUGE_PREFIX,
+            &busy.to_string(),
+        ));
+        if (running, waiting) == (2, 3) && engine == Some(5) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the simulator says running {running}, waiting {waiting}; Envoy's figure {engine:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let own = stat(prefix_router::metrics::in_flight_gauge_name(
+        &busy.to_string(),
+    ));
+    assert_eq!(own.unwrap_or(0), 0, "this Envoy sent none of them");
+    for idle in &addrs[1..] {
+        let engine = stat(instance_gauge_name(
+            REQUESTS_GAUGE_PREFIX,
+            &idle.to_string(),
+        ));
+        assert_eq!(engine, Some(0), "{idle}");
+    }
+    for task in others {
+        task.abort();
     }
 }
