@@ -39,7 +39,10 @@ pub struct RoutingArgs {
     /// prefix-aware (the filter's default matching, LONGEST_PREFIX), prefix-N
     /// (FIXED_PREFIX at prefix_length N), longest-B (LONGEST_PREFIX with
     /// block_bytes B), two-envoys (prefix-aware through two Envoys, turns
-    /// alternating), sglang, oracle; comma-separated.
+    /// alternating), prefix-aware-engine (prefix-aware with engine_load),
+    /// three-envoys (prefix-aware-engine through three Envoys, turns
+    /// alternating), three-envoys-without-engine (prefix-aware through three
+    /// Envoys), sglang, oracle; comma-separated.
     #[arg(long, value_delimiter = ',')]
     pub peers: Vec<String>,
     /// Repetitions to take medians over (default 3, or 1 with --quick).

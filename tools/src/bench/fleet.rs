@@ -155,7 +155,8 @@ pub fn base_plugin_config(upstreams: &[SocketAddr]) -> serde_json::Map<String, s
 }
 
 /// Envoy from `envoy/envoy.yaml` with the filter configured by `plugin_config`,
-/// in front of `upstreams`.
+/// in front of `upstreams`, with the cluster engine polls go through if the
+/// configuration has `engine_load`.
 pub fn start_envoy(
     plugin_config: &serde_json::Value,
     upstreams: &[SocketAddr],
@@ -167,6 +168,9 @@ pub fn start_envoy(
         .concurrency(workers)
         .log_level("warning")
         .plugin_config_json(plugin_config);
+    if super::engine_load::polls_engines(plugin_config) {
+        builder = super::engine_load::with_engine_cluster(builder);
+    }
     if let Some(wasm) = wasm {
         builder = builder.wasm(wasm);
     }

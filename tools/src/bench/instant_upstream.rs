@@ -3,6 +3,8 @@
 //! answers 200 at once, so what is measured is Envoy and the filter, not an
 //! upstream. It counts requests that carried the routing key header, which
 //! proves the filter really ran (or really did not) in each configuration.
+//! Started with a metrics body, it answers `GET /metrics` with it, as an
+//! engine does to the filter's engine-load poller, and counts those apart.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -26,6 +28,8 @@ pub struct Counts {
     pub keyed: AtomicU64,
     pub unkeyed: AtomicU64,
     pub body_bytes: AtomicU64,
+    /// `GET /metrics` answered with the metrics body (not in the others).
+    pub metrics: AtomicU64,
 }
 
 /// A snapshot of [`Counts`].
@@ -34,6 +38,7 @@ pub struct CountsSnapshot {
     pub keyed: u64,
     pub unkeyed: u64,
     pub body_bytes: u64,
+    pub metrics: u64,
 }
 
 impl CountsSnapshot {
@@ -43,6 +48,7 @@ impl CountsSnapshot {
             keyed: self.keyed - earlier.keyed,
             unkeyed: self.unkeyed - earlier.unkeyed,
             body_bytes: self.body_bytes - earlier.body_bytes,
+            metrics: self.metrics - earlier.metrics,
         }
     }
 }
@@ -58,6 +64,15 @@ pub struct InstantUpstream {
 impl InstantUpstream {
     /// Starts on an ephemeral loopback port; requests carrying `key_header` count as keyed.
     pub fn start(key_header: &str) -> anyhow::Result<Self> {
+        Self::start_serving(key_header, None)
+    }
+
+    /// [`InstantUpstream::start`], answering `GET /metrics` with `metrics`.
+    pub fn with_metrics(key_header: &str, metrics: Bytes) -> anyhow::Result<Self> {
+        Self::start_serving(key_header, Some(metrics))
+    }
+
+    fn start_serving(key_header: &str, metrics: Option<Bytes>) -> anyhow::Result<Self> {
         let listener =
             std::net::TcpListener::bind("127.0.0.1:0").context("binding the upstream")?;
         listener.set_nonblocking(true)?;
@@ -76,7 +91,7 @@ impl InstantUpstream {
             .spawn(move || {
                 runtime.block_on(async move {
                     tokio::select! {
-                        _ = serve(listener, key_header, thread_counts) => {}
+                        _ = serve(listener, key_header, metrics, thread_counts) => {}
                         _ = stop => {}
                     }
                 });
@@ -98,6 +113,7 @@ impl InstantUpstream {
             keyed: self.counts.keyed.load(Ordering::Relaxed),
             unkeyed: self.counts.unkeyed.load(Ordering::Relaxed),
             body_bytes: self.counts.body_bytes.load(Ordering::Relaxed),
+            metrics: self.counts.metrics.load(Ordering::Relaxed),
         }
     }
 }
@@ -116,6 +132,7 @@ impl Drop for InstantUpstream {
 async fn serve(
     listener: std::net::TcpListener,
     key_header: hyper::header::HeaderName,
+    metrics: Option<Bytes>,
     counts: Arc<Counts>,
 ) {
     let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
@@ -128,11 +145,26 @@ async fn serve(
         let _ = stream.set_nodelay(true);
         let key_header = key_header.clone();
         let counts = Arc::clone(&counts);
+        let metrics = metrics.clone();
         tokio::spawn(async move {
             let service = service_fn(move |request: Request<Incoming>| {
                 let keyed = request.headers().contains_key(&key_header);
                 let counts = Arc::clone(&counts);
+                let metrics = metrics.clone().filter(|_| {
+                    request.method() == hyper::Method::GET && request.uri().path() == "/metrics"
+                });
                 async move {
+                    if let Some(metrics) = metrics {
+                        counts.metrics.fetch_add(1, Ordering::Relaxed);
+                        let mut response = Response::new(Full::new(metrics));
+                        response.headers_mut().insert(
+                            hyper::header::CONTENT_TYPE,
+                            hyper::header::HeaderValue::from_static(
+                                "text/plain; version=0.0.4; charset=utf-8",
+                            ),
+                        );
+                        return Ok::<_, Infallible>(response);
+                    }
                     let mut body = request.into_body();
                     let mut bytes = 0u64;
                     while let Some(Ok(frame)) = body.frame().await {

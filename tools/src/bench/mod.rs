@@ -10,12 +10,15 @@ pub mod cli;
 pub mod closed_loop;
 pub mod cpu;
 pub mod demo;
+pub mod engine_load;
+pub mod engine_overhead;
 pub mod fleet;
 pub mod instant_upstream;
 pub mod overhead;
 pub mod peers;
 pub mod routing;
 pub mod stats;
+pub mod vllm_metrics_body;
 
 use std::path::{Path, PathBuf};
 

@@ -19,6 +19,9 @@
 //! time per request, over the throughput phases and over the latency phases
 //! (one request at a time, where every request starts on cold caches and costs
 //! several times more), tells CPU cost apart from waiting.
+//!
+//! Then what `engine_load` costs, in front of 7 upstreams serving `/metrics`
+//! ([`super::engine_overhead`]): under requests and idle.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -57,6 +60,10 @@ pub struct OverheadOptions {
     pub wasm: Option<PathBuf>,
     /// The floor filter's .wasm (default: [`crate::envoy::floor_wasm_path`]).
     pub floor_wasm: Option<PathBuf>,
+    /// The engine-load idle measurement: windows of this length, all idle
+    /// Envoys measured over the same windows.
+    pub idle_window: Duration,
+    pub idle_windows: usize,
 }
 
 impl OverheadOptions {
@@ -72,6 +79,8 @@ impl OverheadOptions {
             envoy_workers: 1,
             wasm: None,
             floor_wasm: None,
+            idle_window: Duration::from_secs(10),
+            idle_windows: 3,
         }
     }
 
@@ -83,6 +92,8 @@ impl OverheadOptions {
             latency_phase: Duration::from_millis(800),
             throughput_phase: Duration::from_millis(300),
             warmup: Duration::from_millis(300),
+            idle_window: Duration::from_secs(5),
+            idle_windows: 2,
             ..Self::full()
         }
     }
@@ -241,6 +252,8 @@ pub struct OverheadReport {
     pub load_average_end: Option<[f64; 3]>,
     pub duration_s: f64,
     pub cases: Vec<CaseResult>,
+    /// What polling the engines' `/metrics` costs (`engine_load`).
+    pub engine_load: Option<super::engine_overhead::EngineLoadOverhead>,
 }
 
 /// The configurations compared, in the order of the measurement arrays.
@@ -310,6 +323,8 @@ pub fn run(
         ));
         results.push(result);
     }
+    drop(without);
+    let engine_load = super::engine_overhead::run(&runtime, opts, progress)?;
     Ok(OverheadReport {
         benchmark: "overhead",
         quick: opts.quick,
@@ -328,6 +343,7 @@ pub fn run(
         load_average_end: load_average(),
         duration_s: started.elapsed().as_secs_f64(),
         cases: results,
+        engine_load: Some(engine_load),
     })
 }
 
@@ -459,16 +475,16 @@ fn start_floor_envoy(
 
 /// Samples of one configuration over the rounds.
 #[derive(Default)]
-struct Side {
-    latencies_us: Vec<f64>,
-    round_p50_us: Vec<f64>,
-    round_rps: Vec<f64>,
+pub(super) struct Side {
+    pub latencies_us: Vec<f64>,
+    pub round_p50_us: Vec<f64>,
+    pub round_rps: Vec<f64>,
     /// Envoy CPU time over the throughput phases (whose requests `counts` has).
-    cpu_ns: u64,
+    pub cpu_ns: u64,
     /// Envoy CPU time over the latency phases (one request per sample).
-    one_at_a_time_cpu_ns: u64,
-    failures: u64,
-    counts: CountsSnapshot,
+    pub one_at_a_time_cpu_ns: u64,
+    pub failures: u64,
+    pub counts: CountsSnapshot,
 }
 
 fn measure_case(
@@ -609,7 +625,7 @@ fn measure_case(
 }
 
 /// Envoy's CPU time so far (all threads).
-fn envoy_cpu_ns(envoy: &Envoy) -> anyhow::Result<u64> {
+pub(super) fn envoy_cpu_ns(envoy: &Envoy) -> anyhow::Result<u64> {
     let pid = envoy.pid().context("Envoy exited during the benchmark")?;
     process_cpu_ns(pid)
 }
@@ -623,7 +639,7 @@ fn envoys_cpu_ns(envoys: &[&Envoy; SIDES]) -> anyhow::Result<[u64; SIDES]> {
     Ok(cpu_ns)
 }
 
-fn check(phase: &PhaseResult, what: &str) -> anyhow::Result<()> {
+pub(super) fn check(phase: &PhaseResult, what: &str) -> anyhow::Result<()> {
     if phase.latencies_us.is_empty() || phase.failures > 0 {
         bail!(
             "{what}: {} requests succeeded, {} failed (first failure: {})",
@@ -635,7 +651,7 @@ fn check(phase: &PhaseResult, what: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn figures(side: &Side) -> SideFigures {
+pub(super) fn figures(side: &Side) -> SideFigures {
     let samples = sorted(side.latencies_us.clone());
     let requests = side.counts.keyed + side.counts.unkeyed;
     SideFigures {
@@ -706,6 +722,9 @@ pub fn markdown(report: &OverheadReport) -> String {
             case.floor_cpu_added_one_at_a_time_us,
             target
         ));
+    }
+    if let Some(engine_load) = &report.engine_load {
+        out.push_str(&super::engine_overhead::markdown(engine_load));
     }
     out
 }

@@ -1,5 +1,6 @@
 //! What the routing benchmark compares on one fleet: the filter's
-//! strategies and matching modes through Envoy (one, or two replicas),
+//! strategies and matching modes through Envoy (one, or two replicas), its
+//! defaults with `engine_load` (one Envoy, or three replicas),
 //! SGLang's router (`sglang-router==0.3.2`, its
 //! `cache_aware` policy) as a child process, and an oracle that needs no
 //! proxy (the load generator sends every group straight to instance
@@ -14,6 +15,7 @@ use anyhow::Context as _;
 use serde::{Serialize, Serializer};
 use serde_json::json;
 
+use super::engine_load::engine_load_config;
 use super::fleet::{base_plugin_config, Strategy};
 
 /// The PyPI requirement of SGLang's router.
@@ -35,6 +37,19 @@ pub enum Peer {
     /// fleet, the load generator alternating between them
     /// ([`crate::loadgen::alternating_target`]).
     TwoEnvoys,
+    /// [`Peer::Filter`]`(PrefixAware)` with `engine_load` (the cluster
+    /// [`super::engine_load::ENGINE_CLUSTER`], every other field at its
+    /// default): decisions weigh each instance by its engine's running +
+    /// waiting from `/metrics`.
+    PrefixAwareEngine,
+    /// [`Peer::PrefixAwareEngine`] through three Envoys in front of the same
+    /// fleet, alternated between as [`Peer::TwoEnvoys`]: each polls every
+    /// instance itself, so each sees the others' requests in the engines'
+    /// figures.
+    ThreeEnvoys,
+    /// [`Peer::Filter`]`(PrefixAware)` through three Envoys, without
+    /// `engine_load`: what [`Peer::ThreeEnvoys`] is without the engines' figures.
+    ThreeEnvoysWithoutEngine,
     /// SGLang's router, policy `cache_aware` at its defaults.
     SglangCacheAware,
     /// Every group pinned to one instance, spread evenly, no proxy.
@@ -64,6 +79,9 @@ pub const SYNTHETIC_PEERS: [Peer; 4] = [
 /// Envoys the two-Envoy arm runs.
 pub const REPLICAS: usize = 2;
 
+/// Envoys the three-Envoy arm (with engine load) runs.
+pub const ENGINE_REPLICAS: usize = 3;
+
 impl Peer {
     /// How reports name it.
     pub fn name(self) -> String {
@@ -73,6 +91,9 @@ impl Peer {
             Peer::FixedPrefix(length) => format!("PREFIX_AWARE@{length}"),
             Peer::LongestPrefix(block) => format!("PREFIX_AWARE (longest, {block}-byte blocks)"),
             Peer::TwoEnvoys => "PREFIX_AWARE (longest), 2 Envoys".to_string(),
+            Peer::PrefixAwareEngine => "PREFIX_AWARE (longest) + engine load".to_string(),
+            Peer::ThreeEnvoys => "PREFIX_AWARE (longest) + engine load, 3 Envoys".to_string(),
+            Peer::ThreeEnvoysWithoutEngine => "PREFIX_AWARE (longest), 3 Envoys".to_string(),
             Peer::SglangCacheAware => "sglang-router cache_aware".to_string(),
             Peer::Oracle => "oracle (group mod 7)".to_string(),
         }
@@ -87,6 +108,9 @@ impl Peer {
             Peer::FixedPrefix(length) => format!("prefix-{length}"),
             Peer::LongestPrefix(block) => format!("longest-{block}"),
             Peer::TwoEnvoys => "two-envoys".into(),
+            Peer::PrefixAwareEngine => "prefix-aware-engine".into(),
+            Peer::ThreeEnvoys => "three-envoys".into(),
+            Peer::ThreeEnvoysWithoutEngine => "three-envoys-without-engine".into(),
             Peer::SglangCacheAware => "sglang".into(),
             Peer::Oracle => "oracle".into(),
         }
@@ -95,7 +119,8 @@ impl Peer {
     /// A `--peers` name: random, least-outstanding, prefix-aware (the
     /// filter's default matching), prefix-N (FIXED_PREFIX at prefix_length
     /// N), longest-B (LONGEST_PREFIX with block_bytes B), two-envoys,
-    /// sglang, oracle.
+    /// prefix-aware-engine (the defaults with engine_load), three-envoys
+    /// (that through three Envoys), three-envoys-without-engine, sglang, oracle.
     pub fn parse(name: &str) -> Result<Peer, String> {
         let number = |prefix: &str| {
             name.strip_prefix(prefix)
@@ -106,6 +131,9 @@ impl Peer {
             "least-outstanding" => Peer::Filter(Strategy::LeastOutstandingRequests),
             "prefix-aware" => Peer::Filter(Strategy::PrefixAware),
             "two-envoys" => Peer::TwoEnvoys,
+            "prefix-aware-engine" => Peer::PrefixAwareEngine,
+            "three-envoys" => Peer::ThreeEnvoys,
+            "three-envoys-without-engine" => Peer::ThreeEnvoysWithoutEngine,
             "sglang" => Peer::SglangCacheAware,
             "oracle" => Peer::Oracle,
             _ => match (number("prefix-"), number("longest-")) {
@@ -114,7 +142,8 @@ impl Peer {
                 _ => {
                     return Err(format!(
                         "unknown peer {name:?}: random, least-outstanding, prefix-aware, \
-                         prefix-N, longest-B, two-envoys, sglang or oracle"
+                         prefix-N, longest-B, two-envoys, prefix-aware-engine, three-envoys, \
+                         three-envoys-without-engine, sglang or oracle"
                     ))
                 }
             },
@@ -135,7 +164,11 @@ impl Peer {
                 Strategy::PrefixAware,
                 json!({"match": "LONGEST_PREFIX", "block_bytes": block}),
             ),
-            Peer::TwoEnvoys => (Strategy::PrefixAware, json!({})),
+            Peer::TwoEnvoys | Peer::ThreeEnvoysWithoutEngine => (Strategy::PrefixAware, json!({})),
+            Peer::PrefixAwareEngine | Peer::ThreeEnvoys => (
+                Strategy::PrefixAware,
+                json!({"engine_load": engine_load_config(None)}),
+            ),
             Peer::SglangCacheAware | Peer::Oracle => return None,
         };
         let mut config = base_plugin_config(upstreams);
@@ -150,6 +183,7 @@ impl Peer {
     pub fn envoys(self) -> usize {
         match self {
             Peer::TwoEnvoys => REPLICAS,
+            Peer::ThreeEnvoys | Peer::ThreeEnvoysWithoutEngine => ENGINE_REPLICAS,
             Peer::SglangCacheAware | Peer::Oracle => 0,
             _ => 1,
         }
@@ -178,6 +212,21 @@ impl Peer {
                 "two Envoys with the filter at its defaults (as prefix-aware) in front of the same fleet; \
                  the load generator sends turn t of conversation c to Envoy (c + t) mod {REPLICAS} \
                  (consecutive turns through different Envoys), other requests i to Envoy i mod {REPLICAS}"
+            ),
+            Peer::PrefixAwareEngine => format!(
+                "filter strategy PREFIX_AWARE at its defaults with engine_load {{cluster: {}}} (every other \
+                 engine_load field at its default: vLLM's series, /metrics every 500 ms, no fleet-wide bound): \
+                 an instance's load is its engine's running + waiting plus what this Envoy sent since the sample",
+                super::engine_load::ENGINE_CLUSTER
+            ),
+            Peer::ThreeEnvoys => format!(
+                "three Envoys with the filter as prefix-aware-engine in front of the same fleet, each polling \
+                 every instance; the load generator sends turn t of conversation c to Envoy (c + t) mod \
+                 {ENGINE_REPLICAS}, other requests i to Envoy i mod {ENGINE_REPLICAS}"
+            ),
+            Peer::ThreeEnvoysWithoutEngine => format!(
+                "three Envoys with the filter at its defaults (as prefix-aware, no engine_load) in front of \
+                 the same fleet, alternated between as three-envoys (Envoy (c + t) mod {ENGINE_REPLICAS})"
             ),
             Peer::SglangCacheAware => format!(
                 "{SGLANG_ROUTER_REQUIREMENT} (python -m sglang_router.launch_router) --policy cache_aware \
@@ -319,7 +368,13 @@ mod tests {
             .into_iter()
             .chain(SYNTHETIC_PEERS)
             .chain(Strategy::ALL.into_iter().map(Peer::Filter))
-            .chain([Peer::LongestPrefix(64), Peer::TwoEnvoys])
+            .chain([
+                Peer::LongestPrefix(64),
+                Peer::TwoEnvoys,
+                Peer::PrefixAwareEngine,
+                Peer::ThreeEnvoys,
+                Peer::ThreeEnvoysWithoutEngine,
+            ])
         {
             assert_eq!(Peer::parse(&peer.cli_name()), Ok(peer));
         }
@@ -386,7 +441,11 @@ mod tests {
 
     #[test]
     fn the_default_arm_sends_neither_match_nor_prefix_length() {
-        for peer in [Peer::Filter(Strategy::PrefixAware), Peer::TwoEnvoys] {
+        for peer in [
+            Peer::Filter(Strategy::PrefixAware),
+            Peer::TwoEnvoys,
+            Peer::ThreeEnvoysWithoutEngine,
+        ] {
             assert_eq!(
                 own_fields(peer),
                 json!({"strategy": "PREFIX_AWARE"}),
@@ -395,6 +454,20 @@ mod tests {
         }
         assert_eq!(Peer::TwoEnvoys.envoys(), 2);
         assert_eq!(Peer::Filter(Strategy::PrefixAware).envoys(), 1);
+    }
+
+    #[test]
+    fn engine_arms_add_engine_load_to_the_defaults_and_nothing_else() {
+        for peer in [Peer::PrefixAwareEngine, Peer::ThreeEnvoys] {
+            assert_eq!(
+                own_fields(peer),
+                json!({"strategy": "PREFIX_AWARE", "engine_load": {"cluster": "engine_metrics"}}),
+                "{peer:?}"
+            );
+        }
+        assert_eq!(Peer::PrefixAwareEngine.envoys(), 1);
+        assert_eq!(Peer::ThreeEnvoys.envoys(), 3);
+        assert_eq!(Peer::ThreeEnvoysWithoutEngine.envoys(), 3);
     }
 
     #[test]

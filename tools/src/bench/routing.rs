@@ -9,12 +9,13 @@
 //! matching at 4096 (the synthetic workloads' default), and for the
 //! workloads on real data also fixed-prefix matching at 1024 and 16384,
 //! SGLang's router and the oracle placement; `--peers` adds LONGEST_PREFIX
-//! at other block sizes and two Envoy replicas. `runs` repeats every arm;
+//! at other block sizes, two Envoy replicas, and the defaults with
+//! `engine_load` through one Envoy or three. `runs` repeats every arm;
 //! medians are reported. The hit rate comes from the instances' `/metrics`
 //! counters (token-weighted, deltas over the measured run); TTFT,
 //! throughput, shares and turn affinity from the load generator; the
-//! filter's decision counts from Envoy's `/stats` (deltas over the measured
-//! run).
+//! filter's decision counts and engine polls from Envoy's `/stats` (deltas
+//! over the measured run).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -23,6 +24,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use serde::Serialize;
 
+use super::engine_load::poll_counts_of;
 use super::fleet::{
     counts_between, find_sim_exe, hit_rate_between, settled_decision_counts, start_envoy, SimFleet,
     Strategy,
@@ -273,6 +275,8 @@ pub struct StrategyResult {
     pub ttft_p50_ms: f64,
     pub ttft_p90_ms: f64,
     pub ttft_p99_ms: f64,
+    /// Each run's `ttft_p90_ms`.
+    pub ttft_p90_runs: Vec<f64>,
     /// Successful requests per simulated second.
     pub rps: f64,
     pub output_tokens_per_s: f64,
@@ -299,6 +303,10 @@ pub struct StrategyResult {
     /// `prefix_router.decision.*` counters on Envoy's `/stats`, summed over
     /// the arm's Envoys); empty for arms without Envoy.
     pub decisions: std::collections::BTreeMap<String, u64>,
+    /// The engine poller's counters in the measured run (polls sent,
+    /// skipped, failures by reason; `prefix_router.engine.poll*` on
+    /// `/stats`, summed over the arm's Envoys); empty without `engine_load`.
+    pub engine_polls: std::collections::BTreeMap<String, u64>,
     pub latency_p50_ms: f64,
     /// Simulated seconds the measured run lasted.
     pub duration_s: f64,
@@ -533,6 +541,7 @@ fn median_result(mut runs: Vec<StrategyResult>) -> StrategyResult {
         ttft_p50_ms: median(&|r| r.ttft_p50_ms),
         ttft_p90_ms: median(&|r| r.ttft_p90_ms),
         ttft_p99_ms: median(&|r| r.ttft_p99_ms),
+        ttft_p90_runs: runs.iter().map(|r| r.ttft_p90_ms).collect(),
         rps: median(&|r| r.rps),
         output_tokens_per_s: median(&|r| r.output_tokens_per_s),
         share_min: median(&|r| r.share_min),
@@ -554,6 +563,7 @@ fn median_result(mut runs: Vec<StrategyResult>) -> StrategyResult {
     out.groups_per_instance = middle.groups_per_instance.clone();
     out.groups_split = middle.groups_split;
     out.decisions = middle.decisions.clone();
+    out.engine_polls = middle.engine_polls.clone();
     out
 }
 
@@ -661,7 +671,12 @@ fn run_peer(
         Front::Envoys(envoys) => settled_decision_counts(envoys, sent, DECISIONS_SETTLE_WITHIN),
         _ => Default::default(),
     };
+    let polls = || match &front {
+        Front::Envoys(envoys) => poll_counts_of(envoys),
+        _ => Default::default(),
+    };
     let decisions_before = decisions(sent);
+    let polls_before = polls();
     let before = runtime.block_on(fleet.cache_counters())?;
     let report: Report = runtime.block_on(run_workload(
         &url,
@@ -671,6 +686,7 @@ fn run_peer(
     let after = runtime.block_on(fleet.cache_counters())?;
     sent += report.requests;
     let decisions = counts_between(&decisions_before, &decisions(sent));
+    let engine_polls = counts_between(&polls_before, &polls());
     drop(front);
     let (hit_rate, _) = hit_rate_between(&before, &after);
     let instance_hit_rates = fleet
@@ -689,6 +705,7 @@ fn run_peer(
         ttft_p50_ms: report.ttft_p50_ms,
         ttft_p90_ms: report.ttft_p90_ms,
         ttft_p99_ms: report.ttft_p99_ms,
+        ttft_p90_runs: vec![report.ttft_p90_ms],
         rps: report.rps,
         output_tokens_per_s: report.output_tokens_per_s,
         share_min: report.share_min,
@@ -706,6 +723,7 @@ fn run_peer(
         groups_per_instance: report.groups_per_instance.clone(),
         groups_split: report.groups_split,
         decisions,
+        engine_polls,
         latency_p50_ms: report.latency_p50_ms,
         duration_s: report.duration_s,
         wall_s: started.elapsed().as_secs_f64(),
@@ -759,8 +777,88 @@ pub fn markdown(report: &RoutingReport) -> String {
             out.push_str(&strategy_table(&workload.strategies));
         }
         out.push_str(&decision_lines(&workload.strategies));
+        out.push_str(&engine_poll_lines(&workload.strategies));
+        out.push_str(&replica_lines(&workload.strategies));
     }
     out
+}
+
+/// The engine poller's counters per arm that has any, one line each.
+pub fn engine_poll_lines(strategies: &[StrategyResult]) -> String {
+    let polled: Vec<&StrategyResult> = strategies
+        .iter()
+        .filter(|s| !s.engine_polls.is_empty())
+        .collect();
+    let expected: Vec<&StrategyResult> = strategies
+        .iter()
+        .filter(|s| matches!(s.strategy, Peer::PrefixAwareEngine | Peer::ThreeEnvoys))
+        .collect();
+    if polled.is_empty() && expected.is_empty() {
+        return String::new();
+    }
+    let mut out = String::from(
+        "\nEngine polls in the measured run (Envoy `/stats`, `prefix_router.engine.poll*`):\n\n",
+    );
+    for s in expected.iter().filter(|s| s.engine_polls.is_empty()) {
+        out.push_str(&format!(
+            "- {}: none counted (this .wasm has no poller, or it never polled)\n",
+            s.strategy.name()
+        ));
+    }
+    for s in polled {
+        let kinds: Vec<String> = s
+            .engine_polls
+            .iter()
+            .map(|(kind, count)| format!("{kind} {count}"))
+            .collect();
+        out.push_str(&format!("- {}: {}\n", s.strategy.name(), kinds.join(", ")));
+    }
+    out
+}
+
+/// Three Envoys with engine load against one, and against three without
+/// it, for the pairs that ran: TTFT p90 and hit rate, the ratio of the
+/// medians and each run's.
+pub fn replica_lines(strategies: &[StrategyResult]) -> String {
+    let find = |peer: Peer| strategies.iter().find(|s| s.strategy == peer);
+    let mut out = String::new();
+    if let (Some(one), Some(three)) = (find(Peer::PrefixAwareEngine), find(Peer::ThreeEnvoys)) {
+        out.push_str(&compare(
+            "3 Envoys over 1, both with engine load",
+            three,
+            one,
+        ));
+    }
+    if let (Some(without), Some(with)) = (
+        find(Peer::ThreeEnvoysWithoutEngine),
+        find(Peer::ThreeEnvoys),
+    ) {
+        out.push_str(&compare(
+            "3 Envoys with engine load over 3 without",
+            with,
+            without,
+        ));
+    }
+    out
+}
+
+/// `label`: `a`'s TTFT p90 over `b`'s (medians, each run's) and hit rates.
+fn compare(label: &str, a: &StrategyResult, b: &StrategyResult) -> String {
+    let ratio = |x: f64, y: f64| if y > 0.0 { x / y } else { f64::NAN };
+    let per_run: Vec<String> = a
+        .ttft_p90_runs
+        .iter()
+        .zip(&b.ttft_p90_runs)
+        .map(|(x, y)| format!("{:.2}", ratio(*x, *y)))
+        .collect();
+    format!(
+        "\n{label}: TTFT p90 x{:.2} (medians; per run: {}), hit rate {:.1}% vs {:.1}% ({:+.1} points)\n",
+        ratio(a.ttft_p90_ms, b.ttft_p90_ms),
+        per_run.join(", "),
+        a.hit_rate * 100.0,
+        b.hit_rate * 100.0,
+        (a.hit_rate - b.hit_rate) * 100.0
+    )
 }
 
 /// The filter's decisions per arm through Envoy, one line each (nothing if
@@ -880,6 +978,7 @@ mod tests {
             ttft_p50_ms,
             ttft_p90_ms: ttft_p50_ms * 2.0,
             ttft_p99_ms: ttft_p50_ms * 3.0,
+            ttft_p90_runs: vec![ttft_p50_ms * 2.0],
             rps: 1.0,
             output_tokens_per_s: 10.0,
             share_min: 0.1,
@@ -893,6 +992,7 @@ mod tests {
             groups_per_instance: Default::default(),
             groups_split: 0,
             decisions: [(format!("{mark}-kind"), 3)].into_iter().collect(),
+            engine_polls: Default::default(),
             latency_p50_ms: 1.0,
             duration_s: 1.0,
             wall_s: 2.0,
@@ -1004,5 +1104,44 @@ mod tests {
             s.decisions.clear();
         }
         assert_eq!(decision_lines(&none), "");
+    }
+
+    #[test]
+    fn engine_arms_show_their_polls_and_three_envoys_are_compared_with_one() {
+        let mut one = result(Peer::PrefixAwareEngine, 0.5, 100.0, "one");
+        one.ttft_p90_runs = vec![200.0, 100.0];
+        one.engine_polls = [("polls".to_string(), 40)].into_iter().collect();
+        let mut three = result(Peer::ThreeEnvoys, 0.45, 110.0, "three");
+        three.ttft_p90_runs = vec![220.0, 120.0];
+        let strategies = [
+            result(Peer::Filter(Strategy::PrefixAware), 0.5, 10.0, "d"),
+            one,
+            three,
+        ];
+        let polls = engine_poll_lines(&strategies);
+        assert!(
+            polls.contains("- PREFIX_AWARE (longest) + engine load: polls 40\n"),
+            "{polls}"
+        );
+        assert!(polls.contains("3 Envoys: none counted"), "{polls}");
+        let lines = replica_lines(&strategies);
+        assert!(
+            lines.contains("TTFT p90 x1.10 (medians; per run: 1.10, 1.20)"),
+            "{lines}"
+        );
+        assert!(
+            lines.contains("hit rate 45.0% vs 50.0% (-5.0 points)"),
+            "{lines}"
+        );
+        assert_eq!(replica_lines(&strategies[..2]), "");
+        let mut without = result(Peer::ThreeEnvoysWithoutEngine, 0.45, 100.0, "w");
+        without.ttft_p90_runs = vec![200.0, 100.0];
+        let with_both = [strategies[2].clone(), without];
+        let lines = replica_lines(&with_both);
+        assert!(
+            lines.contains("3 Envoys with engine load over 3 without: TTFT p90 x1.10"),
+            "{lines}"
+        );
+        assert_eq!(engine_poll_lines(&strategies[..1]), "");
     }
 }
