@@ -21,10 +21,12 @@ use serde::Serialize;
 use serde_json::json;
 
 use super::bodies;
-use super::closed_loop::{self, Target};
+use super::closed_loop;
 use super::engine_load::{engine_load_config, poll_counts_of, with_engine_cluster};
 use super::instant_upstream::{CountsSnapshot, InstantUpstream};
-use super::overhead::{check, envoy_cpu_ns, figures, OverheadOptions, Side, SideFigures};
+use super::overhead::{
+    check, envoy_cpu_ns, figures, warmed_targets, OverheadOptions, Side, SideFigures,
+};
 use super::stats::{median, percentile, sorted};
 use super::vllm_metrics_body::vllm_metrics_body;
 use crate::envoy::Envoy;
@@ -236,22 +238,7 @@ fn under_requests(
         start_envoy(opts, addrs, Some(plugin_config(addrs, Some(None))))?,
     ];
     let body = Bytes::from(bodies::chat_body(BODY_BYTES, 42));
-    let targets: Vec<Target> = envoys
-        .iter()
-        .map(|envoy| Target {
-            addr: envoy.listener_addr(),
-            path: PATH.to_string(),
-            body: body.clone(),
-        })
-        .collect();
-    for target in &targets {
-        let warmup = runtime.block_on(closed_loop::run(
-            target,
-            opts.throughput_concurrency,
-            opts.warmup,
-        ))?;
-        check(&warmup, "warm-up")?;
-    }
+    let targets = warmed_targets(runtime, opts, &envoys, PATH, body)?;
     let mut sides: [Side; SIDES] = Default::default();
     let mut keyed_ok = [true; SIDES];
     let mut metrics_polls = 0;
