@@ -24,10 +24,8 @@ use super::bodies;
 use super::closed_loop;
 use super::engine_load::{engine_load_config, poll_counts_of, with_engine_cluster};
 use super::instant_upstream::{CountsSnapshot, InstantUpstream};
-use super::overhead::{
-    check, envoy_cpu_ns, figures, warmed_targets, OverheadOptions, Side, SideFigures,
-};
-use super::stats::{median, percentile, sorted};
+use super::overhead::{envoy_cpu_ns, figures, warmed_targets, OverheadOptions, Side, SideFigures};
+use super::stats::median;
 use super::vllm_metrics_body::vllm_metrics_body;
 use crate::envoy::Envoy;
 
@@ -252,12 +250,7 @@ fn under_requests(
         metrics_polls += total_counts(upstreams).metrics - polls_before;
         let cpu_after = cpu_of(&envoys)?;
         for (index, (side, phase)) in sides.iter_mut().zip(latency).enumerate() {
-            check(&phase, "latency phase")?;
-            side.one_at_a_time_cpu_ns += cpu_after[index].saturating_sub(cpu_before[index]);
-            side.round_p50_us
-                .push(percentile(&sorted(phase.latencies_us.clone()), 50.0));
-            side.failures += phase.failures;
-            side.latencies_us.extend(phase.latencies_us);
+            side.record_latency(phase, cpu_after[index].saturating_sub(cpu_before[index]))?;
         }
         for step in 0..SIDES {
             let index = (round + step) % SIDES;
@@ -271,28 +264,15 @@ fn under_requests(
             ))?;
             measured += started.elapsed();
             let cpu_used = envoy_cpu_ns(&envoys[index])?.saturating_sub(cpu_before);
-            check(&throughput, "throughput phase")?;
             let seen = total_counts(upstreams).since(before);
             metrics_polls += seen.metrics;
-            let side = &mut sides[index];
-            side.counts.keyed += seen.keyed;
-            side.counts.unkeyed += seen.unkeyed;
-            side.counts.body_bytes += seen.body_bytes;
-            side.round_rps.push(throughput.rps());
-            side.cpu_ns += cpu_used;
-            side.failures += throughput.failures;
-            let expected = seen.keyed + seen.unkeyed;
-            if seen.body_bytes != expected * BODY_BYTES as u64 {
-                bail!(
-                    "the upstreams received {} body bytes in {expected} requests of {BODY_BYTES} bytes",
-                    seen.body_bytes
-                );
-            }
-            keyed_ok[index] &= if index == WITHOUT {
-                seen.keyed == 0
-            } else {
-                seen.unkeyed == 0
-            };
+            keyed_ok[index] &= sides[index].record_throughput(
+                &throughput,
+                seen,
+                cpu_used,
+                BODY_BYTES,
+                index == WITHOUT,
+            )?;
         }
     }
     if keyed_ok.contains(&false) {

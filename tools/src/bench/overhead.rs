@@ -509,6 +509,53 @@ pub(super) struct Side {
     pub counts: CountsSnapshot,
 }
 
+impl Side {
+    /// Adds one latency phase, which used `cpu_ns` of this side's Envoy.
+    pub(super) fn record_latency(&mut self, phase: PhaseResult, cpu_ns: u64) -> anyhow::Result<()> {
+        check(&phase, "latency phase")?;
+        self.one_at_a_time_cpu_ns += cpu_ns;
+        self.round_p50_us
+            .push(percentile(&sorted(phase.latencies_us.clone()), 50.0));
+        self.failures += phase.failures;
+        self.latencies_us.extend(phase.latencies_us);
+        Ok(())
+    }
+
+    /// Adds one throughput phase: what the upstreams `seen` (requests of
+    /// `body_bytes` each) and the `cpu_ns` this side's Envoy used. Fails if
+    /// a body did not arrive whole; returns whether the requests carried the
+    /// key header as this side should (`plain`: Envoy without a filter,
+    /// none does; otherwise every one).
+    pub(super) fn record_throughput(
+        &mut self,
+        phase: &PhaseResult,
+        seen: CountsSnapshot,
+        cpu_ns: u64,
+        body_bytes: usize,
+        plain: bool,
+    ) -> anyhow::Result<bool> {
+        check(phase, "throughput phase")?;
+        self.counts.keyed += seen.keyed;
+        self.counts.unkeyed += seen.unkeyed;
+        self.counts.body_bytes += seen.body_bytes;
+        self.round_rps.push(phase.rps());
+        self.cpu_ns += cpu_ns;
+        self.failures += phase.failures;
+        let expected = seen.keyed + seen.unkeyed;
+        if seen.body_bytes != expected * body_bytes as u64 {
+            bail!(
+                "the upstreams received {} body bytes in {expected} requests of {body_bytes} bytes",
+                seen.body_bytes
+            );
+        }
+        Ok(if plain {
+            seen.keyed == 0
+        } else {
+            seen.unkeyed == 0
+        })
+    }
+}
+
 fn measure_case(
     runtime: &tokio::runtime::Runtime,
     opts: &OverheadOptions,
@@ -526,12 +573,7 @@ fn measure_case(
         let latency = runtime.block_on(closed_loop::interleaved(&targets, opts.latency_phase))?;
         let cpu_after = envoys_cpu_ns(&envoys)?;
         for (index, (side, phase)) in sides.iter_mut().zip(latency).enumerate() {
-            check(&phase, "latency phase")?;
-            side.one_at_a_time_cpu_ns += cpu_after[index].saturating_sub(cpu_before[index]);
-            side.round_p50_us
-                .push(percentile(&sorted(phase.latencies_us.clone()), 50.0));
-            side.failures += phase.failures;
-            side.latencies_us.extend(phase.latencies_us);
+            side.record_latency(phase, cpu_after[index].saturating_sub(cpu_before[index]))?;
         }
         for step in 0..SIDES {
             let index = (round + step) % SIDES;
@@ -543,28 +585,14 @@ fn measure_case(
                 opts.throughput_phase,
             ))?;
             let cpu_used = envoy_cpu_ns(envoys[index])?.saturating_sub(cpu_before);
-            check(&throughput, "throughput phase")?;
             let seen = upstream.counts().since(before);
-            let side = &mut sides[index];
-            side.counts.keyed += seen.keyed;
-            side.counts.unkeyed += seen.unkeyed;
-            side.counts.body_bytes += seen.body_bytes;
-            side.round_rps.push(throughput.rps());
-            side.cpu_ns += cpu_used;
-            side.failures += throughput.failures;
-            let expected = seen.keyed + seen.unkeyed;
-            if seen.body_bytes != expected * case.body_bytes as u64 {
-                bail!(
-                    "the upstream received {} body bytes in {expected} requests of {} bytes",
-                    seen.body_bytes,
-                    case.body_bytes
-                );
-            }
-            keyed_ok[index] &= if index == WITHOUT {
-                seen.keyed == 0
-            } else {
-                seen.unkeyed == 0
-            };
+            keyed_ok[index] &= sides[index].record_throughput(
+                &throughput,
+                seen,
+                cpu_used,
+                case.body_bytes,
+                index == WITHOUT,
+            )?;
         }
     }
     if keyed_ok.contains(&false) {
