@@ -442,10 +442,17 @@ impl<S: SharedStore> LoadView for LoadTracker<S> {
     }
 
     fn engine_candidate(&mut self, instance: &InstanceRef, now_ms: u64) -> Option<Candidate> {
-        self.engine_view?;
-        self.fresh_candidates(now_ms)
-            .into_iter()
-            .find(|c| c.instance == *instance)
+        let view = self.engine_view?;
+        let record = self
+            .registry
+            .record_for(&self.tables, instance.slot, &instance.address)
+            .filter(|record| self.registry.is_fresh(record, now_ms))?;
+        let in_flight = self
+            .columns
+            .total(&self.tables, instance.slot, &record, now_ms);
+        let mut candidate = Candidate::local(instance.clone(), in_flight);
+        self.weigh(&mut candidate, view, now_ms);
+        Some(candidate)
     }
 
     fn longest_held(&mut self, chain: &[u64], candidates: &[Candidate], now_ms: u64) -> HeldPrefix {
@@ -590,16 +597,20 @@ impl<S: SharedStore> LoadTracker<S> {
             .candidates(&self.tables, &mut self.columns, now_ms);
         if let Some(view) = self.engine_view {
             for candidate in &mut candidates {
-                let Some(sample) = self.engine_sample(&candidate.instance, view.max_age_ms, now_ms)
-                else {
-                    continue;
-                };
-                candidate.load = sample.estimated_requests(candidate.in_flight);
-                candidate.engine_room = sample.room(&view.bounds, candidate.in_flight);
-                candidate.over_bounds = sample.over(&view.bounds, candidate.in_flight);
+                self.weigh(candidate, view, now_ms);
             }
         }
         candidates
+    }
+
+    /// Weighs `candidate` by its engine's sample, if one is fresh.
+    fn weigh(&mut self, candidate: &mut Candidate, view: EngineView, now_ms: u64) {
+        let Some(sample) = self.engine_sample(&candidate.instance, view.max_age_ms, now_ms) else {
+            return;
+        };
+        candidate.load = sample.estimated_requests(candidate.in_flight);
+        candidate.engine_room = sample.room(&view.bounds, candidate.in_flight);
+        candidate.over_bounds = sample.over(&view.bounds, candidate.in_flight);
     }
 }
 
