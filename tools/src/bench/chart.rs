@@ -19,7 +19,7 @@ fn colour(peer: Peer) -> &'static str {
         Peer::Filter(Strategy::Random) => "#9e9e9e",
         Peer::Filter(Strategy::LeastOutstandingRequests) => "#f2a541",
         Peer::Filter(Strategy::PrefixAware) => "#2a7ab9",
-        Peer::LongestPrefix(_) => "#4292c6",
+        Peer::LongestPrefix(_) | Peer::LoadMargin(_) => "#4292c6",
         Peer::TwoEnvoys => "#1b9e77",
         Peer::PrefixAwareEngine => "#7570b3",
         Peer::ThreeEnvoys => "#a6761d",

@@ -38,7 +38,8 @@ pub struct RoutingArgs {
     /// Only these arms, on every workload: random, least-outstanding,
     /// prefix-aware (the filter's default matching, LONGEST_PREFIX), prefix-N
     /// (FIXED_PREFIX at prefix_length N), longest-B (LONGEST_PREFIX with
-    /// block_bytes B), two-envoys (prefix-aware through two Envoys, turns
+    /// block_bytes B), margin-M (LONGEST_PREFIX with load_margin M),
+    /// two-envoys (prefix-aware through two Envoys, turns
     /// alternating), prefix-aware-engine (prefix-aware with engine_load),
     /// three-envoys (prefix-aware-engine through three Envoys, turns
     /// alternating), three-envoys-without-engine (prefix-aware through three

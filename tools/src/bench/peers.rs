@@ -33,6 +33,8 @@ pub enum Peer {
     FixedPrefix(u32),
     /// PREFIX_AWARE, `match` LONGEST_PREFIX with this `block_bytes`.
     LongestPrefix(u32),
+    /// PREFIX_AWARE, `match` LONGEST_PREFIX with this `load_margin`.
+    LoadMargin(u32),
     /// [`Peer::Filter`]`(PrefixAware)` through two Envoys in front of the same
     /// fleet, the load generator alternating between them
     /// ([`crate::loadgen::alternating_target`]).
@@ -90,6 +92,7 @@ impl Peer {
             Peer::Filter(strategy) => strategy.config_name().to_string(),
             Peer::FixedPrefix(length) => format!("PREFIX_AWARE@{length}"),
             Peer::LongestPrefix(block) => format!("PREFIX_AWARE (longest, {block}-byte blocks)"),
+            Peer::LoadMargin(margin) => format!("PREFIX_AWARE (longest, load margin {margin})"),
             Peer::TwoEnvoys => "PREFIX_AWARE (longest), 2 Envoys".to_string(),
             Peer::PrefixAwareEngine => "PREFIX_AWARE (longest) + engine load".to_string(),
             Peer::ThreeEnvoys => "PREFIX_AWARE (longest) + engine load, 3 Envoys".to_string(),
@@ -107,6 +110,7 @@ impl Peer {
             Peer::Filter(Strategy::PrefixAware) => "prefix-aware".into(),
             Peer::FixedPrefix(length) => format!("prefix-{length}"),
             Peer::LongestPrefix(block) => format!("longest-{block}"),
+            Peer::LoadMargin(margin) => format!("margin-{margin}"),
             Peer::TwoEnvoys => "two-envoys".into(),
             Peer::PrefixAwareEngine => "prefix-aware-engine".into(),
             Peer::ThreeEnvoys => "three-envoys".into(),
@@ -118,7 +122,8 @@ impl Peer {
 
     /// A `--peers` name: random, least-outstanding, prefix-aware (the
     /// filter's default matching), prefix-N (FIXED_PREFIX at prefix_length
-    /// N), longest-B (LONGEST_PREFIX with block_bytes B), two-envoys,
+    /// N), longest-B (LONGEST_PREFIX with block_bytes B), margin-M
+    /// (LONGEST_PREFIX with load_margin M, 0 allowed), two-envoys,
     /// prefix-aware-engine (the defaults with engine_load), three-envoys
     /// (that through three Envoys), three-envoys-without-engine, sglang, oracle.
     pub fn parse(name: &str) -> Result<Peer, String> {
@@ -136,13 +141,17 @@ impl Peer {
             "three-envoys-without-engine" => Peer::ThreeEnvoysWithoutEngine,
             "sglang" => Peer::SglangCacheAware,
             "oracle" => Peer::Oracle,
+            _ if name.starts_with("margin-") => match name["margin-".len()..].parse::<u32>() {
+                Ok(margin) => Peer::LoadMargin(margin),
+                Err(_) => return Err(format!("{name:?}: margin-M takes a load_margin M of 0 or more")),
+            },
             _ => match (number("prefix-"), number("longest-")) {
                 (Some(Some(length)), _) => Peer::FixedPrefix(length),
                 (_, Some(Some(block))) => Peer::LongestPrefix(block),
                 _ => {
                     return Err(format!(
                         "unknown peer {name:?}: random, least-outstanding, prefix-aware, \
-                         prefix-N, longest-B, two-envoys, prefix-aware-engine, three-envoys, \
+                         prefix-N, longest-B, margin-M, two-envoys, prefix-aware-engine, three-envoys, \
                          three-envoys-without-engine, sglang or oracle"
                     ))
                 }
@@ -163,6 +172,10 @@ impl Peer {
             Peer::LongestPrefix(block) => (
                 Strategy::PrefixAware,
                 json!({"match": "LONGEST_PREFIX", "block_bytes": block}),
+            ),
+            Peer::LoadMargin(margin) => (
+                Strategy::PrefixAware,
+                json!({"match": "LONGEST_PREFIX", "load_margin": margin}),
             ),
             Peer::TwoEnvoys | Peer::ThreeEnvoysWithoutEngine => (Strategy::PrefixAware, json!({})),
             Peer::PrefixAwareEngine | Peer::ThreeEnvoys => (
@@ -207,6 +220,9 @@ impl Peer {
             ),
             Peer::LongestPrefix(block) => format!(
                 "filter strategy PREFIX_AWARE, match LONGEST_PREFIX, block_bytes {block}, other fields at their defaults"
+            ),
+            Peer::LoadMargin(margin) => format!(
+                "filter strategy PREFIX_AWARE, match LONGEST_PREFIX, load_margin {margin}, other fields at their defaults"
             ),
             Peer::TwoEnvoys => format!(
                 "two Envoys with the filter at its defaults (as prefix-aware) in front of the same fleet; \
@@ -370,6 +386,8 @@ mod tests {
             .chain(Strategy::ALL.into_iter().map(Peer::Filter))
             .chain([
                 Peer::LongestPrefix(64),
+                Peer::LoadMargin(0),
+                Peer::LoadMargin(16),
                 Peer::TwoEnvoys,
                 Peer::PrefixAwareEngine,
                 Peer::ThreeEnvoys,
@@ -385,6 +403,8 @@ mod tests {
             "prefix-x",
             "longest-0",
             "longest-",
+            "margin-",
+            "margin-x",
             "round-robin",
             "prefix-aware-balanced",
         ] {
