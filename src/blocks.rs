@@ -15,17 +15,25 @@
 //!   see another question first still agree); a cold prompt is placed by
 //!   its hash. Raw bytes: the first [`RAW_OPENING_BYTES`].
 //! - the **conversation's start**: where that first own message begins. A
-//!   match that ends in the system messages before it (a system prompt many
-//!   conversations share) does not attract the request: the matched blocks
-//!   must reach one block past it (or cover the whole prefix, when the
-//!   system messages fill it). So a shared system prompt is never the unit
-//!   of placement, while a document in the user message is.
+//!   match that ends in the system messages before it (a system prompt,
+//!   shared by many conversations or by one group's requests) does not
+//!   attract the request by itself: the matched blocks must reach one block
+//!   past it (or cover the whole prefix, when the system messages fill it).
+//!   Whether a system-only match still prefers its holders is the policy's
+//!   call, by their recent shares (`load::recent`).
+//!
+//! Blocks are also cut at the conversation's start and at the opening's
+//! end, so a conversation's turns share the blocks of their opening however
+//! short its first message: a next turn always matches one block past the
+//! system messages. (Cut every `block_bytes` only, a first message of a few
+//! words ended in a partial block the next turn did not share.)
 
 use xxhash_rust::xxh3::{xxh3_64_with_seed, Xxh3};
 
 use crate::extract::canonical::{ESCAPE, RECORD_END};
 use crate::extract::PrefixSource;
 use crate::key::KeyMaterial;
+use crate::load::SPAN_BLOCKS;
 
 /// The opening of a raw-byte prompt, which has no messages: the first KiB
 /// (a fixed prefix of 1024 kept 97 % of the achievable hits on ShareGPT
@@ -39,6 +47,9 @@ pub const OWN_OPENING_BYTES: usize = 512;
 
 const DOMAIN_TAG: &[u8] = b"prefix-router/blocks/v1";
 
+/// What a padding entry hashes (chained to the entry before it).
+const PADDING_TAG: &[u8] = b"prefix-router/blocks/padding";
+
 /// Leading records that are shared preamble, not the conversation's own.
 const PREAMBLE_RECORDS: [&str; 3] = ["role=system\u{1f}", "role=developer\u{1f}", "instructions="];
 
@@ -51,6 +62,20 @@ pub struct PromptBlocks {
     pub block_bytes: usize,
     /// Bytes of the prefix (so the last block's length is known).
     pub prefix_bytes: usize,
+    /// Where blocks are cut besides every `block_bytes`: the start of the
+    /// conversation's own text and the end of its opening (canonical text;
+    /// zeros for raw bytes). Cut there, a conversation's turns share the
+    /// blocks of their opening however short its first message, so a next
+    /// turn always matches into the conversation's own text.
+    pub cuts: [usize; 2],
+    /// (blocks of the system messages, entries after them that stand for no
+    /// bytes): the system messages are padded to whole spans of the prefix
+    /// index ([`SPAN_BLOCKS`]), so the conversation's own blocks begin a span
+    /// of their own. A span's blocks share one bucket; unpadded, every
+    /// conversation behind one system prompt put its first own blocks in
+    /// the bucket of that prompt's last span, whose entries (the prompt's
+    /// holders among them) then evicted each other.
+    pub padding: (usize, usize),
     /// Hash of the opening (cold placement ranks instances by it).
     pub opening: u64,
     /// The fewest matched blocks that attract the request to their holder.
@@ -63,12 +88,6 @@ impl PromptBlocks {
         let block_bytes = block_bytes.max(1);
         let prefix = material.prefix;
         let seed = chain_seed(material);
-        let mut chain = Vec::with_capacity(prefix.len().div_ceil(block_bytes));
-        let mut previous = seed;
-        for block in prefix.chunks(block_bytes) {
-            previous = xxh3_64_with_seed(block, previous);
-            chain.push(previous);
-        }
         let (start, opening_end) = match material.source {
             PrefixSource::CanonicalText => {
                 let (start, end) = canonical_opening(prefix);
@@ -76,12 +95,43 @@ impl PromptBlocks {
             }
             PrefixSource::RawBytes => (0, RAW_OPENING_BYTES.min(prefix.len())),
         };
+        let cuts = match material.source {
+            PrefixSource::CanonicalText => [start, opening_end],
+            PrefixSource::RawBytes => [0, 0],
+        };
+        // The system messages' blocks, padded to whole spans of the prefix
+        // index when the conversation's own text follows them.
+        let system_blocks = match material.source {
+            PrefixSource::CanonicalText => start.min(prefix.len()).div_ceil(block_bytes),
+            PrefixSource::RawBytes => 0,
+        };
+        let padding = if system_blocks > 0 && start < prefix.len() {
+            (SPAN_BLOCKS - system_blocks % SPAN_BLOCKS) % SPAN_BLOCKS
+        } else {
+            0
+        };
+        let mut chain = Vec::with_capacity(prefix.len().div_ceil(block_bytes) + 2 + padding);
+        let mut previous = seed;
+        for segment in segments(prefix.len(), cuts) {
+            if segment.start == start && padding > 0 {
+                for _ in 0..padding {
+                    previous = xxh3_64_with_seed(PADDING_TAG, previous);
+                    chain.push(previous);
+                }
+            }
+            for block in prefix.get(segment).unwrap_or_default().chunks(block_bytes) {
+                previous = xxh3_64_with_seed(block, previous);
+                chain.push(previous);
+            }
+        }
         let opening = xxh3_64_with_seed(prefix.get(..opening_end).unwrap_or(prefix), seed);
-        let attracting_blocks = (start.div_ceil(block_bytes) + 1).min(chain.len());
+        let attracting_blocks = (system_blocks + padding + 1).min(chain.len());
         PromptBlocks {
             chain,
             block_bytes,
             prefix_bytes: prefix.len(),
+            cuts,
+            padding: (system_blocks, padding),
             opening,
             attracting_blocks,
         }
@@ -89,9 +139,21 @@ impl PromptBlocks {
 
     /// Bytes of the prefix the first `blocks` blocks cover.
     pub fn bytes_of(&self, blocks: usize) -> usize {
-        blocks
-            .saturating_mul(self.block_bytes)
-            .min(self.prefix_bytes)
+        let (at, padding) = self.padding;
+        let mut left = if blocks > at {
+            at + blocks.saturating_sub(at + padding)
+        } else {
+            blocks
+        };
+        for segment in segments(self.prefix_bytes, self.cuts) {
+            let in_segment = segment.len().div_ceil(self.block_bytes);
+            if left <= in_segment {
+                let covered = left.saturating_mul(self.block_bytes).min(segment.len());
+                return segment.start + covered;
+            }
+            left -= in_segment;
+        }
+        self.prefix_bytes
     }
 
     /// True if a match of `blocks` blocks attracts the request (see the
@@ -119,6 +181,16 @@ fn chain_seed(material: &KeyMaterial<'_>) -> u64 {
     };
     crate::key::update_frame(&mut hasher, &framing);
     hasher.digest()
+}
+
+/// The byte ranges of a prefix of `len` bytes between `cuts` (ascending,
+/// at most `len`; empty ranges dropped), each cut into blocks on its own.
+fn segments(len: usize, cuts: [usize; 2]) -> impl Iterator<Item = std::ops::Range<usize>> {
+    let first = cuts[0].min(len);
+    let second = cuts[1].clamp(first, len);
+    [0..first, first..second, second..len]
+        .into_iter()
+        .filter(|range| !range.is_empty())
 }
 
 /// Canonical text: (start of the first own record, end of it), in bytes.
@@ -177,6 +249,51 @@ mod tests {
 
     fn record(role: &str, text: &str) -> String {
         format!("role={role}\u{1f}text={text}\u{1f}\u{1e}")
+    }
+
+    #[test]
+    fn a_short_first_message_is_a_block_every_later_turn_shares() {
+        let system = record("system", &"s".repeat(300));
+        let first = system.clone() + &record("user", "hi");
+        let second =
+            first.clone() + &record("assistant", &"a".repeat(400)) + &record("user", "more");
+        let (x, y) = (
+            PromptBlocks::new(&canonical(&first), 256),
+            PromptBlocks::new(&canonical(&second), 256),
+        );
+        // System (2 blocks: 256 + the rest), padded to a span of 4, then
+        // "hi" as a block of its own.
+        assert_eq!(x.cuts, [system.len(), first.len()]);
+        assert_eq!(x.padding, (2, 2));
+        assert_eq!(x.chain.len(), 5);
+        assert_eq!(x.chain[..], y.chain[..5]);
+        assert!(x.attracts(5) && !x.attracts(4));
+        assert!(y.attracts(5), "the next turn matches into its own text");
+        assert_eq!(y.bytes_of(1), 256);
+        assert_eq!(y.bytes_of(2), system.len());
+        assert_eq!(y.bytes_of(4), system.len(), "padding holds no bytes");
+        assert_eq!(y.bytes_of(5), first.len());
+        assert_eq!(y.bytes_of(6), first.len() + 256);
+        assert_eq!(y.bytes_of(99), second.len());
+        // Without own text, or without system messages, nothing is padded.
+        let alone = PromptBlocks::new(&canonical(&system), 256);
+        assert_eq!((alone.padding, alone.chain.len()), ((2, 0), 2));
+        assert_eq!(alone.chain[..], x.chain[..2]);
+        let own = PromptBlocks::new(&canonical(&record("user", "hi")), 256);
+        assert_eq!((own.padding, own.chain.len()), ((0, 0), 1));
+    }
+
+    #[test]
+    fn raw_bytes_are_cut_every_block_only() {
+        let bytes = "r".repeat(1100);
+        let raw = KeyMaterial {
+            source: PrefixSource::RawBytes,
+            ..canonical(&bytes)
+        };
+        let blocks = PromptBlocks::new(&raw, 1000);
+        assert_eq!(blocks.cuts, [0, 0]);
+        assert_eq!(blocks.chain.len(), 2);
+        assert_eq!((blocks.bytes_of(1), blocks.bytes_of(2)), (1000, 1100));
     }
 
     #[test]

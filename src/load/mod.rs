@@ -30,6 +30,7 @@ mod lease;
 mod mark;
 mod pending;
 mod prefix_index;
+mod recent;
 mod routes;
 mod table;
 mod tracker;
@@ -43,6 +44,8 @@ use crate::headers::PENDING_MARK;
 
 pub use engine::{EngineBounds, EngineLoad, EngineView};
 pub use prefix_index::Remembered;
+pub(crate) use prefix_index::SPAN_BLOCKS;
+pub use recent::{RecentChoices, RECENT_WINDOW};
 
 /// Sizes, times and namespace of the shared tables.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -195,6 +198,9 @@ pub struct Candidate {
     pub engine_room: Option<u32>,
     /// At or over a fleet-wide engine bound (requests or KV usage).
     pub over_bounds: bool,
+    /// This worker's decisions for it among its last [`RECENT_WINDOW`]
+    /// ([`RecentChoices`]).
+    pub recent: u32,
 }
 
 impl Candidate {
@@ -206,6 +212,7 @@ impl Candidate {
             load: in_flight,
             engine_room: None,
             over_bounds: false,
+            recent: 0,
         }
     }
 
@@ -281,6 +288,11 @@ pub trait LoadView {
     fn longest_held(&mut self, chain: &[u64], candidates: &[Candidate], now_ms: u64) -> HeldPrefix {
         let _ = (chain, candidates, now_ms);
         HeldPrefix::default()
+    }
+    /// Counts a decision for `instance` in this worker's recent choices
+    /// (what [`Candidate::recent`] reports).
+    fn note_chosen(&mut self, instance: &InstanceRef) {
+        let _ = instance;
     }
     /// Records in the prefix index that `instance` now holds all of `chain`,
     /// of which it was known to hold the first `known` blocks.

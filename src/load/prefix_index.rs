@@ -27,10 +27,12 @@
 //! instances beside other prefixes' spans: with only a few ways, which spans
 //! happen to share a bucket, rather than their age, would decide what is
 //! evicted. The price of spans: prompts that agree up to a span's start and
-//! differ inside it (conversations behind one shared system prompt) put
-//! their blocks of that span in one bucket, which keeps the most recent
-//! sixteen or so of them; their later spans are each their own, so a
-//! conversation that outgrew that span is still found past it. The default
+//! differ inside it put their blocks of that span in one bucket, which
+//! keeps the most recent sixteen or so of them; their later spans are each
+//! their own, so a prompt that outgrew that span is still found past it.
+//! Chat prompts avoid it where it would hurt most: `PromptBlocks` pads the
+//! system messages to whole spans, so conversations behind one system
+//! prompt begin their own text in spans of their own. The default
 //! budget of 8 MiB buys 8,176 buckets: 523,264 entries, as many 256-byte
 //! blocks as 127 MiB of prompt text held by one instance each. Outside the
 //! budget, Envoy also keeps each key's name

@@ -21,8 +21,10 @@ use bytes::Bytes;
 use harness::load::DECISION_HEADER;
 use harness::{bodies, client, wait_until, Harness, Outgoing, Reply, INSTANCES};
 use http_body_util::{BodyExt as _, Full};
+use prefix_router::blocks::PromptBlocks;
 use prefix_router::classify::ApiKind;
 use prefix_router::extract::{Extractor, Limits, PrefixSource};
+use prefix_router::key::KeyMaterial;
 use prefix_router::metrics::{INDEX_CAPACITY, INDEX_ENTRIES, INDEX_EVICTIONS};
 use prefix_router_tools::envoy::Envoy;
 use prefix_router_tools::upstream::{UpstreamFleet, HOLD_HEADER};
@@ -167,25 +169,40 @@ struct HeldModel {
 
 impl HeldModel {
     /// Bytes of `prompt` that `instance` holds: the longest run of leading
-    /// blocks (same bytes, same length) it shares with a prompt sent there,
-    /// as the filter's chained block hashes compare them.
-    fn held_bytes(&self, instance: &str, prompt: &[u8]) -> usize {
+    /// blocks it shares with a prompt sent there, cut as the filter cuts
+    /// them (every `block_bytes`, and for canonical text also where the
+    /// conversation's own text and its opening end: `PromptBlocks`, whose
+    /// cutting its unit tests check) and compared as its chained hashes
+    /// compare them.
+    fn held_bytes(&self, instance: &str, prompt: &[u8], source: PrefixSource) -> usize {
         let (block_bytes, _, _) = defaults();
-        let blocks = self
+        let blocks_of = |prefix: &[u8]| {
+            let material = KeyMaterial {
+                tenant: None,
+                model: None,
+                source,
+                prefix,
+            };
+            PromptBlocks::new(&material, block_bytes)
+        };
+        let blocks = blocks_of(prompt);
+        let shared = self
             .by_instance
             .get(instance)
             .into_iter()
             .flatten()
             .map(|held| {
-                prompt
-                    .chunks(block_bytes)
-                    .zip(held.chunks(block_bytes))
+                let held = blocks_of(held);
+                blocks
+                    .chain
+                    .iter()
+                    .zip(&held.chain)
                     .take_while(|(a, b)| a == b)
                     .count()
             })
             .max()
             .unwrap_or(0);
-        (blocks * block_bytes).min(prompt.len())
+        blocks.bytes_of(shared)
     }
 
     fn sent(&mut self, instance: &str, prompt: Vec<u8>) {
@@ -301,7 +318,12 @@ async fn send_rounds(harness: &Harness, rounds: &[Vec<Prompt>]) -> Vec<Vec<Decis
             )
             .await;
             let prefix = routing_prefix(prompt.path, prompt.body.as_bytes());
-            let expected = model.held_bytes(&decision.instance, &prefix);
+            let source = if prompt.path == CHAT {
+                PrefixSource::CanonicalText
+            } else {
+                PrefixSource::RawBytes
+            };
+            let expected = model.held_bytes(&decision.instance, &prefix, source);
             assert_eq!(
                 decision.matched,
                 Some(expected),
@@ -318,8 +340,9 @@ async fn send_rounds(harness: &Harness, rounds: &[Vec<Prompt>]) -> Vec<Vec<Decis
 }
 
 /// Each group stays on one instance from its first request, which is
-/// `cold`; every later one is `matched`, with more bytes than the one
-/// before when `growing`.
+/// `cold` (or placed by a system prompt it shares with other groups);
+/// every later one is `matched`, with more bytes than the one before when
+/// `growing`.
 fn check_stays_matched(decisions: &[Vec<Decision>], growing: bool, what: &str) {
     for (group, list) in decisions.iter().enumerate() {
         let instances: BTreeSet<&str> = list.iter().map(|d| d.instance.as_str()).collect();
@@ -331,7 +354,19 @@ fn check_stays_matched(decisions: &[Vec<Decision>], growing: bool, what: &str) {
             1,
             "{what} {group} moved between instances: {list:?}"
         );
-        assert_eq!(kinds[0], "cold", "{what} {group}: {list:?}");
+        // A first request is cold, or, behind a system prompt another
+        // group's first request left somewhere, matched there (its match
+        // ends in the system messages) or moved on while the holders had
+        // more than their share.
+        assert!(
+            match kinds[0] {
+                "cold" => matched[0] == 0,
+                "matched" => matched[0] > 0,
+                "moved" => true,
+                _ => false,
+            },
+            "{what} {group}: {list:?}"
+        );
         assert!(
             kinds[1..].iter().all(|k| *k == "matched"),
             "{what} {group}: every request after the first must be matched: {kinds:?}"
@@ -356,7 +391,8 @@ const CONVERSATIONS: usize = 6;
 fn conversation_rounds(path: &'static str, seed: u64) -> Vec<Vec<Prompt>> {
     let mut rng = bodies::rng(seed);
     // Chat: one system prompt for them all, as an application has: it is
-    // held by every instance a conversation reached, and must attract none.
+    // held by every instance a conversation reached, and attracts first
+    // turns only while its holders are within their share.
     // Invoke bodies have no messages, so every matched block attracts: each
     // conversation opens with a system prompt of its own.
     let shared = prose(&mut rng, 1500);
@@ -483,10 +519,21 @@ async fn conversations_behind_one_system_prompt_spread_over_every_instance() {
     println!(
         "{SHARED_SYSTEM_TURNS} first turns behind one 6,000-character system prompt: per instance {per_instance:?}, decisions {kinds:?}"
     );
-    assert_eq!(
-        kinds.get("cold"),
-        Some(&SHARED_SYSTEM_TURNS),
-        "a match on the system prompt alone must not attract: {kinds:?}"
+    // The first few match the system prompt where it is held (`matched`)
+    // or, past their holders' share of recent decisions, are placed by
+    // their openings (`moved`); once more than half the fleet holds it,
+    // every first turn is placed by its opening (`cold`).
+    assert!(
+        kinds
+            .keys()
+            .all(|k| ["cold", "matched", "moved"].contains(&k.as_str())),
+        "{kinds:?}"
+    );
+    assert!(
+        kinds
+            .get("cold")
+            .is_some_and(|&n| n >= SHARED_SYSTEM_TURNS - 20),
+        "a system prompt the fleet holds must not attract: {kinds:?}"
     );
     let (low, high) = SHARED_SYSTEM_SHARE;
     assert_eq!(
@@ -794,6 +841,7 @@ async fn two_envoys_place_cold_prompts_alike() {
     let mut rng = bodies::rng(0x2e);
     let system = prose(&mut rng, 1200);
     let mut differ = Vec::new();
+    let mut warming = Vec::new();
     let mut used = BTreeSet::new();
     for n in 0..OPENINGS {
         let conversation = Conversation::new(&mut rng, &system, 1);
@@ -801,16 +849,29 @@ async fn two_envoys_place_cold_prompts_alike() {
         let what = format!("opening {n}");
         let via_a = route(&a, &fleet, Outgoing::post(CHAT, body.clone()), &what).await;
         let via_b = route(&b, &fleet, Outgoing::post(CHAT, body), &what).await;
-        assert_eq!(
-            (via_a.kind.as_str(), via_b.kind.as_str()),
-            ("cold", "cold"),
-            "{what}"
-        );
+        // The first few match the shared system prompt where each Envoy's
+        // first openings left it (or move on past their holders' share);
+        // once more than half the fleet holds it, every opening is cold.
+        let kinds = (via_a.kind.as_str(), via_b.kind.as_str());
+        if kinds != ("cold", "cold") {
+            assert!(
+                [kinds.0, kinds.1]
+                    .iter()
+                    .all(|k| ["matched", "moved", "cold"].contains(k)),
+                "{what}: {kinds:?}"
+            );
+            warming.push(n);
+            continue;
+        }
         used.insert(via_a.instance.clone());
         if via_a.instance != via_b.instance {
             differ.push((n, via_a.instance, via_b.instance));
         }
     }
+    assert!(
+        warming.len() <= 10,
+        "openings not cold in both Envoys: {warming:?}"
+    );
     println!("{OPENINGS} openings through two Envoys on {used:?}; placed apart: {differ:?}");
     // 50 openings over 7 instances reach at most 4 with probability < 1e-10:
     // fewer means placement ignores the opening, and agreement proves nothing.

@@ -12,6 +12,7 @@ use super::engine::EngineView;
 use super::instances::InstanceRecord;
 use super::mark::UpstreamFilterMark;
 use super::prefix_index::{BucketReads, Holder, PrefixIndex, Remembered};
+use super::recent::RecentChoices;
 use super::table::{Change, Tables, Updated};
 use super::{
     Candidate, Claim, HeldPrefix, InstanceLoad, InstanceRef, LoadConfig, LoadView, Target, Ticket,
@@ -63,6 +64,8 @@ pub struct LoadTracker<S: SharedStore> {
     engine_view: Option<EngineView>,
     /// Engine samples as this VM last read them.
     engine_cache: engine::EngineCache,
+    /// Where this VM's recent decisions went.
+    recent: RecentChoices,
 }
 
 fn addr_hash(address: &str) -> u64 {
@@ -94,6 +97,7 @@ impl<S: SharedStore> LoadTracker<S> {
             index_sized: false,
             engine_view: None,
             engine_cache: engine::EngineCache::default(),
+            recent: RecentChoices::default(),
             config,
         }
     }
@@ -470,6 +474,10 @@ impl<S: SharedStore> LoadView for LoadTracker<S> {
         }
     }
 
+    fn note_chosen(&mut self, instance: &InstanceRef) {
+        self.recent.note(instance.slot);
+    }
+
     fn remember_held(
         &mut self,
         chain: &[u64],
@@ -595,6 +603,9 @@ impl<S: SharedStore> LoadTracker<S> {
         let mut candidates = self
             .registry
             .candidates(&self.tables, &mut self.columns, now_ms);
+        for candidate in &mut candidates {
+            candidate.recent = self.recent.count(candidate.instance.slot);
+        }
         if let Some(view) = self.engine_view {
             for candidate in &mut candidates {
                 self.weigh(candidate, view, now_ms);
