@@ -494,6 +494,14 @@ async fn invoke_questions_about_one_document_stay_together() {
 
 /// First turns behind one shared system prompt.
 const SHARED_SYSTEM_TURNS: usize = 280;
+/// The most decisions behind one shared system prompt that are not cold
+/// before more than half the fleet holds it: its holders take requests up to
+/// their share of each worker's recent decisions, then one spills by its
+/// opening, until four of seven hold it. A model of that rule with two
+/// workers per Envoy, 20,000 runs: median 9, 1 in 10,000 above 20, none
+/// above 21 (a system prompt that attracted every conversation would make
+/// nearly all of them `matched`).
+const SYSTEM_WARM_UP: usize = 30;
 /// Bounds on each instance's share of [`SHARED_SYSTEM_TURNS`] first turns
 /// placed by rendezvous hashing (ideal 40): for a uniform placement the
 /// count is Binomial(280, 1/7), P(< 15) = 5.0e-7 and P(> 72) = 1.7e-7, so
@@ -532,7 +540,7 @@ async fn conversations_behind_one_system_prompt_spread_over_every_instance() {
     assert!(
         kinds
             .get("cold")
-            .is_some_and(|&n| n >= SHARED_SYSTEM_TURNS - 20),
+            .is_some_and(|&n| n >= SHARED_SYSTEM_TURNS - SYSTEM_WARM_UP),
         "a system prompt the fleet holds must not attract: {kinds:?}"
     );
     let (low, high) = SHARED_SYSTEM_SHARE;
@@ -822,8 +830,9 @@ const ENVOY_FLOOD_GROWTH: u64 = 1536 * 1024;
 const FLOOD_MEMORY_BOUND: u64 =
     FLOOD_INDEX_BYTES + FLOOD_INDEX_KEYS * ENVOY_BYTES_PER_KEY + ENVOY_FLOOD_GROWTH;
 
-/// Conversation openings of the two-Envoy test.
-const OPENINGS: usize = 50;
+/// Conversation openings of the two-Envoy test: at least 50 past the
+/// system prompt's warm-up ([`SYSTEM_WARM_UP`]).
+const OPENINGS: usize = 80;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_envoys_place_cold_prompts_alike() {
@@ -869,12 +878,16 @@ async fn two_envoys_place_cold_prompts_alike() {
         }
     }
     assert!(
-        warming.len() <= 10,
+        warming.len() <= SYSTEM_WARM_UP,
         "openings not cold in both Envoys: {warming:?}"
     );
-    println!("{OPENINGS} openings through two Envoys on {used:?}; placed apart: {differ:?}");
-    // 50 openings over 7 instances reach at most 4 with probability < 1e-10:
-    // fewer means placement ignores the opening, and agreement proves nothing.
+    println!(
+        "{OPENINGS} openings through two Envoys, {} not cold in both (warm-up), on {used:?}; placed apart: {differ:?}",
+        warming.len()
+    );
+    // 50 cold openings over 7 instances reach at most 4 with probability
+    // < 1e-10: fewer means placement ignores the opening, and agreement
+    // proves nothing.
     assert!(used.len() >= 5, "the openings reached only {used:?}");
     assert!(
         differ.is_empty(),
