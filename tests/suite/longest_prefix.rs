@@ -497,10 +497,10 @@ const SHARED_SYSTEM_TURNS: usize = 280;
 /// The most decisions behind one shared system prompt that are not cold
 /// before more than half the fleet holds it: its holders take requests up to
 /// their share of each worker's recent decisions, then one spills by its
-/// opening, until four of seven hold it. A model of that rule with two
-/// workers per Envoy, 20,000 runs: median 9, 1 in 10,000 above 20, none
-/// above 21 (a system prompt that attracted every conversation would make
-/// nearly all of them `matched`).
+/// opening, until four of seven hold it. A model of that rule
+/// (`tools/models/system_warm_up_model.py`), two workers per Envoy, 20,000
+/// runs: median 9, 99.99th percentile 20 (a system prompt that attracted
+/// every conversation would make nearly all of them `matched`).
 const SYSTEM_WARM_UP: usize = 30;
 /// Bounds on each instance's share of [`SHARED_SYSTEM_TURNS`] first turns
 /// placed by rendezvous hashing (ideal 40): for a uniform placement the
