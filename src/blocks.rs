@@ -88,23 +88,17 @@ impl PromptBlocks {
         let block_bytes = block_bytes.max(1);
         let prefix = material.prefix;
         let seed = chain_seed(material);
-        let (start, opening_end) = match material.source {
+        let (start, opening_end, cuts) = match material.source {
             PrefixSource::CanonicalText => {
                 let (start, end) = canonical_opening(prefix);
-                (start, end.min(start.saturating_add(OWN_OPENING_BYTES)))
+                let end = end.min(start.saturating_add(OWN_OPENING_BYTES));
+                (start, end, [start, end])
             }
-            PrefixSource::RawBytes => (0, RAW_OPENING_BYTES.min(prefix.len())),
+            PrefixSource::RawBytes => (0, RAW_OPENING_BYTES.min(prefix.len()), [0, 0]),
         };
-        let cuts = match material.source {
-            PrefixSource::CanonicalText => [start, opening_end],
-            PrefixSource::RawBytes => [0, 0],
-        };
-        // The system messages' blocks, padded to whole spans of the prefix
-        // index when the conversation's own text follows them.
-        let system_blocks = match material.source {
-            PrefixSource::CanonicalText => start.min(prefix.len()).div_ceil(block_bytes),
-            PrefixSource::RawBytes => 0,
-        };
+        // The system messages' blocks (none for raw bytes), padded to whole
+        // spans of the prefix index when the conversation's own text follows.
+        let system_blocks = cuts[0].min(prefix.len()).div_ceil(block_bytes);
         let padding = if system_blocks > 0 && start < prefix.len() {
             (SPAN_BLOCKS - system_blocks % SPAN_BLOCKS) % SPAN_BLOCKS
         } else {

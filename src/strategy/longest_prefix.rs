@@ -131,13 +131,12 @@ impl LongestPrefix {
         let holds = |c: &Candidate| held.holders.contains(&c.instance.slot);
         let within_share = system_only && {
             let total: u32 = candidates.iter().map(|c| c.recent).sum();
-            let (holders, of_holders) = candidates
+            let of_holders: u32 = candidates
                 .iter()
                 .filter(|c| holds(c))
-                .fold((0, 0u32), |(n, sum), c| {
-                    (n + 1, sum.saturating_add(c.recent))
-                });
-            of_holders <= RecentChoices::share_bound(total, holders, candidates.len())
+                .map(|c| c.recent)
+                .sum();
+            of_holders <= RecentChoices::share_bound(total, held.holders.len(), candidates.len())
         };
         let is_holder = |c: &Candidate| holds(c) && (attracted || within_share);
         let mut order: Vec<&Candidate> = candidates.iter().collect();
@@ -207,9 +206,8 @@ impl LongestPrefix {
                 (least_loaded, ticket)
             }
         };
-        // A holder of a system-only match over its share is passed over.
-        let passed_over =
-            passed_over || (system_only && candidates.iter().any(|c| holds(c) && !is_holder(c)));
+        // The holders of a system-only match past their share are passed over.
+        let passed_over = passed_over || (system_only && !within_share);
         let kind = match (attracted || system_only, holds(candidate)) {
             (true, true) => DecisionKind::Matched,
             _ if full => DecisionKind::Overflow,
@@ -217,7 +215,7 @@ impl LongestPrefix {
             _ => DecisionKind::Cold,
         };
         load.note_chosen(&candidate.instance);
-        let known = if held.holders.contains(&candidate.instance.slot) {
+        let known = if holds(candidate) {
             held.blocks
         } else {
             // A shorter prefix it may hold (moved or overflowed here).

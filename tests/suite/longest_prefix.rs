@@ -128,15 +128,18 @@ async fn route(envoy: &Envoy, fleet: &UpstreamFleet, request: Outgoing, what: &s
     decision_of(&reply, fleet, what)
 }
 
-/// The routing prefix the filter cuts from a body at its default limits:
-/// the canonical text of an OpenAI chat, the first bytes of an invoke body.
-fn routing_prefix(path: &str, body: &[u8]) -> Vec<u8> {
+/// The routing prefix the filter cuts from a body at its default limits
+/// (the canonical text of an OpenAI chat, the first bytes of an invoke
+/// body), cut into blocks as the filter cuts it (`PromptBlocks`, whose
+/// cutting its unit tests check). Tenant and model are left out of the
+/// chain's seed: the model compares prompts of one tenant and model.
+fn routing_blocks(path: &str, body: &[u8]) -> PromptBlocks {
     let kind = if path == CHAT {
         ApiKind::ChatCompletions
     } else {
         ApiKind::Invoke
     };
-    let (_, prefix_length, max_body_bytes) = defaults();
+    let (block_bytes, prefix_length, max_body_bytes) = defaults();
     let mut extractor = Extractor::new(
         kind,
         Limits {
@@ -158,58 +161,50 @@ fn routing_prefix(path: &str, body: &[u8]) -> Vec<u8> {
         "{path}: {:?}",
         extraction.fallback
     );
-    extraction.prefix
+    let material = KeyMaterial {
+        tenant: None,
+        model: None,
+        source: extraction.source,
+        prefix: &extraction.prefix,
+    };
+    PromptBlocks::new(&material, block_bytes)
 }
 
-/// An exact prefix index: the routing prefixes each instance was sent.
+/// An exact prefix index: the block chains of the routing prefixes each
+/// instance was sent.
 #[derive(Debug, Default)]
 struct HeldModel {
-    by_instance: BTreeMap<String, Vec<Vec<u8>>>,
+    by_instance: BTreeMap<String, Vec<Vec<u64>>>,
 }
 
 impl HeldModel {
     /// Bytes of `prompt` that `instance` holds: the longest run of leading
-    /// blocks it shares with a prompt sent there, cut as the filter cuts
-    /// them (every `block_bytes`, and for canonical text also where the
-    /// conversation's own text and its opening end: `PromptBlocks`, whose
-    /// cutting its unit tests check) and compared as its chained hashes
-    /// compare them.
-    fn held_bytes(&self, instance: &str, prompt: &[u8], source: PrefixSource) -> usize {
-        let (block_bytes, _, _) = defaults();
-        let blocks_of = |prefix: &[u8]| {
-            let material = KeyMaterial {
-                tenant: None,
-                model: None,
-                source,
-                prefix,
-            };
-            PromptBlocks::new(&material, block_bytes)
-        };
-        let blocks = blocks_of(prompt);
+    /// blocks it shares with a prompt sent there, compared as the filter's
+    /// chained hashes compare them.
+    fn held_bytes(&self, instance: &str, prompt: &PromptBlocks) -> usize {
         let shared = self
             .by_instance
             .get(instance)
             .into_iter()
             .flatten()
             .map(|held| {
-                let held = blocks_of(held);
-                blocks
+                prompt
                     .chain
                     .iter()
-                    .zip(&held.chain)
+                    .zip(held)
                     .take_while(|(a, b)| a == b)
                     .count()
             })
             .max()
             .unwrap_or(0);
-        blocks.bytes_of(shared)
+        prompt.bytes_of(shared)
     }
 
-    fn sent(&mut self, instance: &str, prompt: Vec<u8>) {
+    fn sent(&mut self, instance: &str, prompt: PromptBlocks) {
         self.by_instance
             .entry(instance.to_string())
             .or_default()
-            .push(prompt);
+            .push(prompt.chain);
     }
 }
 
@@ -317,22 +312,17 @@ async fn send_rounds(harness: &Harness, rounds: &[Vec<Prompt>]) -> Vec<Vec<Decis
                 &prompt.label,
             )
             .await;
-            let prefix = routing_prefix(prompt.path, prompt.body.as_bytes());
-            let source = if prompt.path == CHAT {
-                PrefixSource::CanonicalText
-            } else {
-                PrefixSource::RawBytes
-            };
-            let expected = model.held_bytes(&decision.instance, &prefix, source);
+            let blocks = routing_blocks(prompt.path, prompt.body.as_bytes());
+            let expected = model.held_bytes(&decision.instance, &blocks);
             assert_eq!(
                 decision.matched,
                 Some(expected),
                 "{}: matched= is not what {} holds of its {}-byte prefix ({decision:?})",
                 prompt.label,
                 decision.instance,
-                prefix.len()
+                blocks.prefix_bytes
             );
-            model.sent(&decision.instance, prefix);
+            model.sent(&decision.instance, blocks);
             decisions[group].push(decision);
         }
     }
