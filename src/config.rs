@@ -117,6 +117,34 @@ impl Counting {
     }
 }
 
+/// How LONGEST_PREFIX places a prompt no instance holds (`cold_placement`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ColdPlacement {
+    /// On its opening's first rendezvous choice: every replica places a
+    /// cold prompt on the same instance, whatever traffic it saw.
+    Consistent,
+    /// On the first choice, or the second when the first took more than its
+    /// even share of this worker's recent decisions and the second did not:
+    /// shares even out, and replicas whose recent traffic differs place a
+    /// prompt on one of the same two instances.
+    Balanced,
+}
+
+impl ColdPlacement {
+    const NAMES: [(&'static str, ColdPlacement); 2] = [
+        ("CONSISTENT", ColdPlacement::Consistent),
+        ("BALANCED", ColdPlacement::Balanced),
+    ];
+
+    /// The configuration spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ColdPlacement::Consistent => "CONSISTENT",
+            ColdPlacement::Balanced => "BALANCED",
+        }
+    }
+}
+
 /// The validated plugin configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
@@ -133,6 +161,8 @@ pub struct Config {
     /// LONGEST_PREFIX: requests in flight above the least loaded instance
     /// at which an instance is passed over for a less loaded one.
     pub load_margin: u32,
+    /// LONGEST_PREFIX: how a prompt no instance holds is placed.
+    pub cold_placement: ColdPlacement,
     /// In-flight cap per target instance (see `docs/design.md`).
     pub concurrency_threshold: u32,
     /// Request header the key is written to (lowercase).
@@ -341,13 +371,14 @@ const RESERVED_KEY_HEADERS: [&str; 9] = [
     "expect",
 ];
 
-const FIELDS: [&str; 19] = [
+const FIELDS: [&str; 20] = [
     "strategy",
     "match",
     "prefix_length",
     "block_bytes",
     "index_bytes",
     "load_margin",
+    "cold_placement",
     "concurrency_threshold",
     "key_header",
     "tenant_header",
@@ -372,6 +403,7 @@ impl Default for Config {
             block_bytes: 256,
             index_bytes: 8 * 1024 * 1024,
             load_margin: 4,
+            cold_placement: ColdPlacement::Consistent,
             concurrency_threshold: 10,
             key_header: DEFAULT_KEY_HEADER.to_string(),
             tenant_header: DEFAULT_TENANT_HEADER.to_string(),
@@ -843,6 +875,7 @@ impl Config {
                 let v = integer_in(name, value, LOAD_MARGIN_RANGE)?;
                 self.load_margin = u32::try_from(v).unwrap_or(u32::MAX);
             }
+            "cold_placement" => self.cold_placement = one_of(name, value, &ColdPlacement::NAMES)?,
             "prefix_length" => {
                 self.prefix_length = to_usize(integer_in(name, value, PREFIX_LENGTH_RANGE)?)
             }
@@ -1024,6 +1057,7 @@ mod tests {
             block_bytes: 256,
             index_bytes: 8_388_608,
             load_margin: 4,
+            cold_placement: ColdPlacement::Consistent,
             concurrency_threshold: 10,
             key_header: "x-prefix-route-key".into(),
             tenant_header: "x-amzn-sagemaker-prefix-aware-id".into(),
@@ -1088,10 +1122,22 @@ mod tests {
             err(r#"{"load_margin":-1}"#),
             "load_margin: -1 is out of range 0..=1024"
         );
-        let tuned = parse(r#"{"block_bytes":64,"index_bytes":65536,"load_margin":0}"#).unwrap();
+        let tuned = parse(
+            r#"{"block_bytes":64,"index_bytes":65536,"load_margin":0,"cold_placement":"BALANCED"}"#,
+        )
+        .unwrap();
         assert_eq!(
-            (tuned.block_bytes, tuned.index_bytes, tuned.load_margin),
-            (64, 65536, 0)
+            (
+                tuned.block_bytes,
+                tuned.index_bytes,
+                tuned.load_margin,
+                tuned.cold_placement
+            ),
+            (64, 65536, 0, ColdPlacement::Balanced)
+        );
+        assert_eq!(
+            err(r#"{"cold_placement":"RENDEZVOUS"}"#),
+            r#"cold_placement: "RENDEZVOUS" is not one of CONSISTENT, BALANCED"#
         );
     }
 

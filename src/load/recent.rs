@@ -69,6 +69,15 @@ impl RecentChoices {
         let half_of_one = u64::from(total) / instances / 2;
         u32::try_from(even + half_of_one + 2).unwrap_or(u32::MAX)
     }
+
+    /// The most of `total` recent decisions one of `instances` may have had
+    /// and still be the first choice of a cold prompt: its even share plus
+    /// two (within the ordinary spread of a few decisions, the rendezvous
+    /// order stands).
+    pub fn even_bound(total: u32, instances: usize) -> u32 {
+        let instances = u32::try_from(instances.max(1)).unwrap_or(u32::MAX);
+        (total / instances).saturating_add(2)
+    }
 }
 
 #[cfg(test)]

@@ -63,13 +63,14 @@ impl PluginRoot {
         match Config::parse(&bytes) {
             Ok(config) => {
                 log::info!(
-                    "prefix-router: configured: strategy {}, match {}, prefix_length {}, block_bytes {}, index_bytes {}, load_margin {}, concurrency_threshold {}, max_body_bytes {}, key_header {}, host_header {}, tenant_header {}, decision_header {}, instance_ttl_ms {}, include_model {}, body_tenant {}, counting {}, {} configured instances, {} path rules, engine_load {}",
+                    "prefix-router: configured: strategy {}, match {}, prefix_length {}, block_bytes {}, index_bytes {}, load_margin {}, cold_placement {}, concurrency_threshold {}, max_body_bytes {}, key_header {}, host_header {}, tenant_header {}, decision_header {}, instance_ttl_ms {}, include_model {}, body_tenant {}, counting {}, {} configured instances, {} path rules, engine_load {}",
                     config.strategy.as_str(),
                     config.matching.as_str(),
                     config.prefix_length,
                     config.block_bytes,
                     config.index_bytes,
                     config.load_margin,
+                    config.cold_placement.as_str(),
                     config.concurrency_threshold,
                     config.max_body_bytes,
                     config.key_header,

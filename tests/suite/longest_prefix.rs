@@ -4,7 +4,8 @@
 //! a conversation or a document's questions stay on the instance that holds
 //! their prefix; conversations behind one shared system prompt still spread;
 //! the concurrency cap holds on a hot prefix, also after the index evicted
-//! under a small budget; two Envoys place cold prompts alike.
+//! under a small budget; two Envoys place cold prompts alike; with
+//! `cold_placement: BALANCED` cold prompts spread evenly.
 //!
 //! The conversation and document tests check every `matched=` against a
 //! model of an exact index (what each instance was sent, cut into the
@@ -542,6 +543,52 @@ async fn conversations_behind_one_system_prompt_spread_over_every_instance() {
     assert!(
         per_instance.values().all(|n| (low..=high).contains(n)),
         "each instance must get {low}..={high} of {SHARED_SYSTEM_TURNS}: {per_instance:?}"
+    );
+}
+
+/// Documents of the balanced-placement test, each asked about once.
+const BALANCED_DOCUMENTS: usize = 1400;
+/// The most of them one instance may take with `cold_placement: BALANCED`
+/// (even: 200). Each worker passes a first choice over once it is two past
+/// its even share of that worker's last 256 decisions, so no instance
+/// strays far above even (the few under it fill only as second choices).
+/// By the first choice alone, a Binomial(1400, 1/7) (standard deviation
+/// 13), the busiest of seven instances exceeds this in 2 runs of 3.
+const BALANCED_MOST: usize = 214;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn balanced_cold_placement_evens_the_instances_shares() {
+    let harness = start(serde_json::json!({"cold_placement": "BALANCED"}));
+    let mut rng = bodies::rng(0xba1);
+    let mut per_instance: BTreeMap<String, usize> = BTreeMap::new();
+    let mut kinds: BTreeMap<String, usize> = BTreeMap::new();
+    for n in 0..BALANCED_DOCUMENTS {
+        let len = rng.gen_range(600..2000);
+        let document = prose(&mut rng, len);
+        let request = Outgoing::post(
+            CHAT,
+            chat_body(&[("user", &format!("{document}\n\nSummarise the text above."))]),
+        );
+        let decision = route(
+            &harness.envoy,
+            &harness.fleet,
+            request,
+            &format!("document {n}"),
+        )
+        .await;
+        *per_instance.entry(decision.instance).or_default() += 1;
+        *kinds.entry(decision.kind).or_default() += 1;
+    }
+    println!("{BALANCED_DOCUMENTS} documents, BALANCED: per instance {per_instance:?}, decisions {kinds:?}");
+    assert_eq!(
+        kinds.get("cold").copied(),
+        Some(BALANCED_DOCUMENTS),
+        "every document is new: {kinds:?}"
+    );
+    assert_eq!(per_instance.len(), INSTANCES, "{per_instance:?}");
+    assert!(
+        per_instance.values().all(|&n| n <= BALANCED_MOST),
+        "no instance may take more than {BALANCED_MOST} of {BALANCED_DOCUMENTS}: {per_instance:?}"
     );
 }
 
