@@ -21,6 +21,8 @@ fn colour(peer: Peer) -> &'static str {
         Peer::Filter(Strategy::PrefixAware) => "#2a7ab9",
         Peer::LongestPrefix(_) | Peer::LoadMargin(_) => "#4292c6",
         Peer::TwoEnvoys => "#1b9e77",
+        Peer::Balanced => "#08519c",
+        Peer::TwoEnvoysBalanced => "#66c2a5",
         Peer::PrefixAwareEngine => "#7570b3",
         Peer::ThreeEnvoys => "#a6761d",
         Peer::ThreeEnvoysWithoutEngine => "#e6ab02",

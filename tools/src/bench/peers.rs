@@ -39,6 +39,11 @@ pub enum Peer {
     /// fleet, the load generator alternating between them
     /// ([`crate::loadgen::alternating_target`]).
     TwoEnvoys,
+    /// PREFIX_AWARE, `match` LONGEST_PREFIX with `cold_placement` BALANCED.
+    Balanced,
+    /// [`Peer::Balanced`] through two Envoys, alternated between as
+    /// [`Peer::TwoEnvoys`].
+    TwoEnvoysBalanced,
     /// [`Peer::Filter`]`(PrefixAware)` with `engine_load` (the cluster
     /// [`super::engine_load::ENGINE_CLUSTER`], every other field at its
     /// default): decisions weigh each instance by its engine's running +
@@ -94,6 +99,8 @@ impl Peer {
             Peer::LongestPrefix(block) => format!("PREFIX_AWARE (longest, {block}-byte blocks)"),
             Peer::LoadMargin(margin) => format!("PREFIX_AWARE (longest, load margin {margin})"),
             Peer::TwoEnvoys => "PREFIX_AWARE (longest), 2 Envoys".to_string(),
+            Peer::Balanced => "PREFIX_AWARE (longest, BALANCED)".to_string(),
+            Peer::TwoEnvoysBalanced => "PREFIX_AWARE (longest, BALANCED), 2 Envoys".to_string(),
             Peer::PrefixAwareEngine => "PREFIX_AWARE (longest) + engine load".to_string(),
             Peer::ThreeEnvoys => "PREFIX_AWARE (longest) + engine load, 3 Envoys".to_string(),
             Peer::ThreeEnvoysWithoutEngine => "PREFIX_AWARE (longest), 3 Envoys".to_string(),
@@ -112,6 +119,8 @@ impl Peer {
             Peer::LongestPrefix(block) => format!("longest-{block}"),
             Peer::LoadMargin(margin) => format!("margin-{margin}"),
             Peer::TwoEnvoys => "two-envoys".into(),
+            Peer::Balanced => "balanced".into(),
+            Peer::TwoEnvoysBalanced => "two-envoys-balanced".into(),
             Peer::PrefixAwareEngine => "prefix-aware-engine".into(),
             Peer::ThreeEnvoys => "three-envoys".into(),
             Peer::ThreeEnvoysWithoutEngine => "three-envoys-without-engine".into(),
@@ -123,7 +132,8 @@ impl Peer {
     /// A `--peers` name: random, least-outstanding, prefix-aware (the
     /// filter's default matching), prefix-N (FIXED_PREFIX at prefix_length
     /// N), longest-B (LONGEST_PREFIX with block_bytes B), margin-M
-    /// (LONGEST_PREFIX with load_margin M, 0 allowed), two-envoys,
+    /// (LONGEST_PREFIX with load_margin M, 0 allowed), two-envoys, balanced
+    /// (LONGEST_PREFIX with cold_placement BALANCED), two-envoys-balanced,
     /// prefix-aware-engine (the defaults with engine_load), three-envoys
     /// (that through three Envoys), three-envoys-without-engine, sglang, oracle.
     pub fn parse(name: &str) -> Result<Peer, String> {
@@ -136,6 +146,8 @@ impl Peer {
             "least-outstanding" => Peer::Filter(Strategy::LeastOutstandingRequests),
             "prefix-aware" => Peer::Filter(Strategy::PrefixAware),
             "two-envoys" => Peer::TwoEnvoys,
+            "balanced" => Peer::Balanced,
+            "two-envoys-balanced" => Peer::TwoEnvoysBalanced,
             "prefix-aware-engine" => Peer::PrefixAwareEngine,
             "three-envoys" => Peer::ThreeEnvoys,
             "three-envoys-without-engine" => Peer::ThreeEnvoysWithoutEngine,
@@ -143,7 +155,11 @@ impl Peer {
             "oracle" => Peer::Oracle,
             _ if name.starts_with("margin-") => match name["margin-".len()..].parse::<u32>() {
                 Ok(margin) => Peer::LoadMargin(margin),
-                Err(_) => return Err(format!("{name:?}: margin-M takes a load_margin M of 0 or more")),
+                Err(_) => {
+                    return Err(format!(
+                        "{name:?}: margin-M takes a load_margin M of 0 or more"
+                    ))
+                }
             },
             _ => match (number("prefix-"), number("longest-")) {
                 (Some(Some(length)), _) => Peer::FixedPrefix(length),
@@ -151,7 +167,8 @@ impl Peer {
                 _ => {
                     return Err(format!(
                         "unknown peer {name:?}: random, least-outstanding, prefix-aware, \
-                         prefix-N, longest-B, margin-M, two-envoys, prefix-aware-engine, three-envoys, \
+                         prefix-N, longest-B, margin-M, two-envoys, balanced, two-envoys-balanced, \
+                         prefix-aware-engine, three-envoys, \
                          three-envoys-without-engine, sglang or oracle"
                     ))
                 }
@@ -178,6 +195,10 @@ impl Peer {
                 json!({"match": "LONGEST_PREFIX", "load_margin": margin}),
             ),
             Peer::TwoEnvoys | Peer::ThreeEnvoysWithoutEngine => (Strategy::PrefixAware, json!({})),
+            Peer::Balanced | Peer::TwoEnvoysBalanced => (
+                Strategy::PrefixAware,
+                json!({"match": "LONGEST_PREFIX", "cold_placement": "BALANCED"}),
+            ),
             Peer::PrefixAwareEngine | Peer::ThreeEnvoys => (
                 Strategy::PrefixAware,
                 json!({"engine_load": engine_load_config(None)}),
@@ -195,7 +216,7 @@ impl Peer {
     /// Envoys the arm runs (each with [`Peer::plugin_config`]).
     pub fn envoys(self) -> usize {
         match self {
-            Peer::TwoEnvoys => REPLICAS,
+            Peer::TwoEnvoys | Peer::TwoEnvoysBalanced => REPLICAS,
             Peer::ThreeEnvoys | Peer::ThreeEnvoysWithoutEngine => ENGINE_REPLICAS,
             Peer::SglangCacheAware | Peer::Oracle => 0,
             _ => 1,
@@ -228,6 +249,13 @@ impl Peer {
                 "two Envoys with the filter at its defaults (as prefix-aware) in front of the same fleet; \
                  the load generator sends turn t of conversation c to Envoy (c + t) mod {REPLICAS} \
                  (consecutive turns through different Envoys), other requests i to Envoy i mod {REPLICAS}"
+            ),
+            Peer::Balanced => "filter strategy PREFIX_AWARE, match LONGEST_PREFIX, cold_placement BALANCED, \
+                 other fields at their defaults"
+                .into(),
+            Peer::TwoEnvoysBalanced => format!(
+                "two Envoys with the filter as balanced in front of the same fleet, alternated between as two-envoys \
+                 (turn t of conversation c to Envoy (c + t) mod {REPLICAS})"
             ),
             Peer::PrefixAwareEngine => format!(
                 "filter strategy PREFIX_AWARE at its defaults with engine_load {{cluster: {}}} (every other \
@@ -389,6 +417,8 @@ mod tests {
                 Peer::LoadMargin(0),
                 Peer::LoadMargin(16),
                 Peer::TwoEnvoys,
+                Peer::Balanced,
+                Peer::TwoEnvoysBalanced,
                 Peer::PrefixAwareEngine,
                 Peer::ThreeEnvoys,
                 Peer::ThreeEnvoysWithoutEngine,
@@ -473,6 +503,15 @@ mod tests {
             );
         }
         assert_eq!(Peer::TwoEnvoys.envoys(), 2);
+        assert_eq!(Peer::TwoEnvoysBalanced.envoys(), 2);
+        assert_eq!(
+            own_fields(Peer::Balanced),
+            json!({"strategy": "PREFIX_AWARE", "match": "LONGEST_PREFIX", "cold_placement": "BALANCED"})
+        );
+        assert_eq!(
+            own_fields(Peer::TwoEnvoysBalanced),
+            own_fields(Peer::Balanced)
+        );
         assert_eq!(Peer::Filter(Strategy::PrefixAware).envoys(), 1);
     }
 

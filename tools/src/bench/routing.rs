@@ -466,9 +466,12 @@ fn run_plan(
         reused as f64 / instance_tokens
     ));
     let peers = peers_of(opts, plan);
-    let fleet = SimFleet::start(sim_exe, INSTANCES, &template)?;
     let mut per_peer: Vec<Vec<StrategyResult>> = vec![Vec::new(); peers.len()];
     for run in 0..opts.runs.max(1) {
+        // A fleet per run: its instances' ports are new, so each run also
+        // samples where rendezvous hashing (which hashes the addresses)
+        // places the workload's groups; every arm of the run shares it.
+        let fleet = SimFleet::start(sim_exe, INSTANCES, &template)?;
         let mut this_run = Vec::with_capacity(peers.len());
         for &peer in &peers {
             let result = run_peer(runtime, opts, plan, &fleet, peer, run as u64, corpus)
