@@ -6,7 +6,7 @@
 //! (`plugin`) so every rule (spoofing, header ownership, the policy a
 //! configuration selects) is tested on its own.
 
-use crate::config::{ColdPlacement, Config, Counting, Matching, Strategy};
+use crate::config::{Config, Counting, Matching, Strategy};
 use crate::headers::{COUNTED_HEADER, DEFAULT_HOST_HEADER, PENDING_MARK, ROUTE_HEADER};
 use crate::load::{LoadConfig, UpstreamStart};
 use crate::strategy::{
@@ -21,7 +21,7 @@ pub fn policy_for(config: &Config) -> Policy {
                 config.concurrency_threshold,
                 config.load_margin,
                 !config.instances.is_empty(),
-                config.cold_placement == ColdPlacement::Balanced,
+                config.cold_placement,
             ))
         }
         Strategy::PrefixAware => Policy::PrefixAware(PrefixAware::new(
@@ -167,6 +167,7 @@ pub fn decision_header_value(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::ColdPlacement;
     use crate::headers::LEAST_REQUEST_ROUTE;
     use crate::load::{LoadTracker, Ticket};
     use crate::shared::MemoryStore;
@@ -215,12 +216,12 @@ mod tests {
         let c = Config::parse(br#"{"concurrency_threshold":3,"load_margin":5}"#).unwrap();
         assert_eq!(
             policy_for(&c),
-            Policy::LongestPrefix(LongestPrefix::new(3, 5, false, false))
+            Policy::LongestPrefix(LongestPrefix::new(3, 5, false, ColdPlacement::Consistent))
         );
         let c = Config::parse(br#"{"cold_placement":"BALANCED"}"#).unwrap();
         assert_eq!(
             policy_for(&c),
-            Policy::LongestPrefix(LongestPrefix::new(10, 4, false, true))
+            Policy::LongestPrefix(LongestPrefix::new(10, 4, false, ColdPlacement::Balanced))
         );
         let c = config(r#"{"concurrency_threshold":5,"host_header":null}"#);
         assert_eq!(

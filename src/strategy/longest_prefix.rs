@@ -37,6 +37,7 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use super::{salted_key, DecisionKind, RouteHeaders, Routed};
 use crate::blocks::PromptBlocks;
+use crate::config::ColdPlacement;
 use crate::load::{Candidate, Claim, LoadView, RecentChoices, Ticket};
 
 /// See the module documentation.
@@ -53,12 +54,12 @@ pub struct LongestPrefix {
     /// so a cold prompt goes by Maglev on its opening (over every host Envoy
     /// has) and the index learns where it went from the response.
     pub fleet_listed: bool,
-    /// `cold_placement: BALANCED`: a prompt placed by its opening goes to
-    /// the second instance of its order when the first took more than its
-    /// even share of recent decisions ([`LongestPrefix::second_choice`]).
-    /// `CONSISTENT` (the default): always the first, so that replicas place
-    /// alike whatever traffic each saw.
-    pub balance_cold: bool,
+    /// How a prompt placed by its opening is placed: `BALANCED` on the
+    /// second instance of its order when the first took more than its even
+    /// share of recent decisions ([`LongestPrefix::second_choice`]);
+    /// `CONSISTENT` (the default) always on the first, so that replicas
+    /// place alike whatever traffic each saw.
+    pub cold_placement: ColdPlacement,
 }
 
 /// Bytes an instance must hold of a prompt for each request above
@@ -75,13 +76,13 @@ impl LongestPrefix {
         concurrency_threshold: u32,
         load_margin: u32,
         fleet_listed: bool,
-        balance_cold: bool,
+        cold_placement: ColdPlacement,
     ) -> Self {
         Self {
             concurrency_threshold: concurrency_threshold.max(1),
             load_margin,
             fleet_listed,
-            balance_cold,
+            cold_placement,
         }
     }
 
@@ -171,13 +172,13 @@ impl LongestPrefix {
         let holds = |c: &Candidate| held.holders.contains(&c.instance.slot);
         let total_recent: u32 = candidates.iter().map(|c| c.recent).sum();
         let within_share = system_only && {
-            let total = total_recent;
             let of_holders: u32 = candidates
                 .iter()
                 .filter(|c| holds(c))
                 .map(|c| c.recent)
                 .sum();
-            of_holders <= RecentChoices::share_bound(total, held.holders.len(), candidates.len())
+            of_holders
+                <= RecentChoices::share_bound(total_recent, held.holders.len(), candidates.len())
         };
         let is_holder = |c: &Candidate| holds(c) && (attracted || within_share);
         let mut order: Vec<&Candidate> = candidates.iter().collect();
@@ -194,8 +195,7 @@ impl LongestPrefix {
         // The fleet-wide engine bounds pass an instance over only while
         // another is within them.
         let some_within_bounds = candidates.iter().any(|c| !c.over_bounds);
-        let second_choice = self
-            .balance_cold
+        let second_choice = (self.cold_placement == ColdPlacement::Balanced)
             .then(|| Self::second_choice(&order, &is_holder, total_recent))
             .flatten();
         let mut passed_over = false;
@@ -467,7 +467,7 @@ mod tests {
 
     #[test]
     fn a_conversation_stays_on_the_instance_of_its_first_turn() {
-        let policy = LongestPrefix::new(10, 2, true, true);
+        let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent);
         let mut fleet = Fleet::new(7);
         let turns = conversation("", 1, 5);
         let (kind, first) = fleet.route(&policy, &turns[0]);
@@ -494,8 +494,8 @@ mod tests {
 
     #[test]
     fn balanced_cold_placement_evens_the_shares_consistent_is_a_binomial() {
-        let spread = |balanced: bool| {
-            let policy = LongestPrefix::new(10, 1000, true, balanced);
+        let spread = |placement: ColdPlacement| {
+            let policy = LongestPrefix::new(10, 1000, true, placement);
             let mut fleet = Fleet::new(7);
             let mut shares = [0usize; 7];
             for id in 0..1400 {
@@ -510,14 +510,14 @@ mod tests {
         // Within a few of the even 200: no window of 256 decisions gives a
         // first choice more than its even share plus two while its second
         // is within it.
-        let balanced = spread(true);
+        let balanced = spread(ColdPlacement::Balanced);
         assert!(
             balanced.iter().all(|n| (192..=208).contains(n)),
             "{balanced:?}"
         );
         // These 1,400 openings by their first choice alone, a binomial
         // (standard deviation 13): 179 to 212.
-        let consistent = spread(false);
+        let consistent = spread(ColdPlacement::Consistent);
         assert!(
             !consistent.iter().all(|n| (192..=208).contains(n)),
             "{consistent:?}"
@@ -526,8 +526,9 @@ mod tests {
 
     #[test]
     fn replicas_that_saw_different_traffic_place_a_cold_prompt_on_one_of_two() {
-        for balanced in [true, false] {
-            let policy = LongestPrefix::new(10, 1000, true, balanced);
+        for placement in [ColdPlacement::Balanced, ColdPlacement::Consistent] {
+            let balanced = placement == ColdPlacement::Balanced;
+            let policy = LongestPrefix::new(10, 1000, true, placement);
             let (mut a, mut b) = (Fleet::new(7), Fleet::new(7));
             // Each replica saw other prompts first, and the same ones
             // unevenly: their recent shares differ.
@@ -556,7 +557,7 @@ mod tests {
 
     #[test]
     fn cold_placement_is_the_same_on_every_replica_and_spreads() {
-        let policy = LongestPrefix::new(10, 1000, true, true);
+        let policy = LongestPrefix::new(10, 1000, true, ColdPlacement::Consistent);
         let system = record("system", &"shared system prompt ".repeat(300));
         let mut shares = [0usize; 7];
         for id in 0..700 {
@@ -575,7 +576,7 @@ mod tests {
 
     #[test]
     fn a_system_prompt_every_conversation_shares_spreads_them_over_every_instance() {
-        let policy = LongestPrefix::new(10, 1000, true, true);
+        let policy = LongestPrefix::new(10, 1000, true, ColdPlacement::Consistent);
         let system = record("system", &"shared system prompt ".repeat(300));
         let mut fleet = Fleet::new(7);
         let mut shares = [0usize; 7];
@@ -603,7 +604,7 @@ mod tests {
 
     #[test]
     fn a_groups_own_system_prompt_attracts_its_new_questions() {
-        let policy = LongestPrefix::new(10, 1000, true, true);
+        let policy = LongestPrefix::new(10, 1000, true, ColdPlacement::Consistent);
         let mut fleet = Fleet::new(7);
         let mut instances_of: HashMap<usize, Vec<u16>> = HashMap::new();
         let mut matched = 0;
@@ -628,7 +629,7 @@ mod tests {
 
     #[test]
     fn questions_about_one_document_stay_together() {
-        let policy = LongestPrefix::new(10, 2, true, true);
+        let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent);
         let mut fleet = Fleet::new(7);
         let document = "a pasted document ".repeat(200);
         let ask = |q: &str| prompt(&record("user", &format!("{document}\n\n{q}")));
@@ -644,7 +645,7 @@ mod tests {
     #[test]
     fn a_holder_loaded_past_the_margin_is_passed_over_and_the_cap_is_exact() {
         // A cap above the bound, so that the bound alone moves it.
-        let policy = LongestPrefix::new(10, 2, true, true);
+        let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent);
         let mut fleet = Fleet::new(4);
         fleet.hold = true;
         let turns = conversation("", 7, 2);
@@ -670,7 +671,7 @@ mod tests {
         assert_eq!(kind, DecisionKind::Moved);
         assert_ne!(other, home);
         // At the cap on every instance but one: that one, whatever holds.
-        let policy = LongestPrefix::new(3, 2, true, true);
+        let policy = LongestPrefix::new(3, 2, true, ColdPlacement::Consistent);
         fleet.in_flight = vec![3; 4];
         fleet.in_flight[3] = 2;
         let (_, slot) = fleet.route(&policy, &turns[1]);
@@ -684,7 +685,7 @@ mod tests {
 
     #[test]
     fn a_contended_claim_still_names_the_instance_uncounted() {
-        let policy = LongestPrefix::new(3, 2, true, true);
+        let policy = LongestPrefix::new(3, 2, true, ColdPlacement::Consistent);
         let mut fleet = Fleet::new(3);
         fleet.contended = true;
         let blocks = prompt(&record("user", "hello"));
@@ -696,7 +697,7 @@ mod tests {
 
     #[test]
     fn with_no_instance_known_maglev_on_the_opening_decides() {
-        let policy = LongestPrefix::new(3, 2, true, true);
+        let policy = LongestPrefix::new(3, 2, true, ColdPlacement::Consistent);
         let mut fleet = Fleet::new(0);
         let blocks = prompt(&record("user", "hello"));
         let routed = policy.decide(&blocks, &mut fleet, 0, 0);
@@ -708,7 +709,7 @@ mod tests {
 
     #[test]
     fn matched_bytes_report_what_the_chosen_instance_held() {
-        let policy = LongestPrefix::new(10, 2, true, true);
+        let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent);
         let mut fleet = Fleet::new(3);
         let turns = conversation("", 3, 2);
         let first = policy.decide(&turns[0], &mut fleet, 0, 0);
@@ -725,7 +726,7 @@ mod tests {
 
     #[test]
     fn an_unlisted_fleet_leaves_cold_prompts_to_maglev_and_explores_when_full() {
-        let policy = LongestPrefix::new(3, 2, false, true);
+        let policy = LongestPrefix::new(3, 2, false, ColdPlacement::Consistent);
         let mut fleet = Fleet::new(2);
         fleet.hold = true;
         let blocks = prompt(&record("user", "a cold question"));
@@ -752,7 +753,7 @@ mod tests {
 
     #[test]
     fn a_moved_request_reports_and_extends_what_its_new_instance_held() {
-        let policy = LongestPrefix::new(10, 0, true, true);
+        let policy = LongestPrefix::new(10, 0, true, ColdPlacement::Consistent);
         let mut fleet = Fleet::new(2);
         let turns = conversation("", 5, 3);
         let (_, home) = fleet.route(&policy, &turns[0]);
@@ -775,7 +776,7 @@ mod tests {
 
     #[test]
     fn the_load_bound_grows_with_the_least_loaded_instance() {
-        let policy = LongestPrefix::new(10, 4, true, true);
+        let policy = LongestPrefix::new(10, 4, true, ColdPlacement::Consistent);
         assert_eq!(policy.load_bound(0), 4);
         assert_eq!(policy.load_bound(3), 10);
         assert_eq!(policy.load_bound(u32::MAX), u32::MAX);
@@ -783,7 +784,7 @@ mod tests {
 
     #[test]
     fn a_holder_may_be_a_request_busier_per_kib_it_holds() {
-        let policy = LongestPrefix::new(10, 4, true, true);
+        let policy = LongestPrefix::new(10, 4, true, ColdPlacement::Consistent);
         assert_eq!(policy.holder_bound(0, 1023), 4);
         assert_eq!(policy.holder_bound(0, 1024), 5);
         assert_eq!(policy.holder_bound(3, 16 * 1024), 26);
@@ -792,7 +793,7 @@ mod tests {
 
     #[test]
     fn a_long_held_prefix_stays_at_a_load_that_moves_a_short_one() {
-        let policy = LongestPrefix::new(64, 2, true, true);
+        let policy = LongestPrefix::new(64, 2, true, ColdPlacement::Consistent);
         let long = prompt(&record("user", &"a document ".repeat(745)));
         let short = prompt(&record("user", &"b question ".repeat(50)));
         assert!(long.prefix_bytes >= 8 * 1024 && short.prefix_bytes < 1024);
@@ -813,7 +814,7 @@ mod tests {
 
     #[test]
     fn load_other_proxies_sent_moves_a_prompt_off_its_holder() {
-        let policy = LongestPrefix::new(10, 2, true, true);
+        let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent);
         let mut fleet = Fleet::new(4);
         let turns = conversation("", 3, 2);
         let (_, home) = fleet.route(&policy, &turns[0]);
@@ -834,7 +835,7 @@ mod tests {
 
     #[test]
     fn the_fleet_wide_bound_passes_an_instance_over_while_another_is_within_it() {
-        let policy = LongestPrefix::new(10, 1000, true, true);
+        let policy = LongestPrefix::new(10, 1000, true, ColdPlacement::Consistent);
         let mut fleet = Fleet::new(4);
         fleet.max_requests = Some(3);
         let turns = conversation("", 4, 2);
@@ -858,7 +859,7 @@ mod tests {
 
     #[test]
     fn claims_stay_within_the_room_the_engines_report() {
-        let policy = LongestPrefix::new(10, 1000, true, true);
+        let policy = LongestPrefix::new(10, 1000, true, ColdPlacement::Consistent);
         let mut fleet = Fleet::new(4);
         fleet.hold = true;
         fleet.max_requests = Some(4);
