@@ -76,10 +76,16 @@ pub enum Counter {
     /// Counted by the listener filter at its response because no upstream
     /// filter counts (none on the cluster, or another `vm_id`).
     UpstreamFilterMissing,
+    /// `engine_load`: a response's ORCA load report refreshed its
+    /// instance's KV usage.
+    OrcaReportUsed,
+    /// `engine_load`: a response carried an ORCA load report the filter
+    /// could not read (ignored; the poll's figure stands).
+    OrcaReportUnreadable,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 9] = [
+    pub const ALL: [Counter; 11] = [
         Counter::KeyedInvoke,
         Counter::KeyedChatCompletions,
         Counter::KeyedCompletions,
@@ -89,6 +95,8 @@ impl Counter {
         Counter::TenantRejected,
         Counter::NoKey,
         Counter::UpstreamFilterMissing,
+        Counter::OrcaReportUsed,
+        Counter::OrcaReportUnreadable,
     ];
 
     pub fn name(self) -> &'static str {
@@ -102,6 +110,8 @@ impl Counter {
             Counter::TenantRejected => "prefix_router.tenant_rejected",
             Counter::NoKey => "prefix_router.no_key",
             Counter::UpstreamFilterMissing => "prefix_router.upstream_filter_missing",
+            Counter::OrcaReportUsed => "prefix_router.engine.orca_reports",
+            Counter::OrcaReportUnreadable => "prefix_router.engine.orca_reports_unreadable",
         }
     }
 

@@ -4,11 +4,13 @@
 //!
 //! Split the way the rest of the filter is: [`metrics_text`] reads a body,
 //! [`poller`] decides when each instance is polled and what a response
-//! means, both plain Rust tested natively; `crate::plugin` makes the calls
+//! means, [`orca`] reads the KV usage a response's ORCA report gives, all
+//! plain Rust tested natively; `crate::plugin` makes the calls
 //! (`dispatch_http_call` from the root tick) and stores the samples
 //! (`crate::load`, `engine/<slot>`). See `docs/design.md`, "Engine load".
 
 pub mod metrics_text;
+pub mod orca;
 pub mod poller;
 
 /// Counter of polls sent.

@@ -6,7 +6,7 @@ use std::rc::Rc;
 
 use super::*;
 use crate::config::Config;
-use crate::host::HostStatus;
+use crate::host::{Host, HostStatus};
 use crate::load::{InstanceRef, UpstreamStart};
 use crate::shared::MemoryStore;
 use crate::testing::memory_host::{MemoryHost, SentCall};
@@ -353,4 +353,118 @@ fn one_vm_of_an_envoy_polls_and_another_takes_over_when_it_stops() {
     }
     let after = taken_over_after.expect("the second VM took over");
     assert!((1_000..=1_600).contains(&after), "after {after} ms");
+}
+
+/// A request through the listener: an invoke prompt of `seed`, decided;
+/// returns the stream and the instance it was sent to.
+fn route_invoke(s: &mut Setup, seed: u8) -> (Stream, String) {
+    let body: Vec<u8> = (0..2_000u32)
+        .map(|i| b'a' + (i as u8 ^ seed) % 26)
+        .collect();
+    s.host.start_request(&[(":path", "/invocations")]);
+    let mut stream = s.root.new_stream();
+    assert_eq!(stream.on_request_headers(&mut s.vm, false), Flow::Pause);
+    let size = s.host.arrive(&body);
+    assert_eq!(
+        stream.on_request_body(&mut s.vm, size, true),
+        Flow::Continue
+    );
+    let chosen = s
+        .host
+        .request_header("x-prefix-route-host")
+        .expect("an instance is named");
+    (stream, chosen)
+}
+
+/// `stream`'s response from `address`, with `report` as its ORCA header.
+fn respond(s: &mut Setup, mut stream: Stream, address: &str, report: Option<&str>) {
+    if let Some(report) = report {
+        s.host
+            .replace_response_header(crate::engine_load::orca::REPORT_HEADER, report.as_bytes())
+            .unwrap();
+    }
+    s.host.set_property("upstream.address", Some(address));
+    assert_eq!(stream.on_response_headers(&mut s.vm), Flow::Continue);
+    stream.on_done(&mut s.vm);
+}
+
+#[test]
+fn an_orca_report_on_a_response_refreshes_the_kv_usage_between_polls() {
+    let mut s = setup(r#"{"cluster": "engine_metrics", "interval_ms": 500, "max_kv_usage": 0.9}"#);
+    for call in s.tick() {
+        s.answer(&call, Some((200, &body(1, 0, 0.1))));
+    }
+    let (first, held_by) = route_invoke(&mut s, 3);
+    let other = if held_by == A { B } else { A };
+    respond(&mut s, first, &held_by, None);
+    // Held by `held_by`: sent there again while its KV usage is the poll's.
+    let (second, chosen) = route_invoke(&mut s, 3);
+    assert_eq!(chosen, held_by);
+    respond(
+        &mut s,
+        second,
+        &held_by,
+        Some("TEXT named_metrics.kv_cache_usage_perc=high"),
+    );
+    assert_eq!(s.counter("prefix_router.engine.orca_reports_unreadable"), 1);
+    assert_eq!(s.sample(&held_by).unwrap().kv_usage_permille, Some(100));
+    let (third, chosen) = route_invoke(&mut s, 3);
+    assert_eq!(chosen, held_by, "an unreadable report changes nothing");
+    respond(
+        &mut s,
+        third,
+        &held_by,
+        Some("TEXT named_metrics.num_requests_waiting=0.0, named_metrics.kv_cache_usage_perc=0.95"),
+    );
+    assert_eq!(s.counter("prefix_router.engine.orca_reports"), 1);
+    let sample = s.sample(&held_by).unwrap();
+    assert_eq!(
+        (sample.running, sample.waiting, sample.kv_usage_permille),
+        (1, 0, Some(950)),
+        "only the KV usage is the report's"
+    );
+    // At the bound now, before the next poll: the prompt moves.
+    let (fourth, chosen) = route_invoke(&mut s, 3);
+    assert_eq!(chosen, other);
+    respond(&mut s, fourth, other, None);
+    // The next poll's figure replaces the report's.
+    s.host.advance_ms(600);
+    for call in s.tick() {
+        s.answer(&call, Some((200, &body(1, 0, 0.2))));
+    }
+    assert_eq!(s.sample(&held_by).unwrap().kv_usage_permille, Some(200));
+}
+
+#[test]
+fn a_report_without_a_poll_sample_or_without_engine_load_is_not_used() {
+    let mut s = setup(ENGINE);
+    // No poll answered yet: nothing to refresh, the instance stays weighed
+    // by this Envoy's counts.
+    let (stream, chosen) = route_invoke(&mut s, 5);
+    respond(
+        &mut s,
+        stream,
+        &chosen,
+        Some("TEXT named_metrics.kv_cache_usage_perc=0.5"),
+    );
+    assert_eq!(s.counter("prefix_router.engine.orca_reports"), 0);
+    assert_eq!(s.sample(&chosen), None);
+    // Without engine_load the header is not even read.
+    let mut off = setup_on(
+        Rc::new(MemoryStore::new()),
+        &format!(r#"{{"instances": ["{A}", "{B}"]}}"#),
+    );
+    let (stream, chosen) = route_invoke(&mut off, 5);
+    off.host.take_calls();
+    respond(
+        &mut off,
+        stream,
+        &chosen,
+        Some("TEXT named_metrics.kv_cache_usage_perc=0.5"),
+    );
+    let calls = off.host.take_calls();
+    assert!(
+        !calls.iter().any(|c| c.starts_with("response_header_value")),
+        "{calls:?}"
+    );
 }

@@ -10,6 +10,7 @@ use super::vm::Vm;
 use super::{warn_on_error, Flow};
 use crate::config::{Config, Counting};
 use crate::counting_check::{AtResponse, MISSING_UPSTREAM_FILTER_WARNING};
+use crate::engine_load::orca;
 use crate::headers::{COUNTED_HEADER, INTERNAL_REQUEST_HEADERS};
 use crate::host::{HeaderMap, Host};
 use crate::load::{EngineView, Ticket, UpstreamStart};
@@ -147,7 +148,15 @@ impl Stream {
         }
         let check = count.as_ref().is_some_and(ListenerCount::check_at_response);
         let placed_by_envoy = self.placed_by_envoy.take();
-        let wanted = check || self.config.decision_header.is_some() || placed_by_envoy.is_some();
+        let report = self
+            .config
+            .engine_load
+            .as_ref()
+            .and_then(|_| orca_report(vm.host()));
+        let wanted = check
+            || self.config.decision_header.is_some()
+            || placed_by_envoy.is_some()
+            || report.is_some();
         if wanted && instance.is_none() {
             instance = upstream_address(vm.host());
         }
@@ -164,6 +173,9 @@ impl Stream {
                 t.remember_where_served(chain, address, now)
             });
         }
+        if let (Some(report), Some(address)) = (&report, &instance) {
+            self.use_orca_report(vm, report, address);
+        }
         if let (Some(header), Some((kind, matched))) = (&self.config.decision_header, self.decided)
         {
             let value = steering::decision_header_value(kind, instance.as_deref(), matched);
@@ -174,6 +186,34 @@ impl Stream {
             );
         }
         Flow::Continue
+    }
+
+    /// `engine_load`: a response's ORCA load report from the instance at
+    /// `address` refreshes that instance's KV usage between polls
+    /// (`crate::engine_load::orca`). An unreadable report is counted,
+    /// warned about once per worker, and changes nothing.
+    fn use_orca_report<H: Host + Clone>(&self, vm: &mut Vm<H>, report: &[u8], address: &str) {
+        match orca::kv_usage_permille(report) {
+            Ok(Some(kv_usage_permille)) => {
+                let now = vm.now_ms();
+                let stored = vm.with_tracker(&self.config, |t| {
+                    t.refresh_engine_kv_usage(address, kv_usage_permille, now)
+                });
+                if stored {
+                    self.metrics.increment(vm, Counter::OrcaReportUsed);
+                }
+            }
+            Ok(None) => {}
+            Err(fault) => {
+                if vm.first_unreadable_orca_report() {
+                    log::warn!(
+                        "prefix-router: {address} answered with an {} header the filter cannot read ({fault}): ignored, its KV usage stays the last poll's (stat prefix_router.engine.orca_reports_unreadable; this warning once per worker)",
+                        orca::REPORT_HEADER
+                    );
+                }
+                self.metrics.increment(vm, Counter::OrcaReportUnreadable);
+            }
+        }
     }
 
     /// `counting: UPSTREAM_FILTER`, at a response from an instance: true if
@@ -342,6 +382,21 @@ fn upstream_address(host: &impl Host) -> Option<String> {
         Ok(_) => None,
         Err(status) => {
             log::debug!("prefix-router: upstream.address unavailable: {status}");
+            None
+        }
+    }
+}
+
+/// The response's ORCA load report, if it carries one (a host refusal reads
+/// as none: the report only refines a figure the poll gives anyway).
+fn orca_report(host: &impl Host) -> Option<Vec<u8>> {
+    match host.response_header_value(orca::REPORT_HEADER) {
+        Ok(value) => value,
+        Err(status) => {
+            log::debug!(
+                "prefix-router: cannot read {}: {status}",
+                orca::REPORT_HEADER
+            );
             None
         }
     }

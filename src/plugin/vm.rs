@@ -51,6 +51,8 @@ pub struct Vm<H: Host + Clone> {
     upstream_marked: bool,
     /// The engine-load poller's state (`engine_load`).
     engine_polling: EnginePolling,
+    /// An unreadable ORCA load report was warned about.
+    orca_fault_warned: bool,
 }
 
 impl<H: Host + Clone> Vm<H> {
@@ -66,6 +68,7 @@ impl<H: Host + Clone> Vm<H> {
             upstream_check: UpstreamFilterCheck::default(),
             upstream_marked: false,
             engine_polling: EnginePolling::default(),
+            orca_fault_warned: false,
         }
     }
 
@@ -82,6 +85,12 @@ impl<H: Host + Clone> Vm<H> {
     /// The engine-load poller's state (tests).
     pub fn engine_polling(&self) -> &EnginePolling {
         &self.engine_polling
+    }
+
+    /// True the first time it is asked: an unreadable ORCA load report is
+    /// warned about once per VM (each one is counted).
+    pub fn first_unreadable_orca_report(&mut self) -> bool {
+        !std::mem::replace(&mut self.orca_fault_warned, true)
     }
 
     /// Listener role: whether decisions should keep what counting at the

@@ -270,6 +270,11 @@ impl Host for MemoryHost {
         Ok(())
     }
 
+    fn response_header_value(&self, name: &str) -> Result<Option<Vec<u8>>, HostStatus> {
+        self.log(format!("response_header_value {name}"));
+        Ok(self.response_header(name).map(String::into_bytes))
+    }
+
     fn request_body(&self, start: usize, len: usize) -> Result<Option<Vec<u8>>, HostStatus> {
         self.log("request_body".into());
         let body = self.body.borrow();

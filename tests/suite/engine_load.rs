@@ -17,6 +17,10 @@
 //! - with vllm-sim instances, requests another proxy sent to one of them show
 //!   in this Envoy's engine figure for it (equal to what its `/metrics`
 //!   says), while this Envoy's own in-flight count there stays 0.
+//! - vLLM's ORCA load report on a response (asked for by the client)
+//!   refreshes the instance's KV usage before the next poll: the next
+//!   request of a prompt its holder can no longer take under `max_kv_usage`
+//!   is moved, and the client gets the report unchanged.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -28,6 +32,7 @@ use prefix_router::engine_load::{
     instance_gauge_name, KV_USAGE_GAUGE_PREFIX, REQUESTS_GAUGE_PREFIX,
 };
 use prefix_router::plugin::ORIGINAL_DST_HOST_HEADER;
+use prefix_router_tools::sim::{SimConfig, SimServer};
 use prefix_router_tools::upstream::{MetricsReply, UpstreamFleet, METRICS_PATH};
 
 /// The shipped cluster the polls go through (`envoy/envoy.yaml`).
@@ -355,6 +360,26 @@ async fn faulty_endpoints_never_delay_or_fail_requests_and_recover() {
     }
 }
 
+/// Three vllm-sim instances `sim-0` .. `sim-2` on loopback, each configured
+/// by `configure`, and their addresses.
+async fn start_sims(configure: impl Fn(&mut SimConfig)) -> (Vec<SimServer>, Vec<SocketAddr>) {
+    let mut sims = Vec::new();
+    for i in 0..3 {
+        let mut config = SimConfig {
+            name: format!("sim-{i}"),
+            ..SimConfig::default()
+        };
+        configure(&mut config);
+        sims.push(
+            SimServer::start(config, "127.0.0.1:0".parse().unwrap())
+                .await
+                .unwrap(),
+        );
+    }
+    let addrs = sims.iter().map(SimServer::addr).collect();
+    (sims, addrs)
+}
+
 /// vllm-sim instances, whose `/metrics` follows their engine state: requests
 /// another proxy sent (here straight to the instance) show in this Envoy's
 /// engine figure for it, while its own in-flight count there stays 0.
@@ -363,23 +388,9 @@ async fn vllm_sim_load_from_another_proxy_shows_in_envoys_engine_figures() {
     use harness::client::{self, Outgoing};
     use prefix_router_tools::envoy::Envoy;
     use prefix_router_tools::sim::metrics::parse_sample;
-    use prefix_router_tools::sim::{SimConfig, SimServer};
 
-    let mut sims = Vec::new();
-    for i in 0..3 {
-        let config = SimConfig {
-            name: format!("sim-{i}"),
-            // Two run at once; more wait.
-            max_num_seqs: 2,
-            ..SimConfig::default()
-        };
-        sims.push(
-            SimServer::start(config, "127.0.0.1:0".parse().unwrap())
-                .await
-                .unwrap(),
-        );
-    }
-    let addrs: Vec<SocketAddr> = sims.iter().map(SimServer::addr).collect();
+    // Two run at once; more wait.
+    let (_sims, addrs) = start_sims(|c| c.max_num_seqs = 2).await;
     let envoy = Envoy::builder()
         .upstreams(addrs.clone())
         .concurrency(2)
@@ -438,4 +449,124 @@ async fn vllm_sim_load_from_another_proxy_shows_in_envoys_engine_figures() {
     for task in others {
         task.abort();
     }
+}
+
+/// vLLM's ORCA load report on a response refreshes the instance's KV usage
+/// between polls: with one poll a minute, an instance whose KV cache filled
+/// since its poll keeps taking a prompt it holds until a response through
+/// this Envoy reports the usage; the next request then goes elsewhere
+/// (`max_kv_usage`). The report reaches the client unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_sims_orca_report_refreshes_the_kv_usage_before_the_next_poll() {
+    use harness::client::{self, Outgoing};
+    use prefix_router::engine_load::orca;
+    use prefix_router_tools::envoy::Envoy;
+    use prefix_router_tools::sim::metrics::parse_sample;
+
+    // 400 blocks of 16 tokens: one long generation fills most of it.
+    let (_sims, addrs) = start_sims(|c| c.kv_blocks = 400).await;
+    let config = serde_json::json!({
+        "instances": ["127.0.0.1:1"],
+        "decision_header": "x-decision",
+        "engine_load": {"cluster": CLUSTER, "interval_ms": 60_000, "max_kv_usage": 0.5},
+    });
+    let envoy = Envoy::builder()
+        .upstreams(addrs.clone())
+        .plugin_config(config.to_string())
+        .start()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let stat = |name: &str| {
+        envoy
+            .stat(&format!("wasmcustom.{name}"))
+            .expect("admin /stats")
+    };
+    let kv_gauge = |addr: SocketAddr| {
+        stat(&instance_gauge_name(
+            KV_USAGE_GAUGE_PREFIX,
+            &addr.to_string(),
+        ))
+    };
+    // The first (and, within the test, only) poll of every instance.
+    wait_until(
+        "the first polls",
+        Duration::from_secs(10),
+        || addrs.iter().map(|a| kv_gauge(*a)).collect::<Vec<_>>(),
+        |gauges| gauges.iter().all(|g| *g == Some(0)),
+    )
+    .await;
+    let prompt = serde_json::json!({
+        "model": "m",
+        "max_tokens": 4,
+        "messages": [{"role": "user", "content": "Summarise this document. ".repeat(60)}],
+    })
+    .to_string();
+    let through_envoy = |orca_format: Option<&str>| {
+        let mut request = Outgoing::post("/v1/chat/completions", prompt.clone());
+        if let Some(format) = orca_format {
+            request = request.header(orca::FORMAT_HEADER, format);
+        }
+        client::send(envoy.listener_addr(), request)
+    };
+    let first = through_envoy(None).await.unwrap();
+    assert_eq!(first.status, 200, "{}", first.text());
+    let holder = first.served_by().unwrap().to_string();
+    let index: usize = holder.strip_prefix("sim-").unwrap().parse().unwrap();
+    let holder_addr = addrs[index];
+    // Another proxy's long generation fills the holder's KV cache past the
+    // bound after its poll.
+    let hog = serde_json::json!({"model": "m", "prompt": "tell a long story", "max_tokens": 4000});
+    let hog = tokio::spawn(client::send(
+        holder_addr,
+        Outgoing::post("/v1/completions", hog.to_string()),
+    ));
+    let kv_now = || async {
+        let reply = client::send(holder_addr, Outgoing::get("/metrics"))
+            .await
+            .unwrap();
+        parse_sample(&reply.text(), "vllm:kv_cache_usage_perc").unwrap()
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while kv_now().await <= 0.5 {
+        assert!(Instant::now() < deadline, "the hog never filled the cache");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Held there, and the poll still says 0: sent there again, and this
+    // client asks for the report.
+    let second = through_envoy(Some("TEXT")).await.unwrap();
+    assert_eq!(second.served_by(), Some(holder.as_str()));
+    let report = second
+        .headers
+        .get(orca::REPORT_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    assert!(
+        report
+            .as_deref()
+            .is_some_and(|r| r.starts_with("TEXT ") && r.contains("kv_cache_usage_perc=0.")),
+        "the client gets vLLM's report unchanged: {report:?}"
+    );
+    // Now at the bound: the prompt moves.
+    let third = through_envoy(None).await.unwrap();
+    let decision = third
+        .headers
+        .get("x-decision")
+        .and_then(|v| v.to_str().ok());
+    assert_ne!(
+        third.served_by(),
+        Some(holder.as_str()),
+        "decision {decision:?}"
+    );
+    assert!(
+        decision.is_some_and(|d| d.starts_with("moved")),
+        "{decision:?}"
+    );
+    wait_until(
+        "the report counted",
+        Duration::from_secs(5),
+        || stat("prefix_router.engine.orca_reports"),
+        |count| *count == Some(1),
+    )
+    .await;
+    assert_eq!(kv_gauge(holder_addr), Some(0), "no poll since the first");
+    hog.abort();
 }

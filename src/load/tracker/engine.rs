@@ -10,6 +10,7 @@ use super::super::engine::EngineRecord;
 use super::super::lease::{self, Heartbeat, Lease};
 use super::super::table::{Change, Tables, Updated};
 use super::super::{EngineLoad, InstanceRef, LoadView};
+use super::registry::Lookup;
 use super::{addr_hash, LoadTracker};
 use crate::shared::SharedStore;
 
@@ -109,6 +110,48 @@ impl<S: SharedStore> LoadTracker<S> {
         self.engine_cache
             .by_slot
             .insert(instance.slot, (now_ms, EngineRecord::default()));
+    }
+
+    /// A response's ORCA load report (`crate::engine_load::orca`): the KV
+    /// usage of the engine at `address` as the response left it. Replaces
+    /// the KV usage of the instance's sample, if it holds one of this
+    /// address; the running and waiting counts and the sample's age stay
+    /// the poll's (the report has no running count to refresh them with),
+    /// and without a sample (no poll yet, or the last one failed) nothing is
+    /// stored: the instance is weighed by this Envoy's counts until a poll
+    /// answers. True if the KV usage was stored.
+    pub fn refresh_engine_kv_usage(
+        &mut self,
+        address: &str,
+        kv_usage_permille: u16,
+        now_ms: u64,
+    ) -> bool {
+        let Some(slot) = self.registry.find_slot(
+            &self.tables,
+            &mut self.columns,
+            address,
+            now_ms,
+            Lookup::Only,
+        ) else {
+            return false;
+        };
+        let key = engine_key(&self.tables, slot);
+        let hash = addr_hash(address);
+        let kv = Some(kv_usage_permille.min(1000));
+        let updated = self.tables.update(&key, |stored: &mut EngineRecord| {
+            if stored.sampled_at_ms == 0 || stored.addr_hash != hash {
+                return Change::Keep(None::<EngineRecord>);
+            }
+            stored.load.kv_usage_permille = kv;
+            Change::Write(Some(*stored))
+        });
+        match updated {
+            Updated::Written(Some(record)) => {
+                self.engine_cache.by_slot.insert(slot, (now_ms, record));
+                true
+            }
+            _ => false,
+        }
     }
 
     /// `instance`'s engine sample if there is one of its address at most
