@@ -262,7 +262,8 @@ fn main() {
         "native"
     };
     println!("per request, {target} (best of 7 runs, µs):");
-    // Every body type keyed on its first 4,096 bytes or characters.
+    // Every body type keyed on its first 4,096 bytes or characters, at the
+    // default match (LONGEST_PREFIX).
     let prefix_4096 = config(r#"{"prefix_length":4096}"#);
     for (name, size, iterations) in [
         ("read chat 8 KiB", 8 << 10, 3000),
@@ -279,6 +280,17 @@ fn main() {
         });
         println!("  {name:<28} {us:8.2}");
     }
+    // FIXED_PREFIX reads the same body for its key alone (no blocks).
+    let fixed_4096 = config(r#"{"prefix_length":4096,"match":"FIXED_PREFIX"}"#);
+    let body = chat_body(8 << 10);
+    let us = best_of_7(3000, || {
+        black_box(read_request(
+            &fixed_4096,
+            "/v1/chat/completions",
+            black_box(&body),
+        ));
+    });
+    println!("  {:<28} {us:8.2}", "read chat 8 KiB FIXED_PREFIX");
     let body: Vec<u8> = (0..8192u32).map(|i| b'a' + (i % 26) as u8).collect();
     let us = best_of_7(3000, || {
         black_box(read_request(&prefix_4096, "/invocations", black_box(&body)));

@@ -14,7 +14,7 @@ use prefix_router_tools::bench::{self, demo, overhead, routing};
 fn main() -> ExitCode {
     let cli = BenchCli::parse();
     let outcome = match cli.command {
-        Command::Overhead(OverheadArgs { quick }) => run_overhead(quick),
+        Command::Overhead(OverheadArgs { quick, matching }) => run_overhead(quick, matching),
         Command::Routing(args) => run_routing(&args),
         Command::Demo => demo::run(&demo::DemoOptions::default(), &mut |line| {
             println!("{line}")
@@ -35,18 +35,22 @@ fn main() -> ExitCode {
     }
 }
 
-fn run_overhead(quick: bool) -> anyhow::Result<()> {
-    let opts = if quick {
-        overhead::OverheadOptions::quick()
-    } else {
-        overhead::OverheadOptions::full()
+fn run_overhead(quick: bool, matching: Option<String>) -> anyhow::Result<()> {
+    let opts = overhead::OverheadOptions {
+        matching,
+        ..if quick {
+            overhead::OverheadOptions::quick()
+        } else {
+            overhead::OverheadOptions::full()
+        }
     };
     eprintln!(
-        "overhead: Envoy {} with {} worker(s), {} rounds, latency at concurrency 1 (interleaved), throughput at {}",
+        "overhead: Envoy {} with {} worker(s), {} rounds, latency at concurrency 1 (interleaved), throughput at {}, match {}",
         prefix_router_tools::envoy::ENVOY_VERSION,
         opts.envoy_workers,
         opts.rounds,
-        opts.throughput_concurrency
+        opts.throughput_concurrency,
+        opts.matching.as_deref().unwrap_or("the default")
     );
     let report = overhead::run(&opts, &mut |line| eprintln!("{line}"))?;
     let path = bench::output_dir().join("overhead.json");

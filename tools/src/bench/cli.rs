@@ -5,12 +5,16 @@
 
 use clap::{Args, Parser, Subcommand};
 
-/// `overhead [--quick]`.
+/// `overhead [--quick] [--match MATCH]`.
 #[derive(Debug, Clone, PartialEq, Eq, Args)]
 pub struct OverheadArgs {
     /// A shorter run (under a minute) with the same fields.
     #[arg(long)]
     pub quick: bool,
+    /// The PREFIX_AWARE configurations' `match` (LONGEST_PREFIX or
+    /// FIXED_PREFIX); the filter's default unless given.
+    #[arg(long = "match", value_parser = ["LONGEST_PREFIX", "FIXED_PREFIX"])]
+    pub matching: Option<String>,
 }
 
 impl OverheadArgs {
@@ -19,6 +23,9 @@ impl OverheadArgs {
         let mut args = vec!["overhead".to_string()];
         if self.quick {
             args.push("--quick".to_string());
+        }
+        if let Some(matching) = &self.matching {
+            args.extend(["--match".to_string(), matching.clone()]);
         }
         args
     }
@@ -120,10 +127,12 @@ mod tests {
     #[test]
     fn options_survive_the_hand_over() {
         for quick in [false, true] {
-            let overhead = OverheadArgs { quick };
-            assert!(
-                matches!(parse(overhead.to_args()), BenchCommand::Overhead(o) if o == overhead)
-            );
+            for matching in [None, Some("FIXED_PREFIX".to_string())] {
+                let overhead = OverheadArgs { quick, matching };
+                assert!(
+                    matches!(parse(overhead.to_args()), BenchCommand::Overhead(o) if o == overhead)
+                );
+            }
             for workload in [vec![], vec!["a".to_string(), "b-c".to_string()]] {
                 for (peers, runs) in [
                     (vec![], None),

@@ -64,6 +64,8 @@ pub struct OverheadOptions {
     /// Envoys measured over the same windows.
     pub idle_window: Duration,
     pub idle_windows: usize,
+    /// The PREFIX_AWARE configurations' `match`; the filter's default if None.
+    pub matching: Option<String>,
 }
 
 impl OverheadOptions {
@@ -81,6 +83,7 @@ impl OverheadOptions {
             floor_wasm: None,
             idle_window: Duration::from_secs(10),
             idle_windows: 3,
+            matching: None,
         }
     }
 
@@ -261,6 +264,9 @@ pub struct CaseResult {
 pub struct OverheadReport {
     pub benchmark: &'static str,
     pub quick: bool,
+    /// The PREFIX_AWARE configurations' `match` (null: the filter's default).
+    #[serde(rename = "match")]
+    pub matching: Option<String>,
     pub envoy_version: &'static str,
     pub envoy_workers: u32,
     pub client: String,
@@ -310,7 +316,7 @@ pub fn run(
         ));
         let with = start_envoy(
             opts,
-            Some(prefix_aware_config(case.prefix_length)),
+            Some(prefix_aware_config(opts, case.prefix_length)),
             upstream.addr(),
         )?;
         let listener = start_listener_counting_envoy(opts, case.prefix_length, upstream.addr())?;
@@ -350,6 +356,7 @@ pub fn run(
     Ok(OverheadReport {
         benchmark: "overhead",
         quick: opts.quick,
+        matching: opts.matching.clone(),
         envoy_version: ENVOY_VERSION,
         envoy_workers: opts.envoy_workers,
         client: "hyper 1 HTTP/1.1 keep-alive, tokio current-thread runtime (1 thread); \
@@ -395,7 +402,7 @@ pub fn load_for_profiling(
     let plugin_config = match configuration {
         Configuration::Without => None,
         Configuration::Idle => Some(json!({"strategy": "RANDOM", "key_header": KEY_HEADER})),
-        Configuration::With => Some(prefix_aware_config(case.prefix_length)),
+        Configuration::With => Some(prefix_aware_config(opts, case.prefix_length)),
     };
     let envoy = start_envoy(opts, plugin_config, upstream.addr())?;
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -423,12 +430,16 @@ pub fn load_for_profiling(
 }
 
 /// The plugin configuration of the PREFIX_AWARE configurations.
-fn prefix_aware_config(prefix_length: usize) -> serde_json::Value {
-    json!({
+fn prefix_aware_config(opts: &OverheadOptions, prefix_length: usize) -> serde_json::Value {
+    let mut config = json!({
         "strategy": "PREFIX_AWARE",
         "prefix_length": prefix_length,
         "key_header": KEY_HEADER,
-    })
+    });
+    if let Some(matching) = &opts.matching {
+        config["match"] = json!(matching);
+    }
+    config
 }
 
 /// Envoy from `envoy/envoy.yaml`, with the plugin configuration given, or without the filter.
@@ -474,7 +485,7 @@ fn start_listener_counting_envoy(
     prefix_length: usize,
     upstream: std::net::SocketAddr,
 ) -> anyhow::Result<Envoy> {
-    let mut config = prefix_aware_config(prefix_length);
+    let mut config = prefix_aware_config(opts, prefix_length);
     config["counting"] = json!("LISTENER");
     let builder = envoy_builder(opts, upstream).listener_filter_only();
     start_from(opts, builder, Some(config))
