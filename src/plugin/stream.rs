@@ -207,8 +207,9 @@ impl Stream {
             Err(fault) => {
                 if vm.first_unreadable_orca_report() {
                     log::warn!(
-                        "prefix-router: {address} answered with an {} header the filter cannot read ({fault}): ignored, its KV usage stays the last poll's (stat prefix_router.engine.orca_reports_unreadable; this warning once per worker)",
-                        orca::REPORT_HEADER
+                        "prefix-router: {address} answered with an {} header the filter cannot read ({fault}): ignored, its KV usage stays the last poll's (stat {}; this warning once per worker)",
+                        orca::REPORT_HEADER,
+                        Counter::OrcaReportUnreadable.name()
                     );
                 }
                 self.metrics.increment(vm, Counter::OrcaReportUnreadable);
