@@ -668,6 +668,42 @@ mod index_session_tests {
     }
 
     #[test]
+    fn a_claim_right_after_the_candidates_reuses_their_read_once() {
+        let store = Rc::new(MemoryStore::new());
+        let mut tracker = tracker(&store, 1);
+        let candidates = tracker.candidates(NOW);
+        let b = named(&candidates, B).instance.clone();
+        let (reads, writes) = (store.reads(), store.successful_sets());
+        let Claim::Claimed(first) = tracker.claim(&b, None, Some(5), NOW) else {
+            panic!("room on B");
+        };
+        assert_eq!(
+            (store.reads() - reads, store.successful_sets() - writes),
+            (0, 1),
+            "the candidates' read of B, then one write"
+        );
+        // The reads are used up: the next claim reads B's record again,
+        // with the first claim's count in it.
+        let reads = store.reads();
+        let Claim::Claimed(second) = tracker.claim(&b, None, Some(5), NOW) else {
+            panic!("room on B");
+        };
+        assert_eq!(store.reads() - reads, 1);
+        assert_eq!(tracker.in_flight(&b, NOW), Some(2));
+        // A read of another millisecond is not reused.
+        tracker.candidates(NOW);
+        let reads = store.reads();
+        let Claim::Claimed(third) = tracker.claim(&b, None, Some(5), NOW + 1) else {
+            panic!("room on B");
+        };
+        assert_eq!(store.reads() - reads, 1);
+        for ticket in [first, second, third] {
+            tracker.release(ticket, NOW + 1);
+        }
+        assert_eq!(tracker.in_flight(&b, NOW + 1), Some(0));
+    }
+
+    #[test]
     fn a_decision_reads_each_bucket_once_and_the_next_one_reads_again() {
         let store = Rc::new(MemoryStore::new());
         let mut tracker = tracker(&store, 1);

@@ -59,10 +59,10 @@ pub(super) struct Registry {
     known_slots: BTreeSet<u16>,
     /// Registry epoch seen at our last full scan of the instance slots.
     scanned_epoch: Option<u64>,
-    /// The instance record a lookup just read, for the claim or check that
-    /// follows it in the same decision (one shared-data read, a host call,
-    /// fewer). See [`Registry::take_recent`].
-    recent: Option<RecentRead>,
+    /// The instance records a lookup or the candidates just read, for the
+    /// claim or check that follows in the same decision (one shared-data
+    /// read, a host call, fewer). See [`Registry::take_recent`].
+    recent: Vec<RecentRead>,
     /// The configured instances (`instances`): fresh whatever their last
     /// seen time, unless suspected gone.
     configured: BTreeSet<String>,
@@ -78,7 +78,7 @@ impl Registry {
             slot_of: HashMap::new(),
             known_slots: BTreeSet::new(),
             scanned_epoch: None,
-            recent: None,
+            recent: Vec::new(),
             configured: BTreeSet::new(),
             seed_failed_ms: None,
         }
@@ -196,7 +196,9 @@ impl Registry {
     /// Keeps a record just read for the next [`Self::take_recent`] of the
     /// same slot in the same millisecond.
     pub(super) fn remember_read(&mut self, slot: u16, now_ms: u64, read: Read<InstanceRecord>) {
-        self.recent = Some(RecentRead {
+        self.recent
+            .retain(|recent| recent.slot != slot && recent.at_ms == now_ms);
+        self.recent.push(RecentRead {
             slot,
             at_ms: now_ms,
             read,
@@ -204,14 +206,15 @@ impl Registry {
     }
 
     /// The record of `slot` a lookup just read in this same millisecond of
-    /// this decision, if there is one (used once). Reusing it is safe for a
-    /// write, which is a compare-and-swap on its token (a change since the
-    /// read fails it and the caller re-reads), and as fresh as a read for a
-    /// check (same decision, same millisecond).
+    /// this decision, if there is one. The first take uses up every kept
+    /// read, so none outlives the decision's first write. Reusing it is safe
+    /// for a write, which is a compare-and-swap on its token (a change since
+    /// the read fails it and the caller re-reads), and as fresh as a read for
+    /// a check (same decision, same millisecond).
     pub(super) fn take_recent(&mut self, slot: u16, now_ms: u64) -> Option<Read<InstanceRecord>> {
-        self.recent
-            .take()
-            .filter(|recent| recent.slot == slot && recent.at_ms == now_ms)
+        std::mem::take(&mut self.recent)
+            .into_iter()
+            .find(|recent| recent.slot == slot && recent.at_ms == now_ms)
             .map(|recent| recent.read)
     }
 
@@ -403,28 +406,27 @@ impl Registry {
         }
     }
 
-    /// The record in `slot` if its instance is fresh.
-    fn fresh_record<S: SharedStore>(
-        &self,
-        tables: &Tables<S>,
-        slot: u16,
-        now_ms: u64,
-    ) -> Option<InstanceRecord> {
-        Some(self.read(tables, slot).record).filter(|record| self.is_fresh(record, now_ms))
-    }
-
-    /// Every fresh known instance with its in-flight count.
+    /// Every fresh known instance with its in-flight count. Their reads are
+    /// kept for the decision's claim ([`Self::take_recent`]).
     pub(super) fn candidates<S: SharedStore>(
-        &self,
+        &mut self,
         tables: &Tables<S>,
         columns: &mut Columns,
         now_ms: u64,
     ) -> Vec<Candidate> {
         let mut out = Vec::with_capacity(self.known_slots.len());
+        let mut reads = Vec::with_capacity(self.known_slots.len());
         for &slot in &self.known_slots {
-            let Some(record) = self.fresh_record(tables, slot, now_ms) else {
+            let read = self.read(tables, slot);
+            if !self.is_fresh(&read.record, now_ms) {
                 continue;
-            };
+            }
+            let record = read.record.clone();
+            reads.push(RecentRead {
+                slot,
+                at_ms: now_ms,
+                read,
+            });
             let in_flight = columns.total(tables, slot, &record, now_ms);
             let instance = InstanceRef {
                 slot,
@@ -432,6 +434,7 @@ impl Registry {
             };
             out.push(Candidate::local(instance, in_flight));
         }
+        self.recent = reads;
         out
     }
 }
