@@ -212,10 +212,13 @@ impl Registry {
     /// the read fails it and the caller re-reads), and as fresh as a read for
     /// a check (same decision, same millisecond).
     pub(super) fn take_recent(&mut self, slot: u16, now_ms: u64) -> Option<Read<InstanceRecord>> {
-        std::mem::take(&mut self.recent)
-            .into_iter()
-            .find(|recent| recent.slot == slot && recent.at_ms == now_ms)
-            .map(|recent| recent.read)
+        let found = self
+            .recent
+            .iter()
+            .position(|recent| recent.slot == slot && recent.at_ms == now_ms)
+            .map(|index| self.recent.swap_remove(index).read);
+        self.recent.clear();
+        found
     }
 
     fn probe_start(&self, address: &str) -> u16 {
@@ -415,26 +418,24 @@ impl Registry {
         now_ms: u64,
     ) -> Vec<Candidate> {
         let mut out = Vec::with_capacity(self.known_slots.len());
-        let mut reads = Vec::with_capacity(self.known_slots.len());
+        self.recent.clear();
         for &slot in &self.known_slots {
             let read = self.read(tables, slot);
             if !self.is_fresh(&read.record, now_ms) {
                 continue;
             }
-            let record = read.record.clone();
-            reads.push(RecentRead {
+            let in_flight = columns.total(tables, slot, &read.record, now_ms);
+            let instance = InstanceRef {
+                slot,
+                address: read.record.address.clone(),
+            };
+            out.push(Candidate::local(instance, in_flight));
+            self.recent.push(RecentRead {
                 slot,
                 at_ms: now_ms,
                 read,
             });
-            let in_flight = columns.total(tables, slot, &record, now_ms);
-            let instance = InstanceRef {
-                slot,
-                address: record.address,
-            };
-            out.push(Candidate::local(instance, in_flight));
         }
-        self.recent = reads;
         out
     }
 }
