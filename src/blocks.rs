@@ -22,6 +22,11 @@
 //!   Whether a system-only match still prefers its holders is the policy's
 //!   call, by their recent shares (`load::recent`).
 //!
+//! - the **history**: the bytes before the prompt's last message, when that
+//!   message follows the first own one (a conversation's later turn). Its
+//!   earlier turns, answers included, are what the instance that served
+//!   them holds in its KV cache, whether or not this Envoy routed them.
+//!
 //! Blocks are also cut at the conversation's start and at the opening's
 //! end, so a conversation's turns share the blocks of their opening however
 //! short its first message: a next turn always matches one block past the
@@ -80,6 +85,9 @@ pub struct PromptBlocks {
     pub opening: u64,
     /// The fewest matched blocks that attract the request to their holder.
     pub attracting_blocks: usize,
+    /// Bytes before the last message, when it follows the first own one (a
+    /// conversation's later turn); 0 otherwise and for raw bytes.
+    pub history_bytes: usize,
 }
 
 impl PromptBlocks {
@@ -88,13 +96,18 @@ impl PromptBlocks {
         let block_bytes = block_bytes.max(1);
         let prefix = material.prefix;
         let seed = chain_seed(material);
-        let (start, opening_end, cuts) = match material.source {
+        let (start, opening_end, cuts, history_bytes) = match material.source {
             PrefixSource::CanonicalText => {
-                let (start, end) = canonical_opening(prefix);
-                let end = end.min(start.saturating_add(OWN_OPENING_BYTES));
-                (start, end, [start, end])
+                let (start, own_end) = canonical_opening(prefix);
+                // Only what follows the first own record is searched.
+                let history_bytes = match prefix.get(own_end..) {
+                    Some(rest) if !rest.is_empty() => own_end + last_record_start(rest),
+                    _ => 0,
+                };
+                let end = own_end.min(start.saturating_add(OWN_OPENING_BYTES));
+                (start, end, [start, end], history_bytes)
             }
-            PrefixSource::RawBytes => (0, RAW_OPENING_BYTES.min(prefix.len()), [0, 0]),
+            PrefixSource::RawBytes => (0, RAW_OPENING_BYTES.min(prefix.len()), [0, 0], 0),
         };
         // The system messages' blocks (none for raw bytes), padded to whole
         // spans of the prefix index when the conversation's own text follows.
@@ -128,6 +141,7 @@ impl PromptBlocks {
             padding: (system_blocks, padding),
             opening,
             attracting_blocks,
+            history_bytes,
         }
     }
 
@@ -228,6 +242,33 @@ fn canonical_opening(text: &[u8]) -> (usize, usize) {
     (start.min(text.len()), text.len())
 }
 
+/// Canonical text (whole records and a last one, maybe cut short): where
+/// its last record begins, 0 for the first. The final byte is left out of
+/// the search: a record end there closes the last record.
+fn last_record_start(text: &[u8]) -> usize {
+    let record_end = RECORD_END as u8;
+    let escape = ESCAPE as u8;
+    let mut before = text.len().saturating_sub(1);
+    while let Some(i) = text
+        .get(..before)
+        .and_then(|head| memchr::memrchr(record_end, head))
+    {
+        // Preceded by an odd run of escapes, it is content.
+        let escapes = text
+            .get(..i)
+            .unwrap_or_default()
+            .iter()
+            .rev()
+            .take_while(|&&b| b == escape)
+            .count();
+        if escapes % 2 == 0 {
+            return i + 1;
+        }
+        before = i;
+    }
+    0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -275,6 +316,37 @@ mod tests {
         assert_eq!(alone.chain[..], x.chain[..2]);
         let own = PromptBlocks::new(&canonical(&record("user", "hi")), 256);
         assert_eq!((own.padding, own.chain.len()), ((0, 0), 1));
+    }
+
+    #[test]
+    fn the_history_is_what_precedes_a_later_turns_last_message() {
+        let system = record("system", &"s".repeat(300));
+        let first = system.clone() + &record("user", "hi");
+        let answered = first.clone() + &record("assistant", &"a".repeat(400));
+        let second = answered.clone() + &record("user", "more");
+        let history = |text: &str| PromptBlocks::new(&canonical(text), 256).history_bytes;
+        assert_eq!(history(&first), 0, "a first turn has none");
+        assert_eq!(history(&system), 0, "nor system messages alone");
+        assert_eq!(history(&second), answered.len());
+        assert_eq!(history(&answered), first.len());
+        // Cut short inside its last message, the rest before it still counts.
+        assert_eq!(history(&second[..second.len() - 3]), answered.len());
+        // A record end inside a message's text is escaped content, and an
+        // escaped escape before a record end leaves it a record end.
+        let escaped = answered.clone() + &record("user", "x\u{10}\u{1e}y");
+        assert_eq!(history(&escaped), answered.len());
+        let even_escapes = answered.clone() + "role=user\u{1f}text=x\u{10}\u{10}\u{1e}";
+        assert_eq!(
+            history(&(even_escapes.clone() + &record("user", "z"))),
+            even_escapes.len()
+        );
+        // One message, however long, has no history; raw bytes neither.
+        assert_eq!(history(&record("user", &"d".repeat(2000))), 0);
+        let raw = KeyMaterial {
+            source: PrefixSource::RawBytes,
+            ..canonical(&second)
+        };
+        assert_eq!(PromptBlocks::new(&raw, 256).history_bytes, 0);
     }
 
     #[test]

@@ -24,7 +24,11 @@
 //!    one per KiB it holds, [`LongestPrefix::holder_bound`]) takes the
 //!    request, if its atomic claim under `concurrency_threshold` (and that
 //!    same bound) succeeds: a hot prefix never piles up on its holder; the
-//!    next instance takes it and its cache warms.
+//!    next instance takes it and its cache warms. The opening's first
+//!    choice is bound as the holder of a later turn's history
+//!    ([`PromptBlocks::history_bytes`]), held here or not: that is where
+//!    the earlier turns went, through this Envoy or another replica,
+//!    unless one of them was moved.
 //! 3. If every instance is at the cap, the least loaded takes it anyway
 //!    (counted), as FIXED_PREFIX does when every instance is as busy.
 //!
@@ -181,17 +185,38 @@ impl LongestPrefix {
                 <= RecentChoices::share_bound(total_recent, held.holders.len(), candidates.len())
         };
         let is_holder = |c: &Candidate| holds(c) && (attracted || within_share);
-        let mut order: Vec<&Candidate> = candidates.iter().collect();
-        order.sort_by_cached_key(|c| {
-            (
-                std::cmp::Reverse(is_holder(c)),
-                std::cmp::Reverse(rank(blocks.opening, &c.instance.address)),
-            )
-        });
+        let mut ranked: Vec<(&Candidate, u64)> = candidates
+            .iter()
+            .map(|c| (c, rank(blocks.opening, &c.instance.address)))
+            .collect();
+        // The opening's first choice over every instance (see `bound_of`).
+        let first_choice = ranked
+            .iter()
+            .max_by_key(|(_, rank)| *rank)
+            .map(|(c, _)| c.instance.slot);
+        ranked.sort_by_key(|(c, rank)| (std::cmp::Reverse(is_holder(c)), std::cmp::Reverse(*rank)));
+        let order: Vec<&Candidate> = ranked.into_iter().map(|(c, _)| c).collect();
         let least = candidates.iter().map(|c| c.load).min().unwrap_or(0);
         let bound = self.load_bound(least);
-        let held_bound = self.holder_bound(least, blocks.bytes_of(held.blocks));
-        let bound_of = |c: &Candidate| if is_holder(c) { held_bound } else { bound };
+        let held_bytes = blocks.bytes_of(held.blocks);
+        // A holder may be busier the more it holds; the first choice, by the
+        // history it is presumed to hold: the earlier turns went there unless
+        // one was moved, through this Envoy or a replica whose index this one
+        // does not see, so a turn moves off it no more readily than one whose
+        // every turn this Envoy routed.
+        let bound_of = |c: &Candidate| {
+            let held = if is_holder(c) { held_bytes } else { 0 };
+            let presumed = if first_choice == Some(c.instance.slot) {
+                blocks.history_bytes
+            } else {
+                0
+            };
+            if is_holder(c) || presumed > 0 {
+                self.holder_bound(least, held.max(presumed))
+            } else {
+                bound
+            }
+        };
         // The fleet-wide engine bounds pass an instance over only while
         // another is within them.
         let some_within_bounds = candidates.iter().any(|c| !c.over_bounds);
@@ -490,6 +515,44 @@ mod tests {
             "user",
             &format!("document {id} {}", "d".repeat(600)),
         ))
+    }
+
+    #[test]
+    fn a_later_turn_this_index_lacks_keeps_its_openings_first_choice_as_a_holder_would() {
+        let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent);
+        let question = record("user", &format!("conversation 7 {}", "q".repeat(300)));
+        let first_turn = prompt(&question);
+        let history = question + &record("assistant", &"a".repeat(4000));
+        let later = prompt(&(history.clone() + &record("user", "and then?")));
+        assert_eq!(later.opening, first_turn.opening);
+        assert_eq!(later.history_bytes, history.len());
+        let [first, _] = top_two(&later, 7);
+        // Neither is held in this index; the others have nothing in flight,
+        // so the bound is 2, and 2 + 4 (one per KiB of history) for the
+        // later turn on its first choice.
+        let place = |blocks: &PromptBlocks, first_in_flight: u32| {
+            let mut fleet = Fleet::new(7);
+            fleet.hold = true;
+            fleet.in_flight[usize::from(first)] = first_in_flight;
+            fleet.route(&policy, blocks)
+        };
+        assert_eq!(place(&later, 6), (DecisionKind::Cold, first));
+        let (kind, slot) = place(&later, 7);
+        assert_eq!(kind, DecisionKind::Moved);
+        assert_ne!(slot, first);
+        let (kind, slot) = place(&first_turn, 3);
+        assert_eq!(kind, DecisionKind::Moved, "a first turn has no history");
+        assert_ne!(slot, first);
+        // Held here only as far as its first turn (the others went through
+        // other replicas), its bound is still that of its history.
+        let mut fleet = Fleet::new(7);
+        fleet.hold = true;
+        assert_eq!(
+            fleet.route(&policy, &first_turn),
+            (DecisionKind::Cold, first)
+        );
+        fleet.in_flight[usize::from(first)] = 6;
+        assert_eq!(fleet.route(&policy, &later), (DecisionKind::Matched, first));
     }
 
     #[test]
