@@ -4,7 +4,9 @@
 //! a conversation or a document's questions stay on the instance that holds
 //! their prefix; conversations behind one shared system prompt still spread;
 //! the concurrency cap holds on a hot prefix, also after the index evicted
-//! under a small budget; two Envoys place cold prompts alike; with
+//! under a small budget; two Envoys place cold prompts alike, and a later
+//! turn through an Envoy that never saw the conversation stays on its
+//! instance under a load that moves a prompt held for less; with
 //! `cold_placement: BALANCED` cold prompts spread evenly.
 //!
 //! The conversation and document tests check every `matched=` against a
@@ -959,4 +961,114 @@ async fn two_envoys_place_cold_prompts_alike() {
         apart.is_empty(),
         "second turns through B left the instance of the first turn through A: {apart:?}"
     );
+}
+
+/// Held-request time of the load in
+/// [`a_later_turn_through_another_envoy_stays_on_its_instance_under_load`]:
+/// long enough for the two probes that follow.
+const LOAD_HOLD_MS: u64 = 3000;
+
+/// A later turn through an Envoy that never saw the conversation, while
+/// that Envoy has its opening's first choice loaded past the flat bound
+/// (twice the least loaded instance's count plus `load_margin`, 4): it
+/// stays there, for the history it is presumed to hold there (nine earlier
+/// turns, 5 to 15 KiB: the bound grows by one per KiB), while a prompt held
+/// there for under a KiB moves on at the same load.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_later_turn_through_another_envoy_stays_on_its_instance_under_load() {
+    let fleet = UpstreamFleet::start(INSTANCES).expect("upstream instances");
+    let config = plugin_config(serde_json::json!({"concurrency_threshold": 64}));
+    let envoy = |name: &str| {
+        Envoy::builder()
+            .upstreams(fleet.addrs())
+            .concurrency(2)
+            .plugin_config(config.clone())
+            .start()
+            .unwrap_or_else(|e| panic!("Envoy {name}: {e}"))
+    };
+    let (a, b) = (envoy("A"), envoy("B"));
+    let mut rng = bodies::rng(0x5e);
+    // Short, so that a first turn is held for under a KiB.
+    let system = prose(&mut rng, 100);
+    // The conversation's first turn through A, cold: its first choice.
+    let conversation = Conversation::new(&mut rng, &system, 10);
+    let first = route(
+        &a,
+        &fleet,
+        Outgoing::post(CHAT, conversation.chat_body(0)),
+        "first turn via A",
+    )
+    .await;
+    assert_eq!(first.kind, "cold", "first turn via A");
+    let target = first.instance;
+    // Another conversation with the same first choice (placed alike by
+    // every replica), to load it through B; its own system prompt, so B
+    // holds nothing of the first conversation.
+    let other_system = prose(&mut rng, 100);
+    let mut other = None;
+    for n in 0..100 {
+        let candidate = Conversation::new(&mut rng, &other_system, 1);
+        let what = format!("probe {n} via A");
+        let probe = route(
+            &a,
+            &fleet,
+            Outgoing::post(CHAT, candidate.chat_body(0)),
+            &what,
+        )
+        .await;
+        if probe.kind == "cold" && probe.instance == target {
+            other = Some(candidate);
+            break;
+        }
+    }
+    let other = other.expect("one of 100 openings shares the first choice");
+    // Five of its first turn through B, held: B's count on the target is 5.
+    let hold = LOAD_HOLD_MS.to_string();
+    let held: Vec<_> = (0..5)
+        .map(|_| {
+            let request = Outgoing::post(CHAT, other.chat_body(0)).header(HOLD_HEADER, &hold);
+            let listener = b.listener_addr();
+            tokio::spawn(async move { client::send(listener, request).await })
+        })
+        .collect();
+    wait_until(
+        "B's five held requests are in flight on the target",
+        Duration::from_secs(5),
+        || fleet.in_flight_by_name().get(&target).copied().unwrap_or(0),
+        |n| *n == 5,
+    )
+    .await;
+    // Held through B for under a KiB, the same prompt moves on.
+    let again = route(
+        &b,
+        &fleet,
+        Outgoing::post(CHAT, other.chat_body(0)),
+        "the held prompt again via B",
+    )
+    .await;
+    assert_eq!(
+        again.kind, "moved",
+        "the target is past the flat bound for B"
+    );
+    assert_ne!(again.instance, target);
+    // The conversation's tenth turn through B, which never saw it.
+    let later = route(
+        &b,
+        &fleet,
+        Outgoing::post(CHAT, conversation.chat_body(9)),
+        "tenth turn via B",
+    )
+    .await;
+    assert_eq!(
+        (later.kind.as_str(), later.instance.as_str()),
+        ("cold", target.as_str()),
+        "the tenth turn left the instance of its earlier turns"
+    );
+    for request in held {
+        let reply = request
+            .await
+            .expect("held request task")
+            .expect("held request");
+        assert_eq!(reply.status, 200, "held request: {}", reply.text());
+    }
 }
