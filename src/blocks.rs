@@ -21,7 +21,6 @@
 //!   past it (or cover the whole prefix, when the system messages fill it).
 //!   Whether a system-only match still prefers its holders is the policy's
 //!   call, by their recent shares (`load::recent`).
-//!
 //! - the **history**: the bytes before the prompt's last message, when that
 //!   message follows the first own one (a conversation's later turn). Its
 //!   earlier turns, answers included, are what the instance that served
