@@ -197,13 +197,12 @@ impl LongestPrefix {
         ranked.sort_by_key(|(c, rank)| (std::cmp::Reverse(is_holder(c)), std::cmp::Reverse(*rank)));
         let order: Vec<&Candidate> = ranked.into_iter().map(|(c, _)| c).collect();
         let least = candidates.iter().map(|c| c.load).min().unwrap_or(0);
-        let bound = self.load_bound(least);
         let held_bytes = blocks.bytes_of(held.blocks);
         // A holder may be busier the more it holds; the first choice, by the
         // history it is presumed to hold: the earlier turns went there unless
         // one was moved, through this Envoy or a replica whose index this one
         // does not see, so a turn moves off it no more readily than one whose
-        // every turn this Envoy routed.
+        // every turn this Envoy routed. Holding nothing, the flat bound.
         let bound_of = |c: &Candidate| {
             let held = if is_holder(c) { held_bytes } else { 0 };
             let presumed = if first_choice == Some(c.instance.slot) {
@@ -211,11 +210,7 @@ impl LongestPrefix {
             } else {
                 0
             };
-            if is_holder(c) || presumed > 0 {
-                self.holder_bound(least, held.max(presumed))
-            } else {
-                bound
-            }
+            self.holder_bound(least, held.max(presumed))
         };
         // The fleet-wide engine bounds pass an instance over only while
         // another is within them.
@@ -848,6 +843,11 @@ mod tests {
     #[test]
     fn a_holder_may_be_a_request_busier_per_kib_it_holds() {
         let policy = LongestPrefix::new(10, 4, true, ColdPlacement::Consistent);
+        assert_eq!(
+            policy.holder_bound(3, 0),
+            policy.load_bound(3),
+            "holding nothing"
+        );
         assert_eq!(policy.holder_bound(0, 1023), 4);
         assert_eq!(policy.holder_bound(0, 1024), 5);
         assert_eq!(policy.holder_bound(3, 16 * 1024), 26);

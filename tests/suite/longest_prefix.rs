@@ -869,6 +869,17 @@ const ENVOY_FLOOD_GROWTH: u64 = 1536 * 1024;
 const FLOOD_MEMORY_BOUND: u64 =
     FLOOD_INDEX_BYTES + FLOOD_INDEX_KEYS * ENVOY_BYTES_PER_KEY + ENVOY_FLOOD_GROWTH;
 
+/// One of several Envoys (two workers each) in front of `fleet`, all with
+/// the plugin configuration `config`.
+fn replica(fleet: &UpstreamFleet, config: &str, name: &str) -> Envoy {
+    Envoy::builder()
+        .upstreams(fleet.addrs())
+        .concurrency(2)
+        .plugin_config(config.to_string())
+        .start()
+        .unwrap_or_else(|e| panic!("Envoy {name}: {e}"))
+}
+
 /// Conversation openings of the two-Envoy test: at least 50 past the
 /// system prompt's warm-up ([`SYSTEM_WARM_UP`]).
 const OPENINGS: usize = 80;
@@ -877,15 +888,7 @@ const OPENINGS: usize = 80;
 async fn two_envoys_place_cold_prompts_alike() {
     let fleet = UpstreamFleet::start(INSTANCES).expect("upstream instances");
     let config = plugin_config(serde_json::json!({}));
-    let envoy = |name: &str| {
-        Envoy::builder()
-            .upstreams(fleet.addrs())
-            .concurrency(2)
-            .plugin_config(config.clone())
-            .start()
-            .unwrap_or_else(|e| panic!("Envoy {name}: {e}"))
-    };
-    let (a, b) = (envoy("A"), envoy("B"));
+    let (a, b) = (replica(&fleet, &config, "A"), replica(&fleet, &config, "B"));
     let mut rng = bodies::rng(0x2e);
     let system = prose(&mut rng, 1200);
     let mut differ = Vec::new();
@@ -978,15 +981,7 @@ const LOAD_HOLD_MS: u64 = 3000;
 async fn a_later_turn_through_another_envoy_stays_on_its_instance_under_load() {
     let fleet = UpstreamFleet::start(INSTANCES).expect("upstream instances");
     let config = plugin_config(serde_json::json!({"concurrency_threshold": 64}));
-    let envoy = |name: &str| {
-        Envoy::builder()
-            .upstreams(fleet.addrs())
-            .concurrency(2)
-            .plugin_config(config.clone())
-            .start()
-            .unwrap_or_else(|e| panic!("Envoy {name}: {e}"))
-    };
-    let (a, b) = (envoy("A"), envoy("B"));
+    let (a, b) = (replica(&fleet, &config, "A"), replica(&fleet, &config, "B"));
     let mut rng = bodies::rng(0x5e);
     // Short, so that a first turn is held for under a KiB.
     let system = prose(&mut rng, 100);
