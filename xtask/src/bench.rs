@@ -122,6 +122,7 @@ mod tests {
             workload: workload.iter().map(|w| w.to_string()).collect(),
             peers: peers.iter().map(|p| p.to_string()).collect(),
             runs: None,
+            baseline_wasm: None,
         };
         assert!(needs_bench_python(&args(&[], &[])));
         assert!(needs_bench_python(&args(&["multi-turn", "rag"], &[])));

@@ -106,6 +106,18 @@ fn run_routing(args: &RoutingArgs) -> anyhow::Result<()> {
             .collect::<anyhow::Result<Vec<_>>>()?;
         opts.peers = Some(peers);
     }
+    let baseline_arms = opts
+        .peers
+        .iter()
+        .flatten()
+        .any(|peer| matches!(peer, bench::peers::Peer::Baseline(_)));
+    match &args.baseline_wasm {
+        Some(wasm) if !wasm.is_file() => {
+            anyhow::bail!("--baseline-wasm {}: no such file", wasm.display())
+        }
+        None if baseline_arms => anyhow::bail!("the baseline-ARM arms need --baseline-wasm"),
+        _ => opts.baseline_wasm = args.baseline_wasm.clone(),
+    }
     if let Some(runs) = args.runs {
         if runs == 0 {
             anyhow::bail!("--runs must be at least 1");

@@ -29,6 +29,7 @@ fn colour(peer: Peer) -> &'static str {
         Peer::FixedPrefix(_) => "#6baed6",
         Peer::SglangCacheAware => "#d95f02",
         Peer::Oracle => "#333333",
+        Peer::Baseline(peer) => colour(*peer),
     }
 }
 

@@ -50,9 +50,14 @@ pub struct RoutingArgs {
     /// alternating), prefix-aware-engine (prefix-aware with engine_load),
     /// three-envoys (prefix-aware-engine through three Envoys, turns
     /// alternating), three-envoys-without-engine (prefix-aware through three
-    /// Envoys), sglang, oracle; comma-separated.
+    /// Envoys), sglang, oracle, baseline-ARM (ARM, an arm through Envoy,
+    /// with the filter of --baseline-wasm); comma-separated.
     #[arg(long, value_delimiter = ',')]
     pub peers: Vec<String>,
+    /// Another build of the filter (a .wasm), which the baseline-ARM arms
+    /// run: two builds side by side on the same fleets and traffic.
+    #[arg(long)]
+    pub baseline_wasm: Option<std::path::PathBuf>,
     /// Repetitions to take medians over (default 3, or 1 with --quick).
     #[arg(long)]
     pub runs: Option<usize>,
@@ -73,6 +78,9 @@ impl RoutingArgs {
         }
         if let Some(runs) = self.runs {
             args.extend(["--runs".to_string(), runs.to_string()]);
+        }
+        if let Some(wasm) = &self.baseline_wasm {
+            args.extend(["--baseline-wasm".to_string(), wasm.display().to_string()]);
         }
         args
     }
@@ -134,11 +142,17 @@ mod tests {
                 );
             }
             for workload in [vec![], vec!["a".to_string(), "b-c".to_string()]] {
-                for (peers, runs) in [
-                    (vec![], None),
+                for (peers, runs, baseline_wasm) in [
+                    (vec![], None, None),
                     (
                         vec!["sglang".to_string(), "prefix-1024".to_string()],
                         Some(5),
+                        None,
+                    ),
+                    (
+                        vec!["balanced".to_string(), "baseline-balanced".to_string()],
+                        Some(3),
+                        Some("/tmp/previous build/prefix_router.wasm".into()),
                     ),
                 ] {
                     let routing = RoutingArgs {
@@ -146,6 +160,7 @@ mod tests {
                         workload: workload.clone(),
                         peers,
                         runs,
+                        baseline_wasm,
                     };
                     assert!(
                         matches!(parse(routing.to_args()), BenchCommand::Routing(r) if r == routing)

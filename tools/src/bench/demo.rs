@@ -126,6 +126,7 @@ pub fn run(opts: &DemoOptions, print: &mut dyn FnMut(&str)) -> anyhow::Result<De
             runs: 1,
             envoy_workers: 1,
             wasm: opts.wasm.clone(),
+            baseline_wasm: None,
             sim_exe: opts.sim_exe.clone(),
             max_run: Duration::from_secs(60),
         };

@@ -61,6 +61,10 @@ pub enum Peer {
     SglangCacheAware,
     /// Every group pinned to one instance, spread evenly, no proxy.
     Oracle,
+    /// An arm through Envoy run again with the `.wasm` of `--baseline-wasm`
+    /// (another build of the filter), on the same fleet and traffic: two
+    /// builds side by side in one run.
+    Baseline(&'static Peer),
 }
 
 /// The arms the workloads on real data run by default.
@@ -106,6 +110,7 @@ impl Peer {
             Peer::ThreeEnvoysWithoutEngine => "PREFIX_AWARE (longest), 3 Envoys".to_string(),
             Peer::SglangCacheAware => "sglang-router cache_aware".to_string(),
             Peer::Oracle => "oracle (group mod 7)".to_string(),
+            Peer::Baseline(peer) => format!("{} [baseline .wasm]", peer.name()),
         }
     }
 
@@ -126,6 +131,7 @@ impl Peer {
             Peer::ThreeEnvoysWithoutEngine => "three-envoys-without-engine".into(),
             Peer::SglangCacheAware => "sglang".into(),
             Peer::Oracle => "oracle".into(),
+            Peer::Baseline(peer) => format!("baseline-{}", peer.cli_name()),
         }
     }
 
@@ -135,8 +141,18 @@ impl Peer {
     /// (LONGEST_PREFIX with load_margin M, 0 allowed), two-envoys, balanced
     /// (LONGEST_PREFIX with cold_placement BALANCED), two-envoys-balanced,
     /// prefix-aware-engine (the defaults with engine_load), three-envoys
-    /// (that through three Envoys), three-envoys-without-engine, sglang, oracle.
+    /// (that through three Envoys), three-envoys-without-engine, sglang, oracle;
+    /// baseline-ARM: an arm through Envoy with the `--baseline-wasm` build.
     pub fn parse(name: &str) -> Result<Peer, String> {
+        if let Some(arm) = name.strip_prefix("baseline-") {
+            return match Peer::parse(arm)? {
+                Peer::Baseline(_) | Peer::SglangCacheAware | Peer::Oracle => Err(format!(
+                    "{name:?}: baseline-ARM takes an arm that runs through Envoy"
+                )),
+                // Leaked: a handful per benchmark process, so that arms stay `Copy`.
+                peer => Ok(Peer::Baseline(Box::leak(Box::new(peer)))),
+            };
+        }
         let number = |prefix: &str| {
             name.strip_prefix(prefix)
                 .map(|n| n.parse::<u32>().ok().filter(|&n| n > 0))
@@ -169,7 +185,7 @@ impl Peer {
                         "unknown peer {name:?}: random, least-outstanding, prefix-aware, \
                          prefix-N, longest-B, margin-M, two-envoys, balanced, two-envoys-balanced, \
                          prefix-aware-engine, three-envoys, \
-                         three-envoys-without-engine, sglang or oracle"
+                         three-envoys-without-engine, sglang, oracle or baseline-ARM"
                     ))
                 }
             },
@@ -203,6 +219,7 @@ impl Peer {
                 Strategy::PrefixAware,
                 json!({"engine_load": engine_load_config(None)}),
             ),
+            Peer::Baseline(peer) => return peer.plugin_config(upstreams),
             Peer::SglangCacheAware | Peer::Oracle => return None,
         };
         let mut config = base_plugin_config(upstreams);
@@ -219,6 +236,7 @@ impl Peer {
             Peer::TwoEnvoys | Peer::TwoEnvoysBalanced => REPLICAS,
             Peer::ThreeEnvoys | Peer::ThreeEnvoysWithoutEngine => ENGINE_REPLICAS,
             Peer::SglangCacheAware | Peer::Oracle => 0,
+            Peer::Baseline(peer) => peer.envoys(),
             _ => 1,
         }
     }
@@ -277,6 +295,7 @@ impl Peer {
                  --worker-startup-check-interval 1 --disable-retries --log-level warn, defaults otherwise"
             ),
             Peer::Oracle => "no proxy: the load generator sends group (or conversation) g straight to instance g mod 7".into(),
+            Peer::Baseline(peer) => format!("{}; the filter built as --baseline-wasm names", peer.mechanism()),
         }
     }
 }
@@ -426,6 +445,23 @@ mod tests {
         {
             assert_eq!(Peer::parse(&peer.cli_name()), Ok(peer));
         }
+        for arm in [
+            "balanced",
+            "prefix-aware",
+            "two-envoys",
+            "prefix-1024",
+            "random",
+        ] {
+            let baseline = Peer::parse(&format!("baseline-{arm}")).unwrap();
+            let inner = Peer::parse(arm).unwrap();
+            assert!(matches!(baseline, Peer::Baseline(peer) if *peer == inner));
+            assert_eq!(
+                baseline.plugin_config(&fleet()),
+                inner.plugin_config(&fleet())
+            );
+            assert_eq!(baseline.envoys(), inner.envoys());
+            assert_eq!(Peer::parse(&baseline.cli_name()), Ok(baseline));
+        }
         assert_eq!(Peer::parse("prefix-2048"), Ok(Peer::FixedPrefix(2048)));
         assert_eq!(Peer::parse("longest-1024"), Ok(Peer::LongestPrefix(1024)));
         for bad in [
@@ -437,6 +473,10 @@ mod tests {
             "margin-x",
             "round-robin",
             "prefix-aware-balanced",
+            "baseline-sglang",
+            "baseline-oracle",
+            "baseline-baseline-balanced",
+            "baseline-",
         ] {
             assert!(Peer::parse(bad).is_err(), "{bad}");
         }

@@ -174,6 +174,8 @@ pub struct RoutingOptions {
     pub runs: usize,
     pub envoy_workers: u32,
     pub wasm: Option<PathBuf>,
+    /// The .wasm of the [`Peer::Baseline`] arms.
+    pub baseline_wasm: Option<PathBuf>,
     /// The `vllm-sim` binary (default: [`find_sim_exe`]).
     pub sim_exe: Option<PathBuf>,
     /// Wall-clock bound of one run (warm-up or measured).
@@ -209,6 +211,7 @@ impl RoutingOptions {
             runs: 3,
             envoy_workers: 1,
             wasm: None,
+            baseline_wasm: None,
             sim_exe: None,
             max_run: Duration::from_secs(180),
         })
@@ -603,17 +606,18 @@ fn run_peer(
 ) -> anyhow::Result<StrategyResult> {
     let started = Instant::now();
     runtime.block_on(fleet.reset_caches())?;
+    let wasm = match peer {
+        Peer::Baseline(_) => Some(
+            opts.baseline_wasm
+                .as_deref()
+                .context("a baseline arm needs --baseline-wasm")?,
+        ),
+        _ => opts.wasm.as_deref(),
+    };
     let front = match peer.plugin_config(&fleet.addrs()) {
         Some(config) => Front::Envoys(
             (0..peer.envoys())
-                .map(|_| {
-                    start_envoy(
-                        &config,
-                        &fleet.addrs(),
-                        opts.wasm.as_deref(),
-                        opts.envoy_workers,
-                    )
-                })
+                .map(|_| start_envoy(&config, &fleet.addrs(), wasm, opts.envoy_workers))
                 .collect::<anyhow::Result<_>>()?,
         ),
         None if peer == Peer::SglangCacheAware => Front::Sglang(SglangRouter::start(
