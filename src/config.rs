@@ -123,10 +123,10 @@ pub enum ColdPlacement {
     /// On its opening's first rendezvous choice: every replica places a
     /// cold prompt on the same instance, whatever traffic it saw.
     Consistent,
-    /// On the first choice, or the second when the first took more than its
-    /// even share of this worker's recent decisions and the second did not:
-    /// shares even out, and replicas whose recent traffic differs place a
-    /// prompt on one of the same two instances.
+    /// On the first choice, or the second when this worker placed more
+    /// prompt bytes on the first: what the instances' KV caches hold evens
+    /// out, and replicas whose traffic differs place a prompt on one of the
+    /// same two instances.
     Balanced,
 }
 

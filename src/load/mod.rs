@@ -201,6 +201,8 @@ pub struct Candidate {
     /// This worker's decisions for it among its last [`RECENT_WINDOW`]
     /// ([`RecentChoices`]).
     pub recent: u32,
+    /// Prompt bytes this worker placed there ([`RecentChoices::placed_bytes`]).
+    pub placed_bytes: u64,
 }
 
 impl Candidate {
@@ -213,6 +215,7 @@ impl Candidate {
             engine_room: None,
             over_bounds: false,
             recent: 0,
+            placed_bytes: 0,
         }
     }
 
@@ -289,10 +292,12 @@ pub trait LoadView {
         let _ = (chain, candidates, now_ms);
         HeldPrefix::default()
     }
-    /// Counts a decision for `instance` in this worker's recent choices
-    /// (what [`Candidate::recent`] reports).
-    fn note_chosen(&mut self, instance: &InstanceRef) {
-        let _ = instance;
+    /// Counts a decision for `instance` that placed `placed_bytes` of
+    /// prompt there (past what it was known to hold) in this worker's
+    /// recent choices (what [`Candidate::recent`] and
+    /// [`Candidate::placed_bytes`] report).
+    fn note_chosen(&mut self, instance: &InstanceRef, placed_bytes: u64) {
+        let _ = (instance, placed_bytes);
     }
     /// Records in the prefix index that `instance` now holds all of `chain`,
     /// of which it was known to hold the first `known` blocks.

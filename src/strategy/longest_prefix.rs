@@ -17,8 +17,8 @@
 //!    instances rank them alike, with no shared state, and the openings of
 //!    many conversations spread evenly. With `cold_placement: BALANCED`
 //!    the first instance outside the holders gives way to the
-//!    second when it took more than its even share of this worker's recent
-//!    decisions and the second did not ([`LongestPrefix::second_choice`]).
+//!    second when this worker placed more prompt bytes on it
+//!    ([`LongestPrefix::second_choice`]).
 //! 2. The first instance in that order whose in-flight count is at most
 //!    twice the least loaded instance's plus `load_margin` (a holder: plus
 //!    one per KiB it holds, [`LongestPrefix::holder_bound`]) takes the
@@ -59,8 +59,8 @@ pub struct LongestPrefix {
     /// has) and the index learns where it went from the response.
     pub fleet_listed: bool,
     /// How a prompt placed by its opening is placed: `BALANCED` on the
-    /// second instance of its order when the first took more than its even
-    /// share of recent decisions ([`LongestPrefix::second_choice`]);
+    /// second instance of its order when more prompt bytes were placed on
+    /// the first ([`LongestPrefix::second_choice`]);
     /// `CONSISTENT` (the default) always on the first, so that replicas
     /// place alike whatever traffic each saw.
     pub cold_placement: ColdPlacement,
@@ -113,27 +113,23 @@ impl LongestPrefix {
 
     /// `cold_placement: BALANCED`: the slot of the first instance in
     /// `order` outside the holders if the second one is to take the prompt
-    /// instead, because the first took more than its even share of this
-    /// worker's recent decisions (`total_recent` of them over the fleet,
-    /// [`RecentChoices::even_bound`]) and the second did not. Two choices,
-    /// each a rendezvous rank of the opening, so that however the replicas'
-    /// recent decisions differ, a prompt is placed on one of two instances,
-    /// and the instances' shares of cold prompts even out (the power of two
-    /// choices). `rag` at `--quick` (40 documents) over 11 fleets: hit rate
-    /// median 67.2 % against 65.3 % on the first choice alone, the worst
-    /// fleet 63.1 % against 54.6 %; the price, `sharegpt` through two
-    /// Envoys with turns alternating: 90 % of one Envoy's hits against 96 %
-    /// (why it is not the default).
-    fn second_choice(
-        order: &[&Candidate],
-        is_holder: &dyn Fn(&Candidate) -> bool,
-        total_recent: u32,
-    ) -> Option<u16> {
-        let bound = RecentChoices::even_bound(total_recent, order.len());
+    /// instead, because this worker placed fewer prompt bytes there
+    /// ([`Candidate::placed_bytes`]). Two choices, each a rendezvous rank of
+    /// the opening (the power of two choices): the bytes placed on the
+    /// instances even out, so no instance's KV cache holds far more than
+    /// its share, and however the replicas' placements differ, a prompt is
+    /// placed on one of two instances. Bytes rather than requests, because
+    /// prompts differ in size: `rag` at full size (100 documents of 500 to
+    /// 12,000 characters, 3 fleets) kept 96 % of the oracle's hits with
+    /// request counts and 99 % with bytes (see docs/design.md "Cold
+    /// placement: two choices"). The price, through two Envoys with a
+    /// conversation's turns alternating between them, is in
+    /// docs/configuration.md.
+    fn second_choice(order: &[&Candidate], is_holder: &dyn Fn(&Candidate) -> bool) -> Option<u16> {
         let mut others = order.iter().filter(|c| !is_holder(c));
         let first = others.next()?;
         let second = others.next()?;
-        (first.recent > bound && second.recent <= bound).then_some(first.instance.slot)
+        (first.placed_bytes > second.placed_bytes).then_some(first.instance.slot)
     }
 
     /// Maglev on `key`, counted where it lands by the upstream filter; the
@@ -216,7 +212,7 @@ impl LongestPrefix {
         // another is within them.
         let some_within_bounds = candidates.iter().any(|c| !c.over_bounds);
         let second_choice = (self.cold_placement == ColdPlacement::Balanced)
-            .then(|| Self::second_choice(&order, &is_holder, total_recent))
+            .then(|| Self::second_choice(&order, &is_holder))
             .flatten();
         let mut passed_over = false;
         let mut full = false;
@@ -282,7 +278,6 @@ impl LongestPrefix {
             _ if attracted || passed_over => DecisionKind::Moved,
             _ => DecisionKind::Cold,
         };
-        load.note_chosen(&candidate.instance);
         let known = if holds(candidate) {
             held.blocks
         } else {
@@ -291,6 +286,13 @@ impl LongestPrefix {
                 .blocks
         };
         let matched_bytes = blocks.bytes_of(known);
+        let placed_bytes = blocks
+            .bytes_of(blocks.chain.len())
+            .saturating_sub(matched_bytes);
+        load.note_chosen(
+            &candidate.instance,
+            u64::try_from(placed_bytes).unwrap_or(u64::MAX),
+        );
         load.remember_held(
             &blocks.chain,
             known,
@@ -408,6 +410,7 @@ mod tests {
                     let in_flight = self.in_flight[usize::from(slot)];
                     let mut candidate = Candidate::local(Fleet::instance(slot), in_flight);
                     candidate.recent = self.recent.count(slot);
+                    candidate.placed_bytes = self.recent.placed_bytes(slot);
                     if let Some(engine) = self.engine.get(usize::from(slot)).copied().flatten() {
                         candidate.load = (engine + in_flight).max(in_flight);
                         candidate.engine_room = self
@@ -435,8 +438,8 @@ mod tests {
             }
             HeldPrefix::default()
         }
-        fn note_chosen(&mut self, instance: &InstanceRef) {
-            self.recent.note(instance.slot);
+        fn note_chosen(&mut self, instance: &InstanceRef, placed_bytes: u64) {
+            self.recent.note(instance.slot, placed_bytes);
         }
         fn remember_held(
             &mut self,
@@ -565,9 +568,8 @@ mod tests {
             }
             shares
         };
-        // Within a few of the even 200: no window of 256 decisions gives a
-        // first choice more than its even share plus two while its second
-        // is within it.
+        // Within a few of the even 200: the prompts are all but equal in
+        // size, so evening the bytes placed evens the requests.
         let balanced = spread(ColdPlacement::Balanced);
         assert!(
             balanced.iter().all(|n| (192..=208).contains(n)),
@@ -583,13 +585,51 @@ mod tests {
     }
 
     #[test]
+    fn balanced_cold_placement_evens_the_bytes_placed_not_the_request_counts() {
+        // Documents whose opening ranks instance 0 first are 8,000 bytes
+        // long, the others 600 (their first 512 bytes, the opening, alike).
+        let document = |id: usize, long: bool| {
+            let body = "d".repeat(if long { 8000 } else { 600 });
+            prompt(&record("user", &format!("document {id} {body}")))
+        };
+        let placed = |placement: ColdPlacement| {
+            let policy = LongestPrefix::new(10, 1000, true, placement);
+            let mut fleet = Fleet::new(7);
+            let mut bytes = [0usize; 7];
+            let mut requests = [0usize; 7];
+            for id in 0..700 {
+                let short = document(id, false);
+                let long = top_two(&short, 7)[0] == 0;
+                let blocks = document(id, long);
+                assert_eq!(blocks.opening, short.opening);
+                let (kind, slot) = fleet.route(&policy, &blocks);
+                assert_eq!(kind, DecisionKind::Cold);
+                bytes[usize::from(slot)] += blocks.prefix_bytes;
+                requests[usize::from(slot)] += 1;
+            }
+            (bytes, requests)
+        };
+        let (bytes, requests) = placed(ColdPlacement::Balanced);
+        let (most, least) = (bytes.iter().max().unwrap(), bytes.iter().min().unwrap());
+        // Within a fifth of each other (by request counts, evened as the
+        // count rule would, instance 0 alone would hold five times as much).
+        assert!(most * 5 <= least * 6, "{bytes:?} ({requests:?} requests)");
+        // Most of instance 0's long first choices went to their second
+        // choices: under half its even share of requests.
+        assert!(requests[0] < 50, "{requests:?}");
+        let (bytes, _) = placed(ColdPlacement::Consistent);
+        let least = bytes.iter().min().unwrap();
+        assert!(bytes[0] > 4 * least, "{bytes:?}");
+    }
+
+    #[test]
     fn replicas_that_saw_different_traffic_place_a_cold_prompt_on_one_of_two() {
         for placement in [ColdPlacement::Balanced, ColdPlacement::Consistent] {
             let balanced = placement == ColdPlacement::Balanced;
             let policy = LongestPrefix::new(10, 1000, true, placement);
             let (mut a, mut b) = (Fleet::new(7), Fleet::new(7));
             // Each replica saw other prompts first, and the same ones
-            // unevenly: their recent shares differ.
+            // unevenly: the bytes each placed per instance differ.
             for id in 0..300 {
                 a.route(&policy, &distinct_prompt(1000 + id));
                 b.route(&policy, &distinct_prompt(2000 + id % 7));
@@ -608,7 +648,7 @@ mod tests {
                 }
                 apart += usize::from(on_a != on_b);
             }
-            // BALANCED trades exact agreement for even shares.
+            // BALANCED trades exact agreement for even placement.
             assert_eq!(apart > 0, balanced, "{apart} of 200 apart");
         }
     }

@@ -474,8 +474,8 @@ impl<S: SharedStore> LoadView for LoadTracker<S> {
         }
     }
 
-    fn note_chosen(&mut self, instance: &InstanceRef) {
-        self.recent.note(instance.slot);
+    fn note_chosen(&mut self, instance: &InstanceRef, placed_bytes: u64) {
+        self.recent.note(instance.slot, placed_bytes);
     }
 
     fn remember_held(
@@ -605,6 +605,7 @@ impl<S: SharedStore> LoadTracker<S> {
             .candidates(&self.tables, &mut self.columns, now_ms);
         for candidate in &mut candidates {
             candidate.recent = self.recent.count(candidate.instance.slot);
+            candidate.placed_bytes = self.recent.placed_bytes(candidate.instance.slot);
         }
         if let Some(view) = self.engine_view {
             for candidate in &mut candidates {
