@@ -551,14 +551,14 @@ async fn conversations_behind_one_system_prompt_spread_over_every_instance() {
 /// Documents of the balanced-placement test, each asked about once.
 const BALANCED_DOCUMENTS: usize = 1400;
 /// The most of their bytes one instance may take with `cold_placement:
-/// BALANCED`, over the even seventh, in percent. Each worker sends a
-/// document to the second instance of its opening's order when it placed
-/// more bytes on the first, so the bytes even out within a few documents.
-/// By the first choice alone, 1,400 documents of 600 to 2,000 characters
-/// fall as a binomial of counts (standard deviation 7 % of the even 200)
-/// times their sizes: the busiest of seven instances takes over 7 % more
-/// than even in most runs.
-const BALANCED_MOST_PERCENT: usize = 104;
+/// BALANCED`, in percent of the even seventh. Each worker sends a document
+/// to the second instance of its opening's order when it placed more bytes
+/// on the first, so the bytes even out within a few documents (seen: the
+/// busiest instance 0.6 % over even). By the first choice alone, 1,400
+/// documents of 600 to 2,000 characters fall as a binomial of counts
+/// (standard deviation 7 % of the even 200) times their sizes; evening the
+/// request counts instead still left the busiest 7 % over (seen).
+const BALANCED_MOST_PERCENT: usize = 103;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn balanced_cold_placement_evens_the_bytes_placed_on_the_instances() {
