@@ -120,11 +120,11 @@ impl LongestPrefix {
     /// its share, and however the replicas' placements differ, a prompt is
     /// placed on one of two instances. Bytes rather than requests, because
     /// prompts differ in size: `rag` at full size (100 documents of 500 to
-    /// 12,000 characters, 3 fleets) kept 96 % of the oracle's hits with
-    /// request counts and 99 % with bytes (see docs/design.md "Cold
-    /// placement: two choices"). The price, through two Envoys with a
-    /// conversation's turns alternating between them, is in
-    /// docs/configuration.md.
+    /// 12,000 characters, the same 3 fleets) kept 93 % of the oracle's hits
+    /// (92-97 % per fleet) evening request counts and 101 % (99-101 %)
+    /// evening bytes (docs/design.md, "Cold placement: two choices"). The
+    /// price, through two Envoys with a conversation's turns alternating
+    /// between them, is in docs/configuration.md.
     fn second_choice(order: &[&Candidate], is_holder: &dyn Fn(&Candidate) -> bool) -> Option<u16> {
         let mut others = order.iter().filter(|c| !is_holder(c));
         let first = others.next()?;
@@ -286,9 +286,7 @@ impl LongestPrefix {
                 .blocks
         };
         let matched_bytes = blocks.bytes_of(known);
-        let placed_bytes = blocks
-            .bytes_of(blocks.chain.len())
-            .saturating_sub(matched_bytes);
+        let placed_bytes = blocks.prefix_bytes.saturating_sub(matched_bytes);
         load.note_chosen(
             &candidate.instance,
             u64::try_from(placed_bytes).unwrap_or(u64::MAX),
