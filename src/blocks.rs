@@ -144,6 +144,12 @@ impl PromptBlocks {
         }
     }
 
+    /// Bytes of the prefix past the first `matched_bytes`: what sending it to
+    /// an instance that held that much adds to what the instance holds.
+    pub fn placed_bytes(&self, matched_bytes: usize) -> usize {
+        self.prefix_bytes.saturating_sub(matched_bytes)
+    }
+
     /// Bytes of the prefix the first `blocks` blocks cover.
     pub fn bytes_of(&self, blocks: usize) -> usize {
         let (at, padding) = self.padding;

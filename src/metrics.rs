@@ -41,21 +41,35 @@ pub fn decision_index(kind: DecisionKind) -> usize {
         .unwrap_or_default()
 }
 
-/// Gauge of requests in flight from this Envoy on one instance:
-/// `prefix_router.in_flight.<address>` with every character outside
-/// `[a-zA-Z0-9]` turned into `_`, so `127.0.0.1:8001` becomes
-/// `prefix_router.in_flight.127_0_0_1_8001` on `/stats` and
-/// `prefix_router_in_flight_127_0_0_1_8001` on `/stats/prometheus` (a dot
-/// would be an extra stat-name level; Prometheus would turn `.`/`:` into `_`
-/// anyway). Distinct addresses can only collide across IPv4/IPv6 spellings.
-pub fn in_flight_gauge_name(address: &str) -> String {
-    let mut name = String::from("prefix_router.in_flight.");
+/// A stat of one instance: `<prefix>.<address>` with every character of the
+/// address outside `[a-zA-Z0-9]` turned into `_`, so `127.0.0.1:8001` under
+/// `prefix_router.in_flight` becomes `prefix_router.in_flight.127_0_0_1_8001`
+/// on `/stats` and `prefix_router_in_flight_127_0_0_1_8001` on
+/// `/stats/prometheus` (a dot would be an extra stat-name level; Prometheus
+/// would turn `.`/`:` into `_` anyway). Distinct addresses can only collide
+/// across IPv4/IPv6 spellings.
+pub fn instance_stat_name(prefix: &str, address: &str) -> String {
+    let mut name = String::with_capacity(prefix.len() + 1 + address.len());
+    name.push_str(prefix);
+    name.push('.');
     name.extend(
         address
             .chars()
             .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }),
     );
     name
+}
+
+/// Gauge of requests in flight from this Envoy on one instance.
+pub fn in_flight_gauge_name(address: &str) -> String {
+    instance_stat_name("prefix_router.in_flight", address)
+}
+
+/// Counter of the prompt bytes this Envoy's LONGEST_PREFIX decisions sent to
+/// one instance past the prefix the index said it held: the prefill its
+/// routing added there, what `cold_placement: BALANCED` evens out.
+pub fn placed_bytes_counter_name(address: &str) -> String {
+    instance_stat_name("prefix_router.placed_bytes", address)
 }
 
 /// The counters, one Envoy stat each.

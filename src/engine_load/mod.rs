@@ -33,18 +33,9 @@ pub fn poll_failure_counter_name(reason: &str) -> String {
     format!("{POLL_FAILURE_PREFIX}.{reason}")
 }
 
-/// `<prefix>.<instance>` with every character of the address outside
-/// `[a-zA-Z0-9]` turned into `_` (as `crate::metrics::in_flight_gauge_name`).
+/// `<prefix>.<instance>` ([`crate::metrics::instance_stat_name`]).
 pub fn instance_gauge_name(prefix: &str, address: &str) -> String {
-    let mut name = String::with_capacity(prefix.len() + 1 + address.len());
-    name.push_str(prefix);
-    name.push('.');
-    name.extend(
-        address
-            .chars()
-            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }),
-    );
-    name
+    crate::metrics::instance_stat_name(prefix, address)
 }
 
 /// Every stat the poller defines, as `docs/metrics.md` names them

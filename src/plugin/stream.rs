@@ -288,6 +288,17 @@ impl Stream {
         if let Some(bytes) = routed.headers.matched_bytes {
             self.metrics.record_matched_bytes(vm, bytes);
         }
+        // What the decision adds to the instance it names (LONGEST_PREFIX).
+        if let (Some(address), Some(matched), Some(blocks)) = (
+            routed.headers.host_override.as_deref(),
+            routed.headers.matched_bytes,
+            derivation.blocks.as_ref(),
+        ) {
+            let placed = blocks.placed_bytes(usize::try_from(matched).unwrap_or(usize::MAX));
+            if placed > 0 {
+                vm.count_placed_bytes(address, u64::try_from(placed).unwrap_or(u64::MAX));
+            }
+        }
         self.decided = Some((routed.headers.kind, routed.headers.matched_bytes));
         if keep {
             let count = ListenerCount::of(&self.config, &routed.headers, check_due);

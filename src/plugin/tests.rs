@@ -7,7 +7,9 @@ use super::*;
 use crate::headers::{COUNTED_HEADER, PENDING_MARK, ROUTE_HEADER};
 use crate::host::{Host, MetricKind};
 use crate::load::InstanceLoad;
-use crate::metrics::{in_flight_gauge_name, Counter, BYTES_INSPECTED, DECISION_KINDS};
+use crate::metrics::{
+    in_flight_gauge_name, placed_bytes_counter_name, Counter, BYTES_INSPECTED, DECISION_KINDS,
+};
 use crate::testing::memory_host::MemoryHost;
 
 type TestVm = Vm<Rc<MemoryHost>>;
@@ -631,6 +633,17 @@ fn longest_prefix_names_the_instance_holding_the_prompt_and_fills_the_index() {
         host.metric(crate::metrics::MATCHED_BYTES).unwrap().records,
         vec![0, 1792]
     );
+    // The bytes each decision added there: 2,000, then 2,025 - 1,792, in one
+    // increment of the batch; the other instance got none.
+    let placed = |address: &str| host.metric(&placed_bytes_counter_name(address));
+    assert_eq!(placed(&chosen).unwrap().increments, vec![2_000 + 233]);
+    let other = if chosen == A { B } else { A };
+    assert!(placed(other).is_none(), "no stat for {other}");
+    // A repeat adds nothing.
+    invoke(&host, &mut vm, &root, 4).on_done(&mut vm);
+    host.advance_ms(u64::from(TICK_PERIOD_MS));
+    root.tick(&mut vm);
+    assert_eq!(placed(&chosen).unwrap().increments, vec![2_000 + 233]);
 }
 
 #[test]
@@ -641,6 +654,10 @@ fn without_a_listed_fleet_a_cold_prompt_goes_by_maglev_and_is_indexed_at_its_res
     host.set_property("upstream.address", None);
     let mut first = invoke(&host, &mut vm, &root, 6);
     assert_eq!(host.request_header(HOST_HEADER), None, "Maglev decides");
+    // Where Maglev sends it is not known at the decision: no bytes counted.
+    host.advance_ms(u64::from(TICK_PERIOD_MS));
+    root.tick(&mut vm);
+    assert!(host.metric(&placed_bytes_counter_name(A)).is_none());
     let opening = host.request_header(KEY_HEADER).expect("the opening's key");
     host.set_property("upstream.address", Some(A));
     first.on_response_headers(&mut vm);

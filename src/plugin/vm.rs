@@ -13,11 +13,12 @@ use crate::config::Config;
 use crate::counting_check::{AtResponse, UpstreamFilterCheck};
 use crate::host::{Host, MetricKind};
 use crate::load::{InstanceLoad, LoadTracker};
-use crate::metrics::in_flight_gauge_name;
+use crate::metrics::{in_flight_gauge_name, placed_bytes_counter_name};
 use crate::steering;
 
-/// Most in-flight gauges one VM defines (Envoy never deletes a stat); the
-/// registry holds at most this many instances anyway.
+/// Most instances one VM defines a per-instance stat for, of each kind (the
+/// in-flight gauges, the placed-bytes counters): Envoy never deletes a stat,
+/// and the registry holds at most this many instances anyway.
 pub const MAX_GAUGES: usize = 64;
 
 /// Most histogram samples a VM holds between ticks; past it a sample is
@@ -34,6 +35,8 @@ pub struct Vm<H: Host + Clone> {
     last_tick_ms: u64,
     /// In-flight gauge ids by instance address.
     gauges: HashMap<String, u32>,
+    /// Placed-bytes counter ids by instance address.
+    placed_counters: HashMap<String, u32>,
     /// Counter increments not yet handed to Envoy, by metric id: counting
     /// locally and flushing on the tick spares two host calls per request
     /// (Prometheus scrapes every few seconds; the counters lag by one tick).
@@ -62,6 +65,7 @@ impl<H: Host + Clone> Vm<H> {
             tracker: None,
             last_tick_ms: 0,
             gauges: HashMap::new(),
+            placed_counters: HashMap::new(),
             pending_counts: Vec::new(),
             pending_samples: Vec::new(),
             random_state: None,
@@ -181,13 +185,33 @@ impl<H: Host + Clone> Vm<H> {
 
     /// Counts one increment of counter `id`, handed to Envoy on the tick.
     pub fn count_later(&mut self, id: u32) {
+        self.add_later(id, 1);
+    }
+
+    /// Adds `amount` to counter `id`, handed to Envoy on the tick.
+    fn add_later(&mut self, id: u32, amount: u64) {
         match self
             .pending_counts
             .iter_mut()
             .find(|(pending_id, _)| *pending_id == id)
         {
-            Some((_, delta)) => *delta += 1,
-            None => self.pending_counts.push((id, 1)),
+            Some((_, delta)) => *delta = delta.saturating_add(amount),
+            None => self.pending_counts.push((id, amount)),
+        }
+    }
+
+    /// Adds `bytes` to the placed-bytes counter of `address`, handed to
+    /// Envoy on the tick (nothing past [`MAX_GAUGES`] instances).
+    pub fn count_placed_bytes(&mut self, address: &str, bytes: u64) {
+        let id = instance_stat_id(
+            &self.host,
+            &mut self.placed_counters,
+            MetricKind::Counter,
+            placed_bytes_counter_name,
+            address,
+        );
+        if let Some(id) = id {
+            self.add_later(id, bytes);
         }
     }
 
@@ -246,18 +270,13 @@ impl<H: Host + Clone> Vm<H> {
             }
         }
         for load in loads {
-            let id = match self.gauges.get(&load.address) {
-                Some(id) => Some(*id),
-                None if self.gauges.len() < MAX_GAUGES => {
-                    let name = in_flight_gauge_name(&load.address);
-                    let id = define_metric(&self.host, MetricKind::Gauge, &name);
-                    if let Some(id) = id {
-                        self.gauges.insert(load.address.clone(), id);
-                    }
-                    id
-                }
-                None => None,
-            };
+            let id = instance_stat_id(
+                &self.host,
+                &mut self.gauges,
+                MetricKind::Gauge,
+                in_flight_gauge_name,
+                &load.address,
+            );
             if let Some(id) = id {
                 warn_on_error(
                     "set gauge",
@@ -267,6 +286,26 @@ impl<H: Host + Clone> Vm<H> {
             }
         }
     }
+}
+
+/// The id of the per-instance stat `name(address)` in `ids`, defined on first
+/// use; None past [`MAX_GAUGES`] instances or if the host refuses.
+fn instance_stat_id(
+    host: &impl Host,
+    ids: &mut HashMap<String, u32>,
+    kind: MetricKind,
+    name: fn(&str) -> String,
+    address: &str,
+) -> Option<u32> {
+    if let Some(id) = ids.get(address) {
+        return Some(*id);
+    }
+    if ids.len() >= MAX_GAUGES {
+        return None;
+    }
+    let id = define_metric(host, kind, &name(address))?;
+    ids.insert(address.to_string(), id);
+    Some(id)
 }
 
 /// Defines a metric; `None`, with a warning, if the host refuses (the filter

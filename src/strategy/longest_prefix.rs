@@ -286,7 +286,7 @@ impl LongestPrefix {
                 .blocks
         };
         let matched_bytes = blocks.bytes_of(known);
-        let placed_bytes = blocks.prefix_bytes.saturating_sub(matched_bytes);
+        let placed_bytes = blocks.placed_bytes(matched_bytes);
         load.note_chosen(
             &candidate.instance,
             u64::try_from(placed_bytes).unwrap_or(u64::MAX),

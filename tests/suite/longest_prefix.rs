@@ -28,7 +28,9 @@ use prefix_router::blocks::PromptBlocks;
 use prefix_router::classify::ApiKind;
 use prefix_router::extract::{Extractor, Limits, PrefixSource};
 use prefix_router::key::KeyMaterial;
-use prefix_router::metrics::{INDEX_CAPACITY, INDEX_ENTRIES, INDEX_EVICTIONS};
+use prefix_router::metrics::{
+    placed_bytes_counter_name, INDEX_CAPACITY, INDEX_ENTRIES, INDEX_EVICTIONS,
+};
 use prefix_router_tools::envoy::Envoy;
 use prefix_router_tools::upstream::{UpstreamFleet, HOLD_HEADER};
 use rand::Rng;
@@ -565,6 +567,7 @@ async fn balanced_cold_placement_evens_the_bytes_placed_on_the_instances() {
     let harness = start(serde_json::json!({"cold_placement": "BALANCED"}));
     let mut rng = bodies::rng(0xba1);
     let mut bytes_on: BTreeMap<String, usize> = BTreeMap::new();
+    let mut documents_on: BTreeMap<String, usize> = BTreeMap::new();
     let mut kinds: BTreeMap<String, usize> = BTreeMap::new();
     let mut total = 0;
     for n in 0..BALANCED_DOCUMENTS {
@@ -579,7 +582,8 @@ async fn balanced_cold_placement_evens_the_bytes_placed_on_the_instances() {
             &format!("document {n}"),
         )
         .await;
-        *bytes_on.entry(decision.instance).or_default() += text.len();
+        *bytes_on.entry(decision.instance.clone()).or_default() += text.len();
+        *documents_on.entry(decision.instance).or_default() += 1;
         *kinds.entry(decision.kind).or_default() += 1;
         total += text.len();
     }
@@ -595,6 +599,37 @@ async fn balanced_cold_placement_evens_the_bytes_placed_on_the_instances() {
         bytes_on.values().all(|&bytes| bytes <= most),
         "no instance may take more than {most} of {total} bytes: {bytes_on:?}"
     );
+    // Envoy's placed-bytes counters say the same: each instance's documents
+    // as the filter reads them (the text in its role record: a few bytes
+    // more per document), once the tick has handed them to Envoy.
+    let placed_stats = || -> BTreeMap<String, u64> {
+        harness
+            .fleet
+            .addrs()
+            .into_iter()
+            .map(|addr| {
+                let name = harness.fleet.name_of(addr).expect("named").to_string();
+                let stat = placed_bytes_counter_name(&addr.to_string());
+                (name, filter_stat(&harness.envoy, &stat))
+            })
+            .collect()
+    };
+    let (placed, _) = wait_until(
+        "the placed-bytes counters are flushed",
+        Duration::from_secs(5),
+        placed_stats,
+        |placed| placed.values().sum::<u64>() >= total as u64,
+    )
+    .await;
+    println!("placed-bytes counters: {placed:?}");
+    for (name, bytes) in &bytes_on {
+        let documents = documents_on[name] as u64;
+        let counted = placed[name];
+        assert!(
+            (*bytes as u64..=*bytes as u64 + 64 * documents).contains(&counted),
+            "{name}: the counter reads {counted} for {documents} documents of {bytes} bytes"
+        );
+    }
 }
 
 /// The cap of [`check_cap_on_a_hot_conversation`].

@@ -22,6 +22,13 @@ fn metrics_doc_and_dashboards_name_every_stat_the_filter_defines() {
         .collect();
     defined.push(prefix_router::metrics::BYTES_INSPECTED.to_string());
     defined.extend(prefix_router::engine_load::documented_stat_names());
+    // Per-instance stats, documented as `<prefix>.<ip>_<port>`.
+    for name_of in [
+        prefix_router::metrics::in_flight_gauge_name,
+        prefix_router::metrics::placed_bytes_counter_name,
+    ] {
+        defined.push(format!("{}<ip>_<port>", name_of("")));
+    }
     // Decision counters are documented once, as `prefix_router.decision.<kind>`
     // with every kind listed.
     for kind in prefix_router::metrics::DECISION_KINDS {
