@@ -1,7 +1,8 @@
 //! One worker VM's state, shared by every root and stream context of the VM
 //! (listener and upstream filters, old and new configurations): the handle on
 //! the shared load tables, the metric updates not yet handed to Envoy, the
-//! in-flight gauges, when the tick last did its work, the random source, and
+//! per-instance stats (in-flight gauges, placed-bytes counters), when the
+//! tick last did its work, the random source, and
 //! the engine-load poller's state.
 //! Kept across configuration updates (Envoy reuses the VM for them).
 
