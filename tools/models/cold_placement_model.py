@@ -5,12 +5,14 @@ rendezvous choice (CONSISTENT) or, with BALANCED, possibly on the second.
 This model compares, for `cargo xtask bench routing`'s `rag` workload, the
 first choice alone, two choices by request counts (the first gives way when
 it took more than its even share, plus two, of the last 256 decisions and the
-second did not) and two choices by prompt bytes placed (the first gives way
-when more bytes were placed on it), against the oracle (document d on
-instance d mod 7). Then it prices the byte rule through two replicas that
-alternate a conversation's turns (each replica its own index and counts),
-with a slack k (the second choice only when the first holds more than the
-second plus k times the mean).
+second did not), two choices by prompt bytes placed (the first gives way
+when more bytes were placed on it), and the same for first prompts of at
+least 2 KiB only (what `BALANCED` does: shorter prompts and later turns keep
+the first choice), against the oracle (document d on instance d mod 7). Then
+it prices the byte rules through two replicas that alternate a conversation's
+turns (each replica its own index and counts): every cold prompt with a slack
+k (the second choice only when the first holds more than the second plus k
+times the mean), and long first prompts only.
 
 The KV caches as in `kv_lru_model.py`: per instance an LRU of 16-token blocks,
 a hit is the run of cached blocks from block 0, sized so that the reused
@@ -115,6 +117,15 @@ def by_bytes(slack):
     return choose
 
 
+def long_first_prompts(min_bytes=2048):
+    """Bytes for a first prompt of at least `min_bytes` only."""
+    def choose(first, second, state, size, history):
+        if history > 0 or size * BLOCK_TOKENS * 4 < min_bytes:
+            return first
+        return by_bytes(0.0)(first, second, state, size, history)
+    return choose
+
+
 def oracle(group):
     return group % INSTANCES
 
@@ -166,7 +177,9 @@ def main():
     conversations, documents = sharegpt()
     print(f"{len(documents)} documents, {len(conversations)} conversations")
     rules = {"first choice": first_choice, "two choices, counts": by_counts,
-             "two choices, bytes": by_bytes(0.0)}
+             "two choices, bytes": by_bytes(0.0),
+             "two choices, bytes, first prompts of 2 KiB+": long_first_prompts(),
+             "two choices, bytes, first prompts of 4 KiB+": long_first_prompts(4096)}
     for count, fleets in ((40, 40), (100, 20)):
         ratios = collections.defaultdict(list)
         for seed in range(1, fleets + 1):
@@ -177,18 +190,20 @@ def main():
         for name, values in ratios.items():
             print(f"rag, {count} documents, one Envoy, {fleets} fleets: {name}: of the oracle "
                   f"median {statistics.median(values):.3f}, worst fleet {min(values):.3f}")
-    for slack in (0.0, 0.25, 0.5, 1.0):
+    variants = [(f"bytes, slack {slack}", by_bytes(slack)) for slack in (0.0, 0.25, 0.5, 1.0)]
+    variants.append(("bytes, first prompts of 2 KiB+", long_first_prompts()))
+    for label, rule in variants:
         kept = collections.defaultdict(list)
         for seed in range(1, 9):
             for workload, (requests, reused) in (
                     ("rag, 100 documents", rag_requests(documents, 100, random.Random(seed))),
                     ("conversations, 100", conversation_requests(conversations, 100, random.Random(seed)))):
-                one = hit_rate(requests, reused, by_bytes(slack), salt=seed)
-                two = hit_rate(requests, reused, by_bytes(slack), replicas=2, salt=seed)
+                one = hit_rate(requests, reused, rule, salt=seed)
+                two = hit_rate(requests, reused, rule, replicas=2, salt=seed)
                 first = hit_rate(requests, reused, first_choice, salt=seed)
                 kept[workload].append((two / one, one / first))
         for workload, pairs in kept.items():
-            print(f"bytes, slack {slack}: {workload}: two replicas keep "
+            print(f"{label}: {workload}: two replicas keep "
                   f"{statistics.median(p[0] for p in pairs):.3f} of one's hits; one replica "
                   f"{statistics.median(p[1] for p in pairs):.3f} of the first choice's")
 
