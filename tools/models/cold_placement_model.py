@@ -33,6 +33,8 @@ import json
 import random
 import statistics
 
+from kv_lru_model import serve
+
 INSTANCES = 7
 BLOCK_TOKENS = 16
 FILL = 0.65
@@ -154,21 +156,10 @@ def hit_rate(requests, reused, choose, replicas=1, salt=0):
         state["recent"][chosen] += 1
         if len(state["ring"]) > 256:
             state["recent"][state["ring"].popleft()] -= 1
-        cache = caches[chosen]
         prompt = [(group, b) for b in range(size)]
-        hit = 0
-        while hit < size and prompt[hit] in cache:
-            hit += 1
-        for block in prompt[:hit]:
-            del cache[block]  # in use, no longer evictable
-        needed = size - hit + QUESTION_BLOCKS + OUTPUT_BLOCKS
-        for _ in range(min(len(cache), max(0, needed - (capacity - len(cache))))):
-            cache.popitem(last=False)
         own = [("own", unique, b) for b in range(QUESTION_BLOCKS + OUTPUT_BLOCKS)]
         unique += 1
-        for block in reversed(prompt + own):  # freed tail first
-            cache[block] = None
-        hits += hit
+        hits += serve(caches[chosen], capacity, prompt, own)
         queried += size + QUESTION_BLOCKS
     return hits / queried
 

@@ -14,6 +14,24 @@ import collections
 import random
 
 
+def serve(cache, capacity, prompt, own):
+    """One request on an instance's cache (an OrderedDict of blocks, least
+    recently freed first): the run of `prompt`'s blocks cached from block 0
+    is the hit; the rest, and the request's `own` blocks, are computed,
+    evicting from the head; all are freed tail first."""
+    hit = 0
+    while hit < len(prompt) and prompt[hit] in cache:
+        hit += 1
+    for block in prompt[:hit]:
+        del cache[block]  # in use, no longer evictable
+    needed = len(prompt) - hit + len(own)
+    for _ in range(min(len(cache), max(0, needed - (capacity - len(cache))))):
+        cache.popitem(last=False)  # evict the free list's head
+    for block in reversed(prompt + own):  # freed tail first
+        cache[block] = None
+    return hit
+
+
 def hit_rate(owner, groups=100, capacity=10_990, prefix=500, question=75,
              output=16, warmup=500, measured=2_000, seed=1):
     rnd = random.Random(seed)
@@ -21,20 +39,10 @@ def hit_rate(owner, groups=100, capacity=10_990, prefix=500, question=75,
     hits = queried = unique = 0
     for i in range(warmup + measured):
         group = rnd.randrange(groups)
-        cache = caches[owner[group]]
         blocks = [("prefix", group, b) for b in range(prefix)]
-        hit = 0
-        while hit < prefix and blocks[hit] in cache:
-            hit += 1
-        for block in blocks[:hit]:
-            del cache[block]  # in use, no longer evictable
-        needed = prefix - hit + question + output
-        for _ in range(max(0, needed - (capacity - len(cache)))):
-            cache.popitem(last=False)  # evict the free list's head
         own = [("own", unique, b) for b in range(question + output)]
         unique += 1
-        for block in reversed(blocks + own):  # freed tail first
-            cache[block] = None
+        hit = serve(caches[owner[group]], capacity, blocks, own)
         if i >= warmup:
             hits += hit
             queried += prefix + question
