@@ -615,11 +615,19 @@ async fn balanced_cold_placement_evens_the_bytes_placed_on_the_instances() {
             })
             .collect()
     };
+    // Each worker hands its counts to Envoy on its own 1 s tick: wait until
+    // every instance's counter covers its documents' text (the role
+    // framing can make the sum pass the total before the last worker's
+    // batch is in).
     let (placed, _) = wait_until(
         "the placed-bytes counters are flushed",
         Duration::from_secs(5),
         placed_stats,
-        |placed| placed.values().sum::<u64>() >= total as u64,
+        |placed| {
+            bytes_on
+                .iter()
+                .all(|(name, bytes)| placed.get(name).is_some_and(|&n| n >= *bytes as u64))
+        },
     )
     .await;
     println!("placed-bytes counters: {placed:?}");
