@@ -33,11 +33,6 @@ pub fn poll_failure_counter_name(reason: &str) -> String {
     format!("{POLL_FAILURE_PREFIX}.{reason}")
 }
 
-/// `<prefix>.<instance>` ([`crate::metrics::instance_stat_name`]).
-pub fn instance_gauge_name(prefix: &str, address: &str) -> String {
-    crate::metrics::instance_stat_name(prefix, address)
-}
-
 /// Every stat the poller defines, as `docs/metrics.md` names them
 /// (per-instance ones as `<prefix>.<ip>_<port>`, one per failure reason).
 pub fn documented_stat_names() -> Vec<String> {
@@ -63,12 +58,18 @@ mod tests {
 
     #[test]
     fn instance_gauges_spell_the_address_like_the_in_flight_gauges() {
+        let engine = |address| crate::metrics::instance_stat_name(REQUESTS_GAUGE_PREFIX, address);
         assert_eq!(
-            instance_gauge_name(REQUESTS_GAUGE_PREFIX, "127.0.0.1:8001"),
+            engine("127.0.0.1:8001"),
             "prefix_router.engine.requests.127_0_0_1_8001"
         );
-        let in_flight = crate::metrics::in_flight_gauge_name("[fd00::7]:80");
-        let engine = instance_gauge_name("prefix_router.in_flight", "[fd00::7]:80");
-        assert_eq!(engine, in_flight);
+        assert_eq!(
+            engine("[fd00::7]:80"),
+            "prefix_router.engine.requests._fd00__7__80"
+        );
+        assert_eq!(
+            crate::metrics::in_flight_gauge_name("[fd00::7]:80"),
+            "prefix_router.in_flight._fd00__7__80"
+        );
     }
 }

@@ -18,11 +18,12 @@ use crate::config::{Config, EngineLoadConfig};
 use crate::engine_load::metrics_text::MAX_BODY_BYTES;
 use crate::engine_load::poller::{judge, Change, PollFault, Poller};
 use crate::engine_load::{
-    instance_gauge_name, poll_failure_counter_name, KV_USAGE_GAUGE_PREFIX, POLLS, POLLS_SKIPPED,
-    REQUESTS_GAUGE_PREFIX, SAMPLE_AGE_GAUGE_PREFIX,
+    poll_failure_counter_name, KV_USAGE_GAUGE_PREFIX, POLLS, POLLS_SKIPPED, REQUESTS_GAUGE_PREFIX,
+    SAMPLE_AGE_GAUGE_PREFIX,
 };
 use crate::host::{Host, MetricKind};
 use crate::load::{EngineLoad, InstanceRef};
+use crate::metrics::instance_stat_name;
 
 /// The header that names the instance a poll is for, `ip:port`: what an
 /// ORIGINAL_DST cluster with `use_http_header` connects to (Envoy's
@@ -338,7 +339,7 @@ fn gauges_of(
         define_metric(
             host,
             MetricKind::Gauge,
-            &instance_gauge_name(prefix, address),
+            &instance_stat_name(prefix, address),
         )
     };
     if gauges.requests.is_none() {

@@ -161,7 +161,7 @@ fn a_good_answer_becomes_the_shared_sample_and_the_gauges() {
         })
     );
     assert_eq!(s.sample(B), None, "B has not answered");
-    let gauge = |prefix: &str| crate::engine_load::instance_gauge_name(prefix, A);
+    let gauge = |prefix: &str| crate::metrics::instance_stat_name(prefix, A);
     assert_eq!(
         s.host
             .gauge(&gauge(crate::engine_load::REQUESTS_GAUGE_PREFIX)),

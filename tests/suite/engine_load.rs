@@ -28,9 +28,8 @@ use std::time::{Duration, Instant};
 
 use harness::load::{filter_counter, prefix_request, shoot_all};
 use harness::{wait_until, Harness, INSTANCES};
-use prefix_router::engine_load::{
-    instance_gauge_name, KV_USAGE_GAUGE_PREFIX, REQUESTS_GAUGE_PREFIX,
-};
+use prefix_router::engine_load::{KV_USAGE_GAUGE_PREFIX, REQUESTS_GAUGE_PREFIX};
+use prefix_router::metrics::instance_stat_name;
 use prefix_router::plugin::ORIGINAL_DST_HOST_HEADER;
 use prefix_router_tools::sim::{SimConfig, SimServer};
 use prefix_router_tools::upstream::{MetricsReply, UpstreamFleet, METRICS_PATH};
@@ -105,7 +104,7 @@ fn add_configured_instance(config: &mut serde_yaml::Value, addr: SocketAddr) -> 
 fn gauge(harness: &Harness, prefix: &str, addr: SocketAddr) -> Option<u64> {
     let name = format!(
         "wasmcustom.{}",
-        instance_gauge_name(prefix, &addr.to_string())
+        instance_stat_name(prefix, &addr.to_string())
     );
     harness.envoy.stat(&name).expect("admin /stats")
 }
@@ -422,10 +421,7 @@ async fn vllm_sim_load_from_another_proxy_shows_in_envoys_engine_figures() {
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         let (running, waiting) = sim_figures().await;
-        let engine = stat(instance_gauge_name(
-            REQUESTS_GAUGE_PREFIX,
-            &busy.to_string(),
-        ));
+        let engine = stat(instance_stat_name(REQUESTS_GAUGE_PREFIX, &busy.to_string()));
         if (running, waiting) == (2, 3) && engine == Some(5) {
             break;
         }
@@ -440,10 +436,7 @@ async fn vllm_sim_load_from_another_proxy_shows_in_envoys_engine_figures() {
     ));
     assert_eq!(own.unwrap_or(0), 0, "this Envoy sent none of them");
     for idle in &addrs[1..] {
-        let engine = stat(instance_gauge_name(
-            REQUESTS_GAUGE_PREFIX,
-            &idle.to_string(),
-        ));
+        let engine = stat(instance_stat_name(REQUESTS_GAUGE_PREFIX, &idle.to_string()));
         assert_eq!(engine, Some(0), "{idle}");
     }
     for task in others {
@@ -481,7 +474,7 @@ async fn vllm_sims_orca_report_refreshes_the_kv_usage_before_the_next_poll() {
             .expect("admin /stats")
     };
     let kv_gauge = |addr: SocketAddr| {
-        stat(&instance_gauge_name(
+        stat(&instance_stat_name(
             KV_USAGE_GAUGE_PREFIX,
             &addr.to_string(),
         ))
