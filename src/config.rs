@@ -123,9 +123,10 @@ pub enum ColdPlacement {
     /// On its opening's first rendezvous choice: every replica places a
     /// cold prompt on the same instance, whatever traffic it saw.
     Consistent,
-    /// On the first choice, or the second when this worker placed more
-    /// prompt bytes on the first: what the instances' KV caches hold evens
-    /// out, and replicas whose traffic differs place a prompt on one of the
+    /// On the first choice, or, for a first turn or single prompt of at
+    /// least 2 KiB, the second when this worker placed more prompt bytes on
+    /// the first: what the instances' KV caches hold evens out, and
+    /// replicas whose traffic differs place such a prompt on one of the
     /// same two instances.
     Balanced,
 }

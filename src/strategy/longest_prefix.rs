@@ -16,9 +16,9 @@
 //!    `xxh3(address, seed = opening)` first): replicas with the same
 //!    instances rank them alike, with no shared state, and the openings of
 //!    many conversations spread evenly. With `cold_placement: BALANCED`
-//!    the first instance outside the holders gives way to the
-//!    second when this worker placed more prompt bytes on it
-//!    ([`LongestPrefix::second_choice`]).
+//!    the first instance outside the holders gives way to the second for a
+//!    first prompt of at least [`BALANCED_MIN_BYTES`] when this worker
+//!    placed more prompt bytes on it ([`LongestPrefix::second_choice`]).
 //! 2. The first instance in that order whose in-flight count is at most
 //!    twice the least loaded instance's plus `load_margin` (a holder: plus
 //!    one per KiB it holds, [`LongestPrefix::holder_bound`]) takes the
@@ -58,9 +58,10 @@ pub struct LongestPrefix {
     /// so a cold prompt goes by Maglev on its opening (over every host Envoy
     /// has) and the index learns where it went from the response.
     pub fleet_listed: bool,
-    /// How a prompt placed by its opening is placed: `BALANCED` on the
-    /// second instance of its order when more prompt bytes were placed on
-    /// the first ([`LongestPrefix::second_choice`]);
+    /// How a prompt placed by its opening is placed: `BALANCED` a first
+    /// prompt of at least [`BALANCED_MIN_BYTES`] on the second instance of
+    /// its order when more prompt bytes were placed on the first
+    /// ([`LongestPrefix::second_choice`]);
     /// `CONSISTENT` (the default) always on the first, so that replicas
     /// place alike whatever traffic each saw.
     pub cold_placement: ColdPlacement,
