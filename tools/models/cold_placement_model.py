@@ -12,7 +12,12 @@ the first choice), against the oracle (document d on instance d mod 7). Then
 it prices the byte rules through two replicas that alternate a conversation's
 turns (each replica its own index and counts): every cold prompt with a slack
 k (the second choice only when the first holds more than the second plus k
-times the mean), and long first prompts only.
+times the mean), and long first prompts only. Last, it prices the first choice
+and the 2 KiB rule through 2, 4 and 8 replicas that each request picks at
+random (sidecars: documents that many clients ask about, each client through
+its own proxy), beside a rule that reads a signal every replica shares: the
+prefill each instance computed (what vLLM's prefix_cache_queries - hits
+counts), as the replicas last polled it, every 20 requests.
 
 The KV caches as in `kv_lru_model.py`: per instance an LRU of 16-token blocks,
 a hit is the run of cached blocks from block 0, sized so that the reused
@@ -132,15 +137,36 @@ def oracle(group):
     return group % INSTANCES
 
 
-def hit_rate(requests, reused, choose, replicas=1, salt=0):
+def by_polled_prefill(first, second, state, size, history):
+    """2 KiB+ first prompts by the prefill the engines computed, as polled:
+    a signal every replica reads alike."""
+    if history > 0 or size * BLOCK_TOKENS * 4 < 2048:
+        return first
+    polled = state["polled"]
+    return second if polled[first] > polled[second] else first
+
+
+POLL_EVERY = 20
+
+
+def hit_rate(requests, reused, choose, replicas=1, salt=0, at_random=False):
+    """Of the prompt blocks, those the instances had cached. With `replicas`,
+    a conversation's turns alternate between them, or with `at_random` each
+    request goes through one picked at random."""
     capacity = int(reused / FILL / INSTANCES)
     caches = [collections.OrderedDict() for _ in range(INSTANCES)]
     states = [{"index": {}, "placed": [0] * INSTANCES, "recent": [0] * INSTANCES,
                "ring": collections.deque()} for _ in range(replicas)]
+    computed, polled = [0] * INSTANCES, [0] * INSTANCES
     turn = collections.Counter()
+    pick = random.Random(salt)
     hits = queried = unique = 0
-    for group, size, history in requests:
-        state = states[(group + turn[group]) % replicas]
+    for i, (group, size, history) in enumerate(requests):
+        if i % POLL_EVERY == 0:
+            polled = list(computed)
+        replica = pick.randrange(replicas) if at_random else (group + turn[group]) % replicas
+        state = states[replica]
+        state["polled"] = polled
         turn[group] += 1
         if choose is oracle:
             chosen = oracle(group)
@@ -159,7 +185,9 @@ def hit_rate(requests, reused, choose, replicas=1, salt=0):
         prompt = [(group, b) for b in range(size)]
         own = [("own", unique, b) for b in range(QUESTION_BLOCKS + OUTPUT_BLOCKS)]
         unique += 1
-        hits += serve(caches[chosen], capacity, prompt, own)
+        hit = serve(caches[chosen], capacity, prompt, own)
+        computed[chosen] += size - hit + QUESTION_BLOCKS
+        hits += hit
         queried += size + QUESTION_BLOCKS
     return hits / queried
 
@@ -197,6 +225,26 @@ def main():
             print(f"{label}: {workload}: two replicas keep "
                   f"{statistics.median(p[0] for p in pairs):.3f} of one's hits; one replica "
                   f"{statistics.median(p[1] for p in pairs):.3f} of the first choice's")
+    sidecar_rules = {"first choice": first_choice,
+                     "bytes, first prompts of 2 KiB+": long_first_prompts(),
+                     "polled prefill, first prompts of 2 KiB+": by_polled_prefill}
+    for workload in ("rag, 100 documents", "conversations, 100"):
+        ratios = collections.defaultdict(list)
+        for seed in range(1, 13):
+            rnd = random.Random(seed)
+            requests, reused = (rag_requests(documents, 100, rnd) if workload.startswith("rag")
+                                else conversation_requests(conversations, 100, rnd))
+            best = hit_rate(requests, reused, oracle)
+            for name, rule in sidecar_rules.items():
+                for replicas in (1, 2, 4, 8):
+                    ratios[(name, replicas)].append(hit_rate(
+                        requests, reused, rule, replicas, salt=seed, at_random=True) / best)
+        for name in sidecar_rules:
+            cells = ", ".join(
+                f"{replicas}: {statistics.median(ratios[(name, replicas)]):.3f} "
+                f"(worst {min(ratios[(name, replicas)]):.3f})" for replicas in (1, 2, 4, 8))
+            print(f"{workload}, replicas at random, 12 fleets: {name}: of the oracle by "
+                  f"replicas, median (worst fleet): {cells}")
 
 
 if __name__ == "__main__":
