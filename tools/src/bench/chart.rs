@@ -26,6 +26,7 @@ fn colour(peer: Peer) -> &'static str {
         Peer::PrefixAwareEngine => "#7570b3",
         Peer::ThreeEnvoys => "#a6761d",
         Peer::ThreeEnvoysWithoutEngine => "#e6ab02",
+        Peer::ThreeEnvoysBalanced => "#a6d854",
         Peer::FixedPrefix(_) => "#6baed6",
         Peer::SglangCacheAware => "#d95f02",
         Peer::Oracle => "#333333",

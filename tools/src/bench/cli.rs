@@ -50,7 +50,9 @@ pub struct RoutingArgs {
     /// alternating), prefix-aware-engine (prefix-aware with engine_load),
     /// three-envoys (prefix-aware-engine through three Envoys, turns
     /// alternating), three-envoys-without-engine (prefix-aware through three
-    /// Envoys), sglang, oracle, baseline-ARM (ARM, an arm through Envoy,
+    /// Envoys), balanced (LONGEST_PREFIX with cold_placement BALANCED),
+    /// two-envoys-balanced and three-envoys-balanced (that through two or
+    /// three Envoys), sglang, oracle, baseline-ARM (ARM, an arm through Envoy,
     /// with the filter of --baseline-wasm); comma-separated.
     #[arg(long, value_delimiter = ',')]
     pub peers: Vec<String>,

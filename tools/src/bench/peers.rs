@@ -57,6 +57,10 @@ pub enum Peer {
     /// [`Peer::Filter`]`(PrefixAware)` through three Envoys, without
     /// `engine_load`: what [`Peer::ThreeEnvoys`] is without the engines' figures.
     ThreeEnvoysWithoutEngine,
+    /// [`Peer::Balanced`] through three Envoys, alternated between as
+    /// [`Peer::ThreeEnvoys`]: what `BALANCED` costs when every replica sees
+    /// some of a document's questions.
+    ThreeEnvoysBalanced,
     /// SGLang's router, policy `cache_aware` at its defaults.
     SglangCacheAware,
     /// Every group pinned to one instance, spread evenly, no proxy.
@@ -108,6 +112,7 @@ impl Peer {
             Peer::PrefixAwareEngine => "PREFIX_AWARE (longest) + engine load".to_string(),
             Peer::ThreeEnvoys => "PREFIX_AWARE (longest) + engine load, 3 Envoys".to_string(),
             Peer::ThreeEnvoysWithoutEngine => "PREFIX_AWARE (longest), 3 Envoys".to_string(),
+            Peer::ThreeEnvoysBalanced => "PREFIX_AWARE (longest, BALANCED), 3 Envoys".to_string(),
             Peer::SglangCacheAware => "sglang-router cache_aware".to_string(),
             Peer::Oracle => "oracle (group mod 7)".to_string(),
             Peer::Baseline(peer) => format!("{} [baseline .wasm]", peer.name()),
@@ -129,6 +134,7 @@ impl Peer {
             Peer::PrefixAwareEngine => "prefix-aware-engine".into(),
             Peer::ThreeEnvoys => "three-envoys".into(),
             Peer::ThreeEnvoysWithoutEngine => "three-envoys-without-engine".into(),
+            Peer::ThreeEnvoysBalanced => "three-envoys-balanced".into(),
             Peer::SglangCacheAware => "sglang".into(),
             Peer::Oracle => "oracle".into(),
             Peer::Baseline(peer) => format!("baseline-{}", peer.cli_name()),
@@ -141,7 +147,8 @@ impl Peer {
     /// (LONGEST_PREFIX with load_margin M, 0 allowed), two-envoys, balanced
     /// (LONGEST_PREFIX with cold_placement BALANCED), two-envoys-balanced,
     /// prefix-aware-engine (the defaults with engine_load), three-envoys
-    /// (that through three Envoys), three-envoys-without-engine, sglang, oracle;
+    /// (that through three Envoys), three-envoys-without-engine,
+    /// three-envoys-balanced, sglang, oracle;
     /// baseline-ARM: an arm through Envoy with the `--baseline-wasm` build.
     pub fn parse(name: &str) -> Result<Peer, String> {
         if let Some(arm) = name.strip_prefix("baseline-") {
@@ -167,6 +174,7 @@ impl Peer {
             "prefix-aware-engine" => Peer::PrefixAwareEngine,
             "three-envoys" => Peer::ThreeEnvoys,
             "three-envoys-without-engine" => Peer::ThreeEnvoysWithoutEngine,
+            "three-envoys-balanced" => Peer::ThreeEnvoysBalanced,
             "sglang" => Peer::SglangCacheAware,
             "oracle" => Peer::Oracle,
             _ if name.starts_with("margin-") => match name["margin-".len()..].parse::<u32>() {
@@ -185,7 +193,8 @@ impl Peer {
                         "unknown peer {name:?}: random, least-outstanding, prefix-aware, \
                          prefix-N, longest-B, margin-M, two-envoys, balanced, two-envoys-balanced, \
                          prefix-aware-engine, three-envoys, \
-                         three-envoys-without-engine, sglang, oracle or baseline-ARM"
+                         three-envoys-without-engine, three-envoys-balanced, sglang, oracle or \
+                         baseline-ARM"
                     ))
                 }
             },
@@ -211,7 +220,7 @@ impl Peer {
                 json!({"match": "LONGEST_PREFIX", "load_margin": margin}),
             ),
             Peer::TwoEnvoys | Peer::ThreeEnvoysWithoutEngine => (Strategy::PrefixAware, json!({})),
-            Peer::Balanced | Peer::TwoEnvoysBalanced => (
+            Peer::Balanced | Peer::TwoEnvoysBalanced | Peer::ThreeEnvoysBalanced => (
                 Strategy::PrefixAware,
                 json!({"match": "LONGEST_PREFIX", "cold_placement": "BALANCED"}),
             ),
@@ -234,7 +243,9 @@ impl Peer {
     pub fn envoys(self) -> usize {
         match self {
             Peer::TwoEnvoys | Peer::TwoEnvoysBalanced => REPLICAS,
-            Peer::ThreeEnvoys | Peer::ThreeEnvoysWithoutEngine => ENGINE_REPLICAS,
+            Peer::ThreeEnvoys | Peer::ThreeEnvoysWithoutEngine | Peer::ThreeEnvoysBalanced => {
+                ENGINE_REPLICAS
+            }
             Peer::SglangCacheAware | Peer::Oracle => 0,
             Peer::Baseline(peer) => peer.envoys(),
             _ => 1,
@@ -289,6 +300,10 @@ impl Peer {
             Peer::ThreeEnvoysWithoutEngine => format!(
                 "three Envoys with the filter at its defaults (as prefix-aware, no engine_load) in front of \
                  the same fleet, alternated between as three-envoys (Envoy (c + t) mod {ENGINE_REPLICAS})"
+            ),
+            Peer::ThreeEnvoysBalanced => format!(
+                "three Envoys with the filter as balanced in front of the same fleet, alternated between as \
+                 three-envoys (Envoy (c + t) mod {ENGINE_REPLICAS})"
             ),
             Peer::SglangCacheAware => format!(
                 "{SGLANG_ROUTER_REQUIREMENT} (python -m sglang_router.launch_router) --policy cache_aware \
@@ -441,6 +456,7 @@ mod tests {
                 Peer::PrefixAwareEngine,
                 Peer::ThreeEnvoys,
                 Peer::ThreeEnvoysWithoutEngine,
+                Peer::ThreeEnvoysBalanced,
             ])
         {
             assert_eq!(Peer::parse(&peer.cli_name()), Ok(peer));
@@ -548,10 +564,10 @@ mod tests {
             own_fields(Peer::Balanced),
             json!({"strategy": "PREFIX_AWARE", "match": "LONGEST_PREFIX", "cold_placement": "BALANCED"})
         );
-        assert_eq!(
-            own_fields(Peer::TwoEnvoysBalanced),
-            own_fields(Peer::Balanced)
-        );
+        for replicated in [Peer::TwoEnvoysBalanced, Peer::ThreeEnvoysBalanced] {
+            assert_eq!(own_fields(replicated), own_fields(Peer::Balanced));
+        }
+        assert_eq!(Peer::ThreeEnvoysBalanced.envoys(), 3);
         assert_eq!(Peer::Filter(Strategy::PrefixAware).envoys(), 1);
     }
 
