@@ -74,9 +74,78 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// A versioned list: `version`, the count, then each of the first `max`
+/// entries as `write` puts it (`entry_bytes` each, for the capacity). The
+/// bucket records of the shared data are lists of at most a few dozen
+/// entries, so the count fits a byte.
+pub(crate) fn encode_list<T>(
+    version: u8,
+    entries: &[T],
+    max: usize,
+    entry_bytes: usize,
+    write: impl Fn(&mut Writer, &T),
+) -> Vec<u8> {
+    let entries = entries
+        .get(..max.min(usize::from(u8::MAX)))
+        .unwrap_or(entries);
+    let mut w = Writer::with_capacity(2 + entry_bytes * entries.len());
+    // At most u8::MAX entries (above).
+    w.u8(version).u8(entries.len() as u8);
+    for entry in entries {
+        write(&mut w, entry);
+    }
+    w.finish()
+}
+
+/// Reads what [`encode_list`] wrote: `None` for another version, more than
+/// `max` entries, an entry `read` rejects, or bytes left over.
+pub(crate) fn decode_list<T>(
+    buf: &[u8],
+    version: u8,
+    max: usize,
+    mut read: impl FnMut(&mut Reader<'_>) -> Option<T>,
+) -> Option<Vec<T>> {
+    let mut r = Reader::new(buf);
+    if r.u8()? != version {
+        return None;
+    }
+    let count = usize::from(r.u8()?);
+    if count > max {
+        return None;
+    }
+    let mut entries = Vec::with_capacity(count);
+    for _ in 0..count {
+        entries.push(read(&mut r)?);
+    }
+    r.is_empty().then_some(entries)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_list_round_trips_and_rejects_version_count_and_length() {
+        let write = |w: &mut Writer, v: &u16| {
+            w.u16(*v);
+        };
+        let read = |r: &mut Reader<'_>| r.u16();
+        let bytes = encode_list(3, &[1u16, 2, 3, 4], 3, 2, write);
+        assert_eq!(bytes, [3, 3, 1, 0, 2, 0, 3, 0], "the first `max` entries");
+        assert_eq!(decode_list(&bytes, 3, 3, read), Some(vec![1, 2, 3]));
+        assert_eq!(decode_list(&bytes, 4, 3, read), None, "another version");
+        assert_eq!(decode_list(&bytes, 3, 2, read), None, "more than max");
+        for cut in 0..bytes.len() {
+            assert_eq!(decode_list(&bytes[..cut], 3, 3, read), None, "cut at {cut}");
+        }
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert_eq!(decode_list(&longer, 3, 3, read), None, "a byte left over");
+        assert_eq!(
+            decode_list(&encode_list(3, &[] as &[u16], 3, 2, write), 3, 3, read),
+            Some(vec![])
+        );
+    }
 
     #[test]
     fn round_trip_of_every_width() {

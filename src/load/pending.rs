@@ -9,7 +9,7 @@
 //! whatever happens to the key's other requests. Direct-mapped buckets keep
 //! the table at a fixed size.
 
-use super::codec::{Reader, Writer};
+use super::codec::{decode_list, encode_list};
 use super::table::Record;
 
 const PENDING_VERSION: u8 = 1;
@@ -98,31 +98,24 @@ impl PendingBucket {
 
 impl Record for PendingBucket {
     fn encode(&self) -> Vec<u8> {
-        let keys = self.keys.get(..WAYS).unwrap_or(&self.keys);
-        let mut w = Writer::with_capacity(2 + keys.len() * (9 + 8 * PER_KEY));
-        // At most WAYS keys and PER_KEY stamps each, far below 256.
-        w.u8(PENDING_VERSION).u8(keys.len() as u8);
-        for key in keys {
-            let stamps = key.since_ms.get(..PER_KEY).unwrap_or(&key.since_ms);
-            w.u64(key.key_hash).u8(stamps.len() as u8);
-            for since in stamps {
-                w.u64(*since);
-            }
-        }
-        w.finish()
+        encode_list(
+            PENDING_VERSION,
+            &self.keys,
+            WAYS,
+            9 + 8 * PER_KEY,
+            |w, key| {
+                let stamps = key.since_ms.get(..PER_KEY).unwrap_or(&key.since_ms);
+                // At most PER_KEY stamps, far below 256.
+                w.u64(key.key_hash).u8(stamps.len() as u8);
+                for since in stamps {
+                    w.u64(*since);
+                }
+            },
+        )
     }
 
     fn decode(buf: &[u8]) -> Option<Self> {
-        let mut r = Reader::new(buf);
-        if r.u8()? != PENDING_VERSION {
-            return None;
-        }
-        let count = usize::from(r.u8()?);
-        if count > WAYS {
-            return None;
-        }
-        let mut keys = Vec::with_capacity(count);
-        for _ in 0..count {
+        let keys = decode_list(buf, PENDING_VERSION, WAYS, |r| {
             let key_hash = r.u64()?;
             let stamps = usize::from(r.u8()?);
             if stamps > PER_KEY {
@@ -132,9 +125,9 @@ impl Record for PendingBucket {
             for _ in 0..stamps {
                 since_ms.push(r.u64()?);
             }
-            keys.push(PendingKey { key_hash, since_ms });
-        }
-        r.is_empty().then_some(Self { keys })
+            Some(PendingKey { key_hash, since_ms })
+        })?;
+        Some(Self { keys })
     }
 }
 

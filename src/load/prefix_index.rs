@@ -60,7 +60,7 @@
 //! 64-block prompt (16 spans), 5 reads to look it up and, with those reads
 //! reused, 11 more reads and 16 writes to record it (7, then 64 and 64).
 
-use super::codec::{Reader, Writer};
+use super::codec::{decode_list, encode_list};
 use super::table::{Change, Read, Record, Tables, Updated};
 use crate::shared::SharedStore;
 
@@ -220,42 +220,26 @@ impl PrefixBucket {
 
 impl Record for PrefixBucket {
     fn encode(&self) -> Vec<u8> {
-        let entries = self.entries.get(..ENTRIES).unwrap_or(&self.entries);
-        let mut w = Writer::with_capacity(2 + 16 * entries.len());
-        // At most ENTRIES entries, well below 256.
-        w.u8(BUCKET_VERSION).u8(entries.len() as u8);
-        for e in entries {
+        encode_list(BUCKET_VERSION, &self.entries, ENTRIES, 16, |w, e| {
             w.u64(e.hash)
                 .u16(e.holder.slot)
                 .u16(e.holder.tag)
                 .u32(e.last_used);
-        }
-        w.finish()
+        })
     }
 
     fn decode(buf: &[u8]) -> Option<Self> {
-        let mut r = Reader::new(buf);
-        if r.u8()? != BUCKET_VERSION {
-            return None;
-        }
-        let count = usize::from(r.u8()?);
-        if count > ENTRIES {
-            return None;
-        }
-        let mut entries = Vec::with_capacity(count);
-        for _ in 0..count {
-            let hash = r.u64()?;
-            let holder = Holder {
-                slot: r.u16()?,
-                tag: r.u16()?,
-            };
-            entries.push(PrefixEntry {
-                hash,
-                holder,
+        let entries = decode_list(buf, BUCKET_VERSION, ENTRIES, |r| {
+            Some(PrefixEntry {
+                hash: r.u64()?,
+                holder: Holder {
+                    slot: r.u16()?,
+                    tag: r.u16()?,
+                },
                 last_used: r.u32()?,
-            });
-        }
-        r.is_empty().then_some(Self { entries })
+            })
+        })?;
+        Some(Self { entries })
     }
 }
 

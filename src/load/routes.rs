@@ -3,7 +3,7 @@
 //! size however many keys pass; within a bucket the oldest (or expired) entry
 //! gives way.
 
-use super::codec::{Reader, Writer};
+use super::codec::{decode_list, encode_list};
 use super::table::Record;
 
 const BUCKET_VERSION: u8 = 3;
@@ -81,33 +81,19 @@ impl RouteBucket {
 
 impl Record for RouteBucket {
     fn encode(&self) -> Vec<u8> {
-        let entries = self.entries.get(..WAYS).unwrap_or(&self.entries);
-        let mut w = Writer::with_capacity(2 + 26 * entries.len());
-        // At most WAYS entries, well below 256.
-        w.u8(BUCKET_VERSION).u8(entries.len() as u8);
-        for e in entries {
+        encode_list(BUCKET_VERSION, &self.entries, WAYS, 26, |w, e| {
             w.u64(e.key_hash)
                 .u16(e.slot)
                 .u64(e.addr_hash)
                 .u64(e.learned_ms);
-        }
-        w.finish()
+        })
     }
 
     fn decode(buf: &[u8]) -> Option<Self> {
-        let mut r = Reader::new(buf);
-        if r.u8()? != BUCKET_VERSION {
-            return None;
-        }
-        let count = usize::from(r.u8()?);
-        if count > WAYS {
-            return None;
-        }
-        let mut entries = Vec::with_capacity(count);
-        for _ in 0..count {
-            entries.push(RouteEntry::new(r.u64()?, r.u16()?, r.u64()?, r.u64()?));
-        }
-        r.is_empty().then_some(Self { entries })
+        let entries = decode_list(buf, BUCKET_VERSION, WAYS, |r| {
+            Some(RouteEntry::new(r.u64()?, r.u16()?, r.u64()?, r.u64()?))
+        })?;
+        Some(Self { entries })
     }
 }
 
