@@ -124,12 +124,13 @@ def by_bytes(slack):
     return choose
 
 
-def long_first_prompts(min_bytes=2048):
-    """Bytes for a first prompt of at least `min_bytes` only."""
+def long_first_prompts(min_bytes=2048, rule=by_bytes(0.0)):
+    """`rule` (by default bytes) for a first prompt of at least `min_bytes`
+    only; the first choice for the others."""
     def choose(first, second, state, size, history):
         if history > 0 or size * BLOCK_TOKENS * 4 < min_bytes:
             return first
-        return by_bytes(0.0)(first, second, state, size, history)
+        return rule(first, second, state, size, history)
     return choose
 
 
@@ -138,10 +139,8 @@ def oracle(group):
 
 
 def by_polled_prefill(first, second, state, size, history):
-    """2 KiB+ first prompts by the prefill the engines computed, as polled:
-    a signal every replica reads alike."""
-    if history > 0 or size * BLOCK_TOKENS * 4 < 2048:
-        return first
+    """By the prefill the engines computed, as polled: a signal every
+    replica reads alike."""
     polled = state["polled"]
     return second if polled[first] > polled[second] else first
 
@@ -227,7 +226,7 @@ def main():
                   f"{statistics.median(p[1] for p in pairs):.3f} of the first choice's")
     sidecar_rules = {"first choice": first_choice,
                      "bytes, first prompts of 2 KiB+": long_first_prompts(),
-                     "polled prefill, first prompts of 2 KiB+": by_polled_prefill}
+                     "polled prefill, first prompts of 2 KiB+": long_first_prompts(rule=by_polled_prefill)}
     for workload in ("rag, 100 documents", "conversations, 100"):
         ratios = collections.defaultdict(list)
         for seed in range(1, 13):
