@@ -46,14 +46,12 @@ pub struct RoutingArgs {
     /// prefix-aware (the filter's default matching, LONGEST_PREFIX), prefix-N
     /// (FIXED_PREFIX at prefix_length N), longest-B (LONGEST_PREFIX with
     /// block_bytes B), margin-M (LONGEST_PREFIX with load_margin M),
-    /// two-envoys (prefix-aware through two Envoys, turns
-    /// alternating), prefix-aware-engine (prefix-aware with engine_load),
-    /// three-envoys (prefix-aware-engine through three Envoys, turns
-    /// alternating), three-envoys-without-engine (prefix-aware through three
-    /// Envoys), balanced (LONGEST_PREFIX with cold_placement BALANCED),
-    /// two-envoys-balanced and three-envoys-balanced (that through two or
-    /// three Envoys), sglang, oracle, baseline-ARM (ARM, an arm through Envoy,
-    /// with the filter of --baseline-wasm); comma-separated.
+    /// balanced (LONGEST_PREFIX with cold_placement BALANCED),
+    /// prefix-aware-engine (prefix-aware with engine_load), sglang, oracle,
+    /// ARM-N-envoys (ARM, an arm through one Envoy, through N Envoys the load
+    /// generator alternates between: e.g. prefix-aware-2-envoys,
+    /// balanced-3-envoys), baseline-ARM (ARM, an arm through Envoy, with the
+    /// filter of --baseline-wasm); comma-separated.
     #[arg(long, value_delimiter = ',')]
     pub peers: Vec<String>,
     /// Another build of the filter (a .wasm), which the baseline-ARM arms

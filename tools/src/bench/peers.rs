@@ -1,6 +1,6 @@
 //! What the routing benchmark compares on one fleet: the filter's
-//! strategies and matching modes through Envoy (one, or two replicas), its
-//! defaults with `engine_load` (one Envoy, or three replicas),
+//! strategies and matching modes through Envoy (one, or replicas the load
+//! generator alternates between), its defaults with `engine_load`,
 //! SGLang's router (`sglang-router==0.3.2`, its
 //! `cache_aware` policy) as a child process, and an oracle that needs no
 //! proxy (the load generator sends every group straight to instance
@@ -35,32 +35,21 @@ pub enum Peer {
     LongestPrefix(u32),
     /// PREFIX_AWARE, `match` LONGEST_PREFIX with this `load_margin`.
     LoadMargin(u32),
-    /// [`Peer::Filter`]`(PrefixAware)` through two Envoys in front of the same
-    /// fleet, the load generator alternating between them
-    /// ([`crate::loadgen::alternating_target`]).
-    TwoEnvoys,
     /// PREFIX_AWARE, `match` LONGEST_PREFIX with `cold_placement` BALANCED.
     Balanced,
-    /// [`Peer::Balanced`] through two Envoys, alternated between as
-    /// [`Peer::TwoEnvoys`].
-    TwoEnvoysBalanced,
     /// [`Peer::Filter`]`(PrefixAware)` with `engine_load` (the cluster
     /// [`super::engine_load::ENGINE_CLUSTER`], every other field at its
     /// default): decisions weigh each instance by its engine's running +
     /// waiting from `/metrics`.
     PrefixAwareEngine,
-    /// [`Peer::PrefixAwareEngine`] through three Envoys in front of the same
-    /// fleet, alternated between as [`Peer::TwoEnvoys`]: each polls every
-    /// instance itself, so each sees the others' requests in the engines'
+    /// An arm through `envoys` Envoys (2 or more), each with the arm's
+    /// configuration, in front of the same fleet; the load generator
+    /// alternates between them ([`crate::loadgen::alternating_target`]), so
+    /// consecutive turns of a conversation, or questions about a document,
+    /// go through different ones. With `engine_load` each polls every
+    /// instance itself, and so sees the others' requests in the engines'
     /// figures.
-    ThreeEnvoys,
-    /// [`Peer::Filter`]`(PrefixAware)` through three Envoys, without
-    /// `engine_load`: what [`Peer::ThreeEnvoys`] is without the engines' figures.
-    ThreeEnvoysWithoutEngine,
-    /// [`Peer::Balanced`] through three Envoys, alternated between as
-    /// [`Peer::ThreeEnvoys`]: what `BALANCED` costs when every replica sees
-    /// some of a document's questions.
-    ThreeEnvoysBalanced,
+    Replicated { arm: &'static Peer, envoys: usize },
     /// SGLang's router, policy `cache_aware` at its defaults.
     SglangCacheAware,
     /// Every group pinned to one instance, spread evenly, no proxy.
@@ -91,12 +80,6 @@ pub const SYNTHETIC_PEERS: [Peer; 4] = [
     Peer::Filter(Strategy::PrefixAware),
 ];
 
-/// Envoys the two-Envoy arm runs.
-pub const REPLICAS: usize = 2;
-
-/// Envoys the three-Envoy arm (with engine load) runs.
-pub const ENGINE_REPLICAS: usize = 3;
-
 impl Peer {
     /// How reports name it.
     pub fn name(self) -> String {
@@ -106,13 +89,9 @@ impl Peer {
             Peer::FixedPrefix(length) => format!("PREFIX_AWARE@{length}"),
             Peer::LongestPrefix(block) => format!("PREFIX_AWARE (longest, {block}-byte blocks)"),
             Peer::LoadMargin(margin) => format!("PREFIX_AWARE (longest, load margin {margin})"),
-            Peer::TwoEnvoys => "PREFIX_AWARE (longest), 2 Envoys".to_string(),
             Peer::Balanced => "PREFIX_AWARE (longest, BALANCED)".to_string(),
-            Peer::TwoEnvoysBalanced => "PREFIX_AWARE (longest, BALANCED), 2 Envoys".to_string(),
             Peer::PrefixAwareEngine => "PREFIX_AWARE (longest) + engine load".to_string(),
-            Peer::ThreeEnvoys => "PREFIX_AWARE (longest) + engine load, 3 Envoys".to_string(),
-            Peer::ThreeEnvoysWithoutEngine => "PREFIX_AWARE (longest), 3 Envoys".to_string(),
-            Peer::ThreeEnvoysBalanced => "PREFIX_AWARE (longest, BALANCED), 3 Envoys".to_string(),
+            Peer::Replicated { arm, envoys } => format!("{}, {envoys} Envoys", arm.name()),
             Peer::SglangCacheAware => "sglang-router cache_aware".to_string(),
             Peer::Oracle => "oracle (group mod 7)".to_string(),
             Peer::Baseline(peer) => format!("{} [baseline .wasm]", peer.name()),
@@ -128,13 +107,9 @@ impl Peer {
             Peer::FixedPrefix(length) => format!("prefix-{length}"),
             Peer::LongestPrefix(block) => format!("longest-{block}"),
             Peer::LoadMargin(margin) => format!("margin-{margin}"),
-            Peer::TwoEnvoys => "two-envoys".into(),
             Peer::Balanced => "balanced".into(),
-            Peer::TwoEnvoysBalanced => "two-envoys-balanced".into(),
             Peer::PrefixAwareEngine => "prefix-aware-engine".into(),
-            Peer::ThreeEnvoys => "three-envoys".into(),
-            Peer::ThreeEnvoysWithoutEngine => "three-envoys-without-engine".into(),
-            Peer::ThreeEnvoysBalanced => "three-envoys-balanced".into(),
+            Peer::Replicated { arm, envoys } => format!("{}-{envoys}-envoys", arm.cli_name()),
             Peer::SglangCacheAware => "sglang".into(),
             Peer::Oracle => "oracle".into(),
             Peer::Baseline(peer) => format!("baseline-{}", peer.cli_name()),
@@ -144,20 +119,36 @@ impl Peer {
     /// A `--peers` name: random, least-outstanding, prefix-aware (the
     /// filter's default matching), prefix-N (FIXED_PREFIX at prefix_length
     /// N), longest-B (LONGEST_PREFIX with block_bytes B), margin-M
-    /// (LONGEST_PREFIX with load_margin M, 0 allowed), two-envoys, balanced
-    /// (LONGEST_PREFIX with cold_placement BALANCED), two-envoys-balanced,
-    /// prefix-aware-engine (the defaults with engine_load), three-envoys
-    /// (that through three Envoys), three-envoys-without-engine,
-    /// three-envoys-balanced, sglang, oracle;
+    /// (LONGEST_PREFIX with load_margin M, 0 allowed), balanced
+    /// (LONGEST_PREFIX with cold_placement BALANCED), prefix-aware-engine
+    /// (the defaults with engine_load), sglang, oracle;
+    /// ARM-N-envoys: an arm through one Envoy, run through N (2 or more);
     /// baseline-ARM: an arm through Envoy with the `--baseline-wasm` build.
     pub fn parse(name: &str) -> Result<Peer, String> {
+        // Leaked: a handful per benchmark process, so that arms stay `Copy`.
+        let leak = |peer: Peer| -> &'static Peer { Box::leak(Box::new(peer)) };
         if let Some(arm) = name.strip_prefix("baseline-") {
             return match Peer::parse(arm)? {
                 Peer::Baseline(_) | Peer::SglangCacheAware | Peer::Oracle => Err(format!(
                     "{name:?}: baseline-ARM takes an arm that runs through Envoy"
                 )),
-                // Leaked: a handful per benchmark process, so that arms stay `Copy`.
-                peer => Ok(Peer::Baseline(Box::leak(Box::new(peer)))),
+                peer => Ok(Peer::Baseline(leak(peer))),
+            };
+        }
+        if let Some((arm, envoys)) = name
+            .strip_suffix("-envoys")
+            .and_then(|rest| rest.rsplit_once('-'))
+        {
+            let envoys = envoys.parse::<usize>().ok().filter(|&n| n >= 2);
+            return match (Peer::parse(arm)?, envoys) {
+                (peer, Some(envoys)) if peer.envoys() == 1 => Ok(Peer::Replicated {
+                    arm: leak(peer),
+                    envoys,
+                }),
+                _ => Err(format!(
+                    "{name:?}: ARM-N-envoys takes an arm that runs through one Envoy \
+                     and N of 2 or more"
+                )),
             };
         }
         let number = |prefix: &str| {
@@ -168,13 +159,8 @@ impl Peer {
             "random" => Peer::Filter(Strategy::Random),
             "least-outstanding" => Peer::Filter(Strategy::LeastOutstandingRequests),
             "prefix-aware" => Peer::Filter(Strategy::PrefixAware),
-            "two-envoys" => Peer::TwoEnvoys,
             "balanced" => Peer::Balanced,
-            "two-envoys-balanced" => Peer::TwoEnvoysBalanced,
             "prefix-aware-engine" => Peer::PrefixAwareEngine,
-            "three-envoys" => Peer::ThreeEnvoys,
-            "three-envoys-without-engine" => Peer::ThreeEnvoysWithoutEngine,
-            "three-envoys-balanced" => Peer::ThreeEnvoysBalanced,
             "sglang" => Peer::SglangCacheAware,
             "oracle" => Peer::Oracle,
             _ if name.starts_with("margin-") => match name["margin-".len()..].parse::<u32>() {
@@ -191,10 +177,8 @@ impl Peer {
                 _ => {
                     return Err(format!(
                         "unknown peer {name:?}: random, least-outstanding, prefix-aware, \
-                         prefix-N, longest-B, margin-M, two-envoys, balanced, two-envoys-balanced, \
-                         prefix-aware-engine, three-envoys, \
-                         three-envoys-without-engine, three-envoys-balanced, sglang, oracle or \
-                         baseline-ARM"
+                         prefix-N, longest-B, margin-M, balanced, prefix-aware-engine, sglang, \
+                         oracle, ARM-N-envoys or baseline-ARM"
                     ))
                 }
             },
@@ -219,16 +203,17 @@ impl Peer {
                 Strategy::PrefixAware,
                 json!({"match": "LONGEST_PREFIX", "load_margin": margin}),
             ),
-            Peer::TwoEnvoys | Peer::ThreeEnvoysWithoutEngine => (Strategy::PrefixAware, json!({})),
-            Peer::Balanced | Peer::TwoEnvoysBalanced | Peer::ThreeEnvoysBalanced => (
+            Peer::Balanced => (
                 Strategy::PrefixAware,
                 json!({"match": "LONGEST_PREFIX", "cold_placement": "BALANCED"}),
             ),
-            Peer::PrefixAwareEngine | Peer::ThreeEnvoys => (
+            Peer::PrefixAwareEngine => (
                 Strategy::PrefixAware,
                 json!({"engine_load": engine_load_config(None)}),
             ),
-            Peer::Baseline(peer) => return peer.plugin_config(upstreams),
+            Peer::Replicated { arm: peer, .. } | Peer::Baseline(peer) => {
+                return peer.plugin_config(upstreams)
+            }
             Peer::SglangCacheAware | Peer::Oracle => return None,
         };
         let mut config = base_plugin_config(upstreams);
@@ -242,10 +227,7 @@ impl Peer {
     /// Envoys the arm runs (each with [`Peer::plugin_config`]).
     pub fn envoys(self) -> usize {
         match self {
-            Peer::TwoEnvoys | Peer::TwoEnvoysBalanced => REPLICAS,
-            Peer::ThreeEnvoys | Peer::ThreeEnvoysWithoutEngine | Peer::ThreeEnvoysBalanced => {
-                ENGINE_REPLICAS
-            }
+            Peer::Replicated { envoys, .. } => envoys,
             Peer::SglangCacheAware | Peer::Oracle => 0,
             Peer::Baseline(peer) => peer.envoys(),
             _ => 1,
@@ -274,36 +256,21 @@ impl Peer {
             Peer::LoadMargin(margin) => format!(
                 "filter strategy PREFIX_AWARE, match LONGEST_PREFIX, load_margin {margin}, other fields at their defaults"
             ),
-            Peer::TwoEnvoys => format!(
-                "two Envoys with the filter at its defaults (as prefix-aware) in front of the same fleet; \
-                 the load generator sends turn t of conversation c to Envoy (c + t) mod {REPLICAS} \
-                 (consecutive turns through different Envoys), other requests i to Envoy i mod {REPLICAS}"
+            Peer::Replicated { arm, envoys } => format!(
+                "{envoys} Envoys, each as {} ({}), in front of the same fleet; the load generator sends \
+                 turn t of conversation c to Envoy (c + t) mod {envoys} (consecutive turns through different \
+                 Envoys), other requests i to Envoy i mod {envoys}",
+                arm.cli_name(),
+                arm.mechanism()
             ),
             Peer::Balanced => "filter strategy PREFIX_AWARE, match LONGEST_PREFIX, cold_placement BALANCED, \
                  other fields at their defaults"
                 .into(),
-            Peer::TwoEnvoysBalanced => format!(
-                "two Envoys with the filter as balanced in front of the same fleet, alternated between as two-envoys \
-                 (turn t of conversation c to Envoy (c + t) mod {REPLICAS})"
-            ),
             Peer::PrefixAwareEngine => format!(
                 "filter strategy PREFIX_AWARE at its defaults with engine_load {{cluster: {}}} (every other \
                  engine_load field at its default: vLLM's series, /metrics every 500 ms, no fleet-wide bound): \
                  an instance's load is its engine's running + waiting plus what this Envoy sent since the sample",
                 super::engine_load::ENGINE_CLUSTER
-            ),
-            Peer::ThreeEnvoys => format!(
-                "three Envoys with the filter as prefix-aware-engine in front of the same fleet, each polling \
-                 every instance; the load generator sends turn t of conversation c to Envoy (c + t) mod \
-                 {ENGINE_REPLICAS}, other requests i to Envoy i mod {ENGINE_REPLICAS}"
-            ),
-            Peer::ThreeEnvoysWithoutEngine => format!(
-                "three Envoys with the filter at its defaults (as prefix-aware, no engine_load) in front of \
-                 the same fleet, alternated between as three-envoys (Envoy (c + t) mod {ENGINE_REPLICAS})"
-            ),
-            Peer::ThreeEnvoysBalanced => format!(
-                "three Envoys with the filter as balanced in front of the same fleet, alternated between as \
-                 three-envoys (Envoy (c + t) mod {ENGINE_REPLICAS})"
             ),
             Peer::SglangCacheAware => format!(
                 "{SGLANG_ROUTER_REQUIREMENT} (python -m sglang_router.launch_router) --policy cache_aware \
@@ -450,13 +417,20 @@ mod tests {
                 Peer::LongestPrefix(64),
                 Peer::LoadMargin(0),
                 Peer::LoadMargin(16),
-                Peer::TwoEnvoys,
                 Peer::Balanced,
-                Peer::TwoEnvoysBalanced,
                 Peer::PrefixAwareEngine,
-                Peer::ThreeEnvoys,
-                Peer::ThreeEnvoysWithoutEngine,
-                Peer::ThreeEnvoysBalanced,
+                Peer::Replicated {
+                    arm: &Peer::Filter(Strategy::PrefixAware),
+                    envoys: 2,
+                },
+                Peer::Replicated {
+                    arm: &Peer::LoadMargin(16),
+                    envoys: 3,
+                },
+                Peer::Replicated {
+                    arm: &Peer::PrefixAwareEngine,
+                    envoys: 3,
+                },
             ])
         {
             assert_eq!(Peer::parse(&peer.cli_name()), Ok(peer));
@@ -464,7 +438,7 @@ mod tests {
         for arm in [
             "balanced",
             "prefix-aware",
-            "two-envoys",
+            "prefix-aware-2-envoys",
             "prefix-1024",
             "random",
         ] {
@@ -480,6 +454,20 @@ mod tests {
         }
         assert_eq!(Peer::parse("prefix-2048"), Ok(Peer::FixedPrefix(2048)));
         assert_eq!(Peer::parse("longest-1024"), Ok(Peer::LongestPrefix(1024)));
+        assert_eq!(
+            Peer::parse("prefix-aware-engine-3-envoys"),
+            Ok(Peer::Replicated {
+                arm: &Peer::PrefixAwareEngine,
+                envoys: 3
+            })
+        );
+        assert_eq!(
+            Peer::parse("prefix-4096-12-envoys"),
+            Ok(Peer::Replicated {
+                arm: &Peer::FixedPrefix(4096),
+                envoys: 12
+            })
+        );
         for bad in [
             "prefix-0",
             "prefix-x",
@@ -493,6 +481,16 @@ mod tests {
             "baseline-oracle",
             "baseline-baseline-balanced",
             "baseline-",
+            "two-envoys",
+            "prefix-aware-1-envoys",
+            "prefix-aware-0-envoys",
+            "prefix-aware-x-envoys",
+            "prefix-aware--envoys",
+            "-2-envoys",
+            "sglang-2-envoys",
+            "oracle-2-envoys",
+            "prefix-aware-2-envoys-2-envoys",
+            "baseline-balanced-2-envoys-3-envoys",
         ] {
             assert!(Peer::parse(bad).is_err(), "{bad}");
         }
@@ -547,42 +545,67 @@ mod tests {
 
     #[test]
     fn the_default_arm_sends_neither_match_nor_prefix_length() {
-        for peer in [
-            Peer::Filter(Strategy::PrefixAware),
-            Peer::TwoEnvoys,
-            Peer::ThreeEnvoysWithoutEngine,
-        ] {
-            assert_eq!(
-                own_fields(peer),
-                json!({"strategy": "PREFIX_AWARE"}),
-                "{peer:?}"
-            );
-        }
-        assert_eq!(Peer::TwoEnvoys.envoys(), 2);
-        assert_eq!(Peer::TwoEnvoysBalanced.envoys(), 2);
+        assert_eq!(
+            own_fields(Peer::Filter(Strategy::PrefixAware)),
+            json!({"strategy": "PREFIX_AWARE"})
+        );
+        assert_eq!(Peer::Filter(Strategy::PrefixAware).envoys(), 1);
         assert_eq!(
             own_fields(Peer::Balanced),
             json!({"strategy": "PREFIX_AWARE", "match": "LONGEST_PREFIX", "cold_placement": "BALANCED"})
         );
-        for replicated in [Peer::TwoEnvoysBalanced, Peer::ThreeEnvoysBalanced] {
-            assert_eq!(own_fields(replicated), own_fields(Peer::Balanced));
+    }
+
+    #[test]
+    fn replicated_arms_run_their_arm_through_their_envoys() {
+        for name in [
+            "prefix-aware",
+            "balanced",
+            "prefix-aware-engine",
+            "prefix-1024",
+            "random",
+        ] {
+            let arm = Peer::parse(name).unwrap();
+            for envoys in [2, 3] {
+                let replicated = Peer::parse(&format!("{name}-{envoys}-envoys")).unwrap();
+                assert_eq!(own_fields(replicated), own_fields(arm), "{name}");
+                assert_eq!(replicated.envoys(), envoys);
+                assert_eq!(
+                    replicated.name(),
+                    format!("{}, {envoys} Envoys", arm.name())
+                );
+            }
         }
-        assert_eq!(Peer::ThreeEnvoysBalanced.envoys(), 3);
-        assert_eq!(Peer::Filter(Strategy::PrefixAware).envoys(), 1);
+        // The report names earlier runs recorded.
+        let names: Vec<String> = [
+            "prefix-aware-2-envoys",
+            "balanced-2-envoys",
+            "prefix-aware-engine-3-envoys",
+            "prefix-aware-3-envoys",
+            "balanced-3-envoys",
+        ]
+        .into_iter()
+        .map(|name| Peer::parse(name).unwrap().name())
+        .collect();
+        assert_eq!(
+            names,
+            [
+                "PREFIX_AWARE (longest), 2 Envoys",
+                "PREFIX_AWARE (longest, BALANCED), 2 Envoys",
+                "PREFIX_AWARE (longest) + engine load, 3 Envoys",
+                "PREFIX_AWARE (longest), 3 Envoys",
+                "PREFIX_AWARE (longest, BALANCED), 3 Envoys",
+            ]
+        );
     }
 
     #[test]
     fn engine_arms_add_engine_load_to_the_defaults_and_nothing_else() {
-        for peer in [Peer::PrefixAwareEngine, Peer::ThreeEnvoys] {
-            assert_eq!(
-                own_fields(peer),
-                json!({"strategy": "PREFIX_AWARE", "engine_load": {"cluster": "engine_metrics"}}),
-                "{peer:?}"
-            );
-        }
+        assert_eq!(
+            own_fields(Peer::PrefixAwareEngine),
+            json!({"strategy": "PREFIX_AWARE", "engine_load": {"cluster": "engine_metrics"}})
+        );
         assert_eq!(Peer::PrefixAwareEngine.envoys(), 1);
-        assert_eq!(Peer::ThreeEnvoys.envoys(), 3);
-        assert_eq!(Peer::ThreeEnvoysWithoutEngine.envoys(), 3);
     }
 
     #[test]

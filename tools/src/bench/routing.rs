@@ -798,7 +798,16 @@ pub fn engine_poll_lines(strategies: &[StrategyResult]) -> String {
         .collect();
     let expected: Vec<&StrategyResult> = strategies
         .iter()
-        .filter(|s| matches!(s.strategy, Peer::PrefixAwareEngine | Peer::ThreeEnvoys))
+        .filter(|s| {
+            matches!(
+                s.strategy,
+                Peer::PrefixAwareEngine
+                    | Peer::Replicated {
+                        arm: Peer::PrefixAwareEngine,
+                        ..
+                    }
+            )
+        })
         .collect();
     if polled.is_empty() && expected.is_empty() {
         return String::new();
@@ -828,8 +837,12 @@ pub fn engine_poll_lines(strategies: &[StrategyResult]) -> String {
 /// medians and each run's.
 pub fn replica_lines(strategies: &[StrategyResult]) -> String {
     let find = |peer: Peer| strategies.iter().find(|s| s.strategy == peer);
+    let three = |arm: &'static Peer| Peer::Replicated { arm, envoys: 3 };
     let mut out = String::new();
-    if let (Some(one), Some(three)) = (find(Peer::PrefixAwareEngine), find(Peer::ThreeEnvoys)) {
+    if let (Some(one), Some(three)) = (
+        find(Peer::PrefixAwareEngine),
+        find(three(&Peer::PrefixAwareEngine)),
+    ) {
         out.push_str(&compare(
             "3 Envoys over 1, both with engine load",
             three,
@@ -837,8 +850,8 @@ pub fn replica_lines(strategies: &[StrategyResult]) -> String {
         ));
     }
     if let (Some(without), Some(with)) = (
-        find(Peer::ThreeEnvoysWithoutEngine),
-        find(Peer::ThreeEnvoys),
+        find(three(&Peer::Filter(Strategy::PrefixAware))),
+        find(three(&Peer::PrefixAwareEngine)),
     ) {
         out.push_str(&compare(
             "3 Envoys with engine load over 3 without",
@@ -1118,7 +1131,15 @@ mod tests {
         let mut one = result(Peer::PrefixAwareEngine, 0.5, 100.0, "one");
         one.ttft_p90_runs = vec![200.0, 100.0];
         one.engine_polls = [("polls".to_string(), 40)].into_iter().collect();
-        let mut three = result(Peer::ThreeEnvoys, 0.45, 110.0, "three");
+        let mut three = result(
+            Peer::Replicated {
+                arm: &Peer::PrefixAwareEngine,
+                envoys: 3,
+            },
+            0.45,
+            110.0,
+            "three",
+        );
         three.ttft_p90_runs = vec![220.0, 120.0];
         let strategies = [
             result(Peer::Filter(Strategy::PrefixAware), 0.5, 10.0, "d"),
@@ -1141,7 +1162,15 @@ mod tests {
             "{lines}"
         );
         assert_eq!(replica_lines(&strategies[..2]), "");
-        let mut without = result(Peer::ThreeEnvoysWithoutEngine, 0.45, 100.0, "w");
+        let mut without = result(
+            Peer::Replicated {
+                arm: &Peer::Filter(Strategy::PrefixAware),
+                envoys: 3,
+            },
+            0.45,
+            100.0,
+            "w",
+        );
         without.ttft_p90_runs = vec![200.0, 100.0];
         let with_both = [strategies[2].clone(), without];
         let lines = replica_lines(&with_both);
