@@ -6,6 +6,7 @@
 
 use clap::Subcommand;
 use prefix_router_tools::bench::cli::{OverheadArgs, RoutingArgs};
+use prefix_router_tools::bench::peers::Peer;
 use prefix_router_tools::loadgen::DATA_WORKLOAD_NAMES;
 
 use crate::prereqs::{self, cargo, run};
@@ -59,7 +60,7 @@ fn needs_bench_python(options: &RoutingArgs) -> bool {
             .workload
             .iter()
             .any(|w| DATA_WORKLOAD_NAMES.contains(&w.as_str()))
-        || options.peers.iter().any(|p| p == "sglang")
+        || options.peers.contains(&Peer::SglangCacheAware)
 }
 
 /// Builds the tools in release mode and runs `prefix-router-bench ARGS` with
@@ -120,7 +121,7 @@ mod tests {
         let args = |workload: &[&str], peers: &[&str]| RoutingArgs {
             quick: true,
             workload: workload.iter().map(|w| w.to_string()).collect(),
-            peers: peers.iter().map(|p| p.to_string()).collect(),
+            peers: peers.iter().map(|p| Peer::parse(p).unwrap()).collect(),
             runs: None,
             baseline_wasm: None,
         };

@@ -99,12 +99,7 @@ fn run_routing(args: &RoutingArgs) -> anyhow::Result<()> {
         }
     }
     if !args.peers.is_empty() {
-        let peers = args
-            .peers
-            .iter()
-            .map(|name| bench::peers::Peer::parse(name).map_err(anyhow::Error::msg))
-            .collect::<anyhow::Result<Vec<_>>>()?;
-        opts.peers = Some(peers);
+        opts.peers = Some(args.peers.clone());
     }
     let baseline_arms = opts
         .peers

@@ -5,6 +5,9 @@
 
 use clap::{Args, Parser, Subcommand};
 
+use super::peers::Peer;
+use crate::loadgen::{DATA_WORKLOAD_NAMES, WORKLOAD_NAMES};
+
 /// `overhead [--quick] [--match MATCH]`.
 #[derive(Debug, Clone, PartialEq, Eq, Args)]
 pub struct OverheadArgs {
@@ -40,7 +43,7 @@ pub struct RoutingArgs {
     pub quick: bool,
     /// Only these workloads (names as in the report, e.g. long-shared-prefix
     /// or sharegpt,rag); repeatable, or comma-separated.
-    #[arg(long, alias = "workloads", value_delimiter = ',')]
+    #[arg(long, alias = "workloads", value_delimiter = ',', value_parser = workload_name)]
     pub workload: Vec<String>,
     /// Only these arms, on every workload: random, least-outstanding,
     /// prefix-aware (the filter's default matching, LONGEST_PREFIX), prefix-N
@@ -52,8 +55,8 @@ pub struct RoutingArgs {
     /// generator alternates between: e.g. prefix-aware-2-envoys,
     /// balanced-3-envoys), baseline-ARM (ARM, an arm through Envoy, with the
     /// filter of --baseline-wasm); comma-separated.
-    #[arg(long, value_delimiter = ',')]
-    pub peers: Vec<String>,
+    #[arg(long, value_delimiter = ',', value_parser = Peer::parse)]
+    pub peers: Vec<Peer>,
     /// Another build of the filter (a .wasm), which the baseline-ARM arms
     /// run: two builds side by side on the same fleets and traffic.
     #[arg(long)]
@@ -74,7 +77,8 @@ impl RoutingArgs {
             args.extend(["--workload".to_string(), name.clone()]);
         }
         if !self.peers.is_empty() {
-            args.extend(["--peers".to_string(), self.peers.join(",")]);
+            let names: Vec<String> = self.peers.iter().map(|peer| peer.cli_name()).collect();
+            args.extend(["--peers".to_string(), names.join(",")]);
         }
         if let Some(runs) = self.runs {
             args.extend(["--runs".to_string(), runs.to_string()]);
@@ -83,6 +87,20 @@ impl RoutingArgs {
             args.extend(["--baseline-wasm".to_string(), wasm.display().to_string()]);
         }
         args
+    }
+}
+
+/// A `--workloads` name: refused at parse time unless a workload has it, so
+/// that a misspelt name is not silently left out of the run.
+fn workload_name(name: &str) -> Result<String, String> {
+    if WORKLOAD_NAMES.contains(&name) || DATA_WORKLOAD_NAMES.contains(&name) {
+        Ok(name.to_string())
+    } else {
+        Err(format!(
+            "no workload {name:?}: {}, {}",
+            WORKLOAD_NAMES.join(", "),
+            DATA_WORKLOAD_NAMES.join(", ")
+        ))
     }
 }
 
@@ -141,16 +159,12 @@ mod tests {
                     matches!(parse(overhead.to_args()), BenchCommand::Overhead(o) if o == overhead)
                 );
             }
-            for workload in [vec![], vec!["a".to_string(), "b-c".to_string()]] {
+            for workload in [vec![], vec!["rag".to_string(), "multi-turn".to_string()]] {
                 for (peers, runs, baseline_wasm) in [
-                    (vec![], None, None),
+                    ("", None, None),
+                    ("sglang,prefix-1024,balanced-3-envoys", Some(5), None),
                     (
-                        vec!["sglang".to_string(), "prefix-1024".to_string()],
-                        Some(5),
-                        None,
-                    ),
-                    (
-                        vec!["balanced".to_string(), "baseline-balanced".to_string()],
+                        "balanced,baseline-balanced,baseline-prefix-aware-2-envoys",
                         Some(3),
                         Some("/tmp/previous build/prefix_router.wasm".into()),
                     ),
@@ -158,7 +172,11 @@ mod tests {
                     let routing = RoutingArgs {
                         quick,
                         workload: workload.clone(),
-                        peers,
+                        peers: peers
+                            .split(',')
+                            .filter(|name| !name.is_empty())
+                            .map(|name| Peer::parse(name).unwrap())
+                            .collect(),
                         runs,
                         baseline_wasm,
                     };
@@ -187,7 +205,28 @@ mod tests {
             panic!("not routing");
         };
         assert_eq!(r.workload, ["sharegpt", "rag", "multi-turn"]);
-        assert_eq!(r.peers, ["sglang", "random"]);
+        assert_eq!(
+            r.peers,
+            [
+                Peer::SglangCacheAware,
+                Peer::Filter(super::super::fleet::Strategy::Random)
+            ]
+        );
         assert_eq!(r.runs, Some(2));
+    }
+
+    #[test]
+    fn unknown_workloads_and_peers_are_refused_at_parse_time() {
+        for (flag, list) in [
+            ("--workloads", "sharegpt,sharegtp"),
+            ("--workload", "rag,"),
+            ("--peers", "prefix-aware,two-envoys"),
+            ("--peers", "random,baseline-oracle"),
+        ] {
+            let args = ["bench", "routing", flag, list];
+            let error = BenchCli::try_parse_from(args).expect_err(list);
+            let bad = list.rsplit(',').next().unwrap();
+            assert!(error.to_string().contains(&format!("{bad:?}")), "{error}");
+        }
     }
 }
