@@ -17,6 +17,24 @@ use crate::headers::{
 };
 use crate::load::EngineBounds;
 
+/// A configuration enum's spellings, written once: `NAMES` for parsing
+/// ([`one_of`]) and `as_str` for writing them back (an exhaustive match, so a
+/// variant without a spelling does not compile).
+macro_rules! spellings {
+    ($enum:ident { $($variant:ident => $spelling:literal),+ $(,)? }) => {
+        impl $enum {
+            const NAMES: &'static [(&'static str, $enum)] = &[$(($spelling, $enum::$variant)),+];
+
+            /// The configuration spelling.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($enum::$variant => $spelling),+
+                }
+            }
+        }
+    };
+}
+
 /// How requests are spread over the instances.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Strategy {
@@ -29,25 +47,11 @@ pub enum Strategy {
     Random,
 }
 
-impl Strategy {
-    const NAMES: [(&'static str, Strategy); 3] = [
-        ("PREFIX_AWARE", Strategy::PrefixAware),
-        (
-            "LEAST_OUTSTANDING_REQUESTS",
-            Strategy::LeastOutstandingRequests,
-        ),
-        ("RANDOM", Strategy::Random),
-    ];
-
-    /// The configuration spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Strategy::PrefixAware => "PREFIX_AWARE",
-            Strategy::LeastOutstandingRequests => "LEAST_OUTSTANDING_REQUESTS",
-            Strategy::Random => "RANDOM",
-        }
-    }
-}
+spellings!(Strategy {
+    PrefixAware => "PREFIX_AWARE",
+    LeastOutstandingRequests => "LEAST_OUTSTANDING_REQUESTS",
+    Random => "RANDOM",
+});
 
 /// How PREFIX_AWARE matches a request's prompt against what was routed before.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,20 +65,12 @@ pub enum Matching {
     FixedPrefix,
 }
 
+spellings!(Matching {
+    LongestPrefix => "LONGEST_PREFIX",
+    FixedPrefix => "FIXED_PREFIX",
+});
+
 impl Matching {
-    const NAMES: [(&'static str, Matching); 2] = [
-        ("LONGEST_PREFIX", Matching::LongestPrefix),
-        ("FIXED_PREFIX", Matching::FixedPrefix),
-    ];
-
-    /// The configuration spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Matching::LongestPrefix => "LONGEST_PREFIX",
-            Matching::FixedPrefix => "FIXED_PREFIX",
-        }
-    }
-
     /// `prefix_length` when the configuration does not set it: for
     /// LONGEST_PREFIX the most of a prompt considered, long enough to reach
     /// past a long system prompt into the conversation's own text; for
@@ -102,20 +98,10 @@ pub enum Counting {
     Listener,
 }
 
-impl Counting {
-    const NAMES: [(&'static str, Counting); 2] = [
-        ("UPSTREAM_FILTER", Counting::UpstreamFilter),
-        ("LISTENER", Counting::Listener),
-    ];
-
-    /// The configuration spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Counting::UpstreamFilter => "UPSTREAM_FILTER",
-            Counting::Listener => "LISTENER",
-        }
-    }
-}
+spellings!(Counting {
+    UpstreamFilter => "UPSTREAM_FILTER",
+    Listener => "LISTENER",
+});
 
 /// How LONGEST_PREFIX places a prompt no instance holds (`cold_placement`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -131,20 +117,10 @@ pub enum ColdPlacement {
     Balanced,
 }
 
-impl ColdPlacement {
-    const NAMES: [(&'static str, ColdPlacement); 2] = [
-        ("CONSISTENT", ColdPlacement::Consistent),
-        ("BALANCED", ColdPlacement::Balanced),
-    ];
-
-    /// The configuration spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ColdPlacement::Consistent => "CONSISTENT",
-            ColdPlacement::Balanced => "BALANCED",
-        }
-    }
-}
+spellings!(ColdPlacement {
+    Consistent => "CONSISTENT",
+    Balanced => "BALANCED",
+});
 
 /// The validated plugin configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -210,22 +186,13 @@ pub enum Engine {
     Llamacpp,
 }
 
+spellings!(Engine {
+    Vllm => "VLLM",
+    Sglang => "SGLANG",
+    Llamacpp => "LLAMACPP",
+});
+
 impl Engine {
-    const NAMES: [(&'static str, Engine); 3] = [
-        ("VLLM", Engine::Vllm),
-        ("SGLANG", Engine::Sglang),
-        ("LLAMACPP", Engine::Llamacpp),
-    ];
-
-    /// The configuration spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Engine::Vllm => "VLLM",
-            Engine::Sglang => "SGLANG",
-            Engine::Llamacpp => "LLAMACPP",
-        }
-    }
-
     /// The series the engine exports: running, waiting, KV usage (0..1).
     pub fn series(self) -> Series {
         let (running, waiting, kv) = match self {
@@ -729,7 +696,7 @@ fn engine_load(value: &Value) -> Result<Option<EngineLoadConfig>, ConfigError> {
         ));
     }
     let engine = match object.get("engine") {
-        Some(v) => one_of(&field("engine"), v, &Engine::NAMES)?,
+        Some(v) => one_of(&field("engine"), v, Engine::NAMES)?,
         None => Engine::Vllm,
     };
     let mut series = engine.series();
@@ -866,8 +833,8 @@ impl Config {
 
     fn apply_field(&mut self, name: &str, value: &Value) -> Result<(), ConfigError> {
         match name {
-            "strategy" => self.strategy = one_of(name, value, &Strategy::NAMES)?,
-            "match" => self.matching = one_of(name, value, &Matching::NAMES)?,
+            "strategy" => self.strategy = one_of(name, value, Strategy::NAMES)?,
+            "match" => self.matching = one_of(name, value, Matching::NAMES)?,
             "block_bytes" => {
                 self.block_bytes = to_usize(integer_in(name, value, BLOCK_BYTES_RANGE)?)
             }
@@ -876,7 +843,7 @@ impl Config {
                 let v = integer_in(name, value, LOAD_MARGIN_RANGE)?;
                 self.load_margin = u32::try_from(v).unwrap_or(u32::MAX);
             }
-            "cold_placement" => self.cold_placement = one_of(name, value, &ColdPlacement::NAMES)?,
+            "cold_placement" => self.cold_placement = one_of(name, value, ColdPlacement::NAMES)?,
             "prefix_length" => {
                 self.prefix_length = to_usize(integer_in(name, value, PREFIX_LENGTH_RANGE)?)
             }
@@ -905,7 +872,7 @@ impl Config {
             "instance_ttl_ms" => {
                 self.instance_ttl_ms = integer_in(name, value, INSTANCE_TTL_MS_RANGE)?
             }
-            "counting" => self.counting = one_of(name, value, &Counting::NAMES)?,
+            "counting" => self.counting = one_of(name, value, Counting::NAMES)?,
             "instances" => self.instances = instances(value)?,
             "engine_load" => self.engine_load = engine_load(value)?,
             // `reject_unknown` ran first; kept total so a field listed in
