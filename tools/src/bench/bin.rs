@@ -14,7 +14,7 @@ use prefix_router_tools::bench::{self, demo, overhead, routing};
 fn main() -> ExitCode {
     let cli = BenchCli::parse();
     let outcome = match cli.command {
-        Command::Overhead(OverheadArgs { quick, matching }) => run_overhead(quick, matching),
+        Command::Overhead(args) => run_overhead(&args),
         Command::Routing(args) => run_routing(&args),
         Command::Demo => demo::run(&demo::DemoOptions::default(), &mut |line| {
             println!("{line}")
@@ -35,22 +35,30 @@ fn main() -> ExitCode {
     }
 }
 
-fn run_overhead(quick: bool, matching: Option<String>) -> anyhow::Result<()> {
+fn run_overhead(args: &OverheadArgs) -> anyhow::Result<()> {
+    if let Some(wasm) = args.baseline_wasm.as_deref().filter(|w| !w.is_file()) {
+        anyhow::bail!("--baseline-wasm {}: no such file", wasm.display());
+    }
     let opts = overhead::OverheadOptions {
-        matching,
-        ..if quick {
+        matching: args.matching.clone(),
+        baseline_wasm: args.baseline_wasm.clone(),
+        ..if args.quick {
             overhead::OverheadOptions::quick()
         } else {
             overhead::OverheadOptions::full()
         }
     };
     eprintln!(
-        "overhead: Envoy {} with {} worker(s), {} rounds, latency at concurrency 1 (interleaved), throughput at {}, match {}",
+        "overhead: Envoy {} with {} worker(s), {} rounds, latency at concurrency 1 (interleaved), throughput at {}, match {}{}",
         prefix_router_tools::envoy::ENVOY_VERSION,
         opts.envoy_workers,
         opts.rounds,
         opts.throughput_concurrency,
-        opts.matching.as_deref().unwrap_or("the default")
+        opts.matching.as_deref().unwrap_or("the default"),
+        match &opts.baseline_wasm {
+            Some(wasm) => format!(", baseline {}", wasm.display()),
+            None => String::new(),
+        }
     );
     let report = overhead::run(&opts, &mut |line| eprintln!("{line}"))?;
     let path = bench::output_dir().join("overhead.json");

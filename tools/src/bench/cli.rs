@@ -8,7 +8,7 @@ use clap::{Args, Parser, Subcommand};
 use super::peers::Peer;
 use crate::loadgen::{DATA_WORKLOAD_NAMES, WORKLOAD_NAMES};
 
-/// `overhead [--quick] [--match MATCH]`.
+/// `overhead [--quick] [--match MATCH] [--baseline-wasm PATH]`.
 #[derive(Debug, Clone, PartialEq, Eq, Args)]
 pub struct OverheadArgs {
     /// A shorter run (under a minute) with the same fields.
@@ -18,6 +18,10 @@ pub struct OverheadArgs {
     /// FIXED_PREFIX); the filter's default unless given.
     #[arg(long = "match", value_parser = ["LONGEST_PREFIX", "FIXED_PREFIX"])]
     pub matching: Option<String>,
+    /// Another build of the filter (a .wasm), measured as shipped beside the
+    /// others, request by request: two builds side by side in one run.
+    #[arg(long)]
+    pub baseline_wasm: Option<std::path::PathBuf>,
 }
 
 impl OverheadArgs {
@@ -29,6 +33,9 @@ impl OverheadArgs {
         }
         if let Some(matching) = &self.matching {
             args.extend(["--match".to_string(), matching.clone()]);
+        }
+        if let Some(wasm) = &self.baseline_wasm {
+            args.extend(["--baseline-wasm".to_string(), wasm.display().to_string()]);
         }
         args
     }
@@ -153,8 +160,16 @@ mod tests {
     #[test]
     fn options_survive_the_hand_over() {
         for quick in [false, true] {
-            for matching in [None, Some("FIXED_PREFIX".to_string())] {
-                let overhead = OverheadArgs { quick, matching };
+            for (matching, baseline_wasm) in [
+                (None, None),
+                (Some("FIXED_PREFIX".to_string()), None),
+                (None, Some("/tmp/previous build/prefix_router.wasm".into())),
+            ] {
+                let overhead = OverheadArgs {
+                    quick,
+                    matching,
+                    baseline_wasm,
+                };
                 assert!(
                     matches!(parse(overhead.to_args()), BenchCommand::Overhead(o) if o == overhead)
                 );

@@ -6,7 +6,9 @@
 //! `counting: LISTENER`, no upstream filter), and with the floor filter
 //! (`tools/floor-filter`: the least a prefix router can do in proxy-wasm, in
 //! the listener only), which tells what proxy-wasm costs on this machine apart
-//! from what this filter adds to it.
+//! from what this filter adds to it. With `--baseline-wasm`, a fifth: another
+//! build of the filter as shipped, so that two builds compare request by
+//! request in one run rather than across runs on a noisy machine.
 //! - latency: one request at a time per configuration, interleaved request by
 //!   request across the configurations (so all see the same machine noise);
 //!   each request's latency is its own cost, not queueing behind others;
@@ -66,6 +68,8 @@ pub struct OverheadOptions {
     pub idle_windows: usize,
     /// The PREFIX_AWARE configurations' `match`; the filter's default if None.
     pub matching: Option<String>,
+    /// Another build of the filter, measured as shipped beside the others.
+    pub baseline_wasm: Option<PathBuf>,
 }
 
 impl OverheadOptions {
@@ -84,6 +88,7 @@ impl OverheadOptions {
             idle_window: Duration::from_secs(10),
             idle_windows: 3,
             matching: None,
+            baseline_wasm: None,
         }
     }
 
@@ -192,7 +197,7 @@ impl Case {
 }
 
 /// One configuration's figures in one case, all rounds pooled.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct SideFigures {
     pub p50_us: f64,
     pub p90_us: f64,
@@ -257,6 +262,26 @@ pub struct CaseResult {
     pub floor_filter: SideFigures,
     pub listener_counting: SideFigures,
     pub with_filter: SideFigures,
+    /// The `--baseline-wasm` build as shipped, when given.
+    pub baseline: Option<BaselineFigures>,
+}
+
+/// The `--baseline-wasm` build as shipped, beside this build in the same
+/// rounds (`baseline` in `cases[]`).
+#[derive(Debug, Clone, Serialize)]
+pub struct BaselineFigures {
+    /// This build's p50 minus the baseline's, all rounds pooled: negative
+    /// when this build adds less.
+    pub p50_shipped_minus_baseline_us: f64,
+    /// The same per round (its spread is the run's noise).
+    pub p50_shipped_minus_baseline_us_rounds: Vec<f64>,
+    /// The baseline minus no filter, as for this build.
+    pub p50_added_us: f64,
+    pub p50_added_over_floor_us: f64,
+    pub cpu_added_us: f64,
+    pub cpu_added_one_at_a_time_us: f64,
+    pub rps_ratio: f64,
+    pub figures: SideFigures,
 }
 
 /// The whole `overhead.json`.
@@ -289,7 +314,8 @@ const WITHOUT: usize = 0;
 const FLOOR: usize = 1;
 const LISTENER: usize = 2;
 const WITH: usize = 3;
-const SIDES: usize = 4;
+/// With `--baseline-wasm` only.
+const BASELINE: usize = 4;
 
 /// Runs every case; `progress` receives a line per step.
 pub fn run(
@@ -321,8 +347,20 @@ pub fn run(
         )?;
         let listener = start_listener_counting_envoy(opts, case.prefix_length, upstream.addr())?;
         let floor = start_floor_envoy(opts, &floor_wasm, case.prefix_length, upstream.addr())?;
-        let envoys = [&without, &floor, &listener, &with];
-        let result = measure_case(&runtime, opts, &case, envoys, &upstream)
+        let baseline = match &opts.baseline_wasm {
+            Some(wasm) => Some(start_from(
+                &OverheadOptions {
+                    wasm: Some(wasm.clone()),
+                    ..opts.clone()
+                },
+                envoy_builder(opts, upstream.addr()),
+                Some(prefix_aware_config(opts, case.prefix_length)),
+            )?),
+            None => None,
+        };
+        let mut envoys = vec![&without, &floor, &listener, &with];
+        envoys.extend(baseline.as_ref());
+        let result = measure_case(&runtime, opts, &case, &envoys, &upstream)
             .with_context(|| format!("case {}", case.name))?;
         progress(&format!(
             "  p50 without {:.0} / floor {:.0} / listener counting {:.0} / as shipped {:.0} µs (added: floor +{:.0}, listener +{:.0}, shipped +{:.0}), p99 added +{:.0} / +{:.0}, rps ratio x{:.3} / x{:.3}, Envoy CPU per request {:.0} µs without (added: floor +{:.0}, listener +{:.0}, shipped +{:.0})",
@@ -349,6 +387,16 @@ pub fn run(
             result.listener_cpu_added_one_at_a_time_us,
             result.cpu_added_one_at_a_time_us,
         ));
+        if let Some(baseline) = &result.baseline {
+            progress(&format!(
+                "  baseline build as shipped: p50 added +{:.0} µs (over the floor +{:.0}), Envoy CPU per request added +{:.0}; this build minus the baseline, p50: {:+.0} µs (per round: {})",
+                baseline.p50_added_us,
+                baseline.p50_added_over_floor_us,
+                baseline.cpu_added_us,
+                baseline.p50_shipped_minus_baseline_us,
+                rounds_text(&baseline.p50_shipped_minus_baseline_us_rounds),
+            ));
+        }
         results.push(result);
     }
     drop(without);
@@ -567,27 +615,30 @@ impl Side {
     }
 }
 
+/// Measures `envoys` (without, floor, listener counting, as shipped, and the
+/// baseline build if given) over the rounds.
 fn measure_case(
     runtime: &tokio::runtime::Runtime,
     opts: &OverheadOptions,
     case: &Case,
-    envoys: [&Envoy; SIDES],
+    envoys: &[&Envoy],
     upstream: &InstantUpstream,
 ) -> anyhow::Result<CaseResult> {
-    let targets = warmed_targets(runtime, opts, &envoys, case.path, case.body())?;
-    let mut sides: [Side; SIDES] = Default::default();
-    let mut keyed_ok = [true; SIDES];
+    let count = envoys.len();
+    let targets = warmed_targets(runtime, opts, envoys, case.path, case.body())?;
+    let mut sides: Vec<Side> = envoys.iter().map(|_| Side::default()).collect();
+    let mut keyed_ok = vec![true; count];
     for round in 0..opts.rounds {
         // The key header tells which configuration a request went through only
         // per phase, so count the interleaved phase in aggregate.
-        let cpu_before = envoys_cpu_ns(&envoys)?;
+        let cpu_before = envoys_cpu_ns(envoys)?;
         let latency = runtime.block_on(closed_loop::interleaved(&targets, opts.latency_phase))?;
-        let cpu_after = envoys_cpu_ns(&envoys)?;
+        let cpu_after = envoys_cpu_ns(envoys)?;
         for (index, (side, phase)) in sides.iter_mut().zip(latency).enumerate() {
             side.record_latency(phase, cpu_after[index].saturating_sub(cpu_before[index]))?;
         }
-        for step in 0..SIDES {
-            let index = (round + step) % SIDES;
+        for step in 0..count {
+            let index = (round + step) % count;
             let before = upstream.counts();
             let cpu_before = envoy_cpu_ns(envoys[index])?;
             let throughput = runtime.block_on(closed_loop::run(
@@ -610,7 +661,7 @@ fn measure_case(
         bail!(
             "the filters did not behave as configured: every request through a filter must carry \
              {KEY_HEADER}, none through plain Envoy \
-             (without, floor, listener counting, as shipped: {keyed_ok:?})"
+             (without, floor, listener counting, as shipped, baseline if given: {keyed_ok:?})"
         );
     }
     let figures: Vec<SideFigures> = sides.iter().map(figures).collect();
@@ -632,6 +683,21 @@ fn measure_case(
     let rps_ratio_rounds = ratio_rounds(WITH);
     let floor_p50_added_us = added(FLOOR, |f| f.p50_us);
     let target_p50_added_us = case.target.map(|t| t.limit_us(floor_p50_added_us));
+    let baseline = (count > BASELINE).then(|| BaselineFigures {
+        p50_shipped_minus_baseline_us: figures[WITH].p50_us - figures[BASELINE].p50_us,
+        p50_shipped_minus_baseline_us_rounds: sides[WITH]
+            .round_p50_us
+            .iter()
+            .zip(&sides[BASELINE].round_p50_us)
+            .map(|(with, baseline)| with - baseline)
+            .collect(),
+        p50_added_us: added(BASELINE, |f| f.p50_us),
+        p50_added_over_floor_us: figures[BASELINE].p50_us - figures[FLOOR].p50_us,
+        cpu_added_us: cpu_added(BASELINE),
+        cpu_added_one_at_a_time_us: cpu_added_one_at_a_time(BASELINE),
+        rps_ratio: median(&ratio_rounds(BASELINE)),
+        figures: figures[BASELINE].clone(),
+    });
     Ok(CaseResult {
         name: case.name.to_string(),
         api: case.api.to_string(),
@@ -672,7 +738,14 @@ fn measure_case(
         floor_filter: figures[FLOOR].clone(),
         listener_counting: figures[LISTENER].clone(),
         with_filter: figures[WITH].clone(),
+        baseline,
     })
+}
+
+/// Per-round figures, rounded, comma-separated.
+fn rounds_text(rounds: &[f64]) -> String {
+    let rounded: Vec<String> = rounds.iter().map(|r| format!("{r:+.0}")).collect();
+    rounded.join(", ")
 }
 
 /// Envoy's CPU time so far (all threads).
@@ -710,12 +783,8 @@ pub(super) fn envoy_cpu_ns(envoy: &Envoy) -> anyhow::Result<u64> {
 }
 
 /// Each Envoy's CPU time so far, in the order given.
-fn envoys_cpu_ns(envoys: &[&Envoy; SIDES]) -> anyhow::Result<[u64; SIDES]> {
-    let mut cpu_ns = [0; SIDES];
-    for (cpu_ns, envoy) in cpu_ns.iter_mut().zip(envoys) {
-        *cpu_ns = envoy_cpu_ns(envoy)?;
-    }
-    Ok(cpu_ns)
+fn envoys_cpu_ns(envoys: &[&Envoy]) -> anyhow::Result<Vec<u64>> {
+    envoys.iter().map(|envoy| envoy_cpu_ns(envoy)).collect()
 }
 
 pub(super) fn check(phase: &PhaseResult, what: &str) -> anyhow::Result<()> {
@@ -806,6 +875,30 @@ pub fn markdown(report: &OverheadReport) -> String {
             target
         ));
     }
+    if report.cases.iter().any(|case| case.baseline.is_some()) {
+        out.push_str(
+            "\nThe `--baseline-wasm` build as shipped, in the same rounds:\n\n\
+             | case | p50 added: this build / baseline (µs) | over the floor: this build / baseline (µs) | this build minus baseline, p50 (µs) | per round (µs) | CPU added: this build / baseline (µs) |\n\
+             |---|---:|---:|---:|---|---:|\n",
+        );
+    }
+    for case in &report.cases {
+        let Some(baseline) = &case.baseline else {
+            continue;
+        };
+        out.push_str(&format!(
+            "| {} | {:.0} / {:.0} | {:.0} / {:.0} | {:+.0} | {} | {:.0} / {:.0} |\n",
+            case.name,
+            case.p50_added_us,
+            baseline.p50_added_us,
+            case.p50_added_over_floor_us,
+            baseline.p50_added_over_floor_us,
+            baseline.p50_shipped_minus_baseline_us,
+            rounds_text(&baseline.p50_shipped_minus_baseline_us_rounds),
+            case.cpu_added_us,
+            baseline.cpu_added_us,
+        ));
+    }
     if let Some(engine_load) = &report.engine_load {
         out.push_str(&super::engine_overhead::markdown(engine_load));
     }
@@ -841,6 +934,93 @@ mod tests {
         for case in &cases {
             assert_eq!(case.body().len(), case.body_bytes, "{}", case.name);
         }
+    }
+
+    fn case_result(name: &str, baseline: Option<BaselineFigures>) -> CaseResult {
+        CaseResult {
+            name: name.to_string(),
+            api: "chat".into(),
+            path: "/v1/chat/completions".into(),
+            body_bytes: 8192,
+            prefix_length: 4096,
+            p50_added_us: 120.0,
+            p99_added_us: 300.0,
+            rps_ratio: 0.5,
+            cpu_added_us: 40.0,
+            cpu_added_one_at_a_time_us: 100.0,
+            p50_added_over_floor_us: 80.0,
+            floor_p50_added_us: 40.0,
+            floor_p99_added_us: 90.0,
+            floor_rps_ratio: 0.8,
+            floor_cpu_added_us: 10.0,
+            floor_cpu_added_one_at_a_time_us: 30.0,
+            listener_p50_added_us: 110.0,
+            listener_p99_added_us: 280.0,
+            listener_rps_ratio: 0.6,
+            listener_cpu_added_us: 35.0,
+            listener_cpu_added_one_at_a_time_us: 90.0,
+            listener_target_met: Some(true),
+            p50_added_us_rounds: vec![120.0],
+            rps_ratio_rounds: vec![0.5],
+            target_p50_added_us: Some(140.0),
+            target_p50_added_us_over_floor: Some(100.0),
+            target_met: Some(true),
+            without_filter: SideFigures::default(),
+            floor_filter: SideFigures::default(),
+            listener_counting: SideFigures::default(),
+            with_filter: SideFigures::default(),
+            baseline,
+        }
+    }
+
+    fn report(cases: Vec<CaseResult>) -> OverheadReport {
+        OverheadReport {
+            benchmark: "overhead",
+            quick: true,
+            matching: None,
+            envoy_version: ENVOY_VERSION,
+            envoy_workers: 1,
+            client: String::new(),
+            rounds: 3,
+            latency_concurrency: 1,
+            throughput_concurrency: 8,
+            latency_phase_ms: 800,
+            throughput_phase_ms: 300,
+            cpus: 2,
+            load_average_start: None,
+            load_average_end: None,
+            duration_s: 1.0,
+            cases,
+            engine_load: None,
+        }
+    }
+
+    #[test]
+    fn a_baseline_build_gets_its_own_table_with_the_difference_per_round() {
+        let without = markdown(&report(vec![case_result("chat-8KiB", None)]));
+        assert!(!without.contains("--baseline-wasm"), "{without}");
+        let baseline = BaselineFigures {
+            p50_shipped_minus_baseline_us: -14.2,
+            p50_shipped_minus_baseline_us_rounds: vec![-45.0, -27.4, 13.0],
+            p50_added_us: 134.2,
+            p50_added_over_floor_us: 94.2,
+            cpu_added_us: 47.0,
+            cpu_added_one_at_a_time_us: 110.0,
+            rps_ratio: 0.45,
+            figures: SideFigures::default(),
+        };
+        let with = markdown(&report(vec![
+            case_result("invoke-8KiB-prefix-4KiB", None),
+            case_result("chat-8KiB", Some(baseline)),
+        ]));
+        assert!(
+            with.contains("| chat-8KiB | 120 / 134 | 80 / 94 | -14 | -45, -27, +13 | 40 / 47 |\n"),
+            "{with}"
+        );
+        assert!(
+            !with.contains("| invoke-8KiB-prefix-4KiB | 120 / "),
+            "{with}"
+        );
     }
 
     #[test]
