@@ -284,27 +284,14 @@ fn under_requests(
     let figures: Vec<SideFigures> = sides.iter().map(figures).collect();
     let added =
         |index: usize, p: fn(&SideFigures) -> f64| p(&figures[index]) - p(&figures[WITHOUT]);
-    let ratio = |index: usize| -> f64 {
-        let rounds: Vec<f64> = sides[index]
-            .round_rps
-            .iter()
-            .zip(&sides[WITHOUT].round_rps)
-            .map(|(w, wo)| if *wo > 0.0 { w / wo } else { 0.0 })
-            .collect();
-        median(&rounds)
-    };
+    let ratio = |index: usize| median(&sides[index].round_rps_over(&sides[WITHOUT]));
     Ok(UnderRequests {
         path: PATH.to_string(),
         body_bytes: BODY_BYTES,
         defaults_p50_added_us: added(DEFAULTS, |f| f.p50_us),
         engine_p50_added_us: added(ENGINE, |f| f.p50_us),
         engine_p50_over_defaults_us: figures[ENGINE].p50_us - figures[DEFAULTS].p50_us,
-        engine_p50_over_defaults_us_rounds: sides[ENGINE]
-            .round_p50_us
-            .iter()
-            .zip(&sides[DEFAULTS].round_p50_us)
-            .map(|(e, d)| e - d)
-            .collect(),
+        engine_p50_over_defaults_us_rounds: sides[ENGINE].round_p50_minus(&sides[DEFAULTS]),
         defaults_p99_added_us: added(DEFAULTS, |f| f.p99_us),
         engine_p99_added_us: added(ENGINE, |f| f.p99_us),
         defaults_cpu_added_us: added(DEFAULTS, |f| f.cpu_us_per_request),

@@ -569,6 +569,25 @@ pub(super) struct Side {
 }
 
 impl Side {
+    /// Per round: this side's p50 minus `other`'s (same rounds, same noise).
+    pub(super) fn round_p50_minus(&self, other: &Side) -> Vec<f64> {
+        self.round_p50_us
+            .iter()
+            .zip(&other.round_p50_us)
+            .map(|(mine, theirs)| mine - theirs)
+            .collect()
+    }
+
+    /// Per round: this side's requests per second over `other`'s (0 where
+    /// `other` completed none).
+    pub(super) fn round_rps_over(&self, other: &Side) -> Vec<f64> {
+        self.round_rps
+            .iter()
+            .zip(&other.round_rps)
+            .map(|(mine, theirs)| if *theirs > 0.0 { mine / theirs } else { 0.0 })
+            .collect()
+    }
+
     /// Adds one latency phase, which used `cpu_ns` of this side's Envoy.
     pub(super) fn record_latency(&mut self, phase: PhaseResult, cpu_ns: u64) -> anyhow::Result<()> {
         check(&phase, "latency phase")?;
@@ -667,14 +686,7 @@ fn measure_case(
     let figures: Vec<SideFigures> = sides.iter().map(figures).collect();
     let added =
         |index: usize, p: fn(&SideFigures) -> f64| p(&figures[index]) - p(&figures[WITHOUT]);
-    let ratio_rounds = |index: usize| -> Vec<f64> {
-        sides[index]
-            .round_rps
-            .iter()
-            .zip(&sides[WITHOUT].round_rps)
-            .map(|(w, wo)| if *wo > 0.0 { w / wo } else { 0.0 })
-            .collect()
-    };
+    let ratio_rounds = |index: usize| sides[index].round_rps_over(&sides[WITHOUT]);
     let p50_added_us = added(WITH, |f| f.p50_us);
     let listener_p50_added_us = added(LISTENER, |f| f.p50_us);
     let cpu_added = |index: usize| added(index, |f| f.cpu_us_per_request);
@@ -685,12 +697,7 @@ fn measure_case(
     let target_p50_added_us = case.target.map(|t| t.limit_us(floor_p50_added_us));
     let baseline = (count > BASELINE).then(|| BaselineFigures {
         p50_shipped_minus_baseline_us: figures[WITH].p50_us - figures[BASELINE].p50_us,
-        p50_shipped_minus_baseline_us_rounds: sides[WITH]
-            .round_p50_us
-            .iter()
-            .zip(&sides[BASELINE].round_p50_us)
-            .map(|(with, baseline)| with - baseline)
-            .collect(),
+        p50_shipped_minus_baseline_us_rounds: sides[WITH].round_p50_minus(&sides[BASELINE]),
         p50_added_us: added(BASELINE, |f| f.p50_us),
         p50_added_over_floor_us: figures[BASELINE].p50_us - figures[FLOOR].p50_us,
         cpu_added_us: cpu_added(BASELINE),
@@ -721,12 +728,7 @@ fn measure_case(
         listener_cpu_added_us: cpu_added(LISTENER),
         listener_cpu_added_one_at_a_time_us: cpu_added_one_at_a_time(LISTENER),
         listener_target_met: target_p50_added_us.map(|t| listener_p50_added_us <= t),
-        p50_added_us_rounds: sides[WITH]
-            .round_p50_us
-            .iter()
-            .zip(&sides[WITHOUT].round_p50_us)
-            .map(|(w, wo)| w - wo)
-            .collect(),
+        p50_added_us_rounds: sides[WITH].round_p50_minus(&sides[WITHOUT]),
         rps_ratio_rounds,
         target_p50_added_us,
         target_p50_added_us_over_floor: match case.target {
@@ -1021,6 +1023,19 @@ mod tests {
             !with.contains("| invoke-8KiB-prefix-4KiB | 120 / "),
             "{with}"
         );
+    }
+
+    #[test]
+    fn sides_compare_round_by_round() {
+        let side = |p50: &[f64], rps: &[f64]| Side {
+            round_p50_us: p50.to_vec(),
+            round_rps: rps.to_vec(),
+            ..Side::default()
+        };
+        let with = side(&[130.0, 150.0, 120.0], &[500.0, 600.0, 700.0]);
+        let without = side(&[100.0, 110.0, 125.0], &[1000.0, 0.0, 1400.0]);
+        assert_eq!(with.round_p50_minus(&without), [30.0, 40.0, -5.0]);
+        assert_eq!(with.round_rps_over(&without), [0.5, 0.0, 0.5]);
     }
 
     #[test]
