@@ -3,6 +3,7 @@
 //! builds the filter and runs this; it can also be run directly with
 //! `PREFIX_ROUTER_WASM` and `ENVOY_BIN` set.
 
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -35,13 +36,21 @@ fn main() -> ExitCode {
     }
 }
 
-fn run_overhead(args: &OverheadArgs) -> anyhow::Result<()> {
-    if let Some(wasm) = args.baseline_wasm.as_deref().filter(|w| !w.is_file()) {
-        anyhow::bail!("--baseline-wasm {}: no such file", wasm.display());
+/// `--baseline-wasm`, refused unless it names a file (checked here, not when
+/// parsing, so that `cargo xtask` can hand on a path it has not built yet).
+fn baseline_wasm(path: Option<&Path>) -> anyhow::Result<Option<PathBuf>> {
+    match path {
+        Some(wasm) if !wasm.is_file() => {
+            anyhow::bail!("--baseline-wasm {}: no such file", wasm.display())
+        }
+        other => Ok(other.map(Path::to_path_buf)),
     }
+}
+
+fn run_overhead(args: &OverheadArgs) -> anyhow::Result<()> {
     let opts = overhead::OverheadOptions {
         matching: args.matching.clone(),
-        baseline_wasm: args.baseline_wasm.clone(),
+        baseline_wasm: baseline_wasm(args.baseline_wasm.as_deref())?,
         ..if args.quick {
             overhead::OverheadOptions::quick()
         } else {
@@ -114,12 +123,9 @@ fn run_routing(args: &RoutingArgs) -> anyhow::Result<()> {
         .iter()
         .flatten()
         .any(|peer| matches!(peer, bench::peers::Peer::Baseline(_)));
-    match &args.baseline_wasm {
-        Some(wasm) if !wasm.is_file() => {
-            anyhow::bail!("--baseline-wasm {}: no such file", wasm.display())
-        }
-        None if baseline_arms => anyhow::bail!("the baseline-ARM arms need --baseline-wasm"),
-        _ => opts.baseline_wasm = args.baseline_wasm.clone(),
+    opts.baseline_wasm = baseline_wasm(args.baseline_wasm.as_deref())?;
+    if baseline_arms && opts.baseline_wasm.is_none() {
+        anyhow::bail!("the baseline-ARM arms need --baseline-wasm");
     }
     if let Some(runs) = args.runs {
         if runs == 0 {
