@@ -837,22 +837,19 @@ pub fn engine_poll_lines(strategies: &[StrategyResult]) -> String {
 /// medians and each run's.
 pub fn replica_lines(strategies: &[StrategyResult]) -> String {
     let find = |peer: Peer| strategies.iter().find(|s| s.strategy == peer);
-    let three = |arm: &'static Peer| Peer::Replicated { arm, envoys: 3 };
+    let through_three = |arm: &'static Peer| find(Peer::Replicated { arm, envoys: 3 });
+    let engine_one = find(Peer::PrefixAwareEngine);
+    let engine_three = through_three(&Peer::PrefixAwareEngine);
+    let default_three = through_three(&Peer::Filter(Strategy::PrefixAware));
     let mut out = String::new();
-    if let (Some(one), Some(three)) = (
-        find(Peer::PrefixAwareEngine),
-        find(three(&Peer::PrefixAwareEngine)),
-    ) {
+    if let (Some(one), Some(three)) = (engine_one, engine_three) {
         out.push_str(&compare(
             "3 Envoys over 1, both with engine load",
             three,
             one,
         ));
     }
-    if let (Some(without), Some(with)) = (
-        find(three(&Peer::Filter(Strategy::PrefixAware))),
-        find(three(&Peer::PrefixAwareEngine)),
-    ) {
+    if let (Some(without), Some(with)) = (default_three, engine_three) {
         out.push_str(&compare(
             "3 Envoys with engine load over 3 without",
             with,
