@@ -205,16 +205,18 @@ impl<S: SharedStore> LoadTracker<S> {
             let (hash, instance) = (key_hash(key), addr_hash(start.address));
             self.learned.learn(tables, hash, slot, instance, now_ms);
         }
-        let read = self.registry.take_recent(slot, now_ms);
         if start.counted == Some(start.address) {
             // Already counted by the decision; just keep last-seen fresh.
-            let record = read.unwrap_or_else(|| self.registry.read(tables, slot));
-            self.refresh_last_seen(slot, &record.record, start.address, now_ms);
+            let record = self.registry.seen_record(tables, slot, now_ms);
+            self.refresh_last_seen(slot, &record, start.address, now_ms);
             return None;
         }
+        let read = self.registry.take_recent(slot, now_ms);
         let counted = self
             .columns
             .add(tables, slot, start.address, Count::Serving, read, now_ms);
+        // Seen serving: the copy's last seen and suspect flag are behind.
+        self.registry.forget_copy(slot);
         match counted {
             Claim::Claimed(ticket) => Some(ticket),
             _ => None,
@@ -236,6 +238,7 @@ impl<S: SharedStore> LoadTracker<S> {
             && (record.suspect || now_ms.saturating_sub(record.last_seen_ms) >= refresh_ms);
         if stale {
             self.columns.publish(&self.tables, slot, Some(now_ms));
+            self.registry.forget_copy(slot);
         }
     }
 
@@ -409,14 +412,22 @@ impl<S: SharedStore> LoadView for LoadTracker<S> {
             Count::Capped(Limit { cap, pending })
         });
         let read = self.registry.take_recent(instance.slot, now_ms);
-        self.columns.add(
+        let claim = self.columns.add(
             &self.tables,
             instance.slot,
             &instance.address,
             count,
             read,
             now_ms,
-        )
+        );
+        if !matches!(claim, Claim::Claimed(_)) {
+            // Refused: the count (or the slot) changed since this VM's copy
+            // was read, most likely by another VM deciding now too, whose
+            // other claims the copies miss as well: the next choice reads
+            // every record again.
+            self.registry.forget_copies();
+        }
+        claim
     }
 
     fn least_busy_other(
@@ -598,8 +609,7 @@ impl<S: SharedStore> LoadTracker<S> {
     fn fresh_candidates(&mut self, now_ms: u64) -> Vec<Candidate> {
         self.registry
             .seed_configured(&self.tables, &mut self.columns, now_ms);
-        let epoch = Registry::epoch(&self.tables).epoch;
-        self.registry.rescan_if_changed(&self.tables, epoch);
+        self.registry.rescan_if_changed(&self.tables, now_ms);
         let mut candidates = self
             .registry
             .candidates(&self.tables, &mut self.columns, now_ms);
@@ -630,6 +640,7 @@ impl<S: SharedStore> LoadTracker<S> {
 mod index_session_tests {
     use std::rc::Rc;
 
+    use super::registry::RECORD_CACHE_MS;
     use super::*;
     use crate::shared::MemoryStore;
 
@@ -702,6 +713,57 @@ mod index_session_tests {
             tracker.release(ticket, NOW + 1);
         }
         assert_eq!(tracker.in_flight(&b, NOW + 1), Some(0));
+    }
+
+    #[test]
+    fn decisions_read_records_once_per_window_and_see_their_own_claims_at_once() {
+        let store = Rc::new(MemoryStore::new());
+        let (mut vm_a, mut vm_b) = (tracker(&store, 1), tracker(&store, 2));
+        let load_on = |vm: &mut LoadTracker<Rc<MemoryStore>>, address, now| {
+            named(&vm.candidates(now), address).in_flight
+        };
+        vm_a.candidates(NOW);
+        let reads = store.reads();
+        let candidates = vm_a.candidates(NOW + 1);
+        assert_eq!(store.reads(), reads, "no read within the window");
+        // Its own claim: seen at once, from the copy.
+        let b = named(&candidates, B).instance.clone();
+        let Claim::Claimed(own) = vm_a.claim(&b, None, Some(5), NOW + 1) else {
+            panic!("room on B");
+        };
+        assert_eq!(load_on(&mut vm_a, B, NOW + 2), 1);
+        // Its upstream filter finds the decision's count there: no read.
+        let reads = store.reads();
+        let counted = UpstreamStart {
+            address: B,
+            key: None,
+            overridden: true,
+            counted: Some(B),
+        };
+        assert!(vm_a.upstream_started(counted, NOW + 2).is_none());
+        assert_eq!(store.reads(), reads, "the copy's slot and last seen");
+        // Another VM's claim: seen once the copy is RECORD_CACHE_MS old.
+        let a = named(&candidates, A).instance.clone();
+        let Claim::Claimed(other) = vm_b.claim(&a, None, Some(5), NOW + 2) else {
+            panic!("room on A");
+        };
+        assert_eq!(load_on(&mut vm_a, A, NOW + 3), 0, "the copy of NOW");
+        assert_eq!(load_on(&mut vm_a, A, NOW + RECORD_CACHE_MS), 1);
+        // A claim that finds a count moved since the copy drops every copy,
+        // so the next choice sees the counts at once.
+        let (mut vm_c, mut vm_d) = (tracker(&store, 3), tracker(&store, 4));
+        assert_eq!(load_on(&mut vm_c, A, NOW + 10), 1);
+        let Claim::Claimed(moved) = vm_d.claim(&a, None, Some(5), NOW + 10) else {
+            panic!("room on A");
+        };
+        assert!(matches!(
+            vm_c.claim(&a, None, Some(2), NOW + 11),
+            Claim::Full { .. }
+        ));
+        assert_eq!(load_on(&mut vm_c, A, NOW + 11), 2);
+        vm_a.release(own, NOW + 12);
+        vm_b.release(other, NOW + 12);
+        vm_d.release(moved, NOW + 12);
     }
 
     #[test]

@@ -23,6 +23,20 @@ const PROBE_LEN: u16 = 8;
 /// tried again.
 const SEED_RETRY_MS: u64 = 1_000;
 
+/// How long a VM decides on the instance records and registry epoch it read
+/// before reading them again. Reading every instance's record is most of a
+/// decision's host calls (7 of 11 shared-data reads for a held prompt over 7
+/// instances, about 3 µs each inside Envoy), and what decisions compare in
+/// them, other VMs' in-flight counts, changes at the pace requests start and
+/// end: an inference request lasts tens of milliseconds at the least, so a
+/// count seen 5 ms late is the count of the same requests but those the other
+/// VMs started or ended meanwhile. This VM's own counts are exact in every
+/// decision (kept locally), its own changes to a record are seen at once
+/// (the copy is dropped), and every write still goes by compare-and-swap on
+/// a read of the same decision, so the cap stays exact; a claim that finds a
+/// count moved since the copy drops every copy (`LoadTracker::claim`).
+pub(crate) const RECORD_CACHE_MS: u64 = 5;
+
 /// What [`Registry::find_slot`] does with an address it does not find.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Lookup {
@@ -63,6 +77,11 @@ pub(super) struct Registry {
     /// claim or check that follows in the same decision (one shared-data
     /// read, a host call, fewer). See [`Registry::take_recent`].
     recent: Vec<RecentRead>,
+    /// Every instance record as this VM last read it, with when: what
+    /// decisions compare for [`RECORD_CACHE_MS`] (never a write's token).
+    cached: HashMap<u16, (u64, InstanceRecord)>,
+    /// When this VM last read the registry epoch.
+    epoch_read_ms: Option<u64>,
     /// The configured instances (`instances`): fresh whatever their last
     /// seen time, unless suspected gone.
     configured: BTreeSet<String>,
@@ -79,6 +98,8 @@ impl Registry {
             known_slots: BTreeSet::new(),
             scanned_epoch: None,
             recent: Vec::new(),
+            cached: HashMap::new(),
+            epoch_read_ms: None,
             configured: BTreeSet::new(),
             seed_failed_ms: None,
         }
@@ -158,9 +179,13 @@ impl Registry {
                     Change::Write(())
                 },
             );
-            if matches!(kept, Updated::Kept(false)) {
-                self.slot_of.remove(&address);
-                self.seed_failed_ms = None;
+            match kept {
+                Updated::Kept(false) => {
+                    self.slot_of.remove(&address);
+                    self.seed_failed_ms = None;
+                }
+                Updated::Written(()) => self.forget_copy(slot),
+                Updated::Kept(true) | Updated::Failed => {}
             }
         }
         self.seed_configured(tables, columns, now_ms);
@@ -191,6 +216,55 @@ impl Registry {
         slot: u16,
     ) -> Read<InstanceRecord> {
         tables.read(&instance_key(tables, slot))
+    }
+
+    /// This VM's copy of `slot`'s record, read now unless it read one within
+    /// [`RECORD_CACHE_MS`]; a read made now is also kept for this decision's
+    /// claim ([`Self::take_recent`]).
+    fn keep_copy<S: SharedStore>(
+        &mut self,
+        tables: &Tables<S>,
+        slot: u16,
+        now_ms: u64,
+    ) -> &InstanceRecord {
+        if self.copy(slot, now_ms).is_none() {
+            let read = self.read(tables, slot);
+            self.cached.insert(slot, (now_ms, read.record.clone()));
+            self.remember_read(slot, now_ms, read);
+        }
+        // Present: kept just now or within the window.
+        &self.cached.entry(slot).or_default().1
+    }
+
+    /// This VM's copy of `slot`'s record, if read within [`RECORD_CACHE_MS`].
+    fn copy(&self, slot: u16, now_ms: u64) -> Option<&InstanceRecord> {
+        self.cached
+            .get(&slot)
+            .filter(|(read_ms, _)| now_ms.saturating_sub(*read_ms) < RECORD_CACHE_MS)
+            .map(|(_, record)| record)
+    }
+
+    /// `slot`'s record as decisions see it: this VM's copy if read within
+    /// [`RECORD_CACHE_MS`], else read now.
+    pub(super) fn seen_record<S: SharedStore>(
+        &mut self,
+        tables: &Tables<S>,
+        slot: u16,
+        now_ms: u64,
+    ) -> InstanceRecord {
+        self.keep_copy(tables, slot, now_ms).clone()
+    }
+
+    /// Drops this VM's copy of `slot`'s record: it just changed the record
+    /// beyond its own count cell (registration, last seen, suspect), which
+    /// its next decision must see.
+    pub(super) fn forget_copy(&mut self, slot: u16) {
+        self.cached.remove(&slot);
+    }
+
+    /// Drops every copy: the next decision reads every record again.
+    pub(super) fn forget_copies(&mut self) {
+        self.cached.clear();
     }
 
     /// Keeps a record just read for the next [`Self::take_recent`] of the
@@ -239,9 +313,7 @@ impl Registry {
             return None;
         }
         if let Some(&slot) = self.slot_of.get(address) {
-            let read = self.read(tables, slot);
-            if read.record.address == address {
-                self.remember_read(slot, now_ms, read);
+            if self.keep_copy(tables, slot, now_ms).address == address {
                 return Some(slot);
             }
             self.slot_of.remove(address);
@@ -300,7 +372,7 @@ impl Registry {
     /// Writes a new record for `address` into `slot` if it is still free or
     /// reusable (true if `address` holds it now), and announces it.
     fn register_in<S: SharedStore>(
-        &self,
+        &mut self,
         tables: &Tables<S>,
         columns: &mut Columns,
         slot: u16,
@@ -322,6 +394,7 @@ impl Registry {
         );
         match registered {
             Updated::Written(()) => {
+                self.forget_copy(slot);
                 Self::bump_epoch(tables);
                 true
             }
@@ -353,7 +426,7 @@ impl Registry {
         let Some(slot) = self.find_slot(tables, columns, address, now_ms, Lookup::Only) else {
             return;
         };
-        tables.update(
+        let marked = tables.update(
             &instance_key(tables, slot),
             |record: &mut InstanceRecord| -> Change<()> {
                 if record.address != address || record.suspect {
@@ -363,6 +436,9 @@ impl Registry {
                 Change::Write(())
             },
         );
+        if marked == Updated::Written(()) {
+            self.forget_copy(slot);
+        }
     }
 
     /// The registry epoch.
@@ -394,6 +470,7 @@ impl Registry {
             let record = self.read(tables, slot).record;
             if record.is_free() {
                 self.known_slots.remove(&slot);
+                self.forget_copy(slot);
                 continue;
             }
             self.known_slots.insert(slot);
@@ -402,14 +479,23 @@ impl Registry {
     }
 
     /// Rescans the slots if another VM registered an instance since this VM
-    /// last looked (`epoch`: the registry epoch just read).
-    pub(super) fn rescan_if_changed<S: SharedStore>(&mut self, tables: &Tables<S>, epoch: u64) {
-        if self.scanned_epoch != Some(epoch) {
+    /// last looked, reading the registry epoch at most every
+    /// [`RECORD_CACHE_MS`].
+    pub(super) fn rescan_if_changed<S: SharedStore>(&mut self, tables: &Tables<S>, now_ms: u64) {
+        let read_lately = self
+            .epoch_read_ms
+            .is_some_and(|read_ms| now_ms.saturating_sub(read_ms) < RECORD_CACHE_MS);
+        if read_lately {
+            return;
+        }
+        self.epoch_read_ms = Some(now_ms);
+        if self.scanned_epoch != Some(Self::epoch(tables).epoch) {
             self.scan(tables, |_, _| {});
         }
     }
 
-    /// Every fresh known instance with its in-flight count. Their reads are
+    /// Every fresh known instance with its in-flight count, from this VM's
+    /// copies of their records ([`RECORD_CACHE_MS`]). The reads made now are
     /// kept for the decision's claim ([`Self::take_recent`]).
     pub(super) fn candidates<S: SharedStore>(
         &mut self,
@@ -417,24 +503,23 @@ impl Registry {
         columns: &mut Columns,
         now_ms: u64,
     ) -> Vec<Candidate> {
-        let mut out = Vec::with_capacity(self.known_slots.len());
+        let slots: Vec<u16> = self.known_slots.iter().copied().collect();
+        let mut out = Vec::with_capacity(slots.len());
         self.recent.clear();
-        for &slot in &self.known_slots {
-            let read = self.read(tables, slot);
-            if !self.is_fresh(&read.record, now_ms) {
+        for slot in slots {
+            self.keep_copy(tables, slot, now_ms);
+            let Some(record) = self.copy(slot, now_ms) else {
+                continue;
+            };
+            if !self.is_fresh(record, now_ms) {
                 continue;
             }
-            let in_flight = columns.total(tables, slot, &read.record, now_ms);
+            let in_flight = columns.total(tables, slot, record, now_ms);
             let instance = InstanceRef {
                 slot,
-                address: read.record.address.clone(),
+                address: record.address.clone(),
             };
             out.push(Candidate::local(instance, in_flight));
-            self.recent.push(RecentRead {
-                slot,
-                at_ms: now_ms,
-                read,
-            });
         }
         out
     }
