@@ -23,7 +23,7 @@ use serde_json::json;
 use super::bodies;
 use super::closed_loop;
 use super::engine_load::{engine_load_config, poll_counts_of, with_engine_cluster};
-use super::instant_upstream::{CountsSnapshot, InstantUpstream};
+use super::instant_upstream::{InstantFleet, FLEET_SIZE};
 use super::overhead::{envoy_cpu_ns, figures, warmed_targets, OverheadOptions, Side, SideFigures};
 use super::stats::median;
 use super::vllm_metrics_body::vllm_metrics_body;
@@ -31,9 +31,6 @@ use crate::envoy::Envoy;
 
 /// The filter's default key header (the upstreams count requests carrying it).
 const KEY_HEADER: &str = "x-prefix-route-key";
-
-/// Upstreams, as the routing benchmark's fleet.
-pub const UPSTREAMS: usize = 7;
 
 /// The request measured: a chat completion of 8 KiB (within the default
 /// `prefix_length`, so the whole prompt is read).
@@ -125,17 +122,15 @@ pub fn run(
 ) -> anyhow::Result<EngineLoadOverhead> {
     let body = vllm_metrics_body(3, 1, 0.42);
     let metrics = Bytes::from(body.clone());
-    let upstreams: Vec<InstantUpstream> = (0..UPSTREAMS)
-        .map(|_| InstantUpstream::with_metrics(KEY_HEADER, metrics.clone()))
-        .collect::<anyhow::Result<_>>()?;
-    let addrs: Vec<SocketAddr> = upstreams.iter().map(|u| u.addr()).collect();
+    let fleet = InstantFleet::start(KEY_HEADER, Some(metrics))?;
+    let addrs = fleet.addrs();
     progress(&format!(
-        "engine load: {UPSTREAMS} upstreams answering GET /metrics with {} bytes ({} lines) shaped as vLLM's",
+        "engine load: {FLEET_SIZE} upstreams answering GET /metrics with {} bytes ({} lines) shaped as vLLM's",
         body.len(),
         body.lines().count()
     ));
     let under_requests =
-        under_requests(runtime, opts, &upstreams, &addrs).context("engine load under requests")?;
+        under_requests(runtime, opts, &fleet, &addrs).context("engine load under requests")?;
     progress(&format!(
         "  p50 added over no filter: defaults +{:.0} µs, + engine_load +{:.0} µs (engine_load over defaults {:+.0} µs, rounds {:?}); Envoy CPU per request added: defaults +{:.0}, + engine_load +{:.0} µs (over defaults {:+.1} µs); {} polls answered in {:.1} s",
         under_requests.defaults_p50_added_us,
@@ -167,7 +162,7 @@ pub fn run(
     }
     let polled = under_requests.metrics_polls > 0 || idle.sides.iter().any(|s| s.polls_per_s > 0.0);
     Ok(EngineLoadOverhead {
-        upstreams: UPSTREAMS,
+        upstreams: FLEET_SIZE,
         metrics_body_bytes: body.len(),
         metrics_body_lines: body.lines().count(),
         polled,
@@ -212,22 +207,10 @@ fn start_envoy(
     Ok(builder.start()?)
 }
 
-fn total_counts(upstreams: &[InstantUpstream]) -> CountsSnapshot {
-    upstreams
-        .iter()
-        .map(|u| u.counts())
-        .fold(CountsSnapshot::default(), |a, b| CountsSnapshot {
-            keyed: a.keyed + b.keyed,
-            unkeyed: a.unkeyed + b.unkeyed,
-            body_bytes: a.body_bytes + b.body_bytes,
-            metrics: a.metrics + b.metrics,
-        })
-}
-
 fn under_requests(
     runtime: &tokio::runtime::Runtime,
     opts: &OverheadOptions,
-    upstreams: &[InstantUpstream],
+    fleet: &InstantFleet,
     addrs: &[SocketAddr],
 ) -> anyhow::Result<UnderRequests> {
     let envoys = [
@@ -243,18 +226,18 @@ fn under_requests(
     let mut measured = Duration::ZERO;
     for round in 0..opts.rounds {
         let cpu_before = cpu_of(&envoys)?;
-        let polls_before = total_counts(upstreams).metrics;
+        let polls_before = fleet.counts().metrics;
         let started = Instant::now();
         let latency = runtime.block_on(closed_loop::interleaved(&targets, opts.latency_phase))?;
         measured += started.elapsed();
-        metrics_polls += total_counts(upstreams).metrics - polls_before;
+        metrics_polls += fleet.counts().metrics - polls_before;
         let cpu_after = cpu_of(&envoys)?;
         for (index, (side, phase)) in sides.iter_mut().zip(latency).enumerate() {
             side.record_latency(phase, cpu_after[index].saturating_sub(cpu_before[index]))?;
         }
         for step in 0..SIDES {
             let index = (round + step) % SIDES;
-            let before = total_counts(upstreams);
+            let before = fleet.counts();
             let cpu_before = envoy_cpu_ns(&envoys[index])?;
             let started = Instant::now();
             let throughput = runtime.block_on(closed_loop::run(
@@ -264,7 +247,7 @@ fn under_requests(
             ))?;
             measured += started.elapsed();
             let cpu_used = envoy_cpu_ns(&envoys[index])?.saturating_sub(cpu_before);
-            let seen = total_counts(upstreams).since(before);
+            let seen = fleet.counts().since(before);
             metrics_polls += seen.metrics;
             keyed_ok[index] &= sides[index].record_throughput(
                 &throughput,

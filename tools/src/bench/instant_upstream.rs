@@ -1,7 +1,7 @@
-//! The upstream of the overhead benchmark: a hyper server on one thread
-//! (current-thread runtime) that reads each request body to its end and
-//! answers 200 at once, so what is measured is Envoy and the filter, not an
-//! upstream. It counts requests that carried the routing key header, which
+//! The upstreams of the overhead benchmark, a fleet of 7 on one thread: hyper
+//! servers (one current-thread runtime) that read each request body to its
+//! end and answer 200 at once, so what is measured is Envoy and the filter, not
+//! an upstream. It counts requests that carried the routing key header, which
 //! proves the filter really ran (or really did not) in each configuration.
 //! Started with a metrics body, it answers `GET /metrics` with it, as an
 //! engine does to the filter's engine-load poller, and counts those apart.
@@ -53,30 +53,38 @@ impl CountsSnapshot {
     }
 }
 
-/// A running instant upstream; stopped when dropped.
-pub struct InstantUpstream {
-    addr: SocketAddr,
+/// Instances in a benchmark's fleet of instant upstreams, as in the routing
+/// benchmark's and `envoy/envoy.yaml`'s.
+pub const FLEET_SIZE: usize = 7;
+
+/// [`FLEET_SIZE`] instant upstreams behind one Envoy cluster, served by one
+/// thread and counted as one; stopped when dropped. One thread, so that a
+/// fleet costs the machine what one upstream does: the benchmark measures
+/// Envoy and the filter deciding over a fleet, not 7 more threads on its
+/// cores.
+pub struct InstantFleet {
+    addrs: Vec<SocketAddr>,
     counts: Arc<Counts>,
     shutdown: Option<oneshot::Sender<()>>,
     thread: Option<JoinHandle<()>>,
 }
 
-impl InstantUpstream {
-    /// Starts on an ephemeral loopback port; requests carrying `key_header` count as keyed.
-    pub fn start(key_header: &str) -> anyhow::Result<Self> {
-        Self::start_serving(key_header, None)
-    }
-
-    /// [`InstantUpstream::start`], answering `GET /metrics` with `metrics`.
-    pub fn with_metrics(key_header: &str, metrics: Bytes) -> anyhow::Result<Self> {
-        Self::start_serving(key_header, Some(metrics))
-    }
-
-    fn start_serving(key_header: &str, metrics: Option<Bytes>) -> anyhow::Result<Self> {
-        let listener =
-            std::net::TcpListener::bind("127.0.0.1:0").context("binding the upstream")?;
-        listener.set_nonblocking(true)?;
-        let addr = listener.local_addr()?;
+impl InstantFleet {
+    /// Starts on ephemeral loopback ports; requests carrying `key_header`
+    /// count as keyed. With `metrics`, answers `GET /metrics` with it.
+    pub fn start(key_header: &str, metrics: Option<Bytes>) -> anyhow::Result<Self> {
+        let listeners = (0..FLEET_SIZE)
+            .map(|_| {
+                let listener =
+                    std::net::TcpListener::bind("127.0.0.1:0").context("binding an upstream")?;
+                listener.set_nonblocking(true)?;
+                Ok(listener)
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let addrs = listeners
+            .iter()
+            .map(std::net::TcpListener::local_addr)
+            .collect::<std::io::Result<Vec<_>>>()?;
         let counts = Arc::new(Counts::default());
         let (shutdown, stop) = oneshot::channel();
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -90,24 +98,30 @@ impl InstantUpstream {
             .name("instant-upstream".into())
             .spawn(move || {
                 runtime.block_on(async move {
-                    tokio::select! {
-                        _ = serve(listener, key_header, metrics, thread_counts) => {}
-                        _ = stop => {}
+                    for listener in listeners {
+                        tokio::spawn(serve(
+                            listener,
+                            key_header.clone(),
+                            metrics.clone(),
+                            Arc::clone(&thread_counts),
+                        ));
                     }
+                    let _ = stop.await;
                 });
             })?;
-        Ok(InstantUpstream {
-            addr,
+        Ok(InstantFleet {
+            addrs,
             counts,
             shutdown: Some(shutdown),
             thread: Some(thread),
         })
     }
 
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
+    pub fn addrs(&self) -> Vec<SocketAddr> {
+        self.addrs.clone()
     }
 
+    /// Every upstream's counts together.
     pub fn counts(&self) -> CountsSnapshot {
         CountsSnapshot {
             keyed: self.counts.keyed.load(Ordering::Relaxed),
@@ -118,7 +132,7 @@ impl InstantUpstream {
     }
 }
 
-impl Drop for InstantUpstream {
+impl Drop for InstantFleet {
     fn drop(&mut self) {
         if let Some(shutdown) = self.shutdown.take() {
             let _ = shutdown.send(());

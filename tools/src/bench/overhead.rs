@@ -1,6 +1,7 @@
 //! `bench overhead`: what the filter adds to each request. The same Envoy
 //! configuration (`envoy/envoy.yaml`) runs four ways in front of the same
-//! instant upstream: without the filter, with the filter routing
+//! fleet of 7 instant upstreams (listed as `instances`, as the shipped
+//! configuration lists its 7): without the filter, with the filter routing
 //! (PREFIX_AWARE, as shipped: listener filter and the cluster's upstream
 //! filter), with the filter counting in the listener alone (PREFIX_AWARE,
 //! `counting: LISTENER`, no upstream filter), and with the floor filter
@@ -25,6 +26,7 @@
 //! Then what `engine_load` costs, in front of 7 upstreams serving `/metrics`
 //! ([`super::engine_overhead`]): under requests and idle.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -35,7 +37,7 @@ use serde_json::json;
 
 use super::closed_loop::{self, PhaseResult, Target};
 use super::cpu::process_cpu_ns;
-use super::instant_upstream::{CountsSnapshot, InstantUpstream};
+use super::instant_upstream::{CountsSnapshot, InstantFleet, FLEET_SIZE};
 use super::stats::{median, percentile, sorted};
 use super::{bodies, load_average};
 use crate::envoy::{Envoy, EnvoyBuilder, ENVOY_VERSION};
@@ -332,8 +334,9 @@ pub fn run(
         Some(path) => path.clone(),
         None => crate::envoy::require_floor_wasm()?,
     };
-    let upstream = InstantUpstream::start(KEY_HEADER)?;
-    let without = start_envoy(opts, None, upstream.addr())?;
+    let fleet = InstantFleet::start(KEY_HEADER, None)?;
+    let addrs = fleet.addrs();
+    let without = start_envoy(opts, None, &addrs)?;
     let mut results = Vec::new();
     for case in cases() {
         progress(&format!(
@@ -342,25 +345,25 @@ pub fn run(
         ));
         let with = start_envoy(
             opts,
-            Some(prefix_aware_config(opts, case.prefix_length)),
-            upstream.addr(),
+            Some(prefix_aware_config(opts, case.prefix_length, &addrs)),
+            &addrs,
         )?;
-        let listener = start_listener_counting_envoy(opts, case.prefix_length, upstream.addr())?;
-        let floor = start_floor_envoy(opts, &floor_wasm, case.prefix_length, upstream.addr())?;
+        let listener = start_listener_counting_envoy(opts, case.prefix_length, &addrs)?;
+        let floor = start_floor_envoy(opts, &floor_wasm, case.prefix_length, &addrs)?;
         let baseline = match &opts.baseline_wasm {
             Some(wasm) => Some(start_from(
                 &OverheadOptions {
                     wasm: Some(wasm.clone()),
                     ..opts.clone()
                 },
-                envoy_builder(opts, upstream.addr()),
-                Some(prefix_aware_config(opts, case.prefix_length)),
+                envoy_builder(opts, &addrs),
+                Some(prefix_aware_config(opts, case.prefix_length, &addrs)),
             )?),
             None => None,
         };
         let mut envoys = vec![&without, &floor, &listener, &with];
         envoys.extend(baseline.as_ref());
-        let result = measure_case(&runtime, opts, &case, &envoys, &upstream)
+        let result = measure_case(&runtime, opts, &case, &envoys, &fleet)
             .with_context(|| format!("case {}", case.name))?;
         progress(&format!(
             "  p50 without {:.0} / floor {:.0} / listener counting {:.0} / as shipped {:.0} µs (added: floor +{:.0}, listener +{:.0}, shipped +{:.0}), p99 added +{:.0} / +{:.0}, rps ratio x{:.3} / x{:.3}, Envoy CPU per request {:.0} µs without (added: floor +{:.0}, listener +{:.0}, shipped +{:.0})",
@@ -407,9 +410,11 @@ pub fn run(
         matching: opts.matching.clone(),
         envoy_version: ENVOY_VERSION,
         envoy_workers: opts.envoy_workers,
-        client: "hyper 1 HTTP/1.1 keep-alive, tokio current-thread runtime (1 thread); \
-                 upstream: hyper on its own current-thread runtime, reads the body, answers 200"
-            .to_string(),
+        client: format!(
+            "hyper 1 HTTP/1.1 keep-alive, tokio current-thread runtime (1 thread); \
+             upstreams: {FLEET_SIZE}, listed as `instances`, each hyper on its own \
+             current-thread runtime, reads the body, answers 200"
+        ),
         rounds: opts.rounds,
         latency_concurrency: 1,
         throughput_concurrency: opts.throughput_concurrency,
@@ -446,13 +451,14 @@ pub fn load_for_profiling(
         .into_iter()
         .find(|c| c.name == case_name)
         .ok_or_else(|| anyhow::anyhow!("no case {case_name}"))?;
-    let upstream = InstantUpstream::start(KEY_HEADER)?;
+    let fleet = InstantFleet::start(KEY_HEADER, None)?;
+    let addrs = fleet.addrs();
     let plugin_config = match configuration {
         Configuration::Without => None,
         Configuration::Idle => Some(json!({"strategy": "RANDOM", "key_header": KEY_HEADER})),
-        Configuration::With => Some(prefix_aware_config(opts, case.prefix_length)),
+        Configuration::With => Some(prefix_aware_config(opts, case.prefix_length, &addrs)),
     };
-    let envoy = start_envoy(opts, plugin_config, upstream.addr())?;
+    let envoy = start_envoy(opts, plugin_config, &addrs)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -478,11 +484,16 @@ pub fn load_for_profiling(
 }
 
 /// The plugin configuration of the PREFIX_AWARE configurations.
-fn prefix_aware_config(opts: &OverheadOptions, prefix_length: usize) -> serde_json::Value {
+fn prefix_aware_config(
+    opts: &OverheadOptions,
+    prefix_length: usize,
+    fleet: &[SocketAddr],
+) -> serde_json::Value {
     let mut config = json!({
         "strategy": "PREFIX_AWARE",
         "prefix_length": prefix_length,
         "key_header": KEY_HEADER,
+        "instances": fleet.iter().map(SocketAddr::to_string).collect::<Vec<_>>(),
     });
     if let Some(matching) = &opts.matching {
         config["match"] = json!(matching);
@@ -494,9 +505,9 @@ fn prefix_aware_config(opts: &OverheadOptions, prefix_length: usize) -> serde_js
 fn start_envoy(
     opts: &OverheadOptions,
     plugin_config: Option<serde_json::Value>,
-    upstream: std::net::SocketAddr,
+    fleet: &[SocketAddr],
 ) -> anyhow::Result<Envoy> {
-    start_from(opts, envoy_builder(opts, upstream), plugin_config)
+    start_from(opts, envoy_builder(opts, fleet), plugin_config)
 }
 
 /// `builder` with this filter (its .wasm from `opts`) and `plugin_config`,
@@ -518,10 +529,10 @@ fn start_from(
     Ok(builder.start()?)
 }
 
-/// What every configuration shares: `envoy/envoy.yaml` in front of `upstream`.
-fn envoy_builder(opts: &OverheadOptions, upstream: std::net::SocketAddr) -> EnvoyBuilder {
+/// What every configuration shares: `envoy/envoy.yaml` in front of `fleet`.
+fn envoy_builder(opts: &OverheadOptions, fleet: &[SocketAddr]) -> EnvoyBuilder {
     Envoy::builder()
-        .upstreams([upstream])
+        .upstreams(fleet.iter().copied())
         .concurrency(opts.envoy_workers)
         .log_level("warning")
 }
@@ -531,11 +542,11 @@ fn envoy_builder(opts: &OverheadOptions, upstream: std::net::SocketAddr) -> Envo
 fn start_listener_counting_envoy(
     opts: &OverheadOptions,
     prefix_length: usize,
-    upstream: std::net::SocketAddr,
+    fleet: &[SocketAddr],
 ) -> anyhow::Result<Envoy> {
-    let mut config = prefix_aware_config(opts, prefix_length);
+    let mut config = prefix_aware_config(opts, prefix_length, fleet);
     config["counting"] = json!("LISTENER");
-    let builder = envoy_builder(opts, upstream).listener_filter_only();
+    let builder = envoy_builder(opts, fleet).listener_filter_only();
     start_from(opts, builder, Some(config))
 }
 
@@ -545,9 +556,9 @@ fn start_floor_envoy(
     opts: &OverheadOptions,
     floor_wasm: &std::path::Path,
     prefix_length: usize,
-    upstream: std::net::SocketAddr,
+    fleet: &[SocketAddr],
 ) -> anyhow::Result<Envoy> {
-    Ok(envoy_builder(opts, upstream)
+    Ok(envoy_builder(opts, fleet)
         .listener_filter_only()
         .wasm(floor_wasm)
         .plugin_config(prefix_length.to_string())
@@ -641,7 +652,7 @@ fn measure_case(
     opts: &OverheadOptions,
     case: &Case,
     envoys: &[&Envoy],
-    upstream: &InstantUpstream,
+    fleet: &InstantFleet,
 ) -> anyhow::Result<CaseResult> {
     let count = envoys.len();
     let targets = warmed_targets(runtime, opts, envoys, case.path, case.body())?;
@@ -658,7 +669,7 @@ fn measure_case(
         }
         for step in 0..count {
             let index = (round + step) % count;
-            let before = upstream.counts();
+            let before = fleet.counts();
             let cpu_before = envoy_cpu_ns(envoys[index])?;
             let throughput = runtime.block_on(closed_loop::run(
                 &targets[index],
@@ -666,7 +677,7 @@ fn measure_case(
                 opts.throughput_phase,
             ))?;
             let cpu_used = envoy_cpu_ns(envoys[index])?.saturating_sub(cpu_before);
-            let seen = upstream.counts().since(before);
+            let seen = fleet.counts().since(before);
             keyed_ok[index] &= sides[index].record_throughput(
                 &throughput,
                 seen,
