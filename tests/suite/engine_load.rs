@@ -68,19 +68,32 @@ fn plugin_config(engine: serde_json::Value) -> String {
     .to_string()
 }
 
-fn start(
+fn start(engine: serde_json::Value, prepare: impl FnOnce(&UpstreamFleet)) -> Harness {
+    let config = plugin_config(engine);
+    Harness::start_prepared(prepare, move |b| b.concurrency(2).plugin_config(config))
+}
+
+/// [`start`], with one more instance listed whose port is closed: taken
+/// from the system once the fleet listens (so it cannot be one of theirs),
+/// then released. Returns its address too.
+fn start_with_closed_instance(
     engine: serde_json::Value,
     prepare: impl FnOnce(&UpstreamFleet),
-    extra_instance: Option<SocketAddr>,
-) -> Harness {
+) -> (Harness, SocketAddr) {
     let config = plugin_config(engine);
-    Harness::start_prepared(prepare, move |b| {
-        let b = b.concurrency(2).plugin_config(config);
-        match extra_instance {
-            None => b,
-            Some(addr) => b.edit(move |c| add_configured_instance(c, addr)),
-        }
-    })
+    let closed = std::rc::Rc::new(std::cell::Cell::new(None));
+    let chosen = std::rc::Rc::clone(&closed);
+    let harness = Harness::start_prepared(prepare, move |b| {
+        let addr = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .expect("a free loopback port");
+        chosen.set(Some(addr));
+        b.concurrency(2)
+            .plugin_config(config)
+            .edit(move |c| add_configured_instance(c, addr))
+    });
+    let addr = closed.get().expect("chosen when Envoy was configured");
+    (harness, addr)
 }
 
 /// Appends `addr` to the listener filter's `instances` (after the launcher
@@ -140,7 +153,6 @@ async fn each_instance_is_polled_and_its_figures_are_in_envoys_stats() {
                     .unwrap();
             }
         },
-        None,
     );
     let addrs = harness.fleet.addrs();
     let expected: Vec<(Option<u64>, Option<u64>)> = (0..INSTANCES)
@@ -196,7 +208,6 @@ async fn with_two_workers_each_instance_is_polled_about_once_per_interval() {
                     .unwrap();
             }
         },
-        None,
     );
     wait_until(
         "every instance polled",
@@ -240,13 +251,9 @@ async fn faulty_endpoints_never_delay_or_fail_requests_and_recover() {
         ),
         (3, MetricsReply::Reset, "unreachable"),
     ];
-    // An instance that is gone: listed, its port closed.
-    let closed = {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        listener.local_addr().unwrap()
-    };
+    // And an instance that is gone: listed, its port closed.
     let fault_setup = faults.clone();
-    let harness = start(
+    let (harness, closed) = start_with_closed_instance(
         serde_json::json!({"cluster": CLUSTER, "interval_ms": 1000, "timeout_ms": 1000}),
         move |fleet| {
             for i in 0..INSTANCES {
@@ -259,7 +266,6 @@ async fn faulty_endpoints_never_delay_or_fail_requests_and_recover() {
                 fleet.set_metrics(i, reply).unwrap();
             }
         },
-        Some(closed),
     );
     let addrs = harness.fleet.addrs();
     wait_until(
