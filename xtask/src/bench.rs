@@ -124,6 +124,7 @@ mod tests {
             peers: peers.iter().map(|p| Peer::parse(p).unwrap()).collect(),
             runs: None,
             baseline_wasm: None,
+            envoy_workers: None,
         };
         assert!(needs_bench_python(&args(&[], &[])));
         assert!(needs_bench_python(&args(&["multi-turn", "rag"], &[])));

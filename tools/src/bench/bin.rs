@@ -133,6 +133,9 @@ fn run_routing(args: &RoutingArgs) -> anyhow::Result<()> {
         }
         opts.runs = runs;
     }
+    if let Some(workers) = args.envoy_workers {
+        opts.envoy_workers = workers;
+    }
     eprintln!(
         "routing: {} vllm-sim instances, Envoy {} with {} worker(s), time scale {}",
         routing::INSTANCES,

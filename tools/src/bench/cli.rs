@@ -41,7 +41,7 @@ impl OverheadArgs {
     }
 }
 
-/// `routing [--quick] [--workloads NAME,...] [--peers NAME,...] [--runs N]`.
+/// `routing [--quick] [--workloads NAME,...] [--peers NAME,...] [--runs N] [--envoy-workers N]`.
 #[derive(Debug, Clone, PartialEq, Eq, Args)]
 pub struct RoutingArgs {
     /// A shorter run with the same fields (one run; under 3 minutes for the
@@ -71,6 +71,10 @@ pub struct RoutingArgs {
     /// Repetitions to take medians over (default 3, or 1 with --quick).
     #[arg(long)]
     pub runs: Option<usize>,
+    /// Worker threads of each Envoy (default 1): with more, a filter VM per
+    /// worker decides, and the VMs share their counts through shared data.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub envoy_workers: Option<u32>,
 }
 
 impl RoutingArgs {
@@ -92,6 +96,9 @@ impl RoutingArgs {
         }
         if let Some(wasm) = &self.baseline_wasm {
             args.extend(["--baseline-wasm".to_string(), wasm.display().to_string()]);
+        }
+        if let Some(workers) = self.envoy_workers {
+            args.extend(["--envoy-workers".to_string(), workers.to_string()]);
         }
         args
     }
@@ -175,13 +182,19 @@ mod tests {
                 );
             }
             for workload in [vec![], vec!["rag".to_string(), "multi-turn".to_string()]] {
-                for (peers, runs, baseline_wasm) in [
-                    ("", None, None),
-                    ("sglang,prefix-1024,balanced-3-envoys", Some(5), None),
+                for (peers, runs, baseline_wasm, envoy_workers) in [
+                    ("", None, None, None),
+                    (
+                        "sglang,prefix-1024,balanced-3-envoys",
+                        Some(5),
+                        None,
+                        Some(2),
+                    ),
                     (
                         "balanced,baseline-balanced,baseline-prefix-aware-2-envoys",
                         Some(3),
                         Some("/tmp/previous build/prefix_router.wasm".into()),
+                        None,
                     ),
                 ] {
                     let routing = RoutingArgs {
@@ -194,6 +207,7 @@ mod tests {
                             .collect(),
                         runs,
                         baseline_wasm,
+                        envoy_workers,
                     };
                     assert!(
                         matches!(parse(routing.to_args()), BenchCommand::Routing(r) if r == routing)
