@@ -11,7 +11,7 @@ use super::super::lease::{self, Heartbeat, Lease};
 use super::super::table::{Change, Tables, Updated};
 use super::super::{EngineLoad, InstanceRef, LoadView};
 use super::registry::Lookup;
-use super::{addr_hash, LoadTracker};
+use super::{addr_hash, copy_is_fresh, LoadTracker};
 use crate::shared::SharedStore;
 
 /// How long a VM reuses an engine record it read before reading it again.
@@ -167,7 +167,7 @@ impl<S: SharedStore> LoadTracker<S> {
             .engine_cache
             .by_slot
             .get(&instance.slot)
-            .filter(|(read_at, _)| now_ms.saturating_sub(*read_at) < ENGINE_CACHE_MS)
+            .filter(|(read_at, _)| copy_is_fresh(*read_at, now_ms, ENGINE_CACHE_MS))
             .map(|(_, record)| *record);
         let record = match cached {
             Some(record) => record,

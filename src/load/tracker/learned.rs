@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use super::super::pending::PendingBucket;
 use super::super::routes::{RouteBucket, RouteEntry};
 use super::super::table::{Change, Tables, Updated};
-use super::RESPONSE_CHECK_MS;
+use super::{copy_is_fresh, RESPONSE_CHECK_MS};
 use crate::shared::SharedStore;
 
 /// How long a VM trusts its own copy of a key's learned route before reading
@@ -134,7 +134,7 @@ impl Learned {
     /// [`ROUTE_COPY_MS`] and not expired.
     pub(super) fn route_copy(&self, key_hash: u64, now_ms: u64) -> Option<RouteEntry> {
         let (entry, copied_ms) = self.route_copies.get(&key_hash)?;
-        let recent = now_ms.saturating_sub(*copied_ms) < ROUTE_COPY_MS;
+        let recent = copy_is_fresh(*copied_ms, now_ms, ROUTE_COPY_MS);
         let live = now_ms.saturating_sub(entry.learned_ms) <= self.route_ttl_ms;
         (recent && live).then_some(*entry)
     }

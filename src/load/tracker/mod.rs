@@ -68,6 +68,16 @@ pub struct LoadTracker<S: SharedStore> {
     recent: RecentChoices,
 }
 
+/// Whether this VM's copy of a shared record, read at `read_ms`, may still
+/// stand for it at `now_ms`, for `window_ms`. A copy read "after" now (the
+/// wall clock went back) may not: it would otherwise stand for as long as
+/// the clock went back.
+fn copy_is_fresh(read_ms: u64, now_ms: u64, window_ms: u64) -> bool {
+    now_ms
+        .checked_sub(read_ms)
+        .is_some_and(|age| age < window_ms)
+}
+
 fn addr_hash(address: &str) -> u64 {
     xxh3_64(address.as_bytes())
 }
@@ -764,6 +774,20 @@ mod index_session_tests {
         vm_a.release(own, NOW + 12);
         vm_b.release(other, NOW + 12);
         vm_d.release(moved, NOW + 12);
+        // A clock gone back leaves no copy standing.
+        vm_a.candidates(NOW + 1_000);
+        let reads = store.reads();
+        vm_a.candidates(NOW + 500);
+        assert!(store.reads() > reads, "read again");
+    }
+
+    #[test]
+    fn a_copy_stands_for_its_window_and_never_for_a_clock_gone_back() {
+        assert!(copy_is_fresh(1_000, 1_000, 5));
+        assert!(copy_is_fresh(1_000, 1_004, 5));
+        assert!(!copy_is_fresh(1_000, 1_005, 5));
+        assert!(!copy_is_fresh(1_000, 999, 5));
+        assert!(!copy_is_fresh(1_000, 0, 5));
     }
 
     #[test]

@@ -12,8 +12,8 @@ use std::collections::{BTreeSet, HashMap};
 use super::super::instances::{InstanceRecord, RegistryEpoch, MAX_ADDRESS_LEN};
 use super::super::table::{Change, Read, Tables, Updated};
 use super::super::{Candidate, InstanceRef};
-use super::addr_hash;
 use super::columns::Columns;
+use super::{addr_hash, copy_is_fresh};
 use crate::shared::SharedStore;
 
 /// Slots probed for one address before the registry counts as full for it.
@@ -240,7 +240,7 @@ impl Registry {
     fn copy(&self, slot: u16, now_ms: u64) -> Option<&InstanceRecord> {
         self.cached
             .get(&slot)
-            .filter(|(read_ms, _)| now_ms.saturating_sub(*read_ms) < RECORD_CACHE_MS)
+            .filter(|(read_ms, _)| copy_is_fresh(*read_ms, now_ms, RECORD_CACHE_MS))
             .map(|(_, record)| record)
     }
 
@@ -484,7 +484,7 @@ impl Registry {
     pub(super) fn rescan_if_changed<S: SharedStore>(&mut self, tables: &Tables<S>, now_ms: u64) {
         let read_lately = self
             .epoch_read_ms
-            .is_some_and(|read_ms| now_ms.saturating_sub(read_ms) < RECORD_CACHE_MS);
+            .is_some_and(|read_ms| copy_is_fresh(read_ms, now_ms, RECORD_CACHE_MS));
         if read_lately {
             return;
         }
