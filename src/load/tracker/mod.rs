@@ -9,7 +9,6 @@
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
 use super::engine::EngineView;
-use super::instances::InstanceRecord;
 use super::mark::UpstreamFilterMark;
 use super::prefix_index::{BucketReads, Holder, PrefixIndex, Remembered};
 use super::recent::RecentChoices;
@@ -217,8 +216,7 @@ impl<S: SharedStore> LoadTracker<S> {
         }
         if start.counted == Some(start.address) {
             // Already counted by the decision; just keep last-seen fresh.
-            let record = self.registry.seen_record(tables, slot, now_ms);
-            self.refresh_last_seen(slot, &record, start.address, now_ms);
+            self.refresh_last_seen(slot, start.address, now_ms);
             return None;
         }
         let read = self.registry.take_recent(slot, now_ms);
@@ -233,17 +231,13 @@ impl<S: SharedStore> LoadTracker<S> {
         }
     }
 
-    /// `address` in `slot` is serving: writes its last-seen time if the
-    /// record's is an eighth of the instance TTL old (or it is suspect),
-    /// sparing a shared write per request otherwise.
-    fn refresh_last_seen(
-        &mut self,
-        slot: u16,
-        record: &InstanceRecord,
-        address: &str,
-        now_ms: u64,
-    ) {
+    /// `address` in `slot` is serving: writes its last-seen time if this
+    /// VM's copy of the record ([`registry::RECORD_CACHE_MS`]) shows it an
+    /// eighth of the instance TTL old (or suspect), sparing a shared write
+    /// per request otherwise.
+    fn refresh_last_seen(&mut self, slot: u16, address: &str, now_ms: u64) {
         let refresh_ms = (self.config.instance_ttl_ms / 8).max(1);
+        let record = self.registry.keep_copy(&self.tables, slot, now_ms);
         let stale = record.address == address
             && (record.suspect || now_ms.saturating_sub(record.last_seen_ms) >= refresh_ms);
         if stale {

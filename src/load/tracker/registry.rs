@@ -35,7 +35,7 @@ const SEED_RETRY_MS: u64 = 1_000;
 /// (the copy is dropped), and every write still goes by compare-and-swap on
 /// a read of the same decision, so the cap stays exact; a claim that finds a
 /// count moved since the copy drops every copy (`LoadTracker::claim`).
-pub(crate) const RECORD_CACHE_MS: u64 = 5;
+pub(super) const RECORD_CACHE_MS: u64 = 5;
 
 /// What [`Registry::find_slot`] does with an address it does not find.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -221,7 +221,7 @@ impl Registry {
     /// This VM's copy of `slot`'s record, read now unless it read one within
     /// [`RECORD_CACHE_MS`]; a read made now is also kept for this decision's
     /// claim ([`Self::take_recent`]).
-    fn keep_copy<S: SharedStore>(
+    pub(super) fn keep_copy<S: SharedStore>(
         &mut self,
         tables: &Tables<S>,
         slot: u16,
@@ -242,17 +242,6 @@ impl Registry {
             .get(&slot)
             .filter(|(read_ms, _)| copy_is_fresh(*read_ms, now_ms, RECORD_CACHE_MS))
             .map(|(_, record)| record)
-    }
-
-    /// `slot`'s record as decisions see it: this VM's copy if read within
-    /// [`RECORD_CACHE_MS`], else read now.
-    pub(super) fn seen_record<S: SharedStore>(
-        &mut self,
-        tables: &Tables<S>,
-        slot: u16,
-        now_ms: u64,
-    ) -> InstanceRecord {
-        self.keep_copy(tables, slot, now_ms).clone()
     }
 
     /// Drops this VM's copy of `slot`'s record: it just changed the record

@@ -412,8 +412,8 @@ pub fn run(
         envoy_workers: opts.envoy_workers,
         client: format!(
             "hyper 1 HTTP/1.1 keep-alive, tokio current-thread runtime (1 thread); \
-             upstreams: {FLEET_SIZE}, listed as `instances`, each hyper on its own \
-             current-thread runtime, reads the body, answers 200"
+             upstreams: {FLEET_SIZE}, listed as `instances`, hyper on one current-thread \
+             runtime, each reads the body, answers 200"
         ),
         rounds: opts.rounds,
         latency_concurrency: 1,
