@@ -192,6 +192,7 @@ pub struct EnvoyBuilder {
     startup_timeout: Duration,
     log_level: String,
     extra_args: Vec<String>,
+    extra_env: Vec<(String, std::ffi::OsString)>,
     envoy_binary: Option<PathBuf>,
     endpoints_from_file: bool,
     dynamic_plugin_config: bool,
@@ -273,6 +274,13 @@ impl EnvoyBuilder {
         self
     }
 
+    /// An environment variable for Envoy's process (e.g. `LD_PRELOAD`).
+    pub fn env(mut self, name: impl Into<String>, value: impl AsRef<std::ffi::OsStr>) -> Self {
+        self.extra_env
+            .push((name.into(), value.as_ref().to_os_string()));
+        self
+    }
+
     /// The Envoy binary to run (default: [`find_envoy`]).
     pub fn envoy_binary(mut self, path: impl Into<PathBuf>) -> Self {
         self.envoy_binary = Some(path.into());
@@ -338,6 +346,7 @@ impl EnvoyBuilder {
             startup_timeout: self.startup_timeout,
             log_level: self.log_level,
             extra_args: self.extra_args,
+            extra_env: self.extra_env,
             rendered,
         };
         Ok((launch, value))
@@ -376,6 +385,7 @@ struct Launch {
     startup_timeout: Duration,
     log_level: String,
     extra_args: Vec<String>,
+    extra_env: Vec<(String, std::ffi::OsString)>,
     rendered: render::Rendered,
 }
 
@@ -410,6 +420,7 @@ impl Launch {
             .arg("-l")
             .arg(&self.log_level)
             .args(&self.extra_args)
+            .envs(self.extra_env.iter().map(|(k, v)| (k, v)))
             // Relative paths in a user's configuration resolve as they would for them.
             .current_dir(workspace_root())
             .stdin(Stdio::null())
@@ -527,6 +538,7 @@ impl Envoy {
             startup_timeout: Duration::from_secs(30),
             log_level: "info".to_string(),
             extra_args: Vec::new(),
+            extra_env: Vec::new(),
             envoy_binary: None,
             endpoints_from_file: false,
             dynamic_plugin_config: false,

@@ -21,6 +21,17 @@ pub fn build_floor_wasm() -> anyhow::Result<PathBuf> {
     )
 }
 
+/// Builds the clock test's `LD_PRELOAD` library (`tests/wall-clock-shim`)
+/// for this machine and returns its absolute path.
+pub fn build_wall_clock_shim() -> anyhow::Result<PathBuf> {
+    run(cargo().args(["build", "-p", "prefix-router-wall-clock-shim"]))?;
+    let path = envoy::target_dir()
+        .join("debug")
+        .join("libprefix_router_wall_clock_shim.so");
+    std::fs::canonicalize(&path)
+        .with_context(|| format!("the build did not produce {}", path.display()))
+}
+
 /// Builds one cdylib package for wasm32-wasip1 in release mode and returns
 /// the absolute path of `file`, what it produced.
 pub fn build_wasm_package(package: &str, file: &str) -> anyhow::Result<PathBuf> {
@@ -47,6 +58,7 @@ pub fn test(cargo_test_args: &[String]) -> anyhow::Result<()> {
     let promtool = prereqs::ensure_promtool()?;
     let wasm = build_wasm()?;
     let floor_wasm = build_floor_wasm()?;
+    let wall_clock_shim = build_wall_clock_shim()?;
     // Both suites run even if the first fails, so one run shows every failure.
     let mut native_tests = cargo();
     native_tests
@@ -55,7 +67,8 @@ pub fn test(cargo_test_args: &[String]) -> anyhow::Result<()> {
         .env("PREFIX_ROUTER_WASM", &wasm)
         .env("PREFIX_ROUTER_FLOOR_WASM", &floor_wasm)
         .env("ENVOY_BIN", &found.envoy)
-        .env("PROMTOOL", &promtool);
+        .env("PROMTOOL", &promtool)
+        .env("WALL_CLOCK_SHIM", &wall_clock_shim);
     if let Some(dir) = &python_path {
         native_tests.env("PYTHONPATH", dir);
     }
