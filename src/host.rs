@@ -79,7 +79,11 @@ pub trait Host: SharedStore {
     fn record_metric(&self, id: u32, value: u64) -> Result<(), HostStatus>;
     /// A property (e.g. `["upstream", "address"]`); `None` if not available.
     fn property(&self, path: &[&str]) -> Result<Option<Vec<u8>>, HostStatus>;
-    /// Host clock, milliseconds since the Unix epoch.
+    /// The host's monotonic clock, in milliseconds from an origin of its
+    /// own: Envoy's steady clock, one for every VM of the process (shared
+    /// data compares stamps written by several VMs), which never steps back
+    /// as the wall clock can (NTP, a VM resumed): every stamp's age and
+    /// every period the filter keeps is a difference of two readings of it.
     fn now_ms(&self) -> Result<u64, HostStatus>;
     fn set_tick_period_ms(&self, period: u32) -> Result<(), HostStatus>;
     /// 64 random bits from the host's entropy source, `None` if it fails.
@@ -284,6 +288,7 @@ mod abi {
     const STATUS_NOT_FOUND: u32 = 1;
     const STATUS_SERIALIZATION_FAILURE: u32 = 3;
     const STATUS_CAS_MISMATCH: u32 = 8;
+    const STATUS_UNIMPLEMENTED: u32 = 12;
 
     const MAP_HTTP_REQUEST_HEADERS: u32 = 0;
     const MAP_HTTP_RESPONSE_HEADERS: u32 = 2;
@@ -373,7 +378,6 @@ mod abi {
             return_value_data: *mut *mut u8,
             return_value_size: *mut usize,
         ) -> u32;
-        fn proxy_get_current_time_nanoseconds(return_time: *mut u64) -> u32;
         fn proxy_set_tick_period_milliseconds(period: u32) -> u32;
     }
 
@@ -382,7 +386,14 @@ mod abi {
         /// WASI's entropy source (the same import Rust's std uses); returns
         /// an errno, 0 on success.
         fn random_get(buf: *mut u8, buf_len: usize) -> i32;
+        /// WASI's clocks; Envoy's host answers `CLOCK_MONOTONIC` with its
+        /// steady clock (proxy-wasm's own time call is the wall clock).
+        /// Returns an errno, 0 on success.
+        fn clock_time_get(clock_id: u32, precision: u64, time: *mut u64) -> i32;
     }
+
+    /// WASI's `CLOCKID_MONOTONIC`.
+    const CLOCK_MONOTONIC: u32 = 1;
 
     fn check(status: u32) -> Result<(), HostStatus> {
         if status == STATUS_OK {
@@ -534,7 +545,11 @@ mod abi {
     fn now_ms() -> Result<u64, HostStatus> {
         let mut nanos: u64 = 0;
         // SAFETY: pointer valid for the call.
-        check(unsafe { proxy_get_current_time_nanoseconds(&mut nanos) })?;
+        let errno = unsafe { clock_time_get(CLOCK_MONOTONIC, 1_000_000, &mut nanos) };
+        if errno != 0 {
+            // The host lacks the clock (ENOTSUP) or refused the pointer.
+            return Err(HostStatus(STATUS_UNIMPLEMENTED));
+        }
         Ok(nanos / 1_000_000)
     }
 

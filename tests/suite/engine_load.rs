@@ -17,6 +17,11 @@
 //! - with vllm-sim instances, requests another proxy sent to one of them show
 //!   in this Envoy's engine figure for it (equal to what its `/metrics`
 //!   says), while this Envoy's own in-flight count there stays 0.
+//! - Envoy's wall clock stepped back an hour (`tests/wall-clock-shim`
+//!   preloaded; its monotonic clock left alone): the polls, which the filter's tick sends,
+//!   go on at once, requests are served and the index's gauge, which the
+//!   tick publishes, follows their prompts: the filter keeps time by Envoy's
+//!   monotonic clock;
 //! - vLLM's ORCA load report on a response (asked for by the client)
 //!   refreshes the instance's KV usage before the next poll: the next
 //!   request of a prompt its holder can no longer take under `max_kv_usage`
@@ -24,7 +29,8 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime};
 
 use harness::load::{filter_counter, prefix_request, shoot_all};
 use harness::{wait_until, Harness, INSTANCES};
@@ -137,6 +143,26 @@ fn polls_by_instance(fleet: &UpstreamFleet) -> BTreeMap<SocketAddr, Vec<Option<S
     polls
 }
 
+/// Every instance's `/metrics` says it is idle.
+fn idle_engines(fleet: &UpstreamFleet) {
+    for i in 0..INSTANCES {
+        fleet
+            .set_metrics(i, MetricsReply::Text(vllm_text(0, 0, 0.0)))
+            .unwrap();
+    }
+}
+
+/// Waits until every instance has been polled at least once.
+async fn every_instance_polled(harness: &Harness) {
+    wait_until(
+        "every instance polled",
+        Duration::from_secs(10),
+        || polls_by_instance(&harness.fleet).len(),
+        |n| *n == INSTANCES,
+    )
+    .await;
+}
+
 fn failures(harness: &Harness, reason: &str) -> u64 {
     filter_counter(&harness.envoy, &format!("engine.poll_failures.{reason}"))
 }
@@ -201,21 +227,9 @@ async fn with_two_workers_each_instance_is_polled_about_once_per_interval() {
     const WINDOW: Duration = Duration::from_secs(4);
     let harness = start(
         serde_json::json!({"cluster": CLUSTER, "interval_ms": 200}),
-        |fleet| {
-            for i in 0..INSTANCES {
-                fleet
-                    .set_metrics(i, MetricsReply::Text(vllm_text(0, 0, 0.0)))
-                    .unwrap();
-            }
-        },
+        idle_engines,
     );
-    wait_until(
-        "every instance polled",
-        Duration::from_secs(10),
-        || polls_by_instance(&harness.fleet).len(),
-        |n| *n == INSTANCES,
-    )
-    .await;
+    every_instance_polled(&harness).await;
     harness.fleet.clear();
     // The measurement window itself: polls are counted over it.
     tokio::time::sleep(WINDOW).await;
@@ -234,6 +248,99 @@ async fn with_two_workers_each_instance_is_polled_about_once_per_interval() {
             "{addr}: {count} polls in {WINDOW:?} at a {INTERVAL:?} interval: {counts:?}"
         );
     }
+}
+
+/// The `LD_PRELOAD` library that sets Envoy's wall clock back
+/// (`tests/wall-clock-shim`; `cargo xtask test` builds it and names it in
+/// WALL_CLOCK_SHIM).
+fn wall_clock_shim() -> PathBuf {
+    std::env::var_os("WALL_CLOCK_SHIM")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            panic!(
+                "WALL_CLOCK_SHIM is not set: run `cargo xtask test`, or build \
+                 prefix-router-wall-clock-shim and name its .so there"
+            )
+        })
+}
+
+/// Sets the wall clock of the processes that read `file` back by `secs`:
+/// its 8 bytes rewritten in place (the shim maps them).
+fn set_wall_clock_back(file: &Path, secs: i64) {
+    use std::os::unix::fs::FileExt;
+    let out = std::fs::OpenOptions::new().write(true).open(file).unwrap();
+    out.write_all_at(&secs.to_le_bytes(), 0).unwrap();
+}
+
+/// How far Envoy's wall clock is behind this process's: the `date` of an
+/// admin answer (whole seconds).
+fn envoy_wall_clock_behind(harness: &Harness) -> Duration {
+    let url = format!("http://{}/ready", harness.envoy.admin_addr());
+    let response = ureq::get(&url).call().expect("admin /ready");
+    let date = response.header("date").expect("a date header");
+    let envoy_now = httpdate::parse_http_date(date).expect("an HTTP date");
+    SystemTime::now()
+        .duration_since(envoy_now)
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ticks_work_goes_on_when_envoys_wall_clock_steps_back() {
+    const STEP: Duration = Duration::from_secs(3600);
+    let offset = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(offset.path(), 0i64.to_le_bytes()).unwrap();
+    let config = plugin_config(serde_json::json!({"cluster": CLUSTER, "interval_ms": 200}));
+    let harness = Harness::start_prepared(idle_engines, |b| {
+        b.concurrency(2)
+            .plugin_config(config)
+            .env("LD_PRELOAD", wall_clock_shim())
+            .env("WALL_CLOCK_SHIM_FILE", offset.path())
+    });
+    every_instance_polled(&harness).await;
+    assert!(envoy_wall_clock_behind(&harness) < Duration::from_secs(5));
+
+    set_wall_clock_back(offset.path(), STEP.as_secs() as i64);
+    // Envoy's date header is refreshed every half second.
+    wait_until(
+        "Envoy's wall clock an hour behind",
+        Duration::from_secs(5),
+        || envoy_wall_clock_behind(&harness),
+        |behind| *behind > STEP - Duration::from_secs(60),
+    )
+    .await;
+    harness.fleet.clear();
+    // About 10 polls per instance in 2 s: a tick that waited for the wall
+    // clock to catch up would send none for an hour.
+    wait_until(
+        "every instance polled twice after the step",
+        Duration::from_secs(5),
+        || {
+            polls_by_instance(&harness.fleet)
+                .values()
+                .filter(|polls| polls.len() >= 2)
+                .count()
+        },
+        |n| *n == INSTANCES,
+    )
+    .await;
+    // Requests are served, and the prompts they add to the index show in its
+    // gauge, which the tick publishes once per period.
+    let index_entries = || filter_counter(&harness.envoy, "index.entries");
+    let before = index_entries();
+    let requests = (0..INSTANCES)
+        .map(|n| prefix_request(&format!("after-step-{n}"), 0))
+        .collect();
+    for outcome in shoot_all(harness.envoy.listener_addr(), requests).await {
+        assert_eq!(outcome.status, Some(200), "{outcome:?}");
+    }
+    wait_until(
+        "the new prompts in the index's gauge",
+        Duration::from_secs(5),
+        index_entries,
+        |n| *n > before,
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

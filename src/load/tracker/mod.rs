@@ -68,9 +68,10 @@ pub struct LoadTracker<S: SharedStore> {
 }
 
 /// Whether this VM's copy of a shared record, read at `read_ms`, may still
-/// stand for it at `now_ms`, for `window_ms`. A copy read "after" now (the
-/// wall clock went back) may not: it would otherwise stand for as long as
-/// the clock went back.
+/// stand for it at `now_ms`, for `window_ms`. The host's clock is monotonic
+/// ([`crate::host::Host::now_ms`]); should a host's clock go back all the
+/// same, a copy read "after" now is read again rather than standing for as
+/// long as the clock went back.
 fn copy_is_fresh(read_ms: u64, now_ms: u64, window_ms: u64) -> bool {
     now_ms
         .checked_sub(read_ms)
