@@ -289,14 +289,9 @@ impl Stream {
             self.metrics.record_matched_bytes(vm, bytes);
         }
         // What the decision adds to the instance it names (LONGEST_PREFIX).
-        if let (Some(address), Some(matched), Some(blocks)) = (
-            routed.headers.host_override.as_deref(),
-            routed.headers.matched_bytes,
-            derivation.blocks.as_ref(),
-        ) {
-            let placed = blocks.placed_bytes(usize::try_from(matched).unwrap_or(usize::MAX));
-            if placed > 0 {
-                vm.count_placed_bytes(address, u64::try_from(placed).unwrap_or(u64::MAX));
+        if let Some(address) = routed.headers.host_override.as_deref() {
+            if routed.placed_bytes > 0 {
+                vm.count_placed_bytes(address, routed.placed_bytes);
             }
         }
         self.decided = Some((routed.headers.kind, routed.headers.matched_bytes));

@@ -313,11 +313,8 @@ impl LongestPrefix {
                 .blocks
         };
         let matched_bytes = blocks.bytes_of(known);
-        let placed_bytes = blocks.placed_bytes(matched_bytes);
-        load.note_chosen(
-            &candidate.instance,
-            u64::try_from(placed_bytes).unwrap_or(u64::MAX),
-        );
+        let placed_bytes = u64::try_from(blocks.placed_bytes(matched_bytes)).unwrap_or(u64::MAX);
+        load.note_chosen(&candidate.instance, placed_bytes);
         load.remember_held(
             &blocks.chain,
             known,
@@ -335,6 +332,7 @@ impl LongestPrefix {
                 ..RouteHeaders::bare(kind)
             },
             ticket,
+            placed_bytes,
         }
     }
 }
@@ -895,12 +893,13 @@ mod tests {
     }
 
     #[test]
-    fn matched_bytes_report_what_the_chosen_instance_held() {
+    fn matched_and_placed_bytes_report_what_the_chosen_instance_held_and_gains() {
         let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent);
         let mut fleet = Fleet::new(3);
         let turns = conversation("", 3, 2);
         let first = policy.decide(&turns[0], &mut fleet, 0, 0);
         assert_eq!(first.headers.matched_bytes, Some(0));
+        assert_eq!(first.placed_bytes, turns[0].prefix_bytes as u64);
         drop(first);
         let second = policy.decide(&turns[1], &mut fleet, 0, 0);
         // Turn 0 is its opening (its first message, cut as a block of its
@@ -908,7 +907,14 @@ mod tests {
         assert_eq!(turns[0].cuts[1], turns[0].prefix_bytes);
         let opening = turns[0].prefix_bytes;
         assert_eq!(second.headers.matched_bytes, Some(opening as u64));
+        assert_eq!(
+            second.placed_bytes,
+            (turns[1].prefix_bytes - opening) as u64
+        );
         drop(second);
+        let again = policy.decide(&turns[1], &mut fleet, 0, 0);
+        assert_eq!(again.placed_bytes, 0, "a repeated prompt adds nothing");
+        drop(again);
     }
 
     #[test]

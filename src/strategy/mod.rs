@@ -104,6 +104,9 @@ pub struct Routed {
     pub headers: RouteHeaders,
     /// Hold it in the stream; give it to `LoadTracker::release` in `on_done`.
     pub ticket: Option<Ticket>,
+    /// LONGEST_PREFIX: prompt bytes the decision sends to the instance it
+    /// names past what the index said that instance held (0 otherwise).
+    pub placed_bytes: u64,
 }
 
 impl Routed {
@@ -111,6 +114,7 @@ impl Routed {
         Self {
             headers,
             ticket: None,
+            placed_bytes: 0,
         }
     }
 }

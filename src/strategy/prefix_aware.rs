@@ -67,6 +67,7 @@ impl PrefixAware {
                 ..RouteHeaders::bare(DecisionKind::Prefix)
             },
             ticket,
+            placed_bytes: 0,
         }
     }
 
@@ -109,6 +110,7 @@ impl PrefixAware {
                 ..RouteHeaders::bare(DecisionKind::Overflow)
             },
             ticket,
+            placed_bytes: 0,
         }
     }
 
