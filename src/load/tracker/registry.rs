@@ -7,6 +7,7 @@
 //! before any traffic and stay fresh while listed; the others are learned
 //! from traffic and forgotten after the instance TTL.
 
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeSet, HashMap};
 
 use super::super::instances::{InstanceRecord, RegistryEpoch, MAX_ADDRESS_LEN};
@@ -61,6 +62,59 @@ struct RecentRead {
     slot: u16,
     at_ms: u64,
     read: Read<InstanceRecord>,
+}
+
+/// Seen serving within `instance_ttl_ms`, or among the `configured`
+/// instances; and not suspected gone.
+fn is_fresh(
+    configured: &BTreeSet<String>,
+    instance_ttl_ms: u64,
+    record: &InstanceRecord,
+    now_ms: u64,
+) -> bool {
+    let listed = !configured.is_empty() && !record.suspect && configured.contains(&record.address);
+    listed || record.is_fresh(now_ms, instance_ttl_ms)
+}
+
+/// [`Registry::keep_copy`] over the fields it uses: the copy `cached` holds
+/// for `slot` if read within [`RECORD_CACHE_MS`], else one read now, kept
+/// there and in `recent` ([`remember_read`]).
+fn keep_copy<'a, S: SharedStore>(
+    cached: &'a mut HashMap<u16, (u64, InstanceRecord)>,
+    recent: &mut Vec<RecentRead>,
+    tables: &Tables<S>,
+    slot: u16,
+    now_ms: u64,
+) -> &'a InstanceRecord {
+    let copy = match cached.entry(slot) {
+        Entry::Occupied(kept) if copy_is_fresh(kept.get().0, now_ms, RECORD_CACHE_MS) => {
+            kept.into_mut()
+        }
+        entry => {
+            let read: Read<InstanceRecord> = tables.read(&instance_key(tables, slot));
+            let copy = (now_ms, read.record.clone());
+            remember_read(recent, slot, now_ms, read);
+            match entry {
+                Entry::Occupied(mut stale) => {
+                    stale.insert(copy);
+                    stale.into_mut()
+                }
+                Entry::Vacant(missing) => missing.insert(copy),
+            }
+        }
+    };
+    &copy.1
+}
+
+/// Keeps a record just read in `recent` for the next
+/// [`Registry::take_recent`] of the same slot in the same millisecond.
+fn remember_read(recent: &mut Vec<RecentRead>, slot: u16, now_ms: u64, read: Read<InstanceRecord>) {
+    recent.retain(|kept| kept.slot != slot && kept.at_ms == now_ms);
+    recent.push(RecentRead {
+        slot,
+        at_ms: now_ms,
+        read,
+    });
 }
 
 /// See the module documentation.
@@ -202,10 +256,7 @@ impl Registry {
     /// Seen serving within the instance TTL, or configured; and not
     /// suspected gone.
     pub(super) fn is_fresh(&self, record: &InstanceRecord, now_ms: u64) -> bool {
-        let configured = !self.configured.is_empty()
-            && !record.suspect
-            && self.configured.contains(&record.address);
-        configured || record.is_fresh(now_ms, self.instance_ttl_ms)
+        is_fresh(&self.configured, self.instance_ttl_ms, record, now_ms)
     }
 
     /// The record in `slot`; a missing or undecodable one reads as free (so
@@ -227,21 +278,7 @@ impl Registry {
         slot: u16,
         now_ms: u64,
     ) -> &InstanceRecord {
-        if self.copy(slot, now_ms).is_none() {
-            let read = self.read(tables, slot);
-            self.cached.insert(slot, (now_ms, read.record.clone()));
-            self.remember_read(slot, now_ms, read);
-        }
-        // Present: kept just now or within the window.
-        &self.cached.entry(slot).or_default().1
-    }
-
-    /// This VM's copy of `slot`'s record, if read within [`RECORD_CACHE_MS`].
-    fn copy(&self, slot: u16, now_ms: u64) -> Option<&InstanceRecord> {
-        self.cached
-            .get(&slot)
-            .filter(|(read_ms, _)| copy_is_fresh(*read_ms, now_ms, RECORD_CACHE_MS))
-            .map(|(_, record)| record)
+        keep_copy(&mut self.cached, &mut self.recent, tables, slot, now_ms)
     }
 
     /// Drops this VM's copy of `slot`'s record: it just changed the record
@@ -259,13 +296,7 @@ impl Registry {
     /// Keeps a record just read for the next [`Self::take_recent`] of the
     /// same slot in the same millisecond.
     pub(super) fn remember_read(&mut self, slot: u16, now_ms: u64, read: Read<InstanceRecord>) {
-        self.recent
-            .retain(|recent| recent.slot != slot && recent.at_ms == now_ms);
-        self.recent.push(RecentRead {
-            slot,
-            at_ms: now_ms,
-            read,
-        });
+        remember_read(&mut self.recent, slot, now_ms, read);
     }
 
     /// The record of `slot` a lookup just read in this same millisecond of
@@ -496,11 +527,10 @@ impl Registry {
         let mut out = Vec::with_capacity(slots.len());
         self.recent.clear();
         for slot in slots {
-            self.keep_copy(tables, slot, now_ms);
-            let Some(record) = self.copy(slot, now_ms) else {
-                continue;
-            };
-            if !self.is_fresh(record, now_ms) {
+            // The copies and the freshness rule are apart (fields, not
+            // methods), so a copy is borrowed while the rule is asked.
+            let record = keep_copy(&mut self.cached, &mut self.recent, tables, slot, now_ms);
+            if !is_fresh(&self.configured, self.instance_ttl_ms, record, now_ms) {
                 continue;
             }
             let in_flight = columns.total(tables, slot, record, now_ms);
