@@ -48,6 +48,15 @@ impl PluginRoot {
         configuration_size: usize,
     ) -> bool {
         let host = vm.host();
+        // Every age and period the filter keeps is read off this clock; a
+        // host without it would leave them all at 0, so nothing expired.
+        if let Err(status) = host.now_ms() {
+            log::error!(
+                "prefix-router: the host gives no monotonic clock (WASI clock_time_get, \
+                 CLOCK_MONOTONIC: {status}); the filter needs one, configuration rejected"
+            );
+            return false;
+        }
         // No configuration at all means all defaults (no buffer to read).
         let bytes = match configuration_size {
             0 => Ok(None),

@@ -237,6 +237,18 @@ fn configure_defines_the_metrics_once_and_sets_the_tick() {
 }
 
 #[test]
+fn a_host_without_a_monotonic_clock_is_refused() {
+    let host = MemoryHost::new();
+    let mut vm = Vm::new(Rc::clone(&host));
+    let mut root = PluginRoot::default();
+    let size = host.set_configuration("{}");
+    host.set_clock_missing(true);
+    assert!(!root.configure(&mut vm, size));
+    host.set_clock_missing(false);
+    assert!(root.configure(&mut vm, size));
+}
+
+#[test]
 fn client_sent_owned_headers_are_removed_before_deciding() {
     let (host, mut vm, root) = configured(r#"{"strategy":"RANDOM"}"#);
     let spoofed = [

@@ -62,6 +62,9 @@ pub(crate) struct MemoryHost {
     configuration: RefCell<Vec<u8>>,
     properties: RefCell<HashMap<String, Vec<u8>>>,
     now_ms: Cell<u64>,
+    /// The clock answers Unimplemented, as a host without WASI's monotonic
+    /// clock would.
+    clock_missing: Cell<bool>,
     entropy: Cell<Option<u64>>,
     metrics: RefCell<Vec<MemoryMetric>>,
     replies: RefCell<Vec<SentReply>>,
@@ -144,6 +147,11 @@ impl MemoryHost {
 
     pub(crate) fn advance_ms(&self, ms: u64) {
         self.now_ms.set(self.now_ms.get() + ms);
+    }
+
+    /// Makes the clock fail (`true`) or answer again.
+    pub(crate) fn set_clock_missing(&self, missing: bool) {
+        self.clock_missing.set(missing);
     }
 
     /// What [`Host::random_u64`] answers (`None`: the entropy source fails).
@@ -339,6 +347,9 @@ impl Host for MemoryHost {
 
     fn now_ms(&self) -> Result<u64, HostStatus> {
         self.log("now_ms".into());
+        if self.clock_missing.get() {
+            return Err(HostStatus(12));
+        }
         Ok(self.now_ms.get())
     }
 
