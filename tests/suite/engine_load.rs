@@ -310,8 +310,8 @@ async fn the_ticks_work_goes_on_when_envoys_wall_clock_steps_back() {
     )
     .await;
     harness.fleet.clear();
-    // About 10 polls per instance in 2 s: a tick that waited for the wall
-    // clock to catch up would send none for an hour.
+    // Two polls each take about 0.4 s at a 200 ms interval; a tick that
+    // waited for the wall clock to catch up would send none for an hour.
     wait_until(
         "every instance polled twice after the step",
         Duration::from_secs(5),
