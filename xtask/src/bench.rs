@@ -47,7 +47,7 @@ pub fn run_bench(bench: &Bench) -> anyhow::Result<()> {
 /// conversations, so the data set is installed on first use as for
 /// `bench routing`, then the release bench binary runs `demo`.
 pub fn run_demo() -> anyhow::Result<()> {
-    let pythonpath = prereqs::ensure_bench_python_deps()?;
+    let pythonpath = prereqs::ensure_sharegpt_data()?;
     run_release_bench_with(&["demo".to_string()], pythonpath.as_deref())
 }
 

