@@ -91,7 +91,7 @@ fn keep_copy<'a, S: SharedStore>(
             kept.into_mut()
         }
         entry => {
-            let read: Read<InstanceRecord> = tables.read(&instance_key(tables, slot));
+            let read = read_record(tables, slot);
             let copy = (now_ms, read.record.clone());
             remember_read(recent, slot, now_ms, read);
             match entry {
@@ -104,6 +104,12 @@ fn keep_copy<'a, S: SharedStore>(
         }
     };
     &copy.1
+}
+
+/// The record in `slot`; a missing or undecodable one reads as free (so it
+/// can be overwritten).
+fn read_record<S: SharedStore>(tables: &Tables<S>, slot: u16) -> Read<InstanceRecord> {
+    tables.read(&instance_key(tables, slot))
 }
 
 /// Keeps a record just read in `recent` for the next
@@ -259,14 +265,13 @@ impl Registry {
         is_fresh(&self.configured, self.instance_ttl_ms, record, now_ms)
     }
 
-    /// The record in `slot`; a missing or undecodable one reads as free (so
-    /// it can be overwritten).
+    /// The record in `slot` ([`read_record`]).
     pub(super) fn read<S: SharedStore>(
         &self,
         tables: &Tables<S>,
         slot: u16,
     ) -> Read<InstanceRecord> {
-        tables.read(&instance_key(tables, slot))
+        read_record(tables, slot)
     }
 
     /// This VM's copy of `slot`'s record, read now unless it read one within
