@@ -21,6 +21,11 @@
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HostStatus(pub u32);
 
+impl HostStatus {
+    /// What the host answers for a call it does not implement.
+    pub const UNIMPLEMENTED: HostStatus = HostStatus(12);
+}
+
 impl std::fmt::Display for HostStatus {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let name = match self.0 {
@@ -288,7 +293,6 @@ mod abi {
     const STATUS_NOT_FOUND: u32 = 1;
     const STATUS_SERIALIZATION_FAILURE: u32 = 3;
     const STATUS_CAS_MISMATCH: u32 = 8;
-    const STATUS_UNIMPLEMENTED: u32 = 12;
 
     const MAP_HTTP_REQUEST_HEADERS: u32 = 0;
     const MAP_HTTP_RESPONSE_HEADERS: u32 = 2;
@@ -548,7 +552,7 @@ mod abi {
         let errno = unsafe { clock_time_get(CLOCK_MONOTONIC, 1_000_000, &mut nanos) };
         if errno != 0 {
             // The host lacks the clock (ENOTSUP) or refused the pointer.
-            return Err(HostStatus(STATUS_UNIMPLEMENTED));
+            return Err(HostStatus::UNIMPLEMENTED);
         }
         Ok(nanos / 1_000_000)
     }

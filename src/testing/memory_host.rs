@@ -348,7 +348,7 @@ impl Host for MemoryHost {
     fn now_ms(&self) -> Result<u64, HostStatus> {
         self.log("now_ms".into());
         if self.clock_missing.get() {
-            return Err(HostStatus(12));
+            return Err(HostStatus::UNIMPLEMENTED);
         }
         Ok(self.now_ms.get())
     }
