@@ -25,9 +25,15 @@ pub fn build_floor_wasm() -> anyhow::Result<PathBuf> {
 /// for this machine and returns its absolute path.
 pub fn build_wall_clock_shim() -> anyhow::Result<PathBuf> {
     run(cargo().args(["build", "-p", "prefix-router-wall-clock-shim"]))?;
-    let path = envoy::target_dir()
-        .join("debug")
-        .join("libprefix_router_wall_clock_shim.so");
+    built(
+        envoy::target_dir()
+            .join("debug")
+            .join("libprefix_router_wall_clock_shim.so"),
+    )
+}
+
+/// The absolute path of `path`, which a build just produced.
+fn built(path: PathBuf) -> anyhow::Result<PathBuf> {
     std::fs::canonicalize(&path)
         .with_context(|| format!("the build did not produce {}", path.display()))
 }
@@ -43,12 +49,12 @@ pub fn build_wasm_package(package: &str, file: &str) -> anyhow::Result<PathBuf> 
         "-p",
         package,
     ]))?;
-    let path = envoy::target_dir()
-        .join("wasm32-wasip1")
-        .join("release")
-        .join(file);
-    std::fs::canonicalize(&path)
-        .with_context(|| format!("the build did not produce {}", path.display()))
+    built(
+        envoy::target_dir()
+            .join("wasm32-wasip1")
+            .join("release")
+            .join(file),
+    )
 }
 
 pub fn test(cargo_test_args: &[String]) -> anyhow::Result<()> {
