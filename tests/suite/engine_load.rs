@@ -18,10 +18,10 @@
 //!   in this Envoy's engine figure for it (equal to what its `/metrics`
 //!   says), while this Envoy's own in-flight count there stays 0.
 //! - Envoy's wall clock stepped back an hour (`tests/wall-clock-shim`
-//!   preloaded; its monotonic clock left alone): the polls, which the filter's tick sends,
-//!   go on at once, requests are served and the index's gauge, which the
-//!   tick publishes, follows their prompts: the filter keeps time by Envoy's
-//!   monotonic clock;
+//!   preloaded; its monotonic clock left alone): the polls, which the
+//!   filter's tick sends, go on at once, requests are served and the index's
+//!   gauge, which the tick publishes, follows their prompts: the filter keeps
+//!   time by Envoy's monotonic clock;
 //! - vLLM's ORCA load report on a response (asked for by the client)
 //!   refreshes the instance's KV usage before the next poll: the next
 //!   request of a prompt its holder can no longer take under `max_kv_usage`
