@@ -966,8 +966,8 @@ fn to_usize(v: u64) -> usize {
 mod tests {
     use super::*;
 
-    /// The README's "complete example" is what it says: every field at its
-    /// default except the opt-in debugging header, and accepted as pasted.
+    /// The README's "complete example" is what it says: every field, each at
+    /// its default except the opt-in debugging header, and accepted as pasted.
     #[test]
     fn readme_complete_example_is_the_defaults_plus_the_decision_header() {
         let readme = include_str!("../README.md");
@@ -981,6 +981,13 @@ mod tests {
             .and_then(|block| block.split("```").next())
             .expect("a json block follows");
         let config = Config::parse(json.as_bytes()).expect("the README example is accepted");
+        let listed: serde_json::Value = serde_json::from_str(json).expect("JSON");
+        for field in FIELDS {
+            assert!(
+                listed.get(field).is_some(),
+                "the README example lacks {field}"
+            );
+        }
         let expected = Config {
             decision_header: Some("x-prefix-route-decision".to_string()),
             ..Config::default()
