@@ -107,6 +107,35 @@ fn kubernetes_envoy_config_passes_envoy_validate() {
     assert_envoy_accepts(&config, &rel);
 }
 
+/// The filter travels as a ConfigMap's binaryData, base64 in the object, and
+/// a ConfigMap holds at most 1 MiB. Applied client-side, kubectl would also
+/// copy the whole object into an annotation of at most 256 KiB, so every
+/// documented apply is server-side.
+#[test]
+fn the_filter_fits_a_config_map_and_is_applied_server_side() {
+    let bytes = std::fs::metadata(built_wasm())
+        .expect("the built filter")
+        .len();
+    let base64 = bytes.div_ceil(3) * 4;
+    let room = (1u64 << 20) - 4096; // what a ConfigMap's name and labels leave
+    assert!(
+        base64 <= room,
+        "the filter is {bytes} bytes, {base64} as base64: over a ConfigMap's 1 MiB"
+    );
+    for rel in [
+        "docs/kubernetes.md",
+        "examples/kubernetes/kustomization.yaml",
+        "examples/kubernetes/prefix-router.yaml",
+    ] {
+        let text = read(rel);
+        let applies: Vec<&str> = text.lines().filter(|l| l.contains("kubectl apply")).collect();
+        assert!(!applies.is_empty(), "{rel} says how to apply");
+        for line in applies {
+            assert!(line.contains("--server-side"), "{rel}: {line}");
+        }
+    }
+}
+
 #[test]
 fn kubernetes_manifests_agree_with_each_other_envoy_and_compose() {
     let resources = kube::resources();
