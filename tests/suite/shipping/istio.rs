@@ -47,6 +47,8 @@ fn istio_envoy_filter_adds_the_wasm_extension_config_and_the_http_filter() {
         "module not pinned by digest: {uri}"
     );
     assert_eq!(s(&remote["sha256"], "sha256").len(), 64);
+    // Envoy refuses an http_uri without a cluster, even one istio-agent fetches.
+    assert!(!s(&remote["http_uri"]["cluster"], "http_uri cluster").is_empty());
     let mut plugin = plugin_config_json(config);
     let mut shipped =
         plugin_config_json(&wasm_filter(&yaml("envoy/envoy.yaml"))["typed_config"]["config"]);
