@@ -3,7 +3,10 @@
 # prefix-router without a GPU. Built from this repository's `tools` crate.
 #
 #   docker build -f docker/vllm-sim.Dockerfile -t prefix-router/vllm-sim:local .
-#   docker run --rm -p 8000:8000 prefix-router/vllm-sim:local --name vllm-1
+#   docker run --rm -p 8000:8000 prefix-router/vllm-sim:local --host 0.0.0.0 --port 8000 --name vllm-1
+#
+# Arguments after the image replace CMD, so pass --host 0.0.0.0 with them
+# (vllm-sim listens on 127.0.0.1 by default, unreachable from outside).
 #
 # Build context: the repository root (docker-compose.yml's `cpu` profile builds it).
 # docker/vllm-sim.Dockerfile.dockerignore keeps target/ and .git out of the context.
@@ -21,6 +24,7 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build /src/target/release/vllm-sim /usr/local/bin/vllm-sim
 EXPOSE 8000
-# Listen on all interfaces inside the container; compose passes --name per instance.
+# Listen on all interfaces inside the container. Compose passes its own
+# arguments per instance, --host 0.0.0.0 among them (they replace CMD).
 ENTRYPOINT ["vllm-sim"]
 CMD ["--host", "0.0.0.0", "--port", "8000"]
