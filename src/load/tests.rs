@@ -1036,3 +1036,33 @@ fn candidates_are_weighed_by_fresh_engine_samples_of_their_own_address() {
     // Older than max_age_ms: back to this Envoy's counts.
     assert_eq!(weighed(&mut w, later + 501)[A], (1, 1, false));
 }
+
+/// The registry holds as many instances as it has slots, whatever their
+/// addresses hash to: a fleet of `max_instances` registers whole, every
+/// instance counted in flight, from one VM and from another.
+#[test]
+fn a_fleet_as_large_as_the_registry_registers_whole() {
+    let store = Rc::new(MemoryStore::new());
+    let (mut w1, mut w2) = (worker(&store, 1), worker(&store, 2));
+    let max = usize::from(config().max_instances);
+    let fleet: Vec<String> = (0..max)
+        .map(|i| format!("10.2.{}.{}:8000", i / 8, i % 8))
+        .collect();
+    let tickets: Vec<_> = fleet
+        .iter()
+        .enumerate()
+        .map(|(i, a)| {
+            let w = if i % 2 == 0 { &mut w1 } else { &mut w2 };
+            w.upstream_started(start(a, None), 1)
+        })
+        .collect();
+    let snapshot = w1.snapshot(1);
+    for (address, ticket) in fleet.iter().zip(&tickets) {
+        assert!(ticket.is_some(), "{address} not counted");
+        let load = snapshot.iter().find(|l| &l.address == address);
+        assert_eq!(load.map(|l| l.in_flight), Some(1), "{address}");
+    }
+    // One more than the registry holds is refused, and nothing else moves.
+    assert_eq!(w1.upstream_started(start("10.3.0.1:8000", None), 1), None);
+    assert_eq!(w1.snapshot(1).len(), max);
+}

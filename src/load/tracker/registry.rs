@@ -1,5 +1,5 @@
 //! The instance registry: one slot per instance address, found by hashing
-//! with bounded probing, reused only when its instance is forgotten and idle;
+//! with linear probing over the whole table, reused only when its instance is forgotten and idle;
 //! plus the epoch that tells other VMs to rescan after a registration. It
 //! owns this VM's view of the slots (which are in use, where an address
 //! lives, the record a lookup just read); whether a slot is idle it asks
@@ -16,9 +16,6 @@ use super::super::{Candidate, InstanceRef};
 use super::columns::Columns;
 use super::{addr_hash, copy_is_fresh};
 use crate::shared::SharedStore;
-
-/// Slots probed for one address before the registry counts as full for it.
-const PROBE_LEN: u16 = 8;
 
 /// How long after a failed registration of a configured instance it is
 /// tried again.
@@ -343,10 +340,14 @@ impl Registry {
             }
             self.slot_of.remove(address);
         }
+        // Linear probing over the whole table, so it holds as many instances
+        // as it has slots. A registration takes the first free or reusable
+        // slot of the sequence and no slot is ever freed again (a reused one
+        // changes address), so an address is never past the first free slot.
         let start = self.probe_start(address);
         let max = self.max_instances;
         let mut candidate = None;
-        for step in 0..PROBE_LEN.min(max) {
+        for step in 0..max {
             let slot = ((u32::from(start) + u32::from(step)) % u32::from(max)) as u16;
             let record = self.read(tables, slot).record;
             if record.address == address {
@@ -356,6 +357,9 @@ impl Registry {
             let reusable = self.is_reusable(tables, columns, slot, &record, now_ms);
             if reusable && candidate.is_none() {
                 candidate = Some(slot);
+            }
+            if record.is_free() {
+                break;
             }
         }
         if lookup == Lookup::Only {

@@ -128,7 +128,10 @@ fn the_filter_fits_a_config_map_and_is_applied_server_side() {
         "examples/kubernetes/prefix-router.yaml",
     ] {
         let text = read(rel);
-        let applies: Vec<&str> = text.lines().filter(|l| l.contains("kubectl apply")).collect();
+        let applies: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains("kubectl apply"))
+            .collect();
         assert!(!applies.is_empty(), "{rel} says how to apply");
         for line in applies {
             assert!(line.contains("--server-side"), "{rel}: {line}");
