@@ -1,9 +1,9 @@
 //! The instance registry: one slot per instance address, found by hashing
-//! with linear probing over the whole table, reused only when its instance is forgotten and idle;
-//! plus the epoch that tells other VMs to rescan after a registration. It
-//! owns this VM's view of the slots (which are in use, where an address
-//! lives, the record a lookup just read); whether a slot is idle it asks
-//! the count columns. Instances the configuration lists are registered
+//! and probing linearly over the whole table, reused only when its instance
+//! is forgotten and idle; plus the epoch that tells other VMs to rescan
+//! after a registration. It owns this VM's view of the slots (which are in
+//! use, where an address lives, the record a lookup just read); whether a
+//! slot is idle it asks the count columns. Instances the configuration lists are registered
 //! before any traffic and stay fresh while listed; the others are learned
 //! from traffic and forgotten after the instance TTL.
 
