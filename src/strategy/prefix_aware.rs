@@ -186,8 +186,23 @@ impl PrefixAware {
             }
         }
         match (best, unexplored) {
-            (Some((salted, instance, in_flight)), _) if in_flight < self.concurrency_threshold => {
-                Self::overflow_to(salted, None, Some(&instance), load, now_ms)
+            (Some((salted, instance, in_flight)), unexplored)
+                if in_flight < self.concurrency_threshold =>
+            {
+                // Claimed below the cap, as a target is: another worker may
+                // have taken the last slot there since the count was read.
+                let cap = Some(self.concurrency_threshold);
+                match load.claim(&instance, None, cap, now_ms) {
+                    Claim::Claimed(ticket) => {
+                        Self::overflowed(salted, None, Some(&instance), Some(ticket))
+                    }
+                    // Left to the upstream filter to count.
+                    Claim::Contended => Self::overflowed(salted, None, Some(&instance), None),
+                    Claim::Full { .. } | Claim::Gone => match unexplored {
+                        Some(salted) => Self::overflow_to(salted, None, None, load, now_ms),
+                        None => Self::stay(key, target, load, now_ms),
+                    },
+                }
             }
             // Explore: Maglev picks the salted key's instance; the upstream
             // filter counts the request and learns where it went.
@@ -547,6 +562,27 @@ mod tests {
         assert_eq!(routed.headers.key, Some(salted_key(KEY, 3)));
         assert_eq!(routed.headers.host_override, None);
         assert_eq!(routed.headers.counted, Some(instance(5).address));
+    }
+
+    #[test]
+    fn salted_overflow_claims_a_known_salt_under_the_cap() {
+        let mut script = script_with_full_target(3);
+        script.targets.insert(salted_key(KEY, 1), instance(5));
+        script.loads.insert(5, 2);
+        let routed = PrefixAware::new(3, false).decide(Some(KEY), &mut script, 0, 0);
+        assert_eq!(routed.headers.key, Some(salted_key(KEY, 1)));
+        assert_eq!(routed.ticket, Some(ticket(5)));
+        assert_eq!(script.claims, vec![(1, Some(3)), (5, Some(3))]);
+        // Another worker takes the salt's last slot between the read and the
+        // claim: the cap holds, and the next unknown salt is explored.
+        let mut script = script_with_full_target(3);
+        script.targets.insert(salted_key(KEY, 1), instance(5));
+        script.loads.insert(5, 2);
+        script.raced = Some(5);
+        let routed = PrefixAware::new(3, false).decide(Some(KEY), &mut script, 0, 0);
+        assert_eq!(script.loads.get(&5), Some(&3), "the cap held");
+        assert_eq!(routed.headers.key, Some(salted_key(KEY, 2)));
+        assert_eq!(routed.ticket, None);
     }
 
     #[test]
