@@ -7,7 +7,15 @@
 use super::codec::{Reader, Writer};
 use super::table::Record;
 
-const RECORD_VERSION: u8 = 1;
+const RECORD_VERSION: u8 = 2;
+
+/// How long an instance Envoy did not use when it was nominated stays out of
+/// the candidates. Then it is nominated again as any other: back in the
+/// cluster, it serves and is no longer suspect; still gone, Envoy's
+/// `override_host` falls back for that request (served elsewhere, nothing
+/// lost) and it is suspect again. Without the retry, an instance of a listed
+/// fleet that was briefly out of the cluster would never be nominated again.
+pub const SUSPECT_MS: u64 = 10_000;
 
 /// The longest address tracked (`ip:port` is far shorter; longer is refused).
 pub(crate) const MAX_ADDRESS_LEN: usize = 255;
@@ -24,9 +32,9 @@ pub(crate) struct CountCell {
 pub(crate) struct InstanceRecord {
     pub(crate) address: String,
     pub(crate) last_seen_ms: u64,
-    /// Envoy did not use this instance when it was nominated: probably gone.
-    /// Cleared the next time it is seen serving.
-    pub(crate) suspect: bool,
+    /// When Envoy did not use this instance where it was nominated: probably
+    /// gone, for [`SUSPECT_MS`]. Cleared the next time it is seen serving.
+    pub(crate) suspect_since_ms: Option<u64>,
     pub(crate) cells: Vec<CountCell>,
 }
 
@@ -35,7 +43,7 @@ impl InstanceRecord {
         Self {
             address: address.to_string(),
             last_seen_ms: now_ms,
-            suspect: false,
+            suspect_since_ms: None,
             cells: Vec::new(),
         }
     }
@@ -46,13 +54,21 @@ impl InstanceRecord {
 
     /// Seen serving within `ttl_ms`, and not suspected gone.
     pub(crate) fn is_fresh(&self, now_ms: u64, ttl_ms: u64) -> bool {
-        !self.is_free() && !self.suspect && now_ms.saturating_sub(self.last_seen_ms) <= ttl_ms
+        !self.is_free()
+            && !self.is_suspect(now_ms)
+            && now_ms.saturating_sub(self.last_seen_ms) <= ttl_ms
+    }
+
+    /// Marked suspect within the last [`SUSPECT_MS`].
+    pub(crate) fn is_suspect(&self, now_ms: u64) -> bool {
+        self.suspect_since_ms
+            .is_some_and(|since| now_ms.saturating_sub(since) < SUSPECT_MS)
     }
 
     /// Seen serving at `now_ms`.
     pub(crate) fn seen(&mut self, now_ms: u64) {
         self.last_seen_ms = self.last_seen_ms.max(now_ms);
-        self.suspect = false;
+        self.suspect_since_ms = None;
     }
 
     pub(crate) fn cell(&self, column: u16) -> CountCell {
@@ -83,9 +99,10 @@ impl Record for InstanceRecord {
         let address = self.address.as_bytes();
         let address = address.get(..MAX_ADDRESS_LEN).unwrap_or(address);
         let cells = self.cells.get(..255).unwrap_or(&self.cells);
-        let mut w = Writer::with_capacity(12 + address.len() + 12 * cells.len());
+        let mut w = Writer::with_capacity(20 + address.len() + 12 * cells.len());
         w.u8(RECORD_VERSION)
-            .u8(u8::from(self.suspect))
+            .u8(u8::from(self.suspect_since_ms.is_some()))
+            .u64(self.suspect_since_ms.unwrap_or_default())
             // Both lengths are capped at 255 just above.
             .u8(address.len() as u8)
             .bytes(address)
@@ -103,9 +120,11 @@ impl Record for InstanceRecord {
         if r.u8()? != RECORD_VERSION {
             return None;
         }
-        let suspect = match r.u8()? {
-            0 => false,
-            1 => true,
+        let suspect = r.u8()?;
+        let since = r.u64()?;
+        let suspect_since_ms = match suspect {
+            0 => None,
+            1 => Some(since),
             _ => return None,
         };
         let address_len = usize::from(r.u8()?);
@@ -122,7 +141,7 @@ impl Record for InstanceRecord {
         r.is_empty().then_some(Self {
             address,
             last_seen_ms,
-            suspect,
+            suspect_since_ms,
             cells,
         })
     }
@@ -212,10 +231,14 @@ mod tests {
         let mut rec = InstanceRecord::new("a:1", 1_000);
         assert!(rec.is_fresh(1_500, 500));
         assert!(!rec.is_fresh(1_501, 500));
-        rec.suspect = true;
+        rec.suspect_since_ms = Some(1_000);
         assert!(!rec.is_fresh(1_000, 500));
+        assert!(rec.is_suspect(1_000 + SUSPECT_MS - 1));
+        assert!(!rec.is_suspect(1_000 + SUSPECT_MS), "tried again");
+        assert!(rec.is_fresh(1_000 + SUSPECT_MS, SUSPECT_MS));
         assert_eq!(InstanceRecord::decode(&rec.encode()), Some(rec.clone()));
         rec.seen(1_200);
+        assert_eq!(rec.suspect_since_ms, None);
         assert!(rec.is_fresh(1_500, 500));
         rec.seen(900);
         assert_eq!(rec.last_seen_ms, 1_200, "time never goes back");

@@ -43,6 +43,7 @@ pub use tracker::{LoadTracker, RESPONSE_CHECK_MS};
 use crate::headers::PENDING_MARK;
 
 pub use engine::{EngineBounds, EngineLoad, EngineView};
+pub use instances::SUSPECT_MS;
 pub use prefix_index::Remembered;
 pub(crate) use prefix_index::SPAN_BLOCKS;
 pub use recent::{RecentChoices, RECENT_WINDOW};

@@ -1066,3 +1066,42 @@ fn a_fleet_as_large_as_the_registry_registers_whole() {
     assert_eq!(w1.upstream_started(start("10.3.0.1:8000", None), 1), None);
     assert_eq!(w1.snapshot(1).len(), max);
 }
+
+/// A suspect mark lapses: an instance of a listed fleet that Envoy did not
+/// use once (briefly out of the cluster) is a candidate again after
+/// `SUSPECT_MS`, without having served, and marked again if Envoy still
+/// does not use it.
+#[test]
+fn a_suspect_instance_is_tried_again_after_suspect_ms() {
+    use super::instances::SUSPECT_MS;
+    let store = Rc::new(MemoryStore::new());
+    let listed = vec![A.to_string(), B.to_string()];
+    let mut w = configured(&store, 1, &listed);
+    serve(&mut w, start(A, Some(A)), 1);
+    let addresses = |w: &mut LoadTracker<Rc<MemoryStore>>, now| {
+        let mut all: Vec<String> = w
+            .candidates(now)
+            .into_iter()
+            .map(|c| c.instance.address)
+            .collect();
+        all.sort();
+        all
+    };
+    let fell_back = || UpstreamStart {
+        address: A,
+        key: None,
+        overridden: true,
+        counted: Some(B),
+    };
+    assert_eq!(addresses(&mut w, 2), [A, B], "both registered");
+    serve(&mut w, fell_back(), 10);
+    assert_eq!(addresses(&mut w, 11), [A]);
+    assert_eq!(addresses(&mut w, 10 + SUSPECT_MS - 1), [A]);
+    assert_eq!(addresses(&mut w, 10 + SUSPECT_MS), [A, B], "tried again");
+    let again = 10 + SUSPECT_MS + 5;
+    serve(&mut w, fell_back(), again);
+    assert_eq!(addresses(&mut w, again + 1), [A], "still gone");
+    w.tick(again + 2);
+    assert_eq!(addresses(&mut w, again + SUSPECT_MS - 1), [A]);
+    assert_eq!(addresses(&mut w, again + SUSPECT_MS), [A, B]);
+}

@@ -241,7 +241,8 @@ impl Columns {
                     tag: self.nonce,
                     count,
                 };
-                let seen_stale = seen_ms.is_some_and(|s| s > record.last_seen_ms || record.suspect);
+                let seen_stale = seen_ms
+                    .is_some_and(|s| s > record.last_seen_ms || record.suspect_since_ms.is_some());
                 if record.cell(column) == cell && !seen_stale {
                     return Change::Keep(());
                 }

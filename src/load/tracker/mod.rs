@@ -240,7 +240,8 @@ impl<S: SharedStore> LoadTracker<S> {
         let refresh_ms = (self.config.instance_ttl_ms / 8).max(1);
         let record = self.registry.keep_copy(&self.tables, slot, now_ms);
         let stale = record.address == address
-            && (record.suspect || now_ms.saturating_sub(record.last_seen_ms) >= refresh_ms);
+            && (record.suspect_since_ms.is_some()
+                || now_ms.saturating_sub(record.last_seen_ms) >= refresh_ms);
         if stale {
             self.columns.publish(&self.tables, slot, Some(now_ms));
             self.registry.forget_copy(slot);

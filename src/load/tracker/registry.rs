@@ -69,7 +69,9 @@ fn is_fresh(
     record: &InstanceRecord,
     now_ms: u64,
 ) -> bool {
-    let listed = !configured.is_empty() && !record.suspect && configured.contains(&record.address);
+    let listed = !configured.is_empty()
+        && !record.is_suspect(now_ms)
+        && configured.contains(&record.address);
     listed || record.is_fresh(now_ms, instance_ttl_ms)
 }
 
@@ -209,7 +211,8 @@ impl Registry {
     /// time an eighth of the TTL before it would expire, so VMs whose
     /// configuration does not list them (an upstream filter configured
     /// apart) do not forget them either, and registers again any whose
-    /// slot was reused. Leaves `suspect` as it is: only serving clears it.
+    /// slot was reused. Leaves a suspect mark as it is: serving clears it,
+    /// or it lapses after `SUSPECT_MS`.
     pub(super) fn keep_configured<S: SharedStore>(
         &mut self,
         tables: &Tables<S>,
@@ -442,9 +445,9 @@ impl Registry {
         Some(self.read(tables, slot).record).filter(|record| record.address == address)
     }
 
-    /// Marks an instance as not seen (a nominated host Envoy did not use is
-    /// probably gone), so it stops being an overflow candidate until it serves
-    /// again.
+    /// Marks an instance suspect (a nominated host Envoy did not use is
+    /// probably gone), so it is no candidate until it serves again or
+    /// `SUSPECT_MS` have passed; a mark that lapsed is set again.
     pub(super) fn mark_unseen<S: SharedStore>(
         &mut self,
         tables: &Tables<S>,
@@ -458,10 +461,10 @@ impl Registry {
         let marked = tables.update(
             &instance_key(tables, slot),
             |record: &mut InstanceRecord| -> Change<()> {
-                if record.address != address || record.suspect {
+                if record.address != address || record.is_suspect(now_ms) {
                     return Change::Keep(());
                 }
-                record.suspect = true;
+                record.suspect_since_ms = Some(now_ms);
                 Change::Write(())
             },
         );
