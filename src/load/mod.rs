@@ -81,7 +81,9 @@ impl Default for LoadConfig {
         Self {
             namespace: "default".to_string(),
             max_instances: 64,
-            vm_slots: 64,
+            // A VM per Envoy worker thread and one for the main thread:
+            // Envoy's default `--concurrency` is the host's core count.
+            vm_slots: 255,
             route_buckets: 4096,
             vm_lease_ms: 10_000,
             instance_ttl_ms: 60_000,

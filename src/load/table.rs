@@ -38,6 +38,13 @@ pub(crate) struct Read<R> {
     cas: Option<u32>,
 }
 
+impl<R> Read<R> {
+    /// The key held a value (or the host read failed: then it reads as missing).
+    pub(crate) fn exists(&self) -> bool {
+        self.cas.is_some()
+    }
+}
+
 /// What a mutation decided about the record it was shown.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Change<W, K = W> {

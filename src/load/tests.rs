@@ -1105,3 +1105,38 @@ fn a_suspect_instance_is_tried_again_after_suspect_ms() {
     assert_eq!(addresses(&mut w, again + SUSPECT_MS - 1), [A]);
     assert_eq!(addresses(&mut w, again + SUSPECT_MS), [A, B]);
 }
+
+/// Envoy runs a VM per worker thread (its default `--concurrency` is the
+/// core count) and one on the main thread: well past 64 VMs on a large host
+/// each take a column of their own, so every VM's counts are seen by all.
+#[test]
+fn a_hundred_vms_each_take_a_column() {
+    let store = Rc::new(MemoryStore::new());
+    let workers: Vec<_> = (1..=100).map(|n| worker(&store, n)).collect();
+    let columns: std::collections::BTreeSet<u16> =
+        workers.iter().filter_map(|w| w.column()).collect();
+    assert_eq!(columns.len(), 100);
+}
+
+/// A tick re-reads the leases of the columns VMs have held, not every one
+/// `vm_slots` allows: its reads are the same with 8 columns and with 255.
+#[test]
+fn a_ticks_reads_do_not_grow_with_vm_slots() {
+    let reads_of_a_tick = |vm_slots: u16| {
+        let store = Rc::new(MemoryStore::new());
+        let config = LoadConfig {
+            vm_slots,
+            ..config()
+        };
+        let mut workers: Vec<_> = (1..=3)
+            .map(|n| LoadTracker::new(Rc::clone(&store), config.clone(), n))
+            .collect();
+        for w in &mut workers {
+            w.tick(0);
+        }
+        let before = store.reads();
+        workers[0].tick(1_000);
+        store.reads() - before
+    };
+    assert_eq!(reads_of_a_tick(8), reads_of_a_tick(255));
+}

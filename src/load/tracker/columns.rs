@@ -59,6 +59,11 @@ pub(super) struct Columns {
     last_lease_attempt_ms: Option<u64>,
 }
 
+/// How long a VM without a column waits before trying for one again on a
+/// request (its tick tries every second too): a VM that finds every column
+/// taken must not read them all on each request.
+const LEASE_RETRY_MS: u64 = 1_000;
+
 fn lease_key<S: SharedStore>(tables: &Tables<S>, column: u16) -> String {
     tables.key(format_args!("vm/{column}"))
 }
@@ -132,19 +137,30 @@ impl Columns {
         );
     }
 
-    /// Before the first tick, take a lease on first use (at most once per instant).
+    /// Before the first tick, take a lease on first use (at most once per
+    /// [`LEASE_RETRY_MS`]).
     fn ensure_lease<S: SharedStore>(&mut self, tables: &Tables<S>, now_ms: u64) {
-        if self.column.is_none() && self.last_lease_attempt_ms != Some(now_ms) {
+        let due = self
+            .last_lease_attempt_ms
+            .is_none_or(|at| now_ms.saturating_sub(at) >= LEASE_RETRY_MS);
+        if self.column.is_none() && due {
             self.acquire_lease(tables, now_ms);
         }
     }
 
-    /// Re-reads every column's lease.
+    /// Re-reads the lease of every column a VM ever held. A VM takes the
+    /// lowest column whose lease is free or expired, and a lease is never
+    /// removed, so no column past the first one never written was ever held:
+    /// the reads stop there, as many as the VMs the process has had, not
+    /// `vm_slots`.
     pub(super) fn refresh_leases<S: SharedStore>(&mut self, tables: &Tables<S>) {
         for column in 0..self.vm_slots {
-            let lease = tables.read(&lease_key(tables, column)).record;
+            let read = tables.read(&lease_key(tables, column));
             if let Some(entry) = self.leases.get_mut(usize::from(column)) {
-                *entry = lease;
+                *entry = read.record;
+            }
+            if !read.exists() {
+                break;
             }
         }
     }
