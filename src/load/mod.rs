@@ -52,7 +52,7 @@ pub use recent::{RecentChoices, RECENT_WINDOW};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LoadConfig {
     /// Prefix of every shared-data key, so several filters (or Istio, which sets
-    /// no `vm_id`) never collide. Keys are `prefix-router/<namespace>/v1/...`.
+    /// no `vm_id`) never collide. Keys are `prefix-router/<namespace>/v2/...`.
     pub namespace: String,
     /// Instance slots (bound of the registry). 1..=4096.
     pub max_instances: u16,

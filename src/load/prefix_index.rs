@@ -36,7 +36,7 @@
 //! budget of 8 MiB buys 8,176 buckets: 523,264 entries, as many 256-byte
 //! blocks as 127 MiB of prompt text held by one instance each. Outside the
 //! budget, Envoy also keeps each key's name
-//! (`prefix-router/<namespace>/v1/prefix/<b>`, about 40 bytes) and its map
+//! (`prefix-router/<namespace>/v2/prefix/<b>`, about 40 bytes) and its map
 //! entry.
 //!
 //! Eviction, within a full bucket: an entry of a holder that is no longer a

@@ -76,13 +76,21 @@ pub(crate) struct Tables<S> {
     attempts: u32,
 }
 
+/// The shared data's layout, part of every key. Shared data outlives a
+/// module swapped in without restarting Envoy (same `vm_id`), so a change of
+/// what records mean takes a new layout rather than reading the old one's:
+/// `v2` stamps times by Envoy's monotonic clock (`v1`'s wall-clock stamps
+/// would read as ages of zero for ever) and records when an instance became
+/// suspect.
+pub(crate) const LAYOUT: &str = "v2";
+
 impl<S: SharedStore> Tables<S> {
-    /// Keys are `prefix-router/<namespace>/v1/<path>`; `attempts` (at least
-    /// one) bounds every update.
+    /// Keys are `prefix-router/<namespace>/<LAYOUT>/<path>`; `attempts` (at
+    /// least one) bounds every update.
     pub(crate) fn new(store: S, namespace: &str, attempts: u32) -> Self {
         Self {
             store,
-            prefix: format!("prefix-router/{namespace}/v1"),
+            prefix: format!("prefix-router/{namespace}/{LAYOUT}"),
             attempts: attempts.max(1),
         }
     }
@@ -216,7 +224,7 @@ mod tests {
         let tables = Tables::new(MemoryStore::new(), "ns", 4);
         assert_eq!(
             tables.key(format_args!("inst/{}", 3)),
-            "prefix-router/ns/v1/inst/3"
+            "prefix-router/ns/v2/inst/3"
         );
     }
 

@@ -501,7 +501,7 @@ fn namespaces_do_not_see_each_other() {
     assert!(store
         .keys()
         .iter()
-        .all(|k| k.starts_with("prefix-router/a/v1/") || k.starts_with("prefix-router/b/v1/")));
+        .all(|k| k.starts_with("prefix-router/a/v2/") || k.starts_with("prefix-router/b/v2/")));
 }
 
 #[test]
@@ -970,7 +970,7 @@ fn engine_sample(store: &MemoryStore, slot: u16, address: &str, load: EngineLoad
         load,
         base_in_flight: 0,
     };
-    let key = format!("prefix-router/default/v1/engine/{slot}");
+    let key = format!("prefix-router/default/v2/engine/{slot}");
     store.set(&key, &record.encode(), None).expect("written");
 }
 
