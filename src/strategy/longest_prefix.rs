@@ -192,7 +192,13 @@ impl LongestPrefix {
         let system_only = !attracted
             && held.blocks > 0
             && held.holders.len().saturating_mul(2) <= candidates.len();
-        if !attracted && !system_only && !self.fleet_listed {
+        // The fleet-wide engine bounds pass an instance over only while
+        // another is within them; Maglev knows nothing of them, so while one
+        // is over, an unlisted fleet's cold prompt is placed among the
+        // instances it knows, as a listed fleet's always is.
+        let some_within_bounds = candidates.iter().any(|c| !c.over_bounds);
+        let some_over_bounds = candidates.iter().any(|c| c.over_bounds);
+        if !attracted && !system_only && !self.fleet_listed && !some_over_bounds {
             return Self::by_maglev(DecisionKind::Cold, opening_key);
         }
         let holds = |c: &Candidate| held.holders.contains(&c.instance.slot);
@@ -218,7 +224,15 @@ impl LongestPrefix {
             .map(|(c, _)| c.instance.slot);
         ranked.sort_by_key(|(c, rank)| (std::cmp::Reverse(is_holder(c)), std::cmp::Reverse(*rank)));
         let order: Vec<&Candidate> = ranked.into_iter().map(|(c, _)| c).collect();
-        let least = candidates.iter().map(|c| c.load).min().unwrap_or(0);
+        // The least loaded of those that may take the request: an instance
+        // over a bound by its KV usage may carry few requests, and the load
+        // bound of the others is not theirs to set.
+        let least = candidates
+            .iter()
+            .filter(|c| !c.over_bounds || !some_within_bounds)
+            .map(|c| c.load)
+            .min()
+            .unwrap_or(0);
         let held_bytes = blocks.bytes_of(held.blocks);
         // A holder may be busier the more it holds; the first choice, by the
         // history it is presumed to hold: the earlier turns went there unless
@@ -234,9 +248,6 @@ impl LongestPrefix {
             };
             self.holder_bound(least, held.max(presumed))
         };
-        // The fleet-wide engine bounds pass an instance over only while
-        // another is within them.
-        let some_within_bounds = candidates.iter().any(|c| !c.over_bounds);
         let second_choice = self
             .balances(blocks)
             .then(|| Self::second_choice(&order, &is_holder))
@@ -360,6 +371,8 @@ mod tests {
         engine: Vec<Option<u32>>,
         /// The fleet-wide bound of running + waiting.
         max_requests: Option<u32>,
+        /// Instances over the fleet-wide bound of KV-cache usage.
+        kv_full: Vec<u16>,
         recent: RecentChoices,
     }
 
@@ -441,6 +454,7 @@ mod tests {
                             .map(|max| max.saturating_sub(candidate.load));
                         candidate.over_bounds = candidate.engine_room == Some(0);
                     }
+                    candidate.over_bounds |= self.kv_full.contains(&slot);
                     candidate
                 })
                 .collect()
@@ -1053,6 +1067,42 @@ mod tests {
         assert_eq!(kind, DecisionKind::Matched);
         assert!([home, other].contains(&slot), "{slot}");
         assert_eq!(fleet.in_flight.iter().sum::<u32>(), 1);
+    }
+
+    /// An instance over the KV-usage bound with few requests does not set
+    /// the others' load bound: the prompt stays on the instance that holds it.
+    #[test]
+    fn an_instance_over_a_bound_does_not_set_the_load_bound() {
+        let policy = LongestPrefix::new(100, 4, true, ColdPlacement::Consistent);
+        let mut fleet = Fleet::new(3);
+        let turns = conversation("", 6, 2);
+        let (_, home) = fleet.route(&policy, &turns[0]);
+        let idle = (0..3u16).find(|s| *s != home).expect("another");
+        fleet.in_flight = vec![11; 3];
+        fleet.in_flight[usize::from(home)] = 12;
+        fleet.in_flight[usize::from(idle)] = 2;
+        fleet.kv_full = vec![idle];
+        assert_eq!(
+            fleet.route(&policy, &turns[1]),
+            (DecisionKind::Matched, home),
+            "within 2 x 11 + 4 of the least loaded instance that may take it"
+        );
+    }
+
+    /// Without `instances`, a cold prompt goes by Maglev only while no known
+    /// instance is over a fleet-wide bound: Maglev could pick that one.
+    #[test]
+    fn an_unlisted_fleet_places_cold_prompts_among_its_instances_while_one_is_over_a_bound() {
+        let policy = LongestPrefix::new(10, 4, false, ColdPlacement::Consistent);
+        let blocks = distinct_prompt(3);
+        let mut fleet = Fleet::new(4);
+        let routed = policy.decide(&blocks, &mut fleet, 0, 0);
+        assert_eq!(routed.headers.host_override, None, "left to Maglev");
+        let first = top_two(&blocks, 4)[0];
+        fleet.kv_full = vec![first];
+        let (kind, slot) = fleet.route(&policy, &blocks);
+        assert_eq!(kind, DecisionKind::Moved, "passed over its first choice");
+        assert_eq!(slot, top_two(&blocks, 4)[1], "the opening's next choice");
     }
 
     #[test]
