@@ -247,6 +247,24 @@ pub struct EngineLoadConfig {
 }
 
 impl EngineLoadConfig {
+    /// What works but not as one would expect, for the configure log.
+    pub fn warnings(&self) -> Vec<String> {
+        // The next poll is sent up to the interval plus its jitter after the
+        // last one and may take up to timeout_ms: a sample younger than that
+        // at its end can lapse before the next one arrives.
+        let next_sample_ms =
+            self.interval_ms * (100 + ENGINE_JITTER_PERCENT) / 100 + self.timeout_ms;
+        if self.max_age_ms < next_sample_ms {
+            return vec![format!(
+                "engine_load.max_age_ms {} is less than the interval and its jitter plus \
+                 timeout_ms ({next_sample_ms}): an instance's sample may lapse before the \
+                 next one arrives, and decisions then count only this Envoy's requests on it",
+                self.max_age_ms
+            )];
+        }
+        Vec::new()
+    }
+
     /// The fleet-wide bounds decisions apply.
     pub fn bounds(&self) -> EngineBounds {
         EngineBounds {
@@ -710,6 +728,22 @@ fn engine_load(value: &Value) -> Result<Option<EngineLoadConfig>, ConfigError> {
         Some(Value::Null) => series.kv_usage = None,
         Some(v) => series.kv_usage = Some(metric_name(&field("kv_usage_metric"), v)?),
         None => {}
+    }
+    // A line is read as one series only: a name given two roles would leave
+    // the other missing from every answer, and every poll would fail.
+    let roles = [
+        ("running_metric", Some(&series.running)),
+        ("waiting_metric", Some(&series.waiting)),
+        ("kv_usage_metric", series.kv_usage.as_ref()),
+    ];
+    for (i, (role, name)) in roles.iter().enumerate() {
+        let Some(name) = name else { continue };
+        if let Some((other, _)) = roles.iter().skip(i + 1).find(|(_, n)| *n == Some(*name)) {
+            return Err(error(
+                field(other),
+                format!("{name:?} is already the {role}: each series is read for one role"),
+            ));
+        }
     }
     let path = match object.get("path") {
         Some(v) => {
@@ -1566,6 +1600,34 @@ mod tests {
         let kv =
             engine(r#"{"cluster": "c", "engine": "LLAMACPP", "kv_usage_metric": "kv"}"#).unwrap();
         assert_eq!(kv.series.kv_usage.as_deref(), Some("kv"));
+    }
+
+    #[test]
+    fn a_series_is_read_for_one_role() {
+        let twice = engine(r#"{"cluster": "c", "running_metric": "q", "waiting_metric": "q"}"#);
+        assert_eq!(
+            twice.unwrap_err().to_string(),
+            "engine_load.waiting_metric: \"q\" is already the running_metric: each series is \
+             read for one role"
+        );
+        let kv = engine(r#"{"cluster": "c", "kv_usage_metric": "vllm:num_requests_waiting"}"#);
+        assert!(kv
+            .unwrap_err()
+            .to_string()
+            .starts_with("engine_load.kv_usage_metric:"));
+        assert!(engine(r#"{"cluster": "c", "kv_usage_metric": null}"#).is_ok());
+    }
+
+    #[test]
+    fn a_sample_age_that_can_lapse_between_polls_is_warned_about() {
+        let defaults = engine(r#"{"cluster": "c"}"#).unwrap();
+        assert_eq!(defaults.warnings(), Vec::<String>::new());
+        let short = engine(r#"{"cluster": "c", "interval_ms": 1000, "max_age_ms": 1000}"#).unwrap();
+        let warnings = short.warnings();
+        assert_eq!(warnings.len(), 1);
+        assert!(warnings[0].contains("(2000)"), "{warnings:?}");
+        let enough = engine(r#"{"cluster": "c", "interval_ms": 1000, "max_age_ms": 2000}"#);
+        assert_eq!(enough.unwrap().warnings(), Vec::<String>::new());
     }
 
     #[test]

@@ -97,6 +97,9 @@ impl PluginRoot {
                         .as_ref()
                         .map_or_else(|| "off".to_string(), |e| format!("({})", e.describe()))
                 );
+                for warning in config.engine_load.iter().flat_map(|e| e.warnings()) {
+                    log::warn!("prefix-router: {warning}");
+                }
                 self.policy = Rc::new(steering::policy_for(&config));
                 self.config = Rc::new(config);
                 // Once per root context: on_configure runs again on updates.
