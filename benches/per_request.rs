@@ -25,7 +25,7 @@ use prefix_router::headers::OnceHeader;
 use prefix_router::key::KeyMaterial;
 use prefix_router::load::{LoadTracker, UpstreamStart};
 use prefix_router::request::{
-    BodyVerdict, HeadersVerdict, KeyDerivation, RequestHead, RequestReader,
+    BodyKind, BodyVerdict, HeadersVerdict, KeyDerivation, RequestHead, RequestReader,
 };
 use prefix_router::shared::MemoryStore;
 use prefix_router::steering;
@@ -128,6 +128,7 @@ fn read_derivation(config: &Rc<Config>, path: &str, body: &[u8]) -> KeyDerivatio
         path: path.as_bytes(),
         tenant_header: OnceHeader::Absent,
         end_of_stream: false,
+        body: BodyKind::Plain,
     };
     assert_eq!(
         reader.on_request_headers(head),

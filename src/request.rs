@@ -34,6 +34,43 @@ pub struct RequestHead<'a> {
     pub tenant_header: OnceHeader<'a>,
     /// The headers end the request: there is no body.
     pub end_of_stream: bool,
+    /// What the headers say the body is.
+    pub body: BodyKind,
+}
+
+/// What the request headers say the body is, which bounds how long it may be
+/// held: a body that flows only once the response has begun, or a stream
+/// whose client waits for an answer to its first message, would wait for
+/// ever on a filter that holds it for `prefix_length` bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyKind {
+    /// A request body: held until the prefix is read or the body ends.
+    Plain,
+    /// gRPC (`content-type: application/grpc...`): length-prefixed
+    /// messages; held through its first message at most (a bidirectional
+    /// stream's client may wait for a reply before it sends more).
+    Grpc,
+    /// An upgrade (WebSocket, `Upgrade` header) or `CONNECT`: the body is a
+    /// stream that starts once Envoy answers. Nothing is held; no key.
+    Upgrade,
+}
+
+impl BodyKind {
+    /// From `:method`, whether an `upgrade` header is present, and
+    /// `content-type`.
+    pub fn of(method: Option<&[u8]>, upgrade: bool, content_type: Option<&[u8]>) -> BodyKind {
+        let grpc = content_type.is_some_and(|t| {
+            t.get(..16)
+                .is_some_and(|start| start.eq_ignore_ascii_case(b"application/grpc"))
+        });
+        if upgrade || method.is_some_and(|m| m.eq_ignore_ascii_case(b"CONNECT")) {
+            BodyKind::Upgrade
+        } else if grpc {
+            BodyKind::Grpc
+        } else {
+            BodyKind::Plain
+        }
+    }
 }
 
 /// A response the filter sends itself instead of forwarding the request.
@@ -49,6 +86,8 @@ pub struct LocalReply {
 pub enum NoKeyReason {
     /// No body bytes: the headers ended the stream, or the body was empty.
     NoBody,
+    /// An upgrade or `CONNECT`: its body flows only once Envoy answers.
+    Upgrade,
     /// The configured strategy routes without a prefix key.
     Strategy(Strategy),
 }
@@ -178,6 +217,9 @@ impl RequestReader {
         if head.end_of_stream {
             return HeadersVerdict::Continue(unkeyed_derivation(api, NoKeyReason::NoBody));
         }
+        if head.body == BodyKind::Upgrade {
+            return HeadersVerdict::Continue(unkeyed_derivation(api, NoKeyReason::Upgrade));
+        }
         if self.config.strategy != Strategy::PrefixAware {
             return HeadersVerdict::Continue(unkeyed_derivation(
                 api,
@@ -185,10 +227,14 @@ impl RequestReader {
             ));
         }
         let limits = extraction_limits(&self.config, header_tenant.is_some());
+        let mut extractor = Extractor::new(api, limits);
+        if head.body == BodyKind::Grpc {
+            extractor = extractor.ending_raw_prefix_with_the_first_grpc_message();
+        }
         self.state = State::ReadingBody {
             api,
             header_tenant,
-            extractor: Extractor::new(api, limits),
+            extractor,
             seen: 0,
         };
         HeadersVerdict::PauseForBody
@@ -415,6 +461,7 @@ mod tests {
             path: path.as_bytes(),
             tenant_header: tenant.map_or(OnceHeader::Absent, OnceHeader::Once),
             end_of_stream: false,
+            body: BodyKind::Plain,
         }
     }
 
@@ -436,6 +483,88 @@ mod tests {
 
     fn body(len: usize) -> Vec<u8> {
         (0..len).map(|i| b'a' + (i % 26) as u8).collect()
+    }
+
+    #[test]
+    fn the_body_kind_comes_from_method_upgrade_and_content_type() {
+        use BodyKind::*;
+        /// `:method`, an `upgrade` header present, `content-type`, the kind.
+        type Case<'a> = (&'a [u8], bool, Option<&'a [u8]>, BodyKind);
+        let cases: [Case; 8] = [
+            (b"POST", false, Some(b"application/json"), Plain),
+            (b"POST", false, None, Plain),
+            (b"GET", true, None, Upgrade),
+            (b"CONNECT", false, None, Upgrade),
+            (b"connect", false, Some(b"application/grpc"), Upgrade),
+            (b"POST", false, Some(b"application/grpc"), Grpc),
+            (b"POST", false, Some(b"Application/GRPC+proto"), Grpc),
+            (b"POST", false, Some(b"application/grp"), Plain),
+        ];
+        for (method, upgrade, content_type, expected) in cases {
+            assert_eq!(
+                BodyKind::of(Some(method), upgrade, content_type),
+                expected,
+                "{method:?} {upgrade} {content_type:?}"
+            );
+        }
+    }
+
+    /// A WebSocket upgrade's or CONNECT's body flows only once Envoy has
+    /// answered: held for it, the request would wait for ever.
+    #[test]
+    fn an_upgrade_is_decided_at_its_headers_without_a_key() {
+        let mut reader = RequestReader::new(small());
+        let verdict = reader.on_request_headers(RequestHead {
+            body: BodyKind::Upgrade,
+            ..head("/v1/realtime", None)
+        });
+        let HeadersVerdict::Continue(d) = verdict else {
+            panic!("{verdict:?}")
+        };
+        assert_eq!((d.key, d.no_key), (None, Some(NoKeyReason::Upgrade)));
+    }
+
+    /// A gRPC stream's client may wait for a reply to its first message:
+    /// the prefix ends with that message, however the body arrives.
+    #[test]
+    fn a_grpc_body_is_held_through_its_first_message_at_most() {
+        let mut first = vec![0, 0, 0, 0, 40];
+        first.extend(body(40));
+        let mut stream = first.clone();
+        stream.extend([0, 0, 0, 0, 3, b'x', b'y', b'z']);
+        for step in 1..=stream.len() {
+            let mut reader = RequestReader::new(small());
+            let verdict = reader.on_request_headers(RequestHead {
+                body: BodyKind::Grpc,
+                ..head("/inference.GRPCInferenceService/ModelStreamInfer", None)
+            });
+            assert_eq!(verdict, HeadersVerdict::PauseForBody);
+            let mut fake = FakeBody::new();
+            let mut decided = None;
+            for piece in stream.chunks(step) {
+                match fake.arrive(&mut reader, piece, false) {
+                    BodyVerdict::Pause => {}
+                    BodyVerdict::Continue(d) => {
+                        decided = Some((d, fake.buffered.len()));
+                        break;
+                    }
+                    BodyVerdict::AlreadyDecided => panic!("decided twice"),
+                }
+            }
+            let (d, arrived) = decided.expect("decided without the end of the stream");
+            assert!(arrived < first.len() + step, "held past the first message");
+            assert_eq!(d.key, Some(raw_key(None, &first)), "pieces of {step}");
+        }
+        // A first message longer than the prefix: the prefix, as for any body.
+        let mut reader = RequestReader::new(small());
+        reader.on_request_headers(RequestHead {
+            body: BodyKind::Grpc,
+            ..head("/svc/Method", None)
+        });
+        let mut long = vec![0, 0, 0, 8, 0];
+        long.extend(body(2048));
+        let d = continued(FakeBody::new().arrive(&mut reader, &long, false));
+        assert_eq!(d.key, Some(raw_key(None, &long[..1024])));
     }
 
     #[test]
@@ -690,6 +819,7 @@ mod tests {
                 path: b"/invocations",
                 tenant_header: OnceHeader::Repeated { count },
                 end_of_stream: false,
+                body: BodyKind::Plain,
             };
             let HeadersVerdict::Reject(reply) = reader.on_request_headers(head) else {
                 panic!("accepted a tenant header sent {count} times")

@@ -189,9 +189,15 @@ pub struct Extractor {
     reader: Option<Box<OpenAiReader>>,
     /// The first `prefix_length` bytes of the body (what a fallback routes on).
     raw: Vec<u8>,
+    /// The body is gRPC-framed: the raw prefix ends with its first message.
+    grpc: bool,
     inspected: usize,
     stop: Option<Stop>,
 }
+
+/// A gRPC message's header: a compression flag, then the length (4 bytes,
+/// big-endian).
+const GRPC_HEADER_BYTES: usize = 5;
 
 impl Extractor {
     pub fn new(kind: ApiKind, limits: Limits) -> Self {
@@ -212,9 +218,32 @@ impl Extractor {
             mode,
             reader,
             raw: Vec::new(),
+            grpc: false,
             inspected: 0,
             stop: None,
         }
+    }
+
+    /// A gRPC body (native invoke): its raw prefix ends with its first
+    /// message when that is shorter than `prefix_length`, so a stream whose
+    /// client waits for a reply to its first message is not held for more.
+    pub fn ending_raw_prefix_with_the_first_grpc_message(mut self) -> Self {
+        self.grpc = matches!(self.mode, Mode::Raw { .. });
+        self
+    }
+
+    /// How long the raw prefix is once complete: `prefix_length`, or a
+    /// gRPC body's first message (header included) if shorter, known once
+    /// its header is in.
+    fn raw_prefix_bound(&self) -> usize {
+        let first_message = match self.raw.get(1..GRPC_HEADER_BYTES) {
+            Some(&[a, b, c, d]) if self.grpc => {
+                let length = u32::from_be_bytes([a, b, c, d]);
+                usize::try_from(length).map_or(usize::MAX, |l| l.saturating_add(GRPC_HEADER_BYTES))
+            }
+            _ => usize::MAX,
+        };
+        self.limits.prefix_length.min(first_message)
     }
 
     /// Cuts capped spans while they arrive from `bytes` on (tests replay
@@ -251,7 +280,7 @@ impl Extractor {
             return Some(0);
         }
         match self.mode {
-            Mode::Raw { .. } => Some(self.limits.prefix_length.saturating_sub(self.raw.len())),
+            Mode::Raw { .. } => Some(self.raw_prefix_bound().saturating_sub(self.raw.len())),
             Mode::Json(_) => None,
         }
     }
@@ -281,12 +310,22 @@ impl Extractor {
             }
         }
         if matches!(self.mode, Mode::Raw { .. }) {
+            // A gRPC header first, alone: the bound it sets must not depend
+            // on how the body was split.
+            if self.grpc && self.raw.len() < GRPC_HEADER_BYTES {
+                let rest = allowed.get(consumed..).unwrap_or_default();
+                let take = (GRPC_HEADER_BYTES - self.raw.len()).min(rest.len());
+                self.keep_raw(rest.get(..take).unwrap_or_default());
+                consumed += take;
+            }
             let rest = allowed.get(consumed..).unwrap_or_default();
-            let wanted = self.limits.prefix_length.saturating_sub(self.raw.len());
+            let bound = self.raw_prefix_bound();
+            let wanted = bound.saturating_sub(self.raw.len());
             let take = wanted.min(rest.len());
             self.keep_raw(rest.get(..take).unwrap_or_default());
             consumed += take;
-            if self.raw.len() >= self.limits.prefix_length {
+            let header_in = !self.grpc || self.raw.len() >= GRPC_HEADER_BYTES;
+            if header_in && self.raw.len() >= bound {
                 self.stop = Some(Stop::Complete);
             }
         }

@@ -16,7 +16,7 @@ use crate::host::{HeaderMap, Host};
 use crate::load::{EngineView, Ticket, UpstreamStart};
 use crate::metrics::Counter;
 use crate::request::{
-    BodyVerdict, HeadersVerdict, KeyDerivation, LocalReply, RequestHead, RequestReader,
+    BodyKind, BodyVerdict, HeadersVerdict, KeyDerivation, LocalReply, RequestHead, RequestReader,
 };
 use crate::steering::{self, ListenerCount};
 use crate::strategy::{DecisionKind, Policy};
@@ -84,6 +84,11 @@ impl Stream {
             path: headers.get(":path").unwrap_or_default(),
             tenant_header: headers.once(&self.config.tenant_header),
             end_of_stream,
+            body: BodyKind::of(
+                headers.get(":method"),
+                headers.contains("upgrade"),
+                headers.get("content-type"),
+            ),
         });
         match verdict {
             HeadersVerdict::Continue(derivation) => {
