@@ -974,17 +974,29 @@ impl Config {
                  by Maglev on the key alone",
             ));
         }
-        if let Some(host) = &self.host_header {
-            for (other, name) in [
-                ("key_header", &self.key_header),
-                ("tenant_header", &self.tenant_header),
-            ] {
-                if host == name {
+        for (other, name) in [
+            ("key_header", &self.key_header),
+            ("tenant_header", &self.tenant_header),
+        ] {
+            match &self.host_header {
+                Some(host) if host == name => {
                     return Err(error(
                         "host_header",
                         format!("\"{host}\" is also the {other}; they must differ"),
                     ));
                 }
+                // Without a host header the filter still removes the default
+                // one from every request, so that no client names an instance.
+                None if name == DEFAULT_HOST_HEADER => {
+                    return Err(error(
+                        other,
+                        format!(
+                            "\"{name}\" is removed from every request while host_header is \
+                             null (no client may name an instance); choose another"
+                        ),
+                    ));
+                }
+                _ => {}
             }
         }
         Ok(())
@@ -1445,6 +1457,13 @@ mod tests {
         assert_eq!(
             err(r#"{"host_header":"x-amzn-sagemaker-prefix-aware-id"}"#),
             "host_header: \"x-amzn-sagemaker-prefix-aware-id\" is also the tenant_header; they must differ"
+        );
+        assert_eq!(
+            err(
+                r#"{"match":"FIXED_PREFIX","host_header":null,"tenant_header":"x-prefix-route-host"}"#
+            ),
+            "tenant_header: \"x-prefix-route-host\" is removed from every request while \
+             host_header is null (no client may name an instance); choose another"
         );
         assert!(err(r#"{"host_header":"host"}"#)
             .starts_with("host_header: \"host\" is a header Envoy itself relies on"));
