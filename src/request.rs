@@ -285,7 +285,10 @@ impl RequestReader {
                 break;
             }
         }
-        if progress == Progress::NeedMore && !end_of_stream && *seen < max {
+        // Held while Envoy buffers less than the limit, whatever was read:
+        // reads that keep failing must not hold a body past it (Envoy would
+        // answer 413).
+        if progress == Progress::NeedMore && !end_of_stream && buffered_size < max {
             return BodyVerdict::Pause;
         }
         BodyVerdict::Continue(self.decide())

@@ -72,14 +72,16 @@ impl Stream {
                 return self.start_upstream(vm, &address);
             }
         }
-        let headers = read_request_headers(vm.host());
+        let read = read_request_headers(vm.host());
         // First, whatever happens next: a client must never choose the key,
-        // the instance, the route or the counts.
+        // the instance, the route or the counts. Headers that could not be
+        // read are removed unseen.
         for name in steering::owned_request_headers(&self.config) {
-            if headers.contains(name) {
+            if read.as_ref().is_none_or(|headers| headers.contains(name)) {
                 warn_on_error("remove header", name, vm.host().remove_request_header(name));
             }
         }
+        let headers = read.unwrap_or_default();
         let verdict = self.reader.on_request_headers(RequestHead {
             path: headers.get(":path").unwrap_or_default(),
             tenant_header: headers.once(&self.config.tenant_header),
@@ -328,16 +330,18 @@ impl Stream {
 
     fn reject<H: Host + Clone>(&self, vm: &mut Vm<H>, reply: &LocalReply) -> Flow {
         self.metrics.increment(vm, Counter::TenantRejected);
-        warn_on_error(
-            "send local reply",
-            "invalid_tenant_header",
-            vm.host().send_local_response(
-                reply.status,
-                "prefix_router_invalid_tenant_header",
-                &reply.headers,
-                &reply.body,
-            ),
+        let sent = vm.host().send_local_response(
+            reply.status,
+            "prefix_router_invalid_tenant_header",
+            &reply.headers,
+            &reply.body,
         );
+        warn_on_error("send local reply", "invalid_tenant_header", sent);
+        if sent.is_err() {
+            // Nothing ends the stream then: forwarded without a key rather
+            // than held until it times out.
+            return Flow::Continue;
+        }
         // The local reply ends the stream; nothing goes upstream.
         Flow::Pause
     }
@@ -357,7 +361,9 @@ impl Stream {
     /// Upstream role: count the request on the chosen instance, learn the
     /// key's target, and keep the internal headers from the instance.
     fn start_upstream<H: Host + Clone>(&mut self, vm: &mut Vm<H>, address: &str) -> Flow {
-        let headers = read_request_headers(vm.host());
+        let read = read_request_headers(vm.host());
+        let unread = read.is_none();
+        let headers = read.unwrap_or_default();
         let text = |name: &str| {
             headers
                 .get(name)
@@ -378,7 +384,7 @@ impl Stream {
         self.ticket = vm.with_tracker(&self.config, |t| t.upstream_started(start, now));
         vm.mark_upstream_filter(&self.config, now);
         for name in INTERNAL_REQUEST_HEADERS {
-            if headers.contains(name) {
+            if unread || headers.contains(name) {
                 warn_on_error("remove header", name, vm.host().remove_request_header(name));
             }
         }
@@ -416,9 +422,10 @@ fn orca_report(host: &impl Host) -> Option<Vec<u8>> {
 
 /// All request headers in one host call (empty, with a warning, if the
 /// host refuses: the request then goes on unrouted rather than failing).
-fn read_request_headers(host: &impl Host) -> HeaderMap {
-    host.request_headers().unwrap_or_else(|status| {
-        log::warn!("prefix-router: cannot read the request headers: {status}");
-        HeaderMap::default()
-    })
+fn read_request_headers(host: &impl Host) -> Option<HeaderMap> {
+    host.request_headers()
+        .inspect_err(|status| {
+            log::warn!("prefix-router: cannot read the request headers: {status}");
+        })
+        .ok()
 }

@@ -283,6 +283,70 @@ fn client_sent_owned_headers_are_removed_before_deciding() {
     stream.on_done(&mut vm);
 }
 
+/// A host that cannot give the request headers: the filter's own headers
+/// are removed unseen, so a client still cannot steer routing.
+#[test]
+fn owned_headers_are_removed_when_the_headers_cannot_be_read() {
+    let (host, mut vm, root) = configured(r#"{"strategy":"RANDOM"}"#);
+    host.start_request(&[
+        (":path", "/invocations"),
+        (HOST_HEADER, "10.9.9.9:1"),
+        (ROUTE_HEADER, "least_request"),
+        (COUNTED_HEADER, A),
+        ("x-other", "kept"),
+    ]);
+    host.set_failing("request_headers", true);
+    let mut stream = root.new_stream();
+    assert_eq!(stream.on_request_headers(&mut vm, true), Flow::Continue);
+    assert_eq!(
+        host.request_header_names(),
+        vec![":path".to_string(), "x-other".to_string()]
+    );
+    stream.on_done(&mut vm);
+}
+
+/// A local reply the host refuses does not end the stream: the request goes
+/// on without a key rather than wait until it times out.
+#[test]
+fn a_refused_local_reply_lets_the_request_go_on() {
+    let (host, mut vm, root) = configured("{}");
+    host.start_request(&[
+        (":path", "/v1/chat/completions"),
+        ("x-amzn-sagemaker-prefix-aware-id", ""),
+    ]);
+    host.set_failing("send_local_response", true);
+    let mut stream = root.new_stream();
+    assert_eq!(stream.on_request_headers(&mut vm, false), Flow::Continue);
+    assert_eq!(host.request_header(KEY_HEADER), None);
+    let size = host.arrive(b"{}");
+    assert_eq!(stream.on_request_body(&mut vm, size, true), Flow::Continue);
+    stream.on_done(&mut vm);
+}
+
+/// A body the host cannot give is read again at the next callback, but not
+/// held once Envoy buffers `max_body_bytes` (past it, Envoy would answer
+/// 413): decided on what was read.
+#[test]
+fn a_body_that_cannot_be_read_is_not_held_past_max_body_bytes() {
+    let (host, mut vm, root) = configured(r#"{"prefix_length":1024,"max_body_bytes":2048}"#);
+    host.start_request(&[(":path", "/invocations")]);
+    let mut stream = root.new_stream();
+    assert_eq!(stream.on_request_headers(&mut vm, false), Flow::Pause);
+    let body = vec![b'q'; 3000];
+    let size = host.arrive(&body[..512]);
+    assert_eq!(stream.on_request_body(&mut vm, size, false), Flow::Pause);
+    host.set_failing("request_body", true);
+    let size = host.arrive(&body[512..1500]);
+    assert_eq!(stream.on_request_body(&mut vm, size, false), Flow::Pause);
+    let size = host.arrive(&body[1500..]);
+    assert_eq!(stream.on_request_body(&mut vm, size, false), Flow::Continue);
+    assert!(
+        host.request_header(KEY_HEADER).is_some(),
+        "keyed on what was read"
+    );
+    stream.on_done(&mut vm);
+}
+
 #[test]
 fn an_invalid_tenant_gets_the_local_reply_and_pause() {
     let (host, mut vm, root) = configured("{}");

@@ -75,6 +75,9 @@ pub(crate) struct MemoryHost {
     http_call_refusal: Cell<Option<HostStatus>>,
     /// The answer being delivered: headers and body (`None`: no response).
     http_call_answer: RefCell<Option<CallAnswer>>,
+    /// Host calls that fail (by name: `request_headers`, `request_body`,
+    /// `send_local_response`), as a host in trouble would answer them.
+    failing: RefCell<Vec<&'static str>>,
 }
 
 impl MemoryHost {
@@ -147,6 +150,23 @@ impl MemoryHost {
 
     pub(crate) fn advance_ms(&self, ms: u64) {
         self.now_ms.set(self.now_ms.get() + ms);
+    }
+
+    /// Makes the host call `name` fail (`true`) or answer again.
+    pub(crate) fn set_failing(&self, name: &'static str, failing: bool) {
+        let mut calls = self.failing.borrow_mut();
+        calls.retain(|c| *c != name);
+        if failing {
+            calls.push(name);
+        }
+    }
+
+    /// `Err` if the host call `name` is made to fail.
+    fn fails(&self, name: &str) -> Result<(), HostStatus> {
+        if self.failing.borrow().contains(&name) {
+            return Err(HostStatus(2)); // BadArgument, as Envoy answers a bad call
+        }
+        Ok(())
     }
 
     /// Makes the clock fail (`true`) or answer again.
@@ -249,6 +269,7 @@ fn replace(map: &mut Vec<(String, Vec<u8>)>, name: &str, value: &[u8]) {
 impl Host for MemoryHost {
     fn request_headers(&self) -> Result<HeaderMap, HostStatus> {
         self.log("request_headers".into());
+        self.fails("request_headers")?;
         let pairs = self
             .request_headers
             .borrow()
@@ -285,6 +306,7 @@ impl Host for MemoryHost {
 
     fn request_body(&self, start: usize, len: usize) -> Result<Option<Vec<u8>>, HostStatus> {
         self.log("request_body".into());
+        self.fails("request_body")?;
         let body = self.body.borrow();
         let end = start.saturating_add(len).min(body.len());
         Ok(body.get(start..end).map(<[u8]>::to_vec))
@@ -304,6 +326,7 @@ impl Host for MemoryHost {
         body: &[u8],
     ) -> Result<(), HostStatus> {
         self.log("send_local_response".into());
+        self.fails("send_local_response")?;
         self.replies.borrow_mut().push(SentReply {
             status,
             details: details.to_string(),
