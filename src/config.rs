@@ -1041,6 +1041,39 @@ mod tests {
         assert_eq!(config, expected);
     }
 
+    /// Every example of docs/configuration.md's error table gives the message
+    /// the table shows (up to a closing `...`, where the table shortens it).
+    #[test]
+    fn the_documented_errors_are_the_errors() {
+        let doc = include_str!("../docs/configuration.md");
+        let mut checked = 0;
+        for row in doc.lines().filter(|l| l.starts_with("| `")) {
+            let cells: Vec<&str> = row.split(" | ").collect();
+            let (Some(json), Some(message)) = (
+                cells
+                    .first()
+                    .and_then(|c| c.strip_prefix("| `")?.strip_suffix('`')),
+                cells
+                    .get(1)
+                    .and_then(|c| c.strip_prefix('`')?.strip_suffix("` |")),
+            ) else {
+                continue;
+            };
+            if !json.starts_with(['{', '[']) {
+                continue;
+            }
+            let error = Config::parse(json.as_bytes()).expect_err(json).to_string();
+            let shown = message.strip_suffix("...)").map_or(message, |m| m);
+            let shown = shown.strip_suffix("...").unwrap_or(shown);
+            assert!(
+                error.starts_with(shown),
+                "{json}:\n  doc:  {message}\n  code: {error}"
+            );
+            checked += 1;
+        }
+        assert!(checked >= 15, "{checked} examples found");
+    }
+
     /// The README's engine-load example is accepted as pasted and turns the
     /// fleet-wide bound on.
     #[test]
