@@ -255,7 +255,10 @@ impl LongestPrefix {
         let mut passed_over = false;
         let mut full = false;
         let mut chosen: Option<(&Candidate, Option<Ticket>)> = None;
-        for &candidate in &order {
+        // Every instance at a fleet-wide bound: no claim fits the engines'
+        // room, so the least loaded takes the request (below).
+        let walk = if some_within_bounds { &order[..] } else { &[] };
+        for &candidate in walk {
             let bound = bound_of(candidate);
             if candidate.load > bound || (candidate.over_bounds && some_within_bounds) {
                 passed_over = true;
@@ -288,14 +291,14 @@ impl LongestPrefix {
             Some(found) => found,
             // Instances not learned yet may have room: Maglev on a salted
             // opening explores them.
-            None if !self.fleet_listed => {
+            None if !self.fleet_listed && some_within_bounds => {
                 // 1..=8, as FIXED_PREFIX's salts.
                 let salt = u8::try_from(random % 8).unwrap_or_default() + 1;
                 return Self::by_maglev(DecisionKind::Overflow, salted_key(&opening_key, salt));
             }
             None => {
-                // Every instance at the cap (or over the margin): the least
-                // loaded, counted past the cap.
+                // Every instance at the cap (or over the margin, or at a
+                // fleet-wide bound): the least loaded, counted past the cap.
                 full = true;
                 let Some(&least_loaded) = order.iter().min_by_key(|c| (c.over_bounds, c.load))
                 else {
@@ -1103,6 +1106,23 @@ mod tests {
         let (kind, slot) = fleet.route(&policy, &blocks);
         assert_eq!(kind, DecisionKind::Moved, "passed over its first choice");
         assert_eq!(slot, top_two(&blocks, 4)[1], "the opening's next choice");
+    }
+
+    /// Every instance at the fleet-wide bound: the least loaded takes the
+    /// request, listed fleet or not, not the first where this Envoy happens
+    /// to have nothing in flight.
+    #[test]
+    fn at_the_bound_everywhere_the_least_loaded_takes_the_request() {
+        for listed in [true, false] {
+            let policy = LongestPrefix::new(10, 1000, listed, ColdPlacement::Consistent);
+            let mut fleet = Fleet::new(3);
+            fleet.max_requests = Some(3);
+            fleet.engine = vec![Some(9), Some(3), Some(5)];
+            fleet.in_flight = vec![0, 1, 1];
+            fleet.hold = true;
+            let (_, slot) = fleet.route(&policy, &conversation("", 7, 1)[0]);
+            assert_eq!(slot, 1, "listed: {listed}");
+        }
     }
 
     #[test]
