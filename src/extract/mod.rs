@@ -32,8 +32,8 @@
 //!   `text=…␟`; an array of parts gives `text=…␟` per `text`/`input_text`/
 //!   `output_text` part and `part=TYPE␟` for any other part, e.g.
 //!   `part=image_url␟`, never its data), then for each tool call
-//!   `tool=NAME␟args=ARGUMENTS␟` (a call without `function` gives
-//!   `part=TYPE␟`). Ignored: tool call ids, `tool_call_id`, and every other
+//!   `tool=NAME␟args=ARGUMENTS␟`, for a custom tool's call
+//!   `custom=NAME␟input=INPUT␟` (a call with neither gives `part=TYPE␟`). Ignored: tool call ids, `tool_call_id`, and every other
 //!   message field (`refusal`, `audio`, ...).
 //! - `/completions`: `prompt` as a string is `text=…␟␞`; an array of strings
 //!   gives one such record each; token ids `[1,2]` give `tokens=1 2␟␞`, and an

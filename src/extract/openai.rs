@@ -394,8 +394,9 @@ fn content_part(section: &mut Section, part: &Value) -> Result<(), FallbackReaso
     }
 }
 
-/// Assistant tool calls: the function name and its arguments string; call ids
-/// are ignored. A call that is not a function call adds its type only.
+/// Assistant tool calls: the function name and its arguments string, or a
+/// custom tool's name and input; call ids are ignored. A call of any other
+/// kind adds its type only.
 fn tool_calls(section: &mut Section, calls: Option<&Value>) -> Result<(), FallbackReason> {
     let calls = match calls {
         None | Some(Value::Null) => return Ok(()),
@@ -404,10 +405,18 @@ fn tool_calls(section: &mut Section, calls: Option<&Value>) -> Result<(), Fallba
     };
     for call in calls {
         let call = call.as_object().ok_or(SHAPE)?;
-        match call.get("function") {
-            Some(Value::Object(function)) => function_call(section, function)?,
-            None | Some(Value::Null) => section.field("part", required_str(call, "type")?),
-            Some(_) => return Err(SHAPE),
+        match (call.get("function"), call.get("custom")) {
+            (Some(Value::Object(function)), _) => function_call(section, function)?,
+            (None | Some(Value::Null), Some(Value::Object(custom))) => {
+                section.field("custom", required_str(custom, "name")?);
+                if let Some(input) = optional_str(custom, "input")? {
+                    section.field("input", input);
+                }
+            }
+            (None | Some(Value::Null), None | Some(Value::Null)) => {
+                section.field("part", required_str(call, "type")?)
+            }
+            _ => return Err(SHAPE),
         }
     }
     Ok(())

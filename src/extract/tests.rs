@@ -263,6 +263,28 @@ fn tool_calls_give_name_and_arguments_and_ignore_ids() {
     assert_eq!(e.prefix, chat(&body("call_2")).prefix);
 }
 
+/// Two calls of custom tools differ by name and input, as function calls do.
+#[test]
+fn custom_tool_calls_give_name_and_input() {
+    let body = |name: &str, input: &str| {
+        json!({"messages": [
+            {"role": "user", "content": "run it"},
+            {"role": "assistant", "tool_calls": [
+                {"id": "c", "type": "custom", "custom": {"name": name, "input": input}}]}
+        ]})
+    };
+    let e = chat(&body("shell", "ls"));
+    assert_eq!(
+        readable(&e),
+        "role=user|text=run it|;role=assistant|custom=shell|input=ls|;"
+    );
+    assert_ne!(e.prefix, chat(&body("shell", "pwd")).prefix);
+    assert_ne!(e.prefix, chat(&body("sql", "ls")).prefix);
+    // Neither kind: its type alone, as before.
+    let other = json!({"messages": [{"role": "assistant", "tool_calls": [{"type": "mcp"}]}]});
+    assert_eq!(readable(&chat(&other)), "role=assistant|part=mcp|;");
+}
+
 // ---------------------------------------------------------------- canonical
 
 /// Writes `value` as JSON with shuffled keys, random whitespace and,
