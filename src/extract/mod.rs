@@ -41,8 +41,10 @@
 //! - `/responses`: `instructions` (if a string) as `instructions=…␟␞`, then
 //!   `input`: a string is `role=user␟text=…␟␞`; an array gives, per item, a
 //!   message record as for chat when the item has a `role`, else
-//!   `item=TYPE␟` followed for `function_call` by `tool=NAME␟args=…␟` and for
-//!   `function_call_output` by its output as content, then `␞`. Since
+//!   `item=TYPE␟` followed for `function_call` by `tool=NAME␟args=…␟`, for
+//!   `custom_tool_call` by `custom=NAME␟input=…␟`, and for
+//!   `function_call_output` and `custom_tool_call_output` by its output as
+//!   content, then `␞`. Since
 //!   `instructions` comes first in the text, `input` is held (capped) until
 //!   `instructions` is seen or the object ends.
 //!

@@ -408,16 +408,21 @@ fn tool_calls(section: &mut Section, calls: Option<&Value>) -> Result<(), Fallba
         match (call.get("function"), call.get("custom")) {
             (Some(Value::Object(function)), _) => function_call(section, function)?,
             (None | Some(Value::Null), Some(Value::Object(custom))) => {
-                section.field("custom", required_str(custom, "name")?);
-                if let Some(input) = optional_str(custom, "input")? {
-                    section.field("input", input);
-                }
+                custom_call(section, custom)?
             }
             (None | Some(Value::Null), None | Some(Value::Null)) => {
                 section.field("part", required_str(call, "type")?)
             }
             _ => return Err(SHAPE),
         }
+    }
+    Ok(())
+}
+
+fn custom_call(section: &mut Section, call: &Map<String, Value>) -> Result<(), FallbackReason> {
+    section.field("custom", required_str(call, "name")?);
+    if let Some(input) = optional_str(call, "input")? {
+        section.field("input", input);
     }
     Ok(())
 }
@@ -444,7 +449,8 @@ fn response_item(section: &mut Section, value: &Value) -> Result<(), FallbackRea
     section.field("item", kind);
     match kind {
         "function_call" => function_call(section, item)?,
-        "function_call_output" => content(section, item.get("output"))?,
+        "custom_tool_call" => custom_call(section, item)?,
+        "function_call_output" | "custom_tool_call_output" => content(section, item.get("output"))?,
         _ => {}
     }
     section.end_record();

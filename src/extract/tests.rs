@@ -534,6 +534,8 @@ fn responses_items_and_parts() {
                 {"type":"input_image","image_url":"data:xyz"}]},
             {"type":"function_call","call_id":"c1","name":"f","arguments":"{\"a\":1}"},
             {"type":"function_call_output","call_id":"c1","output":"42"},
+            {"type":"custom_tool_call","call_id":"c2","name":"sh","input":"ls"},
+            {"type":"custom_tool_call_output","call_id":"c2","output":"a.txt"},
             {"type":"reasoning","summary":[]},
             {"role":"assistant","content":[{"type":"output_text","text":"done","annotations":[]}]}
         ]}"#,
@@ -543,6 +545,8 @@ fn responses_items_and_parts() {
         "role=user|text=see|part=input_image|;\
          item=function_call|tool=f|args={\"a\":1}|;\
          item=function_call_output|text=42|;\
+         item=custom_tool_call|custom=sh|input=ls|;\
+         item=custom_tool_call_output|text=a.txt|;\
          item=reasoning|;\
          role=assistant|text=done|;"
     );
