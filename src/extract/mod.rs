@@ -44,9 +44,8 @@
 //!   `item=TYPE␟` followed for `function_call` by `tool=NAME␟args=…␟`, for
 //!   `custom_tool_call` by `custom=NAME␟input=…␟`, and for
 //!   `function_call_output` and `custom_tool_call_output` by its output as
-//!   content, then `␞`. Since
-//!   `instructions` comes first in the text, `input` is held (capped) until
-//!   `instructions` is seen or the object ends.
+//!   content, then `␞`. Since `instructions` comes first in the text, `input`
+//!   is held (capped) until `instructions` is seen or the object ends.
 //!
 //! `model` (top-level string) and `prompt_cache_key` (top-level string,
 //! anywhere in the object) are returned separately when asked for; `null`
