@@ -137,10 +137,21 @@ impl Reply {
 }
 
 /// A body fed piece by piece from a channel; its size is left to the headers.
-struct PieceBody {
+/// Over when the sender is dropped.
+pub struct PieceBody {
     pieces: mpsc::Receiver<Bytes>,
     /// Sent once the pieces are over (HTTP/2 only).
     trailers: Option<HeaderMap>,
+}
+
+impl PieceBody {
+    /// The pieces `pieces` receives, then the end of the body.
+    pub fn new(pieces: mpsc::Receiver<Bytes>) -> Self {
+        PieceBody {
+            pieces,
+            trailers: None,
+        }
+    }
 }
 
 impl Body for PieceBody {
