@@ -7,7 +7,8 @@
 //! under a small budget; two Envoys place cold prompts alike, and a later
 //! turn through an Envoy that never saw the conversation stays on its
 //! instance under a load that moves a prompt held for less; with
-//! `cold_placement: BALANCED` the bytes of cold prompts spread evenly.
+//! `cold_placement: BALANCED` the bytes of cold prompts spread evenly; an
+//! instance that was briefly out of the cluster is nominated again.
 //!
 //! The conversation and document tests check every `matched=` against a
 //! model of an exact index (what each instance was sent, cut into the
@@ -21,13 +22,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use harness::load::DECISION_HEADER;
+use harness::load::{DECISION_HEADER, HOST_HEADER};
 use harness::{bodies, client, wait_until, Harness, Outgoing, Reply, INSTANCES};
 use http_body_util::{BodyExt as _, Full};
 use prefix_router::blocks::PromptBlocks;
 use prefix_router::classify::ApiKind;
 use prefix_router::extract::{Extractor, Limits, PrefixSource};
 use prefix_router::key::KeyMaterial;
+use prefix_router::load::SUSPECT_MS;
 use prefix_router::metrics::{
     placed_bytes_counter_name, INDEX_CAPACITY, INDEX_ENTRIES, INDEX_EVICTIONS,
 };
@@ -899,7 +901,7 @@ const TICKS_WATCHED: Duration = Duration::from_millis(3_100);
 /// Buckets (shared-data keys) a 64 KiB budget buys: 1,026-byte records.
 const FLOOD_INDEX_KEYS: u64 = FLOOD_INDEX_BYTES / 1026;
 /// What Envoy keeps per shared-data key beside its value: the key's name
-/// (`prefix-router/<namespace>/v1/prefix/<b>`, ~40 bytes), two string
+/// (`prefix-router/<namespace>/v2/prefix/<b>`, ~40 bytes), two string
 /// headers and the map slot. Measured under this flood, less the values
 /// (16 bytes an entry) and ~0.5 MB of Envoy's own growth: ~170 bytes
 /// (measured with 16-entry buckets, four times as many keys: a 4 MiB
@@ -1113,4 +1115,80 @@ async fn a_later_turn_through_another_envoy_stays_on_its_instance_under_load() {
             .expect("held request");
         assert_eq!(reply.status, 200, "held request: {}", reply.text());
     }
+}
+
+/// `n` distinct invoke prompts (distinct openings: each one cold).
+fn distinct_prompts(tag: &str, n: usize) -> Vec<Outgoing> {
+    (0..n)
+        .map(|i| Outgoing::post(INVOKE, format!("{tag} prompt {i}: {}", "x".repeat(64))))
+        .collect()
+}
+
+/// A listed instance that leaves the cluster (file-based EDS) is nominated
+/// once, served elsewhere by Envoy's fallback and then passed over; back in
+/// the cluster, it is nominated and serves again once its suspect mark
+/// lapses (`SUSPECT_MS`), although in a listed fleet every decision names a
+/// candidate, so nothing else would send it a request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_back_in_the_cluster_serves_again() {
+    let config = plugin_config(serde_json::json!({}));
+    let harness =
+        Harness::start_with(move |b| b.concurrency(2).plugin_config(config).endpoints_from_file());
+    let fleet = &harness.fleet;
+    let all = fleet.addrs();
+    let (left, others) = (all[0], &all[1..]);
+    let left_name = fleet.name_of(left).expect("named").to_string();
+    harness.envoy.set_endpoints("vllm", others).unwrap();
+    // Cold prompts until one is nominated to the instance that left.
+    let mut nominated_at = None;
+    for round in 0..20 {
+        fleet.clear();
+        let replies = harness
+            .send_all(distinct_prompts(&format!("out {round}"), 20), 4)
+            .await;
+        assert!(replies.iter().all(|r| r.status == 200), "a request failed");
+        let records = fleet.records();
+        assert!(records.iter().all(|r| r.instance != left_name));
+        if records
+            .iter()
+            .any(|r| r.header(HOST_HEADER) == Some(left.to_string().as_str()))
+        {
+            nominated_at = Some(Instant::now());
+            break;
+        }
+    }
+    let nominated_at = nominated_at.expect("the instance that left was nominated once");
+    // Suspect now: passed over by every worker.
+    fleet.clear();
+    let replies = harness.send_all(distinct_prompts("suspect", 60), 4).await;
+    assert!(replies.iter().all(|r| r.status == 200));
+    let renominated = fleet
+        .records()
+        .iter()
+        .filter(|r| r.header(HOST_HEADER) == Some(left.to_string().as_str()))
+        .count();
+    assert!(
+        nominated_at.elapsed() < Duration::from_millis(SUSPECT_MS) && renominated == 0,
+        "nominated {renominated} more times while suspect"
+    );
+    harness.envoy.set_endpoints("vllm", &all).unwrap();
+    let mut round = 0;
+    let served_again = loop {
+        fleet.clear();
+        let replies = harness
+            .send_all(distinct_prompts(&format!("back {round}"), 14), 4)
+            .await;
+        assert!(replies.iter().all(|r| r.status == 200));
+        if fleet.records().iter().any(|r| r.instance == left_name) {
+            break nominated_at.elapsed();
+        }
+        assert!(
+            nominated_at.elapsed() < Duration::from_millis(SUSPECT_MS + 10_000),
+            "the instance back in the cluster served nothing within {:?} of its mark",
+            nominated_at.elapsed()
+        );
+        round += 1;
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    eprintln!("served again {served_again:?} after it was marked suspect");
 }
