@@ -74,13 +74,12 @@ impl Stream {
         }
         let read = read_request_headers(vm.host());
         // First, whatever happens next: a client must never choose the key,
-        // the instance, the route or the counts. Headers that could not be
-        // read are removed unseen.
-        for name in steering::owned_request_headers(&self.config) {
-            if read.as_ref().is_none_or(|headers| headers.contains(name)) {
-                warn_on_error("remove header", name, vm.host().remove_request_header(name));
-            }
-        }
+        // the instance, the route or the counts.
+        remove_request_headers(
+            vm.host(),
+            steering::owned_request_headers(&self.config),
+            read.as_ref(),
+        );
         let headers = read.unwrap_or_default();
         let verdict = self.reader.on_request_headers(RequestHead {
             path: headers.get(":path").unwrap_or_default(),
@@ -362,8 +361,8 @@ impl Stream {
     /// key's target, and keep the internal headers from the instance.
     fn start_upstream<H: Host + Clone>(&mut self, vm: &mut Vm<H>, address: &str) -> Flow {
         let read = read_request_headers(vm.host());
-        let unread = read.is_none();
-        let headers = read.unwrap_or_default();
+        let unread = HeaderMap::default();
+        let headers = read.as_ref().unwrap_or(&unread);
         let text = |name: &str| {
             headers
                 .get(name)
@@ -383,11 +382,7 @@ impl Stream {
         let now = vm.now_ms();
         self.ticket = vm.with_tracker(&self.config, |t| t.upstream_started(start, now));
         vm.mark_upstream_filter(&self.config, now);
-        for name in INTERNAL_REQUEST_HEADERS {
-            if unread || headers.contains(name) {
-                warn_on_error("remove header", name, vm.host().remove_request_header(name));
-            }
-        }
+        remove_request_headers(vm.host(), INTERNAL_REQUEST_HEADERS, read.as_ref());
         Flow::Continue
     }
 }
@@ -422,6 +417,20 @@ fn orca_report(host: &impl Host) -> Option<Vec<u8>> {
 
 /// All request headers in one host call (empty, with a warning, if the
 /// host refuses: the request then goes on unrouted rather than failing).
+/// Removes each of `names` the request has, per `read`; every one of them
+/// when the headers could not be read (`None`), unseen.
+fn remove_request_headers<'a>(
+    host: &impl Host,
+    names: impl IntoIterator<Item = &'a str>,
+    read: Option<&HeaderMap>,
+) {
+    for name in names {
+        if read.is_none_or(|headers| headers.contains(name)) {
+            warn_on_error("remove header", name, host.remove_request_header(name));
+        }
+    }
+}
+
 fn read_request_headers(host: &impl Host) -> Option<HeaderMap> {
     host.request_headers()
         .inspect_err(|status| {
