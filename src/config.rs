@@ -1063,7 +1063,7 @@ mod tests {
                 continue;
             }
             let error = Config::parse(json.as_bytes()).expect_err(json).to_string();
-            let shown = message.strip_suffix("...)").map_or(message, |m| m);
+            let shown = message.strip_suffix("...)").unwrap_or(message);
             let shown = shown.strip_suffix("...").unwrap_or(shown);
             assert!(
                 error.starts_with(shown),

@@ -33,8 +33,9 @@
 //!   `output_text` part and `part=TYPE␟` for any other part, e.g.
 //!   `part=image_url␟`, never its data), then for each tool call
 //!   `tool=NAME␟args=ARGUMENTS␟`, for a custom tool's call
-//!   `custom=NAME␟input=INPUT␟` (a call with neither gives `part=TYPE␟`). Ignored: tool call ids, `tool_call_id`, and every other
-//!   message field (`refusal`, `audio`, ...).
+//!   `custom=NAME␟input=INPUT␟` (a call with neither gives `part=TYPE␟`).
+//!   Ignored: tool call ids, `tool_call_id`, and every other message field
+//!   (`refusal`, `audio`, ...).
 //! - `/completions`: `prompt` as a string is `text=…␟␞`; an array of strings
 //!   gives one such record each; token ids `[1,2]` give `tokens=1 2␟␞`, and an
 //!   array of token arrays one `tokens=` record each.
@@ -325,8 +326,9 @@ impl Extractor {
             let take = wanted.min(rest.len());
             self.keep_raw(rest.get(..take).unwrap_or_default());
             consumed += take;
-            let header_in = !self.grpc || self.raw.len() >= GRPC_HEADER_BYTES;
-            if header_in && self.raw.len() >= bound {
+            // Until a gRPC header is in, the bound is prefix_length (at
+            // least 1024), past any header.
+            if self.raw.len() >= bound {
                 self.stop = Some(Stop::Complete);
             }
         }

@@ -3,9 +3,9 @@
 //! is forgotten and idle; plus the epoch that tells other VMs to rescan
 //! after a registration. It owns this VM's view of the slots (which are in
 //! use, where an address lives, the record a lookup just read); whether a
-//! slot is idle it asks the count columns. Instances the configuration lists are registered
-//! before any traffic and stay fresh while listed; the others are learned
-//! from traffic and forgotten after the instance TTL.
+//! slot is idle it asks the count columns. Instances the configuration lists
+//! are registered before any traffic and stay fresh while listed; the others
+//! are learned from traffic and forgotten after the instance TTL.
 
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeSet, HashMap};
