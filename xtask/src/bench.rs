@@ -1,5 +1,5 @@
 //! `cargo xtask bench overhead|routing [--quick]`: builds the filter and the
-//! tools in release mode (a debug-built load client would measure itself) and
+//! tools optimised (a debug-built load client would measure itself) and
 //! runs the `prefix-router-bench` binary, which prints markdown tables and
 //! writes JSON under `target/bench/`. `cargo xtask bench engine` runs the
 //! llama.cpp comparison in `bench_engine.rs`.
@@ -29,7 +29,7 @@ pub enum Bench {
 pub fn run_bench(bench: &Bench) -> anyhow::Result<()> {
     match bench {
         Bench::Engine => crate::bench_engine::run(),
-        Bench::Overhead(options) => run_release_bench(&options.to_args()),
+        Bench::Overhead(options) => run_release_bench(&options.to_args(), Floor::Built),
         Bench::Routing(options) => {
             // The ShareGPT data and SGLang's router, installed on first use
             // by the runs that need them.
@@ -38,7 +38,7 @@ pub fn run_bench(bench: &Bench) -> anyhow::Result<()> {
             } else {
                 None
             };
-            run_release_bench_with(&options.to_args(), pythonpath.as_deref())
+            run_release_bench_with(&options.to_args(), Floor::NotNeeded, pythonpath.as_deref())
         }
     }
 }
@@ -48,7 +48,11 @@ pub fn run_bench(bench: &Bench) -> anyhow::Result<()> {
 /// `bench routing`, then the release bench binary runs `demo`.
 pub fn run_demo() -> anyhow::Result<()> {
     let pythonpath = prereqs::ensure_sharegpt_data()?;
-    run_release_bench_with(&["demo".to_string()], pythonpath.as_deref())
+    run_release_bench_with(
+        &["demo".to_string()],
+        Floor::NotNeeded,
+        pythonpath.as_deref(),
+    )
 }
 
 /// Whether a routing run reads the ShareGPT data or starts SGLang's router:
@@ -63,31 +67,51 @@ fn needs_bench_python(options: &RoutingArgs) -> bool {
         || options.peers.contains(&Peer::SglangCacheAware)
 }
 
-/// Builds the tools in release mode and runs `prefix-router-bench ARGS` with
-/// the filter and Envoy found or installed here.
-pub fn run_release_bench(args: &[String]) -> anyhow::Result<()> {
-    run_release_bench_with(args, None)
+/// The cargo profile the tools are built with (the workspace's Cargo.toml):
+/// optimised as `release`, without its whole-program LTO, and the profile
+/// `cargo xtask` itself runs in, so one build of the dependencies serves both.
+pub const TOOLS_PROFILE: &str = "tools";
+
+/// What a bench run needs built besides the filter and the tools.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Floor {
+    /// The overhead benchmark's floor filter.
+    Built,
+    NotNeeded,
+}
+
+/// Builds the tools in the [`TOOLS_PROFILE`] and runs `prefix-router-bench
+/// ARGS` with the filter and Envoy found or installed here.
+pub fn run_release_bench(args: &[String], floor: Floor) -> anyhow::Result<()> {
+    run_release_bench_with(args, floor, None)
 }
 
 /// [`run_release_bench`] with `pythonpath` first on PYTHONPATH, if given.
 pub fn run_release_bench_with(
     args: &[String],
+    floor: Floor,
     pythonpath: Option<&std::path::Path>,
 ) -> anyhow::Result<()> {
     let found = prereqs::ensure_all()?;
     let wasm = build_wasm()?;
-    // The overhead benchmark's floor: the least a prefix router can do in proxy-wasm.
-    let floor_wasm = build_floor_wasm()?;
+    let mut bench = cargo();
+    if floor == Floor::Built {
+        // The overhead benchmark's floor: the least a prefix router can do in proxy-wasm.
+        bench.env("PREFIX_ROUTER_FLOOR_WASM", build_floor_wasm()?);
+    }
     // The bench binary finds vllm-sim next to itself.
     run(cargo().args([
         "build",
         "--quiet",
-        "--release",
+        "--profile",
+        TOOLS_PROFILE,
         "-p",
         "prefix-router-tools",
-        "--bins",
+        "--bin",
+        "vllm-sim",
+        "--bin",
+        "prefix-router-bench",
     ]))?;
-    let mut bench = cargo();
     if let Some(dir) = pythonpath {
         let mut paths = vec![dir.to_path_buf()];
         if let Some(existing) = std::env::var_os("PYTHONPATH") {
@@ -99,7 +123,8 @@ pub fn run_release_bench_with(
         .args([
             "run",
             "--quiet",
-            "--release",
+            "--profile",
+            TOOLS_PROFILE,
             "-p",
             "prefix-router-tools",
             "--bin",
@@ -108,7 +133,6 @@ pub fn run_release_bench_with(
         ])
         .args(args)
         .env("PREFIX_ROUTER_WASM", &wasm)
-        .env("PREFIX_ROUTER_FLOOR_WASM", &floor_wasm)
         .env("ENVOY_BIN", &found.envoy))
 }
 

@@ -1,4 +1,4 @@
-//! `prefix-router-bench`: the benchmarks as a release-built binary (a
+//! `prefix-router-bench`: the benchmarks as an optimised binary (a
 //! debug-built load client would measure itself). `cargo xtask bench ...`
 //! builds the filter and runs this; it can also be run directly with
 //! `PREFIX_ROUTER_WASM` and `ENVOY_BIN` set.

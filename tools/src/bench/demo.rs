@@ -4,8 +4,8 @@
 //! and PREFIX_AWARE at its default matching (LONGEST_PREFIX), first on
 //! `sharegpt` (real conversations replayed turn by turn; needs the ShareGPT
 //! data set on PYTHONPATH, which `cargo xtask demo` installs), then on
-//! `long-shared-prefix`. Under 3 minutes after the build; it needs the
-//! `vllm-sim` binary (built with `cargo build --release -p
+//! `long-shared-prefix`. Under 2 minutes after the build; it needs the
+//! `vllm-sim` binary (built with `cargo build --profile tools -p
 //! prefix-router-tools --bin vllm-sim`) and the .wasm.
 
 use std::path::PathBuf;
@@ -36,6 +36,8 @@ pub struct DemoOptions {
     pub conversation_rate: f64,
     /// `sharegpt`: simulated seconds per real second.
     pub conversation_time_scale: f64,
+    /// `sharegpt`: mean think time between a response and the next turn, simulated ms.
+    pub think_time_ms: f64,
     /// `long-shared-prefix`: requests per arm after the warm-up.
     pub requests: usize,
     pub warmup_requests: usize,
@@ -54,6 +56,9 @@ impl Default for DemoOptions {
             conversation_rate: 2.0,
             // As `bench routing --quick` runs sharegpt.
             conversation_time_scale: 8.0,
+            // A third of the benchmarks' (10 s): the same conversations,
+            // their turns closer together, so an arm takes 14 s instead of 25.
+            think_time_ms: 3_000.0,
             requests: 400,
             // Covers ~95 % of the 100 groups, so the measured run sees warm caches.
             warmup_requests: 300,
@@ -83,8 +88,11 @@ pub fn run(opts: &DemoOptions, print: &mut dyn FnMut(&str)) -> anyhow::Result<De
     let mut runs = Vec::new();
     if opts.conversations > 0 {
         print(&format!(
-            "sharegpt: {} ShareGPT conversations replayed turn by turn (time x{})",
-            opts.conversations, opts.conversation_time_scale
+            "sharegpt: {} ShareGPT conversations replayed turn by turn, {:.0} s to think between \
+             turns (time x{})",
+            opts.conversations,
+            opts.think_time_ms / 1000.0,
+            opts.conversation_time_scale
         ));
         // A cap on turns above what the conversations have (at most 8 each).
         let plan = WorkloadPlan::new(
@@ -95,8 +103,14 @@ pub fn run(opts: &DemoOptions, print: &mut dyn FnMut(&str)) -> anyhow::Result<De
             opts.conversations * 8,
         )?
         .with_workload(|w| {
-            if let Workload::ShareGpt { conversations, .. } = w {
+            if let Workload::ShareGpt {
+                conversations,
+                think_time_ms,
+                ..
+            } = w
+            {
                 *conversations = opts.conversations;
+                *think_time_ms = opts.think_time_ms;
             }
         });
         runs.push((plan, opts.conversation_time_scale));

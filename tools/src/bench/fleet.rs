@@ -51,7 +51,7 @@ impl Strategy {
 pub const CONCURRENCY_THRESHOLD: u32 = 64;
 
 /// Where the `vllm-sim` binary is: next to the running executable (the bench
-/// binary is built with it), else in the target directory's release or debug build.
+/// binary is built with it), else in the target directory's `tools`, release or debug build.
 pub fn find_sim_exe() -> anyhow::Result<PathBuf> {
     let mut candidates = Vec::new();
     if let Ok(exe) = std::env::current_exe() {
@@ -64,12 +64,13 @@ pub fn find_sim_exe() -> anyhow::Result<PathBuf> {
         }
     }
     let target = crate::envoy::target_dir();
+    candidates.push(target.join("tools").join("vllm-sim"));
     candidates.push(target.join("release").join("vllm-sim"));
     candidates.push(target.join("debug").join("vllm-sim"));
     candidates.into_iter().find(|c| c.is_file()).ok_or_else(|| {
         anyhow::anyhow!(
             "vllm-sim not found next to this binary or in {}: build it with \
-                 `cargo build --release -p prefix-router-tools --bin vllm-sim`",
+                 `cargo build --profile tools -p prefix-router-tools --bin vllm-sim`",
             target.display()
         )
     })

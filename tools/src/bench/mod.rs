@@ -2,7 +2,7 @@
 //! (`overhead`), and what it buys in KV-cache hits and time to first token
 //! against simulated vLLM instances (`routing`, `demo`). The entry points are
 //! the `prefix-router-bench` binary (`bin.rs`, started by `cargo xtask bench`
-//! in release mode, because a debug-built client would measure itself).
+//! built optimised, because a debug-built client would measure itself).
 
 pub mod bodies;
 pub mod chart;
