@@ -28,6 +28,10 @@
 //! instances hold lately, and an instance that joins late (placed nothing)
 //! draws its second choices only until it has caught up with what the
 //! others kept of the last horizon.
+//!
+//! Both are kept per slot for the instance seated there: an instance that
+//! takes a departed one's slot starts from nothing, as the prefix index's
+//! address tags make it start from nothing there.
 
 /// Decisions the shares are taken over.
 pub const RECENT_WINDOW: usize = 256;
@@ -39,10 +43,16 @@ pub const RECENT_WINDOW: usize = 256;
 /// have long evicted.
 pub const PLACED_HORIZON_BYTES: u64 = 16 << 20;
 
+/// A ring entry whose decision belonged to an instance no longer seated.
+const UNSEATED: u16 = u16::MAX;
+
 /// See the module documentation.
 #[derive(Debug, Clone, Default)]
 pub struct RecentChoices {
-    /// The last decisions' slots, oldest first once full (a ring).
+    /// The instance seated in each slot (its address hash), once seen.
+    owners: Vec<Option<u64>>,
+    /// The last decisions' slots, oldest first once full (a ring;
+    /// [`UNSEATED`] for a decision whose instance left its slot).
     ring: Vec<u16>,
     /// Next position to overwrite once the ring is full.
     next: usize,
@@ -55,6 +65,32 @@ pub struct RecentChoices {
 }
 
 impl RecentChoices {
+    /// The instance in `slot` is `owner` (its address hash): if another
+    /// one sat there, its decisions and placed bytes are forgotten.
+    pub fn seat(&mut self, slot: u16, owner: u64) {
+        let index = usize::from(slot);
+        if self.owners.len() <= index {
+            self.owners.resize(index + 1, None);
+        }
+        let Some(seated) = self.owners.get_mut(index) else {
+            return;
+        };
+        match seated.replace(owner) {
+            Some(previous) if previous != owner => {}
+            _ => return,
+        }
+        for entry in self.ring.iter_mut().filter(|entry| **entry == slot) {
+            *entry = UNSEATED;
+        }
+        if let Some(count) = self.counts.get_mut(index) {
+            *count = 0;
+        }
+        if let Some(placed) = self.placed.get_mut(index) {
+            self.placed_total = self.placed_total.saturating_sub(*placed);
+            *placed = 0;
+        }
+    }
+
     /// Counts one decision for `slot` that placed `placed_bytes` there,
     /// forgetting the oldest decision past the window.
     pub fn note(&mut self, slot: u16, placed_bytes: u64) {
@@ -178,6 +214,37 @@ mod tests {
         assert_eq!(recent.placed_bytes(4), 1_750);
         recent.note(6, 2_000);
         assert_eq!(recent.placed_bytes(4), 875);
+    }
+
+    #[test]
+    fn an_instance_seated_in_a_departed_ones_slot_starts_from_nothing() {
+        let mut recent = RecentChoices::default();
+        recent.seat(3, 0xaaaa);
+        recent.seat(5, 0xbbbb);
+        for _ in 0..100 {
+            recent.note(3, 1_000);
+        }
+        recent.note(5, 10);
+        // Seating the same instance again changes nothing.
+        recent.seat(3, 0xaaaa);
+        assert_eq!((recent.count(3), recent.placed_bytes(3)), (100, 100_000));
+        // Another instance in slot 3: nothing of the first one's.
+        recent.seat(3, 0xcccc);
+        assert_eq!((recent.count(3), recent.placed_bytes(3)), (0, 0));
+        assert_eq!((recent.count(5), recent.placed_bytes(5)), (1, 10));
+        recent.note(3, 7);
+        assert_eq!((recent.count(3), recent.placed_bytes(3)), (1, 7));
+        // The first one's decisions leaving the window take nothing from
+        // the new one's count; the horizon counts only what is kept.
+        for _ in 0..RECENT_WINDOW - 2 {
+            recent.note(5, 0);
+        }
+        assert_eq!(recent.count(3), 1);
+        assert_eq!(recent.count(5), RECENT_WINDOW as u32 - 1);
+        recent.note(5, PLACED_HORIZON_BYTES - 17);
+        assert_eq!(recent.placed_bytes(3), 7);
+        recent.note(5, 1);
+        assert_eq!(recent.placed_bytes(3), 3);
     }
 
     #[test]

@@ -620,8 +620,11 @@ impl<S: SharedStore> LoadTracker<S> {
             .registry
             .candidates(&self.tables, &mut self.columns, now_ms);
         for candidate in &mut candidates {
-            candidate.recent = self.recent.count(candidate.instance.slot);
-            candidate.placed_bytes = self.recent.placed_bytes(candidate.instance.slot);
+            let slot = candidate.instance.slot;
+            self.recent
+                .seat(slot, addr_hash(&candidate.instance.address));
+            candidate.recent = self.recent.count(slot);
+            candidate.placed_bytes = self.recent.placed_bytes(slot);
         }
         if let Some(view) = self.engine_view {
             for candidate in &mut candidates {
