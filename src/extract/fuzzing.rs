@@ -8,7 +8,8 @@
 //!
 //! Input layout: byte 0 picks the kind (bits 0-1) and flags (bit 2
 //! `include_model`, 3 `want_body_tenant`, 4 a full-range `prefix_length`,
-//! 5 no body limit, 6 a full-range body limit), bytes 1-2 the prefix length,
+//! 5 no body limit, 6 a full-range body limit, 7 a gRPC-framed body, which
+//! the raw kind ends with its first message), bytes 1-2 the prefix length,
 //! bytes 3-4 the body limit, bytes 5-12 seed the chunking; the rest is the
 //! body.
 
@@ -20,6 +21,8 @@ use crate::classify::ApiKind;
 pub struct FuzzCase<'a> {
     pub kind: ApiKind,
     pub limits: Limits,
+    /// The body is gRPC-framed ([`Extractor::ending_raw_prefix_with_the_first_grpc_message`]).
+    pub grpc: bool,
     pub body: &'a [u8],
     seed: u64,
 }
@@ -57,6 +60,7 @@ impl<'a> FuzzCase<'a> {
         Some(FuzzCase {
             kind,
             limits,
+            grpc: head[0] & 128 != 0,
             body,
             seed,
         })
@@ -85,6 +89,16 @@ impl<'a> FuzzCase<'a> {
             PrefixSource::RawBytes => {
                 assert!(whole.prefix.len() <= limits.prefix_length);
                 assert!(self.body.starts_with(&whole.prefix));
+                assert!(whole.bytes_inspected >= whole.prefix.len());
+                if self.grpc && self.kind == ApiKind::Invoke {
+                    // At most the first message, its 5-byte header included.
+                    if let Some(&[_, a, b, c, d]) = self.body.get(..5) {
+                        let message = u32::from_be_bytes([a, b, c, d]) as usize;
+                        assert!(whole.prefix.len() <= message.saturating_add(5));
+                    }
+                    // Invoke inspects only what its prefix keeps.
+                    assert_eq!(whole.bytes_inspected, whole.prefix.len());
+                }
             }
             PrefixSource::CanonicalText => {
                 let text = std::str::from_utf8(&whole.prefix).expect("canonical text is UTF-8");
@@ -98,7 +112,7 @@ impl<'a> FuzzCase<'a> {
 
     /// Feeds the body in pieces of `next_len` bytes, stopping after `Done`.
     fn feed(&self, next_len: &mut dyn FnMut() -> usize) -> Extraction {
-        let mut x = fuzz_extractor(self.kind, self.limits);
+        let mut x = fuzz_extractor(self.kind, self.limits, self.grpc);
         let mut rest = self.body;
         while !rest.is_empty() {
             let (piece, tail) = rest.split_at(next_len().min(rest.len()));
@@ -114,9 +128,13 @@ impl<'a> FuzzCase<'a> {
 
 /// An extractor as the fuzz build makes it: cutting arriving strings from
 /// [`super::document::CUT_ARRIVING_FROM_FUZZING`] bytes on, so short bodies
-/// reach the cut (`Extractor::new` does so itself under `cfg(fuzzing)`).
-pub(super) fn fuzz_extractor(kind: ApiKind, limits: Limits) -> Extractor {
-    let extractor = Extractor::new(kind, limits);
+/// reach the cut (`Extractor::new` does so itself under `cfg(fuzzing)`),
+/// and for a gRPC body ending the raw prefix with its first message.
+pub(super) fn fuzz_extractor(kind: ApiKind, limits: Limits, grpc: bool) -> Extractor {
+    let mut extractor = Extractor::new(kind, limits);
+    if grpc {
+        extractor = extractor.ending_raw_prefix_with_the_first_grpc_message();
+    }
     #[cfg(test)]
     let extractor = extractor.cutting_arriving_from(super::document::CUT_ARRIVING_FROM_FUZZING);
     extractor

@@ -313,10 +313,12 @@ impl Extractor {
         }
         if matches!(self.mode, Mode::Raw { .. }) {
             // A gRPC header first, alone: the bound it sets must not depend
-            // on how the body was split.
-            if self.grpc && self.raw.len() < GRPC_HEADER_BYTES {
+            // on how the body was split. Only what the prefix keeps of it is
+            // taken (all of it unless prefix_length is shorter).
+            let header = GRPC_HEADER_BYTES.min(self.limits.prefix_length);
+            if self.grpc && self.raw.len() < header {
                 let rest = allowed.get(consumed..).unwrap_or_default();
-                let take = (GRPC_HEADER_BYTES - self.raw.len()).min(rest.len());
+                let take = (header - self.raw.len()).min(rest.len());
                 self.keep_raw(rest.get(..take).unwrap_or_default());
                 consumed += take;
             }

@@ -1125,7 +1125,24 @@ fn a_long_string_is_read_only_as_far_as_the_prefix_can_use() {
 /// An extractor that cuts long strings while they arrive as the fuzz build's
 /// does, from a few dozen bytes on.
 fn cutting_as_fuzzed(kind: ApiKind, limits: Limits) -> Extractor {
-    super::fuzzing::fuzz_extractor(kind, limits)
+    super::fuzzing::fuzz_extractor(kind, limits, false)
+}
+
+#[test]
+fn a_grpc_prefix_shorter_than_a_message_header_inspects_what_it_keeps_in_any_chunking() {
+    // A prefix_length below the 5-byte gRPC header (the filter's is at
+    // least 1024; the extractor takes any): the header read first, alone,
+    // must not count bytes the prefix does not keep, or the bytes inspected
+    // depend on how the body was split.
+    let mut data = vec![0x80 | 0x20, 2, 0, 0, 0, 7, 7, 7, 7, 7, 7, 7, 7];
+    data.extend_from_slice(&[0, 0, 0, 0, 3, b'a', b'b', b'c']);
+    let case = super::fuzzing::FuzzCase::decode(&data).expect("a whole header");
+    assert_eq!(
+        (case.kind, case.grpc, case.limits.prefix_length),
+        (ApiKind::Invoke, true, 2)
+    );
+    let e = case.run();
+    assert_eq!((e.prefix, e.bytes_inspected), (vec![0, 0], 2));
 }
 
 #[test]
