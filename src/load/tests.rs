@@ -537,15 +537,20 @@ fn oversized_or_empty_addresses_are_not_tracked() {
     assert!(w.snapshot(1).is_empty());
 }
 
-#[test]
-fn a_forgotten_idle_instance_gives_its_slot_to_a_new_one() {
-    let store = Rc::new(MemoryStore::new());
+/// A worker whose registry has one slot, ticked at 0.
+fn one_slot_worker() -> LoadTracker<Rc<MemoryStore>> {
     let tiny = LoadConfig {
         max_instances: 1,
         ..config()
     };
-    let mut w = LoadTracker::new(Rc::clone(&store), tiny, 1);
+    let mut w = LoadTracker::new(Rc::new(MemoryStore::new()), tiny, 1);
     w.tick(0);
+    w
+}
+
+#[test]
+fn a_forgotten_idle_instance_gives_its_slot_to_a_new_one() {
+    let mut w = one_slot_worker();
     let busy = w.upstream_started(start(A, None), 0).expect("counted");
     assert_eq!(
         w.upstream_started(start(B, None), 10_000),
@@ -567,13 +572,7 @@ fn a_forgotten_idle_instance_gives_its_slot_to_a_new_one() {
 
 #[test]
 fn a_new_instance_in_a_reused_slot_has_no_recent_choices_of_the_old_one() {
-    let store = Rc::new(MemoryStore::new());
-    let tiny = LoadConfig {
-        max_instances: 1,
-        ..config()
-    };
-    let mut w = LoadTracker::new(Rc::clone(&store), tiny, 1);
-    w.tick(0);
+    let mut w = one_slot_worker();
     let t = w.upstream_started(start(A, None), 0).expect("counted");
     w.release(t, 1);
     let on_a = w.candidates(2);
