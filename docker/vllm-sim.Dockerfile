@@ -15,14 +15,15 @@
 FROM rust:1.95-bookworm AS build
 WORKDIR /src
 COPY . .
-RUN cargo build --release --locked -p prefix-router-tools --bin vllm-sim
+# The workspace's `tools` profile: optimised as release, without the .wasm's LTO.
+RUN cargo build --profile tools --locked -p prefix-router-tools --bin vllm-sim
 
 FROM debian:bookworm-slim
 # curl: the compose health check (GET /health).
 RUN apt-get update \
  && apt-get install -y --no-install-recommends curl ca-certificates \
  && rm -rf /var/lib/apt/lists/*
-COPY --from=build /src/target/release/vllm-sim /usr/local/bin/vllm-sim
+COPY --from=build /src/target/tools/vllm-sim /usr/local/bin/vllm-sim
 EXPOSE 8000
 # Listen on all interfaces inside the container. Compose passes its own
 # arguments per instance, --host 0.0.0.0 among them (they replace CMD).

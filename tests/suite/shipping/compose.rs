@@ -157,6 +157,23 @@ fn vllm_sim_image_builds_the_tools_crates_vllm_sim_binary() {
         "{dockerfile}"
     );
     assert!(dockerfile.contains("ENTRYPOINT [\"vllm-sim\"]"));
+    // The binary copied is the one built: cargo writes a profile's output
+    // under its name (`release` for --release).
+    let profile = dockerfile
+        .split_whitespace()
+        .skip_while(|word| *word != "--profile")
+        .nth(1)
+        .unwrap_or(if dockerfile.contains(" --release ") {
+            "release"
+        } else {
+            "debug"
+        });
+    assert!(
+        dockerfile.contains(&format!(
+            "COPY --from=build /src/target/{profile}/vllm-sim /usr/local/bin/vllm-sim"
+        )),
+        "the image copies another profile's vllm-sim than the {profile} one it builds"
+    );
     let ignore = read("docker/vllm-sim.Dockerfile.dockerignore");
     assert!(
         ignore.lines().any(|l| l.trim() == "target/"),
