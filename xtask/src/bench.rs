@@ -29,7 +29,7 @@ pub enum Bench {
 pub fn run_bench(bench: &Bench) -> anyhow::Result<()> {
     match bench {
         Bench::Engine => crate::bench_engine::run(),
-        Bench::Overhead(options) => run_release_bench(&options.to_args(), Floor::Built),
+        Bench::Overhead(options) => run_bench_binary(&options.to_args(), FloorFilter::Needed, None),
         Bench::Routing(options) => {
             // The ShareGPT data and SGLang's router, installed on first use
             // by the runs that need them.
@@ -38,19 +38,23 @@ pub fn run_bench(bench: &Bench) -> anyhow::Result<()> {
             } else {
                 None
             };
-            run_release_bench_with(&options.to_args(), Floor::NotNeeded, pythonpath.as_deref())
+            run_bench_binary(
+                &options.to_args(),
+                FloorFilter::NotNeeded,
+                pythonpath.as_deref(),
+            )
         }
     }
 }
 
 /// `cargo xtask demo`: the demo's first workload replays ShareGPT
 /// conversations, so the data set is installed on first use as for
-/// `bench routing`, then the release bench binary runs `demo`.
+/// `bench routing`, then the bench binary runs `demo`.
 pub fn run_demo() -> anyhow::Result<()> {
     let pythonpath = prereqs::ensure_sharegpt_data()?;
-    run_release_bench_with(
+    run_bench_binary(
         &["demo".to_string()],
-        Floor::NotNeeded,
+        FloorFilter::NotNeeded,
         pythonpath.as_deref(),
     )
 }
@@ -72,30 +76,25 @@ fn needs_bench_python(options: &RoutingArgs) -> bool {
 /// `cargo xtask` itself runs in, so one build of the dependencies serves both.
 pub const TOOLS_PROFILE: &str = "tools";
 
-/// What a bench run needs built besides the filter and the tools.
+/// Whether a bench run needs the overhead benchmark's floor filter built.
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub enum Floor {
-    /// The overhead benchmark's floor filter.
-    Built,
+pub enum FloorFilter {
+    Needed,
     NotNeeded,
 }
 
 /// Builds the tools in the [`TOOLS_PROFILE`] and runs `prefix-router-bench
-/// ARGS` with the filter and Envoy found or installed here.
-pub fn run_release_bench(args: &[String], floor: Floor) -> anyhow::Result<()> {
-    run_release_bench_with(args, floor, None)
-}
-
-/// [`run_release_bench`] with `pythonpath` first on PYTHONPATH, if given.
-pub fn run_release_bench_with(
+/// ARGS` with the filter and Envoy found or installed here, and `pythonpath`
+/// first on PYTHONPATH, if given.
+pub fn run_bench_binary(
     args: &[String],
-    floor: Floor,
+    floor: FloorFilter,
     pythonpath: Option<&std::path::Path>,
 ) -> anyhow::Result<()> {
     let found = prereqs::ensure_all()?;
     let wasm = build_wasm()?;
     let mut bench = cargo();
-    if floor == Floor::Built {
+    if floor == FloorFilter::Needed {
         // The overhead benchmark's floor: the least a prefix router can do in proxy-wasm.
         bench.env("PREFIX_ROUTER_FLOOR_WASM", build_floor_wasm()?);
     }
