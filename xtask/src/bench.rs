@@ -6,6 +6,7 @@
 
 use clap::Subcommand;
 use prefix_router_tools::bench::cli::{OverheadArgs, RoutingArgs};
+use prefix_router_tools::bench::fleet::TOOLS_PROFILE;
 use prefix_router_tools::bench::peers::Peer;
 use prefix_router_tools::loadgen::DATA_WORKLOAD_NAMES;
 
@@ -70,11 +71,6 @@ fn needs_bench_python(options: &RoutingArgs) -> bool {
             .any(|w| DATA_WORKLOAD_NAMES.contains(&w.as_str()))
         || options.peers.contains(&Peer::SglangCacheAware)
 }
-
-/// The cargo profile the tools are built with (the workspace's Cargo.toml):
-/// optimised as `release`, without its whole-program LTO, and the profile
-/// `cargo xtask` itself runs in, so one build of the dependencies serves both.
-pub const TOOLS_PROFILE: &str = "tools";
 
 /// Whether a bench run needs the overhead benchmark's floor filter built.
 #[derive(Clone, Copy, PartialEq, Eq)]

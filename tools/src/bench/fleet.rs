@@ -50,6 +50,12 @@ impl Strategy {
 /// The filter's `concurrency_threshold` in the benchmarks.
 pub const CONCURRENCY_THRESHOLD: u32 = 64;
 
+/// The cargo profile the tools are built with (the workspace's Cargo.toml):
+/// optimised as `release`, without its whole-program LTO, and the profile
+/// `cargo xtask` itself runs in, so one build of the dependencies serves
+/// both. Cargo writes its binaries under `target/tools/`.
+pub const TOOLS_PROFILE: &str = "tools";
+
 /// Where the `vllm-sim` binary is: next to the running executable (the bench
 /// binary is built with it), else in the target directory's `tools`, release or debug build.
 pub fn find_sim_exe() -> anyhow::Result<PathBuf> {
@@ -64,7 +70,7 @@ pub fn find_sim_exe() -> anyhow::Result<PathBuf> {
         }
     }
     let target = crate::envoy::target_dir();
-    candidates.push(target.join("tools").join("vllm-sim"));
+    candidates.push(target.join(TOOLS_PROFILE).join("vllm-sim"));
     candidates.push(target.join("release").join("vllm-sim"));
     candidates.push(target.join("debug").join("vllm-sim"));
     candidates.into_iter().find(|c| c.is_file()).ok_or_else(|| {
