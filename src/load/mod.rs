@@ -38,7 +38,7 @@ mod tracker;
 #[cfg(test)]
 mod tests;
 
-pub use tracker::{LoadTracker, RESPONSE_CHECK_MS};
+pub use tracker::{LoadTracker, RECORD_CACHE_MS, RESPONSE_CHECK_MS};
 
 use crate::headers::PENDING_MARK;
 

@@ -29,7 +29,7 @@ use prefix_router::blocks::PromptBlocks;
 use prefix_router::classify::ApiKind;
 use prefix_router::extract::{Extractor, Limits, PrefixSource};
 use prefix_router::key::KeyMaterial;
-use prefix_router::load::SUSPECT_MS;
+use prefix_router::load::{RECORD_CACHE_MS, SUSPECT_MS};
 use prefix_router::metrics::{
     placed_bytes_counter_name, INDEX_CAPACITY, INDEX_ENTRIES, INDEX_EVICTIONS,
 };
@@ -929,6 +929,15 @@ fn replica(fleet: &UpstreamFleet, config: &str, name: &str) -> Envoy {
         .unwrap_or_else(|e| panic!("Envoy {name}: {e}"))
 }
 
+/// Waits until every worker decides on what the test just established
+/// through one of them: a VM decides on its copy of an instance record (other
+/// VMs' counts, a suspect mark) for up to [`RECORD_CACHE_MS`] after it read
+/// it, so for that long a worker may not yet see another worker's change.
+/// Four times that covers millisecond rounding on both clocks.
+async fn outlast_record_copies() {
+    tokio::time::sleep(Duration::from_millis(4 * RECORD_CACHE_MS)).await;
+}
+
 /// Conversation openings of the two-Envoy test: at least 50 past the
 /// system prompt's warm-up ([`SYSTEM_WARM_UP`]).
 const OPENINGS: usize = 80;
@@ -1082,6 +1091,7 @@ async fn a_later_turn_through_another_envoy_stays_on_its_instance_under_load() {
         |n| *n == 5,
     )
     .await;
+    outlast_record_copies().await;
     // Held through B for under a KiB, the same prompt moves on.
     let again = route(
         &b,
@@ -1159,6 +1169,7 @@ async fn an_instance_back_in_the_cluster_serves_again() {
     }
     let nominated_at = nominated_at.expect("the instance that left was nominated once");
     // Suspect now: passed over by every worker.
+    outlast_record_copies().await;
     fleet.clear();
     let replies = harness.send_all(distinct_prompts("suspect", 60), 4).await;
     assert!(replies.iter().all(|r| r.status == 200));

@@ -26,6 +26,7 @@ mod engine;
 pub(crate) use engine::ENGINE_CACHE_MS;
 mod learned;
 mod registry;
+pub use registry::RECORD_CACHE_MS;
 
 use columns::{Columns, Count, Limit};
 use learned::{Learned, Pending};

@@ -33,7 +33,7 @@ const SEED_RETRY_MS: u64 = 1_000;
 /// (the copy is dropped), and every write still goes by compare-and-swap on
 /// a read of the same decision, so the cap stays exact; a claim that finds a
 /// count moved since the copy drops every copy (`LoadTracker::claim`).
-pub(super) const RECORD_CACHE_MS: u64 = 5;
+pub const RECORD_CACHE_MS: u64 = 5;
 
 /// What [`Registry::find_slot`] does with an address it does not find.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
