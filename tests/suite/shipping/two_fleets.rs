@@ -13,7 +13,7 @@ use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use prefix_router_tools::envoy::Envoy;
+use prefix_router_tools::envoy::{self, Envoy};
 use prefix_router_tools::upstream::UpstreamFleet;
 use serde_yaml::Value;
 
@@ -122,25 +122,17 @@ fn decision_count(envoy: &Envoy) -> u64 {
         .sum()
 }
 
+/// Points the example's cluster `name` at `addrs`, as the launcher points a
+/// one-fleet file at its upstreams.
 fn set_cluster_endpoints(config: &mut Value, name: &str, addrs: &[SocketAddr]) {
     let cluster = clusters_mut(config)
         .iter_mut()
         .find(|c| c["name"].as_str() == Some(name))
         .unwrap_or_else(|| panic!("no cluster {name}"));
-    let endpoints: Vec<Value> = addrs
-        .iter()
-        .map(|addr| {
-            serde_yaml::from_str(&format!(
-                "endpoint: {{ address: {{ socket_address: {{ address: {}, port_value: {} }} }} }}",
-                addr.ip(),
-                addr.port()
-            ))
-            .expect("endpoint YAML")
-        })
-        .collect();
-    cluster["load_assignment"]["endpoints"][0]["lb_endpoints"] = Value::Sequence(endpoints);
+    envoy::set_endpoints(cluster, addrs).expect("cluster endpoints");
 }
 
+/// Lists `addrs` as the `instances` of the listener filter `name`.
 fn set_filter_instances(config: &mut Value, name: &str, addrs: &[SocketAddr]) {
     let filters = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
         ["typed_config"]["http_filters"]
@@ -150,9 +142,5 @@ fn set_filter_instances(config: &mut Value, name: &str, addrs: &[SocketAddr]) {
         .iter_mut()
         .find(|f| f["name"].as_str() == Some(name))
         .unwrap_or_else(|| panic!("no listener filter {name}"));
-    let value = &mut filter["typed_config"]["config"]["configuration"]["value"];
-    let mut plugin: serde_json::Value =
-        serde_json::from_str(value.as_str().expect("configuration value")).expect("JSON");
-    plugin["instances"] = addrs.iter().map(ToString::to_string).collect();
-    *value = Value::String(plugin.to_string());
+    envoy::set_configured_instances(filter, addrs).expect("filter instances");
 }

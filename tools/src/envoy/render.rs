@@ -543,8 +543,12 @@ fn set_plugin_configuration(plugin: &mut Value, json: &str) -> anyhow::Result<()
 
 /// A plugin configuration listing the fleet (`"instances"`) lists the run's
 /// upstreams instead, like the clusters' endpoints: every wasm filter's
-/// `configuration.value` in the file that has that field.
-fn set_configured_instances(config: &mut Value, upstreams: &[SocketAddr]) -> anyhow::Result<()> {
+/// `configuration.value` under `config` (a whole file, or one filter) that
+/// has that field.
+pub fn set_configured_instances(
+    config: &mut Value,
+    upstreams: &[SocketAddr],
+) -> anyhow::Result<()> {
     fn visit(value: &mut Value, upstreams: &[SocketAddr]) -> anyhow::Result<()> {
         match value {
             Value::Mapping(map) => {
@@ -583,7 +587,8 @@ fn set_configured_instances(config: &mut Value, upstreams: &[SocketAddr]) -> any
     visit(config, upstreams)
 }
 
-fn set_endpoints(cluster: &mut Value, upstreams: &[SocketAddr]) -> anyhow::Result<()> {
+/// A statically defined cluster's endpoints become `upstreams` (one locality).
+pub fn set_endpoints(cluster: &mut Value, upstreams: &[SocketAddr]) -> anyhow::Result<()> {
     let endpoints = locality_endpoints(upstreams)?;
     let assignment = cluster
         .get_mut("load_assignment")
