@@ -63,7 +63,8 @@ impl Default for DemoOptions {
             // Covers ~95 % of the 100 groups, so the measured run sees warm caches.
             warmup_requests: 300,
             rate: 12.0,
-            // As `bench routing --quick` runs it: an arm takes 7 s instead of 15.
+            // As `bench routing --quick` runs it: an arm, warm-up included, takes
+            // 10 s instead of 15.
             time_scale: 8.0,
         }
     }
