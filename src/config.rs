@@ -176,6 +176,10 @@ pub struct Config {
     /// Polling the engines' own load (`engine_load`); `None` (the default):
     /// no polling, decisions use this Envoy's counts alone.
     pub engine_load: Option<EngineLoadConfig>,
+    /// The fleet's name in the stat names (`prefix_router.fleet.<name>.*`),
+    /// so that several fleets behind one Envoy keep their stats apart;
+    /// `None` (the default): `prefix_router.*`.
+    pub fleet: Option<String>,
 }
 
 /// Which engine's series names `engine_load` reads unless it names them.
@@ -357,7 +361,7 @@ const RESERVED_KEY_HEADERS: [&str; 9] = [
     "expect",
 ];
 
-const FIELDS: [&str; 20] = [
+const FIELDS: [&str; 21] = [
     "strategy",
     "match",
     "prefix_length",
@@ -378,6 +382,7 @@ const FIELDS: [&str; 20] = [
     "counting",
     "instances",
     "engine_load",
+    "fleet",
 ];
 
 impl Default for Config {
@@ -403,6 +408,7 @@ impl Default for Config {
             counting: Counting::UpstreamFilter,
             instances: Vec::new(),
             engine_load: None,
+            fleet: None,
         }
     }
 }
@@ -542,6 +548,31 @@ fn api_kind(field: &str, value: &Value) -> Result<ApiKind, ConfigError> {
         ("invoke", ApiKind::Invoke),
     ];
     one_of(field, value, &NAMES)
+}
+
+/// Most characters of a `fleet` name.
+pub const MAX_FLEET_CHARS: usize = 64;
+
+/// `fleet`: `null`, or 1 to [`MAX_FLEET_CHARS`] of `A-Z a-z 0-9 _ -`: one
+/// level of a stat name (no dot, which would add a level) that Envoy's
+/// tag extraction can lift into a label as it stands.
+fn fleet(value: &Value) -> Result<Option<String>, ConfigError> {
+    let name = match value {
+        Value::Null => return Ok(None),
+        Value::String(name) => name,
+        _ => return Err(wrong_type("fleet", "a string or null", value)),
+    };
+    let allowed = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-';
+    if name.is_empty() || name.chars().count() > MAX_FLEET_CHARS || !name.chars().all(allowed) {
+        return Err(error(
+            "fleet",
+            format!(
+                "\"{name}\" is not a fleet name: 1 to {MAX_FLEET_CHARS} of A-Z a-z 0-9 _ - \
+                 (it becomes one level of the stat names)"
+            ),
+        ));
+    }
+    Ok(Some(name.clone()))
 }
 
 /// `instances`: distinct `host:port` strings (the form `upstream.address`
@@ -909,6 +940,7 @@ impl Config {
             "counting" => self.counting = one_of(name, value, Counting::NAMES)?,
             "instances" => self.instances = instances(value)?,
             "engine_load" => self.engine_load = engine_load(value)?,
+            "fleet" => self.fleet = fleet(value)?,
             // `reject_unknown` ran first; kept total so a field listed in
             // FIELDS but not handled here is still an error, not a no-op.
             _ => return Err(error(name, "unknown field")),
@@ -1138,6 +1170,7 @@ mod tests {
             counting: Counting::UpstreamFilter,
             instances: Vec::new(),
             engine_load: None,
+            fleet: None,
         };
         assert_eq!(parse(""), Ok(defaults.clone()));
         assert_eq!(parse(" \n"), Ok(defaults.clone()));
@@ -1579,6 +1612,34 @@ mod tests {
         assert_eq!(
             err(&list(MAX_INSTANCES + 1)),
             "instances: 65 instances is out of range 0..=64"
+        );
+    }
+
+    #[test]
+    fn fleet_is_one_stat_name_level_or_null() {
+        assert_eq!(Config::default().fleet, None);
+        assert_eq!(parse(r#"{"fleet":null}"#).unwrap().fleet, None);
+        for good in ["llama", "Llama-3_1-70B", "a", &"x".repeat(MAX_FLEET_CHARS)] {
+            let json = format!(r#"{{"fleet":"{good}"}}"#);
+            assert_eq!(parse(&json).unwrap().fleet.as_deref(), Some(good));
+        }
+        for bad in [
+            "",
+            "llama.70b",
+            "llama 70b",
+            "lläma",
+            "a/b",
+            &"x".repeat(MAX_FLEET_CHARS + 1),
+        ] {
+            let e = err(&format!(r#"{{"fleet":"{bad}"}}"#));
+            assert!(
+                e.starts_with(&format!("fleet: \"{bad}\" is not a fleet name: 1 to 64 of")),
+                "{bad}: {e}"
+            );
+        }
+        assert_eq!(
+            err(r#"{"fleet":7}"#),
+            "fleet: expected a string or null, got a number (7)"
         );
     }
 

@@ -10,6 +10,12 @@
 //! endings Envoy's default tag extractors match anywhere (`_rq_<3 digits>`,
 //! `_rq_<digit>xx`), so they come out without surprise tags.
 //! Same-named metrics from all worker VMs add up into one stat.
+//!
+//! A filter configured with a `fleet` names every stat of its own
+//! `prefix_router.fleet.<fleet>.<rest>` ([`fleet_stat_name`]): several fleets
+//! behind one Envoy (each its own filter under its own `vm_id`) keep their
+//! stats apart, and one `stats_tags` regex in Envoy's bootstrap turns the
+//! fleet into a Prometheus label (`docs/metrics.md`).
 
 use crate::classify::ApiKind;
 use crate::request::KeyDerivation;
@@ -26,6 +32,22 @@ pub const DECISION_KINDS: [DecisionKind; 8] = [
     DecisionKind::Random,
     DecisionKind::NoKey,
 ];
+
+/// Where a stat's name starts: every name here begins with it.
+const NAMESPACE: &str = "prefix_router.";
+
+/// The name of `name` (one of this module's `prefix_router.*` names) in a
+/// filter configured with `fleet`: `prefix_router.fleet.<fleet>.<rest>`;
+/// without one, `name` as it is. The marker level `fleet` keeps the names of
+/// a filter with and without a fleet apart for Envoy's tag extraction (RE2
+/// has no look-ahead to tell `prefix_router.<fleet>.decision` from
+/// `prefix_router.decision.<kind>`).
+pub fn fleet_stat_name(fleet: Option<&str>, name: &str) -> String {
+    match (fleet, name.strip_prefix(NAMESPACE)) {
+        (Some(fleet), Some(rest)) => format!("{NAMESPACE}fleet.{fleet}.{rest}"),
+        _ => name.to_string(),
+    }
+}
 
 /// Counter of routing decisions of one kind:
 /// `prefix_router.decision.<kind>` (Prometheus `prefix_router_decision_<kind>`).
@@ -262,6 +284,26 @@ mod tests {
             in_flight_gauge_name("[::1]:80"),
             "prefix_router.in_flight.___1__80"
         );
+    }
+
+    #[test]
+    fn a_fleet_is_one_level_after_a_marker_and_no_fleet_changes_nothing() {
+        assert_eq!(
+            fleet_stat_name(Some("llama"), "prefix_router.decision.matched"),
+            "prefix_router.fleet.llama.decision.matched"
+        );
+        assert_eq!(
+            fleet_stat_name(Some("mistral-7b"), &in_flight_gauge_name("127.0.0.1:8001")),
+            "prefix_router.fleet.mistral-7b.in_flight.127_0_0_1_8001"
+        );
+        for counter in Counter::ALL {
+            assert_eq!(fleet_stat_name(None, counter.name()), counter.name());
+            let named = fleet_stat_name(Some("f"), counter.name());
+            assert_eq!(
+                named.replacen("prefix_router.fleet.f.", "prefix_router.", 1),
+                counter.name()
+            );
+        }
     }
 
     #[test]

@@ -23,7 +23,7 @@ use crate::engine_load::{
 };
 use crate::host::{Host, MetricKind};
 use crate::load::{EngineLoad, InstanceRef};
-use crate::metrics::instance_stat_name;
+use crate::metrics::{fleet_stat_name, instance_stat_name};
 
 /// The header that names the instance a poll is for, `ip:port`: what an
 /// ORIGINAL_DST cluster with `use_http_header` connects to (Envoy's
@@ -80,6 +80,8 @@ pub struct EnginePolling {
     poller: Poller,
     stats: Option<PollStats>,
     gauges: HashMap<String, InstanceGauges>,
+    /// The `fleet` whose names `stats` and `gauges` have.
+    stats_fleet: Option<String>,
     /// When each instance last gave a sample (for the age gauge).
     last_sample_ms: HashMap<String, u64>,
     last_age_publish_ms: u64,
@@ -92,12 +94,23 @@ impl EnginePolling {
     pub fn open_calls(&self) -> usize {
         self.poller.open_calls()
     }
+
+    /// Names the stats after `fleet` from now on: another fleet's stats are
+    /// defined afresh on first use (Envoy keeps the old names' as they were).
+    fn name_stats_for(&mut self, fleet: Option<&str>) {
+        if self.stats_fleet.as_deref() != fleet {
+            self.stats_fleet = fleet.map(str::to_string);
+            self.stats = None;
+            self.gauges.clear();
+        }
+    }
 }
 
 /// Root tick with `engine_load` configured: takes or renews the poller
 /// lease, gives up calls Envoy never answered, and sends the polls due.
 pub fn tick<H: Host + Clone>(vm: &mut Vm<H>, config: &Config, engine: &EngineLoadConfig, now: u64) {
     let mut state = vm.take_engine_polling();
+    state.name_stats_for(config.fleet.as_deref());
     let nonce = match state.nonce {
         Some(nonce) => nonce,
         None => *state.nonce.insert(vm.random().max(1)),
@@ -125,7 +138,10 @@ fn poll_round<H: Host + Clone>(
     engine: &EngineLoadConfig,
     now: u64,
 ) {
-    let stats = state.stats.get_or_insert_with(|| define_stats(vm.host()));
+    let fleet = state.stats_fleet.as_deref();
+    let stats = state
+        .stats
+        .get_or_insert_with(|| define_stats(vm.host(), fleet));
     let skipped_id = stats.skipped;
     // Most ticks have nothing due: they skip reading the fleet (its shared
     // records), which is still read once a second for new instances.
@@ -209,6 +225,7 @@ pub fn answer<H: Host + Clone>(
     now: u64,
 ) {
     let mut state = vm.take_engine_polling();
+    state.name_stats_for(config.fleet.as_deref());
     let answered = state.poller.answered(token);
     if let (Some((instance, sent_ms)), Some(engine)) = (answered, &config.engine_load) {
         let (status, body) = read_answer(vm.host(), num_headers, body_size);
@@ -307,18 +324,16 @@ fn finish<H: Host + Clone>(
     }
 }
 
-fn define_stats(host: &impl Host) -> PollStats {
+fn define_stats(host: &impl Host, fleet: Option<&str>) -> PollStats {
+    let define =
+        |name: &str| define_metric(host, MetricKind::Counter, &fleet_stat_name(fleet, name));
     let mut stats = PollStats {
-        polls: define_metric(host, MetricKind::Counter, POLLS),
-        skipped: define_metric(host, MetricKind::Counter, POLLS_SKIPPED),
+        polls: define(POLLS),
+        skipped: define(POLLS_SKIPPED),
         failures: Default::default(),
     };
     for (slot, reason) in stats.failures.iter_mut().zip(PollFault::REASONS) {
-        *slot = define_metric(
-            host,
-            MetricKind::Counter,
-            &poll_failure_counter_name(reason),
-        );
+        *slot = define(&poll_failure_counter_name(reason));
     }
     stats
 }
@@ -334,12 +349,13 @@ fn gauges_of(
     if !state.gauges.contains_key(address) && state.gauges.len() >= MAX_ENGINE_GAUGES {
         return None;
     }
+    let fleet = state.stats_fleet.as_deref();
     let gauges = state.gauges.entry(address.to_string()).or_default();
     let define = |prefix: &str| {
         define_metric(
             host,
             MetricKind::Gauge,
-            &instance_stat_name(prefix, address),
+            &fleet_stat_name(fleet, &instance_stat_name(prefix, address)),
         )
     };
     if gauges.requests.is_none() {

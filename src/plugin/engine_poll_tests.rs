@@ -143,6 +143,41 @@ fn each_instance_is_polled_through_the_cluster_with_its_address_and_the_timeout(
 }
 
 #[test]
+fn a_fleet_names_the_pollers_stats_and_gauges() {
+    let json =
+        format!(r#"{{"instances": ["{A}", "{B}"], "engine_load": {ENGINE}, "fleet": "llama"}}"#);
+    let mut s = setup_on(Rc::new(MemoryStore::new()), &json);
+    let calls = s.tick();
+    let call_a = calls
+        .iter()
+        .find(|c| c.header(":authority") == Some(A))
+        .unwrap();
+    s.answer(call_a, Some((500, b"")));
+    let call_b = calls
+        .iter()
+        .find(|c| c.header(":authority") == Some(B))
+        .unwrap();
+    s.answer(call_b, Some((200, &body(3, 2, 0.45))));
+    let named = |name: &str| crate::metrics::fleet_stat_name(Some("llama"), name);
+    assert_eq!(s.counter(&named(crate::engine_load::POLLS)), 2);
+    assert_eq!(
+        s.counter(&named(&crate::engine_load::poll_failure_counter_name(
+            "status"
+        ))),
+        1
+    );
+    let gauge = crate::metrics::instance_stat_name(crate::engine_load::REQUESTS_GAUGE_PREFIX, B);
+    assert_eq!(s.host.gauge(&named(&gauge)), Some(5));
+    let names = s.host.metric_names();
+    assert!(
+        names
+            .iter()
+            .all(|n| n.starts_with("prefix_router.fleet.llama.")),
+        "{names:?}"
+    );
+}
+
+#[test]
 fn a_good_answer_becomes_the_shared_sample_and_the_gauges() {
     let mut s = setup(ENGINE);
     let calls = s.tick();

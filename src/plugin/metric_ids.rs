@@ -7,8 +7,8 @@ use super::warn_on_error;
 use crate::host::{Host, MetricKind};
 use crate::load::Remembered;
 use crate::metrics::{
-    decision_counter_name, decision_index, recording_for, Counter, BYTES_INSPECTED, DECISION_KINDS,
-    INDEX_CAPACITY, INDEX_ENTRIES, INDEX_EVICTIONS, MATCHED_BYTES,
+    decision_counter_name, decision_index, fleet_stat_name, recording_for, Counter,
+    BYTES_INSPECTED, DECISION_KINDS, INDEX_CAPACITY, INDEX_ENTRIES, INDEX_EVICTIONS, MATCHED_BYTES,
 };
 use crate::request::KeyDerivation;
 use crate::strategy::DecisionKind;
@@ -17,6 +17,8 @@ use crate::strategy::DecisionKind;
 /// rather than failing requests).
 #[derive(Debug, Default)]
 pub struct MetricIds {
+    /// The `fleet` the names were defined for.
+    fleet: Option<String>,
     counters: [Option<u32>; Counter::ALL.len()],
     decisions: [Option<u32>; DECISION_KINDS.len()],
     bytes_inspected: Option<u32>,
@@ -27,29 +29,38 @@ pub struct MetricIds {
 }
 
 impl MetricIds {
-    pub fn define(host: &impl Host) -> MetricIds {
-        let mut ids = MetricIds::default();
+    /// Defines every stat under the names of `fleet` (see
+    /// [`fleet_stat_name`]).
+    pub fn define(host: &impl Host, fleet: Option<&str>) -> MetricIds {
+        let define = |kind, name: &str| define_metric(host, kind, &fleet_stat_name(fleet, name));
+        let mut ids = MetricIds {
+            fleet: fleet.map(str::to_string),
+            ..MetricIds::default()
+        };
         for counter in Counter::ALL {
             if let Some(slot) = ids.counters.get_mut(counter.index()) {
-                *slot = define_metric(host, MetricKind::Counter, counter.name());
+                *slot = define(MetricKind::Counter, counter.name());
             }
         }
         for (slot, kind) in ids.decisions.iter_mut().zip(DECISION_KINDS) {
-            *slot = define_metric(host, MetricKind::Counter, &decision_counter_name(kind));
+            *slot = define(MetricKind::Counter, &decision_counter_name(kind));
         }
-        ids.bytes_inspected = define_metric(host, MetricKind::Histogram, BYTES_INSPECTED);
-        ids.matched_bytes = define_metric(host, MetricKind::Histogram, MATCHED_BYTES);
-        ids.index_entries = define_metric(host, MetricKind::Gauge, INDEX_ENTRIES);
-        ids.index_capacity = define_metric(host, MetricKind::Gauge, INDEX_CAPACITY);
-        ids.index_evictions = define_metric(host, MetricKind::Counter, INDEX_EVICTIONS);
+        ids.bytes_inspected = define(MetricKind::Histogram, BYTES_INSPECTED);
+        ids.matched_bytes = define(MetricKind::Histogram, MATCHED_BYTES);
+        ids.index_entries = define(MetricKind::Gauge, INDEX_ENTRIES);
+        ids.index_capacity = define(MetricKind::Gauge, INDEX_CAPACITY);
+        ids.index_evictions = define(MetricKind::Counter, INDEX_EVICTIONS);
         ids
     }
 
-    /// Nothing defined (yet, or every definition failed).
-    pub fn is_empty(&self) -> bool {
-        self.bytes_inspected.is_none()
-            && self.counters.iter().all(Option::is_none)
-            && self.decisions.iter().all(Option::is_none)
+    /// Whether these ids are `fleet`'s and defined: nothing to define again
+    /// (an update that names another fleet defines that fleet's; Envoy keeps
+    /// the old names' stats as they were).
+    pub fn are_defined_for(&self, fleet: Option<&str>) -> bool {
+        let defined = self.bytes_inspected.is_some()
+            || self.counters.iter().any(Option::is_some)
+            || self.decisions.iter().any(Option::is_some);
+        defined && self.fleet.as_deref() == fleet
     }
 
     pub fn increment<H: Host + Clone>(&self, vm: &mut Vm<H>, counter: Counter) {

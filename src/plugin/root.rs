@@ -47,7 +47,7 @@ impl PluginRoot {
         vm: &mut Vm<H>,
         configuration_size: usize,
     ) -> bool {
-        let host = vm.host();
+        let host = vm.host().clone();
         // Every age and period the filter keeps is read off this clock; a
         // host without it would leave them all at 0, so nothing expired.
         if let Err(status) = host.now_ms() {
@@ -72,7 +72,7 @@ impl PluginRoot {
         match Config::parse(&bytes) {
             Ok(config) => {
                 log::info!(
-                    "prefix-router: configured: strategy {}, match {}, prefix_length {}, block_bytes {}, index_bytes {}, load_margin {}, cold_placement {}, concurrency_threshold {}, max_body_bytes {}, key_header {}, host_header {}, tenant_header {}, decision_header {}, instance_ttl_ms {}, include_model {}, body_tenant {}, counting {}, {} configured instances, {} path rules, engine_load {}",
+                    "prefix-router: configured: strategy {}, match {}, prefix_length {}, block_bytes {}, index_bytes {}, load_margin {}, cold_placement {}, concurrency_threshold {}, max_body_bytes {}, key_header {}, host_header {}, tenant_header {}, decision_header {}, instance_ttl_ms {}, include_model {}, body_tenant {}, counting {}, {} configured instances, {} path rules, engine_load {}, fleet {}",
                     config.strategy.as_str(),
                     config.matching.as_str(),
                     config.prefix_length,
@@ -95,16 +95,20 @@ impl PluginRoot {
                     config
                         .engine_load
                         .as_ref()
-                        .map_or_else(|| "off".to_string(), |e| format!("({})", e.describe()))
+                        .map_or_else(|| "off".to_string(), |e| format!("({})", e.describe())),
+                    config.fleet.as_deref().unwrap_or("(none)")
                 );
                 for warning in config.engine_load.iter().flat_map(|e| e.warnings()) {
                     log::warn!("prefix-router: {warning}");
                 }
+                vm.note_fleet(config.fleet.as_deref());
                 self.policy = Rc::new(steering::policy_for(&config));
                 self.config = Rc::new(config);
-                // Once per root context: on_configure runs again on updates.
-                if self.metrics.is_empty() {
-                    self.metrics = Rc::new(MetricIds::define(host));
+                // Once per root context and fleet: on_configure runs again on
+                // updates, most of which keep the names.
+                let fleet = self.config.fleet.as_deref();
+                if !self.metrics.are_defined_for(fleet) {
+                    self.metrics = Rc::new(MetricIds::define(&host, fleet));
                 }
                 // Polling ticks faster than the rest of the tick's work,
                 // which `Vm::tick_due` keeps to once per TICK_PERIOD_MS.
@@ -141,7 +145,7 @@ impl PluginRoot {
             t.tick(now);
             (t.snapshot(now), t.take_index_writes(), t.index_capacity())
         });
-        vm.publish_gauges(&loads);
+        vm.publish_gauges(self.config.fleet.as_deref(), &loads);
         self.metrics.publish_index(vm, &index_writes, capacity);
     }
 

@@ -297,7 +297,7 @@ impl Stream {
         // What the decision adds to the instance it names (LONGEST_PREFIX).
         if let Some(address) = routed.headers.host_override.as_deref() {
             if routed.placed_bytes > 0 {
-                vm.count_placed_bytes(address, routed.placed_bytes);
+                vm.count_placed_bytes(self.config.fleet.as_deref(), address, routed.placed_bytes);
             }
         }
         self.decided = Some((routed.headers.kind, routed.headers.matched_bytes));

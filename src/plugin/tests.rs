@@ -8,7 +8,8 @@ use crate::headers::{COUNTED_HEADER, PENDING_MARK, ROUTE_HEADER};
 use crate::host::{Host, MetricKind};
 use crate::load::InstanceLoad;
 use crate::metrics::{
-    in_flight_gauge_name, placed_bytes_counter_name, Counter, BYTES_INSPECTED, DECISION_KINDS,
+    fleet_stat_name, in_flight_gauge_name, placed_bytes_counter_name, Counter, BYTES_INSPECTED,
+    DECISION_KINDS,
 };
 use crate::testing::memory_host::MemoryHost;
 
@@ -172,14 +173,14 @@ fn load(address: &str, in_flight: u32) -> InstanceLoad {
 fn the_gauge_of_an_instance_that_left_drops_to_zero() {
     let host = MemoryHost::new();
     let mut vm = Vm::new(Rc::clone(&host));
-    vm.publish_gauges(&[load(A, 2), load(B, 1)]);
+    vm.publish_gauges(None, &[load(A, 2), load(B, 1)]);
     assert_eq!(host.gauge(&in_flight_gauge_name(A)), Some(2));
     assert_eq!(host.gauge(&in_flight_gauge_name(B)), Some(1));
-    vm.publish_gauges(&[load(B, 3)]);
+    vm.publish_gauges(None, &[load(B, 3)]);
     assert_eq!(host.gauge(&in_flight_gauge_name(A)), Some(0), "left: 0");
     assert_eq!(host.gauge(&in_flight_gauge_name(B)), Some(3));
     // Back again: the same gauge, not a second one.
-    vm.publish_gauges(&[load(A, 1), load(B, 3)]);
+    vm.publish_gauges(None, &[load(A, 1), load(B, 3)]);
     assert_eq!(host.gauge(&in_flight_gauge_name(A)), Some(1));
     assert_eq!(host.defined(MetricKind::Gauge), 2);
 }
@@ -191,9 +192,9 @@ fn no_more_than_max_gauges_are_defined() {
     let loads: Vec<InstanceLoad> = (0..MAX_GAUGES + 6)
         .map(|i| load(&format!("10.0.1.{i}:80"), 1))
         .collect();
-    vm.publish_gauges(&loads);
+    vm.publish_gauges(None, &loads);
     assert_eq!(host.defined(MetricKind::Gauge), MAX_GAUGES);
-    vm.publish_gauges(&loads);
+    vm.publish_gauges(None, &loads);
     assert_eq!(host.defined(MetricKind::Gauge), MAX_GAUGES);
     let beyond = in_flight_gauge_name(&format!("10.0.1.{}:80", MAX_GAUGES));
     assert_eq!(host.gauge(&beyond), None);
@@ -720,6 +721,49 @@ fn longest_prefix_names_the_instance_holding_the_prompt_and_fills_the_index() {
     host.advance_ms(u64::from(TICK_PERIOD_MS));
     root.tick(&mut vm);
     assert_eq!(placed(&chosen).unwrap().increments, vec![2_000 + 233]);
+}
+
+#[test]
+fn a_fleet_names_every_stat_and_an_update_to_another_fleet_names_the_next_ones() {
+    let listed = r#""instances":["10.0.0.1:8000","10.0.0.2:8000"]"#;
+    let (host, mut vm, mut root) = configured_as(&format!(r#"{{"fleet":"llama",{listed}}}"#));
+    let mut first = invoke(&host, &mut vm, &root, 4);
+    let chosen = host.request_header(HOST_HEADER).expect("named");
+    host.set_property("upstream.address", Some(&chosen));
+    first.on_response_headers(&mut vm);
+    first.on_done(&mut vm);
+    host.advance_ms(u64::from(TICK_PERIOD_MS));
+    root.tick(&mut vm);
+    let llama = |name: &str| fleet_stat_name(Some("llama"), name);
+    assert_eq!(host.counter(&llama("prefix_router.decision.cold")), 1);
+    assert_eq!(host.counter(&llama(Counter::KeyedInvoke.name())), 1);
+    assert_eq!(host.counter(&llama(crate::metrics::INDEX_ENTRIES)), 8);
+    assert_eq!(
+        host.counter(&llama(&placed_bytes_counter_name(&chosen))),
+        2_000
+    );
+    assert_eq!(host.gauge(&llama(&in_flight_gauge_name(A))), Some(0));
+    assert_eq!(host.gauge(&llama(&in_flight_gauge_name(B))), Some(0));
+    let names = host.metric_names();
+    assert!(
+        names
+            .iter()
+            .all(|n| n.starts_with("prefix_router.fleet.llama.")),
+        "every stat is the fleet's: {names:?}"
+    );
+    // An update that renames the fleet: the next requests count under the
+    // new names, the old stats stay as they were.
+    let size = host.set_configuration(&format!(r#"{{"fleet":"llama-2",{listed}}}"#));
+    assert!(root.configure(&mut vm, size));
+    invoke(&host, &mut vm, &root, 4).on_done(&mut vm);
+    host.advance_ms(u64::from(TICK_PERIOD_MS));
+    root.tick(&mut vm);
+    let renamed = |name: &str| fleet_stat_name(Some("llama-2"), name);
+    assert_eq!(host.counter(&renamed("prefix_router.decision.matched")), 1);
+    assert_eq!(host.counter(&llama("prefix_router.decision.matched")), 0);
+    assert_eq!(host.counter(&llama("prefix_router.decision.cold")), 1);
+    assert_eq!(host.gauge(&renamed(&in_flight_gauge_name(A))), Some(0));
+    assert!(host.metric("prefix_router.decision.matched").is_none());
 }
 
 #[test]

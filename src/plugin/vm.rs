@@ -14,7 +14,7 @@ use crate::config::Config;
 use crate::counting_check::{AtResponse, UpstreamFilterCheck};
 use crate::host::{Host, MetricKind};
 use crate::load::{InstanceLoad, LoadTracker};
-use crate::metrics::{in_flight_gauge_name, placed_bytes_counter_name};
+use crate::metrics::{fleet_stat_name, in_flight_gauge_name, placed_bytes_counter_name};
 use crate::steering;
 
 /// Most instances one VM defines a per-instance stat for, of each kind (the
@@ -35,9 +35,12 @@ pub struct Vm<H: Host + Clone> {
     /// When this VM last ran the tick's work (0: never).
     last_tick_ms: u64,
     /// In-flight gauge ids by instance address.
-    gauges: HashMap<String, u32>,
+    gauges: InstanceStatIds,
     /// Placed-bytes counter ids by instance address.
-    placed_counters: HashMap<String, u32>,
+    placed_counters: InstanceStatIds,
+    /// The `fleet` of the root configured last (`None` before any): the
+    /// VM's roots share the per-instance stats, so they should agree.
+    configured_fleet: Option<Option<String>>,
     /// Counter increments not yet handed to Envoy, by metric id: counting
     /// locally and flushing on the tick spares two host calls per request
     /// (Prometheus scrapes every few seconds; the counters lag by one tick).
@@ -65,8 +68,9 @@ impl<H: Host + Clone> Vm<H> {
             host,
             tracker: None,
             last_tick_ms: 0,
-            gauges: HashMap::new(),
-            placed_counters: HashMap::new(),
+            gauges: InstanceStatIds::default(),
+            placed_counters: InstanceStatIds::default(),
+            configured_fleet: None,
             pending_counts: Vec::new(),
             pending_samples: Vec::new(),
             random_state: None,
@@ -127,6 +131,28 @@ impl<H: Host + Clone> Vm<H> {
 
     pub fn host(&self) -> &H {
         &self.host
+    }
+
+    /// A root of this VM was configured with `fleet`. The VM's roots (the
+    /// listener filter and its clusters' upstream filters under one `vm_id`)
+    /// share the per-instance stats and the index stats, named by whichever
+    /// root sets them: warns when this one names another fleet than the one
+    /// configured before it (also, for a moment, while an update renames
+    /// the fleet in one filter before the other).
+    pub fn note_fleet(&mut self, fleet: Option<&str>) {
+        let shown = |fleet: Option<&str>| fleet.map_or("none".to_string(), |f| format!("\"{f}\""));
+        if let Some(previous) = &self.configured_fleet {
+            if previous.as_deref() != fleet {
+                log::warn!(
+                    "prefix-router: filters of one vm_id name different fleets ({} and {}): \
+                     their stats go under both names; give the listener filter and its \
+                     clusters' upstream filter the same `fleet`",
+                    shown(previous.as_deref()),
+                    shown(fleet)
+                );
+            }
+        }
+        self.configured_fleet = Some(fleet.map(str::to_string));
     }
 
     /// The host clock; 0, with a warning, if the host cannot tell.
@@ -201,12 +227,13 @@ impl<H: Host + Clone> Vm<H> {
         }
     }
 
-    /// Adds `bytes` to the placed-bytes counter of `address`, handed to
-    /// Envoy on the tick (nothing past [`MAX_GAUGES`] instances).
-    pub fn count_placed_bytes(&mut self, address: &str, bytes: u64) {
-        let id = instance_stat_id(
+    /// Adds `bytes` to the placed-bytes counter of `address` (named for
+    /// `fleet`), handed to Envoy on the tick (nothing past [`MAX_GAUGES`]
+    /// instances).
+    pub fn count_placed_bytes(&mut self, fleet: Option<&str>, address: &str, bytes: u64) {
+        let id = self.placed_counters.id(
             &self.host,
-            &mut self.placed_counters,
+            fleet,
             MetricKind::Counter,
             placed_bytes_counter_name,
             address,
@@ -260,20 +287,20 @@ impl<H: Host + Clone> Vm<H> {
         due
     }
 
-    /// Sets every known instance's in-flight gauge (each VM computes the same
-    /// totals from shared data; same-named gauges are one Envoy stat). Gauges
-    /// of instances no longer registered drop to 0; past [`MAX_GAUGES`] no
-    /// gauge is defined.
-    pub fn publish_gauges(&mut self, loads: &[InstanceLoad]) {
-        for (address, id) in &self.gauges {
+    /// Sets every known instance's in-flight gauge, named for `fleet` (each
+    /// VM computes the same totals from shared data; same-named gauges are
+    /// one Envoy stat). Gauges of instances no longer registered drop to 0;
+    /// past [`MAX_GAUGES`] no gauge is defined.
+    pub fn publish_gauges(&mut self, fleet: Option<&str>, loads: &[InstanceLoad]) {
+        for (address, id) in self.gauges.of(fleet) {
             if !loads.iter().any(|l| &l.address == address) {
                 warn_on_error("set gauge", address, self.host.record_metric(*id, 0));
             }
         }
         for load in loads {
-            let id = instance_stat_id(
+            let id = self.gauges.id(
                 &self.host,
-                &mut self.gauges,
+                fleet,
                 MetricKind::Gauge,
                 in_flight_gauge_name,
                 &load.address,
@@ -289,24 +316,50 @@ impl<H: Host + Clone> Vm<H> {
     }
 }
 
-/// The id of the per-instance stat `name(address)` in `ids`, defined on first
-/// use; None past [`MAX_GAUGES`] instances or if the host refuses.
-fn instance_stat_id(
-    host: &impl Host,
-    ids: &mut HashMap<String, u32>,
-    kind: MetricKind,
-    name: fn(&str) -> String,
-    address: &str,
-) -> Option<u32> {
-    if let Some(id) = ids.get(address) {
-        return Some(*id);
+/// One kind of per-instance stat: ids by instance address, for one `fleet`'s
+/// names. Asked for another fleet's, it starts afresh (Envoy keeps the other
+/// names' stats as they were).
+#[derive(Debug, Default)]
+struct InstanceStatIds {
+    fleet: Option<String>,
+    by_address: HashMap<String, u32>,
+}
+
+impl InstanceStatIds {
+    /// The ids defined for `fleet`.
+    fn of(&mut self, fleet: Option<&str>) -> &HashMap<String, u32> {
+        self.for_fleet(fleet)
     }
-    if ids.len() >= MAX_GAUGES {
-        return None;
+
+    fn for_fleet(&mut self, fleet: Option<&str>) -> &mut HashMap<String, u32> {
+        if self.fleet.as_deref() != fleet {
+            self.fleet = fleet.map(str::to_string);
+            self.by_address.clear();
+        }
+        &mut self.by_address
     }
-    let id = define_metric(host, kind, &name(address))?;
-    ids.insert(address.to_string(), id);
-    Some(id)
+
+    /// The id of `fleet`'s stat `name(address)`, defined on first use; None
+    /// past [`MAX_GAUGES`] instances or if the host refuses.
+    fn id(
+        &mut self,
+        host: &impl Host,
+        fleet: Option<&str>,
+        kind: MetricKind,
+        name: fn(&str) -> String,
+        address: &str,
+    ) -> Option<u32> {
+        let ids = self.for_fleet(fleet);
+        if let Some(id) = ids.get(address) {
+            return Some(*id);
+        }
+        if ids.len() >= MAX_GAUGES {
+            return None;
+        }
+        let id = define_metric(host, kind, &fleet_stat_name(fleet, &name(address)))?;
+        ids.insert(address.to_string(), id);
+        Some(id)
+    }
 }
 
 /// Defines a metric; `None`, with a warning, if the host refuses (the filter

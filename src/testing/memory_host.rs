@@ -197,6 +197,15 @@ impl MemoryHost {
         self.metric(name).and_then(|m| m.records.last().copied())
     }
 
+    /// Every metric defined, by name, in order of definition.
+    pub(crate) fn metric_names(&self) -> Vec<String> {
+        self.metrics
+            .borrow()
+            .iter()
+            .map(|m| m.name.clone())
+            .collect()
+    }
+
     pub(crate) fn defined(&self, kind: MetricKind) -> usize {
         self.metrics
             .borrow()
