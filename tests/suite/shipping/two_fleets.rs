@@ -2,7 +2,8 @@
 //! passes validation, and a real Envoy started from it in front of two fleets
 //! routes each fleet's requests with that fleet's filter alone: every
 //! decision names an instance of the request's own fleet, a prompt sent again
-//! goes where it went, and each request meets one filter, not both.
+//! goes where it went, each request meets one filter, not both, and each
+//! fleet's stats carry its own `fleet` label in Prometheus.
 //!
 //! Envoy comes from `ENVOY_BIN` or PATH; the filter from `PREFIX_ROUTER_WASM`
 //! or the release build (`cargo xtask test` provides both).
@@ -38,8 +39,25 @@ fn two_fleets_example_passes_envoy_validate() {
     assert_envoy_accepts(&config, EXAMPLE);
 }
 
+/// The `stats_tags` entry docs/metrics.md gives to paste is the one this
+/// tested example runs with.
 #[test]
-fn each_fleets_requests_meet_only_its_own_filter_and_instances() {
+fn the_documented_fleet_label_is_the_examples() {
+    let doc = std::fs::read_to_string(root().join("docs/metrics.md")).expect("docs/metrics.md");
+    let block = doc
+        .split("```yaml")
+        .filter_map(|after| after.split("```").next())
+        .find(|block| block.contains("stats_tags"))
+        .expect("a stats_tags block in docs/metrics.md");
+    let documented: Value = serde_yaml::from_str(block).expect("the block is YAML");
+    assert_eq!(documented["stats_config"], yaml(EXAMPLE)["stats_config"]);
+}
+
+/// The two fleets (3 and 2 instances), their addresses, and Envoy started
+/// from the example pointed at them, with `edit` on top.
+fn start_example(
+    edit: impl FnOnce(&mut Value) + Send + 'static,
+) -> ([UpstreamFleet; 2], Vec<Vec<SocketAddr>>, Envoy) {
     let fleets = [
         UpstreamFleet::start(3).expect("fleet llama"),
         UpstreamFleet::start(2).expect("fleet mistral"),
@@ -53,10 +71,17 @@ fn each_fleets_requests_meet_only_its_own_filter_and_instances() {
                 set_cluster_endpoints(config, cluster, fleet);
                 set_filter_instances(config, filter, fleet);
             }
+            edit(config);
             Ok(())
         })
         .start()
         .unwrap_or_else(|e| panic!("{e}"));
+    (fleets, addrs, envoy)
+}
+
+#[test]
+fn each_fleets_requests_meet_only_its_own_filter_and_instances() {
+    let (fleets, addrs, envoy) = start_example(|_| {});
     for (((model, cluster, _), fleet), own) in FLEETS.iter().zip(&fleets).zip(&addrs) {
         let own: BTreeSet<String> = own.iter().map(ToString::to_string).collect();
         let mut served = BTreeSet::new();
@@ -94,32 +119,99 @@ fn each_fleets_requests_meet_only_its_own_filter_and_instances() {
             "{PROMPTS} {cluster} prompts reached only {served:?}"
         );
     }
-    // One decision per request: each request met one of the two filters.
-    let requests = (2 * PROMPTS * FLEETS.len()) as u64;
+    // One decision per request, each counted under its own fleet's label:
+    // each request met one of the two filters, and each filter names its
+    // fleet in every stat (`fleet` and the example's `stats_tags`).
+    let expected: Vec<(String, u64)> = FLEETS
+        .iter()
+        .map(|(_, cluster, _)| (cluster.to_string(), 2 * PROMPTS as u64))
+        .collect();
     let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let decisions = decision_count(&envoy);
-        if decisions == requests {
-            break;
+    let scraped = loop {
+        let scraped = envoy.prometheus().expect("Envoy /stats/prometheus");
+        let decisions = decisions_by_fleet(&scraped);
+        if decisions == expected {
+            break scraped;
         }
+        let counted: u64 = decisions.iter().map(|(_, n)| n).sum();
         assert!(
-            decisions < requests && Instant::now() < deadline,
-            "{decisions} decisions for {requests} requests"
+            counted < 2 * PROMPTS as u64 * FLEETS.len() as u64 && Instant::now() < deadline,
+            "decisions by fleet {decisions:?}, expected {expected:?}"
         );
         std::thread::sleep(Duration::from_millis(100));
+    };
+    for ((_, cluster, _), own) in FLEETS.iter().zip(&addrs) {
+        for addr in own {
+            let gauge = format!(
+                "prefix_router_in_flight_{}{{fleet=\"{cluster}\"}}",
+                addr.to_string().replace(['.', ':'], "_")
+            );
+            assert!(
+                scraped.lines().any(|line| line.starts_with(&gauge)),
+                "no {gauge} in the scrape"
+            );
+        }
     }
+    let unlabelled: Vec<&str> = scraped
+        .lines()
+        .filter(|line| line.starts_with("prefix_router_") && !line.contains("{fleet=\""))
+        .collect();
+    assert!(unlabelled.is_empty(), "stats of no fleet: {unlabelled:?}");
+    assert!(
+        !envoy.log().contains(FLEETS_DIFFER),
+        "the example's filters agree on their fleets"
+    );
 }
 
-/// The summed `prefix_router_decision_<kind>` counters as Prometheus scrapes
-/// them (flushed every second).
-fn decision_count(envoy: &Envoy) -> u64 {
-    let scraped = envoy.prometheus().expect("Envoy /stats/prometheus");
-    scraped
+/// The warning for two filters of one `vm_id` that name different fleets.
+const FLEETS_DIFFER: &str = "filters of one vm_id name different fleets";
+
+#[test]
+fn an_upstream_filter_without_its_listener_filters_fleet_is_warned_about() {
+    // Fleet llama's upstream filter without its `fleet`.
+    let (_fleets, _, envoy) = start_example(|config| {
+        let llama = clusters_mut(config)
+            .iter_mut()
+            .find(|c| c["name"].as_str() == Some("llama"))
+            .expect("cluster llama");
+        let upstream = &mut llama["typed_extension_protocol_options"]
+            ["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]["http_filters"][0]
+            ["typed_config"]["config"]["configuration"]["value"];
+        assert_eq!(upstream.as_str(), Some(r#"{"fleet": "llama"}"#));
+        *upstream = Value::from("{}");
+    });
+    let log = envoy.log();
+    let warning = log
+        .lines()
+        .find(|line| line.contains(FLEETS_DIFFER))
+        .unwrap_or_else(|| panic!("no warning that the fleets differ:\n{log}"));
+    assert!(
+        warning.contains("\"llama\"") && warning.contains("none"),
+        "{warning}"
+    );
+    assert!(
+        !warning.contains("mistral"),
+        "fleet mistral's filters agree: {warning}"
+    );
+}
+
+/// The `prefix_router_decision_<kind>` counters of a Prometheus scrape,
+/// summed by their `fleet` label (`(none)` for a counter without one), in
+/// the label's order.
+fn decisions_by_fleet(scraped: &str) -> Vec<(String, u64)> {
+    let mut by_fleet = std::collections::BTreeMap::<String, u64>::new();
+    for line in scraped
         .lines()
         .filter(|line| line.starts_with("prefix_router_decision_"))
-        .filter_map(|line| line.rsplit_once(' '))
-        .map(|(_, value)| value.parse::<u64>().expect("a counter"))
-        .sum()
+    {
+        let (series, value) = line.rsplit_once(' ').expect("a sample line");
+        let fleet = series
+            .split_once("fleet=\"")
+            .and_then(|(_, rest)| rest.split_once('"'))
+            .map_or("(none)", |(fleet, _)| fleet);
+        *by_fleet.entry(fleet.to_string()).or_default() += value.parse::<u64>().expect("a counter");
+    }
+    by_fleet.into_iter().collect()
 }
 
 /// Points the example's cluster `name` at `addrs`, as the launcher points a
