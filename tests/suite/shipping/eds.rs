@@ -165,17 +165,28 @@ fn eds_example_loads_endpoints_from_the_file_and_follows_updates() {
         "{served:?}"
     );
 
-    // The filter's stats are scraped under the names the dashboards use.
-    let scraped = envoy.prometheus().unwrap();
-    for name in dashboard_metric_names() {
+    // The filter's stats are scraped under the names the dashboards use
+    // (the per-instance gauges are defined on the filter's 1 s tick).
+    let names = dashboard_metric_names();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let scraped = envoy.prometheus().unwrap();
+        let missing: Vec<&String> = names
+            .iter()
+            .filter(|name| !scraped.lines().any(|l| l.starts_with(name.as_str())))
+            .collect();
+        if missing.is_empty() {
+            break;
+        }
         assert!(
-            scraped.lines().any(|l| l.starts_with(&name)),
-            "{name} (used in examples/prometheus) is not in Envoy's /stats/prometheus:\n{}",
+            Instant::now() < deadline,
+            "{missing:?} (used in examples/prometheus) not in Envoy's /stats/prometheus:\n{}",
             scraped
                 .lines()
                 .filter(|l| l.contains("prefix_router"))
                 .collect::<Vec<_>>()
                 .join("\n")
         );
+        std::thread::sleep(Duration::from_millis(100));
     }
 }

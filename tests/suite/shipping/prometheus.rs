@@ -36,3 +36,50 @@ fn prometheus_configuration_and_alerts_pass_promtool_and_their_unit_tests() {
     // Each alert fires on the series that should fire it, and only then.
     run_promtool(&["test", "rules", "alerts.test.yml"]);
 }
+
+/// Every expression of `queries.promql` (one per unindented line, indented
+/// lines continuing it; `#` lines are comments) and of the Grafana dashboard's
+/// panels.
+fn dashboard_expressions() -> Vec<String> {
+    let mut expressions: Vec<String> = Vec::new();
+    for line in read("examples/prometheus/queries.promql").lines() {
+        if line.trim().is_empty() || line.trim_start().starts_with('#') {
+            continue;
+        }
+        match expressions.last_mut() {
+            Some(last) if line.starts_with(char::is_whitespace) => {
+                last.push(' ');
+                last.push_str(line.trim());
+            }
+            _ => expressions.push(line.to_string()),
+        }
+    }
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&read("examples/prometheus/grafana-dashboard.json"))
+            .expect("the dashboard is JSON");
+    for panel in dashboard["panels"].as_array().expect("panels") {
+        for target in panel["targets"].as_array().expect("targets") {
+            expressions.push(target["expr"].as_str().expect("expr").to_string());
+        }
+    }
+    expressions
+}
+
+#[test]
+fn the_queries_and_dashboard_expressions_parse() {
+    let expressions = dashboard_expressions();
+    assert!(expressions.len() >= 30, "{} expressions", expressions.len());
+    // promtool parses PromQL where it checks rules: each expression becomes
+    // a recording rule of a throwaway rule file.
+    let rules: Vec<serde_json::Value> = expressions
+        .iter()
+        .enumerate()
+        .map(|(i, expr)| serde_json::json!({"record": format!("dashboard:expression_{i}"), "expr": expr}))
+        .collect();
+    let file = serde_json::json!({"groups": [{"name": "dashboard", "rules": rules}]});
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let path = dir.path().join("dashboard-rules.yml");
+    // JSON is YAML.
+    std::fs::write(&path, file.to_string()).expect("write the rule file");
+    run_promtool(&["check", "rules", path.to_str().expect("a UTF-8 path")]);
+}
