@@ -98,6 +98,32 @@ fn evict(store: &MemoryStore, hash: u64, holder: Holder) {
     assert!(!stored(store, hash, holder));
 }
 
+/// The longest prefix of `chain` held by a live holder, read afresh.
+fn held<S: SharedStore>(index: &PrefixIndex, tables: &Tables<S>, chain: &[u64]) -> Held {
+    index.longest_held(tables, chain, &all_live, &mut BucketReads::default())
+}
+
+/// Records `holder` as holding `chain` past its first `from` blocks, every
+/// holder live, its buckets read afresh.
+fn remembered<S: SharedStore>(
+    index: &PrefixIndex,
+    tables: &Tables<S>,
+    chain: &[u64],
+    from: usize,
+    holder: Holder,
+    now_ms: u64,
+) -> Remembered {
+    index.remember(
+        tables,
+        chain,
+        from,
+        holder,
+        &all_live,
+        now_ms,
+        &mut BucketReads::default(),
+    )
+}
+
 /// Routes one request the way the filter does: look up, then record the
 /// chosen holder (the one found if any, else `fallback`) over the lookup's
 /// reads.
@@ -224,24 +250,8 @@ fn the_longest_held_prefix_is_found_among_chains_sharing_prefixes() {
     let index = PrefixIndex::new(DEFAULT_BUDGET_BYTES);
     let a = chain(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
     let b = chain(&[1, 2, 3, 4, 50, 60, 70]);
-    index.remember(
-        &tables,
-        &a,
-        0,
-        H1,
-        &all_live,
-        T0,
-        &mut BucketReads::default(),
-    );
-    index.remember(
-        &tables,
-        &b,
-        0,
-        H2,
-        &all_live,
-        T0,
-        &mut BucketReads::default(),
-    );
+    remembered(&index, &tables, &a, 0, H1, T0);
+    remembered(&index, &tables, &b, 0, H2, T0);
 
     let cases: [(&[u32], usize, &[Holder]); 10] = [
         (&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10], 10, &[H1]),
@@ -259,24 +269,14 @@ fn the_longest_held_prefix_is_found_among_chains_sharing_prefixes() {
         (&[], 0, &[]),
     ];
     for (blocks, want, holders) in cases {
-        let held = index.longest_held(
-            &tables,
-            &chain(blocks),
-            &all_live,
-            &mut BucketReads::default(),
-        );
+        let held = held(&index, &tables, &chain(blocks));
         let mut got = held.holders.clone();
         got.sort_by_key(|h| h.slot);
         assert_eq!((held.blocks, got.as_slice()), (want, holders), "{blocks:?}");
     }
     // The same blocks under another tenant+model seed share nothing.
     let other_seed: Vec<u64> = a.iter().map(|h| h ^ 1).collect();
-    assert_eq!(
-        index
-            .longest_held(&tables, &other_seed, &all_live, &mut BucketReads::default())
-            .blocks,
-        0
-    );
+    assert_eq!(held(&index, &tables, &other_seed).blocks, 0);
 }
 
 #[test]
@@ -285,41 +285,17 @@ fn only_the_holders_of_the_longest_block_are_named() {
     let tables = tables(&store);
     let index = PrefixIndex::new(DEFAULT_BUDGET_BYTES);
     let long = chain(&[1, 2, 3, 4, 5, 6]);
-    index.remember(
-        &tables,
-        &long,
-        0,
-        H1,
-        &all_live,
-        T0,
-        &mut BucketReads::default(),
-    );
-    index.remember(
-        &tables,
-        &long[..3],
-        0,
-        H2,
-        &all_live,
-        T0,
-        &mut BucketReads::default(),
-    );
-    index.remember(
-        &tables,
-        &long[..3],
-        0,
-        H3,
-        &all_live,
-        T0,
-        &mut BucketReads::default(),
-    );
+    remembered(&index, &tables, &long, 0, H1, T0);
+    remembered(&index, &tables, &long[..3], 0, H2, T0);
+    remembered(&index, &tables, &long[..3], 0, H3, T0);
     assert_eq!(
-        index.longest_held(&tables, &long, &all_live, &mut BucketReads::default()),
+        held(&index, &tables, &long),
         Held {
             blocks: 6,
             holders: vec![H1]
         }
     );
-    let mut short = index.longest_held(&tables, &long[..3], &all_live, &mut BucketReads::default());
+    let mut short = held(&index, &tables, &long[..3]);
     short.holders.sort_by_key(|h| h.slot);
     assert_eq!(
         short,
@@ -347,15 +323,7 @@ fn holders_that_are_not_live_never_match_and_are_evicted_first() {
     let tables = tables(&store);
     let index = PrefixIndex::new(MIN_BUDGET_BYTES);
     let prompt = chain(&[1, 2, 3, 4]);
-    index.remember(
-        &tables,
-        &prompt,
-        0,
-        H1,
-        &all_live,
-        T0,
-        &mut BucketReads::default(),
-    );
+    remembered(&index, &tables, &prompt, 0, H1, T0);
     let h1_gone = |h: Holder| h != H1;
     assert_eq!(
         index.longest_held(&tables, &prompt, &h1_gone, &mut BucketReads::default()),
@@ -378,15 +346,7 @@ fn holders_that_are_not_live_never_match_and_are_evicted_first() {
     let hashes = same_bucket(&index, 7, ENTRIES as u64 + 1);
     for (k, &hash) in hashes.iter().take(ENTRIES).enumerate() {
         let holder = if k == ENTRIES - 1 { H2 } else { H3 };
-        let done = index.remember(
-            &tables,
-            &[hash],
-            0,
-            holder,
-            &all_live,
-            T0 + k as u64 * 1000,
-            &mut BucketReads::default(),
-        );
+        let done = remembered(&index, &tables, &[hash], 0, holder, T0 + k as u64 * 1000);
         assert_eq!(done.filled, 1);
     }
     let h2_gone = |h: Holder| h != H2;
@@ -415,37 +375,13 @@ fn a_full_bucket_evicts_the_least_recently_used_in_order() {
     let hashes = same_bucket(&index, 3, ENTRIES as u64 + 3);
     // Stored oldest first; a filled bucket is not written again.
     for (k, &hash) in hashes.iter().take(ENTRIES).enumerate() {
-        index.remember(
-            &tables,
-            &[hash],
-            0,
-            H1,
-            &all_live,
-            T0 + k as u64 * 1000,
-            &mut BucketReads::default(),
-        );
+        remembered(&index, &tables, &[hash], 0, H1, T0 + k as u64 * 1000);
     }
     // The oldest one used again: now the second oldest is least recent.
-    let refreshed = index.remember(
-        &tables,
-        &[hashes[0]],
-        0,
-        H1,
-        &all_live,
-        T0 + 100_000,
-        &mut BucketReads::default(),
-    );
+    let refreshed = remembered(&index, &tables, &[hashes[0]], 0, H1, T0 + 100_000);
     assert_eq!((refreshed.written, refreshed.filled), (1, 0));
     for (k, &hash) in hashes[ENTRIES..].iter().enumerate() {
-        let done = index.remember(
-            &tables,
-            &[hash],
-            0,
-            H1,
-            &all_live,
-            T0 + 200_000,
-            &mut BucketReads::default(),
-        );
+        let done = remembered(&index, &tables, &[hash], 0, H1, T0 + 200_000);
         assert_eq!(done.evicted, 1);
         assert_eq!(bucket_of(&index, &store, hash).entries.len(), ENTRIES);
         // Evicted so far: hashes[1..=k+1], in age order.
@@ -459,15 +395,7 @@ fn a_full_bucket_evicts_the_least_recently_used_in_order() {
     let store = MemoryStore::new();
     let tables = self::tables(&store);
     let many = same_bucket(&index, 5, ENTRIES as u64 + 2);
-    let done = index.remember(
-        &tables,
-        &many,
-        0,
-        H1,
-        &all_live,
-        T0,
-        &mut BucketReads::default(),
-    );
+    let done = remembered(&index, &tables, &many, 0, H1, T0);
     assert_eq!(
         (done.written, done.filled, done.evicted),
         (ENTRIES as u32 + 2, ENTRIES as u32, 2)
@@ -483,26 +411,10 @@ fn a_pair_is_stored_once_and_several_holders_of_a_block_coexist() {
     let index = PrefixIndex::new(DEFAULT_BUDGET_BYTES);
     let prompt = chain(&[1, 2, 3]);
     for holder in [H1, H2, H1, H3, H2] {
-        index.remember(
-            &tables,
-            &prompt,
-            0,
-            holder,
-            &all_live,
-            T0,
-            &mut BucketReads::default(),
-        );
+        remembered(&index, &tables, &prompt, 0, holder, T0);
     }
     let later = T0 + u64::from(REFRESH_SECS) * 1000;
-    index.remember(
-        &tables,
-        &prompt,
-        0,
-        H1,
-        &all_live,
-        later,
-        &mut BucketReads::default(),
-    );
+    remembered(&index, &tables, &prompt, 0, H1, later);
     // The chain is one span: one bucket.
     let bucket = bucket_of(&index, &store, prompt[0]);
     for &hash in &prompt {
@@ -628,7 +540,7 @@ fn a_new_prompt_placed_by_maglev_costs_three_reads_then_four_reads_and_four_writ
     let prompt = chain(&(1..=16).collect::<Vec<_>>());
     assert_eq!(distinct_buckets(&index, &prompt), 4);
     let before = store.reads();
-    let held = index.longest_held(&tables, &prompt, &all_live, &mut BucketReads::default());
+    let held = held(&index, &tables, &prompt);
     assert_eq!(held, Held::default());
     assert_eq!(store.reads() - before, 3, "the last span, then log2(4)");
 
@@ -727,15 +639,7 @@ fn two_vms_writing_one_bucket_lose_nothing() {
             reads: Cell::new(0),
             at: 1,
             between: RefCell::new(Some(Box::new(|| {
-                let done = index.remember(
-                    &vm_b,
-                    &hashes[1..],
-                    0,
-                    H2,
-                    &all_live,
-                    T0,
-                    &mut BucketReads::default(),
-                );
+                let done = remembered(&index, &vm_b, &hashes[1..], 0, H2, T0);
                 assert_eq!(done.filled, 2, "vm b's write went first");
             }))),
         },
@@ -743,15 +647,7 @@ fn two_vms_writing_one_bucket_lose_nothing() {
         16,
     );
     let writes = store.successful_sets();
-    let done = index.remember(
-        &vm_a,
-        &hashes[..2],
-        0,
-        H1,
-        &all_live,
-        T0,
-        &mut BucketReads::default(),
-    );
+    let done = remembered(&index, &vm_a, &hashes[..2], 0, H1, T0);
     assert_eq!((done.written, done.filled, done.failed), (2, 2, 0));
     assert_eq!(store.successful_sets() - writes, 2, "b's write, then a's");
     assert_eq!(
@@ -812,45 +708,14 @@ fn a_flood_of_prefixes_stays_within_the_buckets_and_counts_its_evictions() {
     // The newest prefixes are still found whole, the first ones are not.
     let last = prefixes - 50..prefixes;
     for i in last {
-        assert_eq!(
-            index
-                .longest_held(
-                    &tables,
-                    &prompt_of(i),
-                    &all_live,
-                    &mut BucketReads::default()
-                )
-                .blocks,
-            5,
-            "{i}"
-        );
+        assert_eq!(held(&index, &tables, &prompt_of(i)).blocks, 5, "{i}");
     }
     let first_found = (0..50)
-        .filter(|i| {
-            index
-                .longest_held(
-                    &tables,
-                    &prompt_of(*i),
-                    &all_live,
-                    &mut BucketReads::default(),
-                )
-                .blocks
-                == 5
-        })
+        .filter(|i| held(&index, &tables, &prompt_of(*i)).blocks == 5)
         .count();
     assert_eq!(first_found, 0);
     // The shared system prompt, used by every request, is still held.
-    assert_eq!(
-        index
-            .longest_held(
-                &tables,
-                &chain(&[0, 0, 0, 0]),
-                &all_live,
-                &mut BucketReads::default()
-            )
-            .blocks,
-        4
-    );
+    assert_eq!(held(&index, &tables, &chain(&[0, 0, 0, 0])).blocks, 4);
 }
 
 /// Prompts that agree up to a span's start and differ inside it (here:
@@ -887,16 +752,7 @@ fn prompts_that_differ_inside_a_span_share_its_bucket_and_the_newest_stay() {
     assert_eq!(total.failed, 0);
     // The shared block's entry of each holder, and the newest own blocks.
     let kept = ENTRIES as u32 - holders.len() as u32;
-    let found = |i: u32| {
-        index
-            .longest_held(
-                &tables,
-                &prompt_of(i),
-                &all_live,
-                &mut BucketReads::default(),
-            )
-            .blocks
-    };
+    let found = |i: u32| held(&index, &tables, &prompt_of(i)).blocks;
     for i in prompts - kept..prompts {
         assert_eq!(found(i), 2, "{i}");
     }
@@ -907,19 +763,11 @@ fn prompts_that_differ_inside_a_span_share_its_bucket_and_the_newest_stay() {
     let store = MemoryStore::new();
     let tables = self::tables(&store);
     let long = chain(&[0, 1, 2, 3, 4, 5, 6]);
-    index.remember(
-        &tables,
-        &long,
-        0,
-        H1,
-        &all_live,
-        T0,
-        &mut BucketReads::default(),
-    );
+    remembered(&index, &tables, &long, 0, H1, T0);
     for &i in &[1, 2, 3] {
         evict(&store, long[i], H1);
     }
-    let held = index.longest_held(&tables, &long, &all_live, &mut BucketReads::default());
+    let held = held(&index, &tables, &long);
     assert_eq!((held.blocks, held.holders), (7, vec![H1]));
 }
 
@@ -931,15 +779,7 @@ fn a_chain_with_an_evicted_block_still_gets_a_true_match() {
     let index = PrefixIndex::new(DEFAULT_BUDGET_BYTES);
     let setup = |evicted: &[usize]| {
         let store = MemoryStore::new();
-        index.remember(
-            &tables(&store),
-            &prompt,
-            0,
-            H1,
-            &all_live,
-            T0,
-            &mut BucketReads::default(),
-        );
+        remembered(&index, &tables(&store), &prompt, 0, H1, T0);
         for &i in evicted {
             evict(&store, prompt[i], H1);
         }
@@ -948,12 +788,7 @@ fn a_chain_with_an_evicted_block_still_gets_a_true_match() {
     // Every single block evicted in turn.
     for i in 0..prompt.len() {
         let store = setup(&[i]);
-        let held = index.longest_held(
-            &tables(&store),
-            &prompt,
-            &all_live,
-            &mut BucketReads::default(),
-        );
+        let held = held(&index, &tables(&store), &prompt);
         assert_ne!(held.blocks, i + 1, "block {i} is held by nobody");
         assert!(held.blocks > 0, "{i}");
         assert!(stored(&store, prompt[held.blocks - 1], H1), "{i}");
@@ -961,96 +796,35 @@ fn a_chain_with_an_evicted_block_still_gets_a_true_match() {
     }
     // The last block gone: the match stops before it.
     let store = setup(&[9]);
-    assert_eq!(
-        index
-            .longest_held(
-                &tables(&store),
-                &prompt,
-                &all_live,
-                &mut BucketReads::default()
-            )
-            .blocks,
-        9
-    );
+    assert_eq!(held(&index, &tables(&store), &prompt).blocks, 9);
     // A middle block gone: the full chain is still held (its hash stands
     // for the whole prefix), so the match is longer than the unbroken run.
     let store = setup(&[4]);
-    assert_eq!(
-        index
-            .longest_held(
-                &tables(&store),
-                &prompt,
-                &all_live,
-                &mut BucketReads::default()
-            )
-            .blocks,
-        10
-    );
+    assert_eq!(held(&index, &tables(&store), &prompt).blocks, 10);
     // Blocks 5 and 10 gone: the last span still holds block 9.
     let store = setup(&[4, 9]);
-    assert_eq!(
-        index
-            .longest_held(
-                &tables(&store),
-                &prompt,
-                &all_live,
-                &mut BucketReads::default()
-            )
-            .blocks,
-        9
-    );
+    assert_eq!(held(&index, &tables(&store), &prompt).blocks, 9);
     // 16 blocks (4 spans), the second and the last span gone: the search's
     // probe of the second misses, and the answer is the shorter 4 although
     // 12 is held.
     let long = chain(&(1..=16).collect::<Vec<_>>());
     let store = MemoryStore::new();
-    index.remember(
-        &tables(&store),
-        &long,
-        0,
-        H1,
-        &all_live,
-        T0,
-        &mut BucketReads::default(),
-    );
+    remembered(&index, &tables(&store), &long, 0, H1, T0);
     for i in (4..8).chain(12..16) {
         evict(&store, long[i], H1);
     }
     assert!(stored(&store, long[11], H1));
     assert_eq!(
-        index.longest_held(
-            &tables(&store),
-            &long,
-            &all_live,
-            &mut BucketReads::default()
-        ),
+        held(&index, &tables(&store), &long),
         Held {
             blocks: 4,
             holders: vec![H1]
         }
     );
     // Recording the chain again heals it, the evicted blocks included.
-    index.remember(
-        &tables(&store),
-        &long,
-        4,
-        H1,
-        &all_live,
-        T0 + 1000,
-        &mut BucketReads::default(),
-    );
+    remembered(&index, &tables(&store), &long, 4, H1, T0 + 1000);
     assert!(long.iter().all(|&h| stored(&store, h, H1)));
-    assert_eq!(
-        index
-            .longest_held(
-                &tables(&store),
-                &long,
-                &all_live,
-                &mut BucketReads::default()
-            )
-            .blocks,
-        16
-    );
+    assert_eq!(held(&index, &tables(&store), &long).blocks, 16);
 }
 
 #[test]
@@ -1059,27 +833,11 @@ fn a_recorded_block_whose_entry_is_missing_rewrites_the_whole_chain() {
     let tables = tables(&store);
     let index = PrefixIndex::new(DEFAULT_BUDGET_BYTES);
     let prompt = chain(&[1, 2, 3, 4]);
-    index.remember(
-        &tables,
-        &prompt,
-        0,
-        H1,
-        &all_live,
-        T0,
-        &mut BucketReads::default(),
-    );
+    remembered(&index, &tables, &prompt, 0, H1, T0);
     evict(&store, prompt[1], H1);
     evict(&store, prompt[3], H1);
     // Claimed held through block 4, but its entry is gone: all rewritten.
-    let done = index.remember(
-        &tables,
-        &prompt,
-        4,
-        H1,
-        &all_live,
-        T0 + 1000,
-        &mut BucketReads::default(),
-    );
+    let done = remembered(&index, &tables, &prompt, 4, H1, T0 + 1000);
     assert_eq!((done.written, done.filled), (4, 2));
     assert!(prompt.iter().all(|&h| stored(&store, h, H1)));
 }
@@ -1092,27 +850,11 @@ fn garbage_in_a_bucket_reads_as_empty_and_is_replaced() {
     let prompt = chain(&[1]);
     let key = index.key(&tables, index.bucket_of(prompt[0]));
     store.set(&key, b"written by another build", None).unwrap();
-    assert_eq!(
-        index.longest_held(&tables, &prompt, &all_live, &mut BucketReads::default()),
-        Held::default()
-    );
-    let done = index.remember(
-        &tables,
-        &prompt,
-        0,
-        H1,
-        &all_live,
-        T0,
-        &mut BucketReads::default(),
-    );
+    assert_eq!(held(&index, &tables, &prompt), Held::default());
+    let done = remembered(&index, &tables, &prompt, 0, H1, T0);
     assert_eq!(done.filled, 1);
     assert_eq!(store.keys(), vec![key]);
-    assert_eq!(
-        index
-            .longest_held(&tables, &prompt, &all_live, &mut BucketReads::default())
-            .blocks,
-        1
-    );
+    assert_eq!(held(&index, &tables, &prompt).blocks, 1);
 }
 
 /// A store whose every write the host refuses.
@@ -1133,15 +875,7 @@ fn refused_writes_count_as_failed_blocks() {
     let tables = Tables::new(&store, "t", 16);
     let index = PrefixIndex::new(DEFAULT_BUDGET_BYTES);
     let prompt = chain(&[1, 2, 3, 4, 5]);
-    let done = index.remember(
-        &tables,
-        &prompt,
-        0,
-        H1,
-        &all_live,
-        T0,
-        &mut BucketReads::default(),
-    );
+    let done = remembered(&index, &tables, &prompt, 0, H1, T0);
     assert_eq!(
         done,
         Remembered {
@@ -1166,41 +900,17 @@ fn a_call_does_not_evict_the_blocks_it_just_wrote() {
     // A first span in bucket 1; the second span (x, y) in bucket 9.
     let first = [1 + 3 * n, 1 + 4 * n, 1 + 5 * n, 1 + 6 * n];
     let [x, y] = [9 + n, 9 + 2 * n];
-    index.remember(
-        &tables,
-        &first,
-        0,
-        H1,
-        &all_live,
-        T0,
-        &mut BucketReads::default(),
-    );
+    remembered(&index, &tables, &first, 0, H1, T0);
     for (k, &hash) in same_bucket(&index, 9, 100)
         .iter()
         .skip(3)
         .take(ENTRIES)
         .enumerate()
     {
-        index.remember(
-            &tables,
-            &[hash],
-            0,
-            H2,
-            &all_live,
-            T0 + 5000 + k as u64,
-            &mut BucketReads::default(),
-        );
+        remembered(&index, &tables, &[hash], 0, H2, T0 + 5000 + k as u64);
     }
     let prompt = [first[0], first[1], first[2], first[3], x, y];
-    let done = index.remember(
-        &tables,
-        &prompt,
-        4,
-        H1,
-        &all_live,
-        T0 + 6000,
-        &mut BucketReads::default(),
-    );
+    let done = remembered(&index, &tables, &prompt, 4, H1, T0 + 6000);
     assert_eq!((done.written, done.evicted), (2, 2));
     let bucket = bucket_of(&index, &store, x);
     assert_eq!(bucket.last_used(x, H1), Some((T0 / 1000) as u32));
@@ -1217,15 +927,7 @@ fn blocks_sharing_a_bucket_are_written_in_one_update() {
     let n = index.buckets();
     // Three spans: the first two start in bucket 20, the third in 21.
     let prompt = [20, 1, 2, 3, 20 + n, 4, 5, 6, 21 + 2 * n];
-    let done = index.remember(
-        &tables,
-        &prompt,
-        0,
-        H1,
-        &all_live,
-        T0,
-        &mut BucketReads::default(),
-    );
+    let done = remembered(&index, &tables, &prompt, 0, H1, T0);
     assert_eq!((done.written, done.filled), (9, 9));
     assert_eq!((store.reads(), store.successful_sets()), (2, 2));
     assert_eq!(store.keys().len(), 2);
@@ -1234,15 +936,7 @@ fn blocks_sharing_a_bucket_are_written_in_one_update() {
     // Due a refresh: again one read and one write per bucket.
     let later = T0 + u64::from(REFRESH_SECS) * 1000;
     let (reads, writes) = (store.reads(), store.successful_sets());
-    let done = index.remember(
-        &tables,
-        &prompt,
-        9,
-        H1,
-        &all_live,
-        later,
-        &mut BucketReads::default(),
-    );
+    let done = remembered(&index, &tables, &prompt, 9, H1, later);
     assert_eq!(done.written, 9);
     assert_eq!(
         (store.reads() - reads, store.successful_sets() - writes),
