@@ -237,3 +237,75 @@ fn override_host_patch_routes_to_the_named_host_and_falls_back_to_maglev() {
         .collect();
     assert!(spread.len() >= 2, "30 keys all went to {spread:?}");
 }
+
+/// Istio's sidecar bootstrap keeps only the stats its inclusion list names
+/// (istio/istio `tools/packaging/common/envoy_bootstrap.json`, the same list
+/// from 1.8 on): its `wasm` prefix also matches the `wasmcustom.` namespace
+/// the filter's stats live in.
+const ISTIO_STATS_MATCHER: &str = r#"
+stats_matcher:
+  inclusion_list:
+    patterns:
+    - prefix: "reporter="
+    - prefix: cluster_manager
+    - prefix: listener_manager
+    - prefix: server
+    - prefix: cluster.xds-grpc
+    - prefix: wasm
+    - suffix: rbac.allowed
+    - suffix: rbac.denied
+    - suffix: shadow_allowed
+    - suffix: shadow_denied
+    - prefix: component
+"#;
+
+/// Under Istio's stats inclusion list the filter's stats still reach the
+/// Prometheus scrape (what Istio's merged metrics on port 15020 serve),
+/// while the stats the list leaves out, such as the cluster's request
+/// counts, do not.
+#[test]
+fn the_filters_stats_pass_istios_stats_inclusion_list() {
+    let fleet = UpstreamFleet::start(3).unwrap();
+    let envoy = Envoy::builder()
+        .upstreams(fleet.addrs())
+        .edit(|config| {
+            config["stats_config"] = serde_yaml::from_str(ISTIO_STATS_MATCHER)?;
+            Ok(())
+        })
+        .start()
+        .unwrap_or_else(|e| panic!("{e}"));
+    for i in 0..5 {
+        post(
+            &envoy,
+            "/invocations",
+            &[],
+            format!("prompt {i}: {}", "context ".repeat(20)).as_bytes(),
+        );
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let scraped = loop {
+        let scraped = envoy.prometheus().expect("Envoy /stats/prometheus");
+        let keyed = scraped
+            .lines()
+            .find(|l| l.starts_with("prefix_router_requests_keyed_invoke"))
+            .and_then(|l| l.rsplit_once(' '))
+            .map(|(_, v)| v.to_string());
+        if keyed.as_deref() == Some("5") {
+            break scraped;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "prefix_router_requests_keyed_invoke is {keyed:?} under Istio's inclusion list, \
+             not 5:\n{scraped}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    assert!(
+        scraped.contains("prefix_router_decision_"),
+        "no decision counters:\n{scraped}"
+    );
+    assert!(
+        !scraped.contains("envoy_cluster_upstream_rq_total"),
+        "the inclusion list is not in force: the cluster's request counts are scraped"
+    );
+}
