@@ -333,3 +333,71 @@ fn ports_and_names_agree_between_compose_envoy_and_prometheus() {
         .collect();
     assert_eq!(targets(vllm_job), expected);
 }
+
+/// Grafana (profile `metrics`) reads the compose file's Prometheus and shows
+/// the shipped dashboard as its home page: the data source's URL is the
+/// Prometheus service and port, the provisioned folder and the home page are
+/// where the dashboard is mounted, and Grafana is published on loopback only.
+#[test]
+fn grafana_shows_the_dashboard_over_the_compose_prometheus() {
+    let compose = compose::file();
+    let grafana = compose::service(&compose, "grafana");
+    assert_eq!(compose::profiles(grafana), ["metrics"]);
+    let ports = strings(&grafana["ports"], "grafana ports");
+    assert_eq!(ports, ["127.0.0.1:3000:3000"], "published beyond loopback?");
+    let mounted: BTreeMap<String, String> = compose::binds(grafana)
+        .into_iter()
+        .map(|(source, target, _)| (target, source.trim_start_matches("./").to_string()))
+        .collect();
+    let source_of = |target_dir: &str| -> Vec<&String> {
+        mounted
+            .iter()
+            .filter(|(target, _)| target.rsplit_once('/').map(|(dir, _)| dir) == Some(target_dir))
+            .map(|(_, source)| source)
+            .collect()
+    };
+
+    let datasources = source_of("/etc/grafana/provisioning/datasources");
+    assert_eq!(datasources.len(), 1, "{mounted:?}");
+    let datasources = yaml(datasources[0]);
+    let datasource = &seq(&datasources["datasources"], "datasources")[0];
+    assert_eq!(datasource["type"], "prometheus");
+    assert_eq!(datasource["isDefault"], true);
+    let url = s(&datasource["url"], "url");
+    let prometheus_port =
+        compose::published_container_ports(compose::service(&compose, "prometheus"));
+    let (host, port) = url
+        .strip_prefix("http://")
+        .and_then(|rest| rest.split_once(':'))
+        .unwrap_or_else(|| panic!("{url} is not http://host:port"));
+    assert!(
+        compose::dns_names("prometheus", compose::service(&compose, "prometheus"))
+            .iter()
+            .any(|name| name == host),
+        "{url} is not the prometheus service"
+    );
+    assert!(
+        prometheus_port.contains(&port.parse::<u16>().unwrap()),
+        "{url}: Prometheus listens on {prometheus_port:?}"
+    );
+
+    let providers = source_of("/etc/grafana/provisioning/dashboards");
+    assert_eq!(providers.len(), 1, "{mounted:?}");
+    let providers = yaml(providers[0]);
+    let provider = &seq(&providers["providers"], "providers")[0];
+    let folder = s(&provider["options"]["path"], "dashboards path");
+    assert_eq!(
+        source_of(folder),
+        ["examples/prometheus/grafana-dashboard.json"],
+        "the dashboard is not in {folder}"
+    );
+    let home = s(
+        &grafana["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"],
+        "home dashboard",
+    );
+    assert_eq!(
+        mounted.get(home).map(String::as_str),
+        Some("examples/prometheus/grafana-dashboard.json"),
+        "the home page {home} is not the dashboard"
+    );
+}
