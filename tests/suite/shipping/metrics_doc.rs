@@ -20,7 +20,15 @@ fn metrics_doc_and_dashboards_name_every_stat_the_filter_defines() {
         .iter()
         .map(|c| c.name().to_string())
         .collect();
-    defined.push(prefix_router::metrics::BYTES_INSPECTED.to_string());
+    for stat in [
+        prefix_router::metrics::BYTES_INSPECTED,
+        prefix_router::metrics::MATCHED_BYTES,
+        prefix_router::metrics::INDEX_ENTRIES,
+        prefix_router::metrics::INDEX_CAPACITY,
+        prefix_router::metrics::INDEX_EVICTIONS,
+    ] {
+        defined.push(stat.to_string());
+    }
     defined.extend(prefix_router::engine_load::documented_stat_names());
     // Per-instance stats, documented as `<prefix>.<ip>_<port>`.
     for name_of in [
@@ -69,8 +77,10 @@ fn metrics_doc_and_dashboards_name_every_stat_the_filter_defines() {
             .iter()
             .find_map(|suffix| name.strip_suffix(suffix))
             .unwrap_or(&name);
+        // A per-instance stat's prefix, matched by `__name__=~"<prefix>.+"`.
+        let per_instance = format!("{base}<ip>_<port>");
         assert!(
-            known.contains(base),
+            known.contains(base) || known.contains(&per_instance),
             "dashboards use {name}, which the filter does not define"
         );
     }
