@@ -83,3 +83,44 @@ fn the_queries_and_dashboard_expressions_parse() {
     std::fs::write(&path, file.to_string()).expect("write the rule file");
     run_promtool(&["check", "rules", path.to_str().expect("a UTF-8 path")]);
 }
+
+/// The dashboard's `fleet` variable (several fleets' filters under a `fleet`
+/// label, docs/metrics.md) filters every panel on the filter's stats, and
+/// its "All" matches series without the label too (one fleet, no `fleet`).
+#[test]
+fn every_dashboard_panel_on_the_filters_stats_follows_the_fleet_variable() {
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&read("examples/prometheus/grafana-dashboard.json"))
+            .expect("the dashboard is JSON");
+    let fleet = dashboard["templating"]["list"]
+        .as_array()
+        .expect("templating")
+        .iter()
+        .find(|v| v["name"] == "fleet")
+        .expect("a fleet variable");
+    assert_eq!(fleet["includeAll"], true);
+    assert_eq!(
+        fleet["allValue"], ".*",
+        "All must match series without the label"
+    );
+    let mut filtered = 0;
+    for panel in dashboard["panels"].as_array().expect("panels") {
+        for target in panel["targets"].as_array().expect("targets") {
+            let expr = target["expr"].as_str().expect("expr");
+            let selectors = expr.matches("prefix_router_").count();
+            if selectors == 0 {
+                continue;
+            }
+            assert_eq!(
+                expr.matches(r#"fleet=~"$fleet""#).count(),
+                selectors,
+                "not every selector follows the fleet variable: {expr}"
+            );
+            filtered += 1;
+        }
+    }
+    assert!(
+        filtered >= 15,
+        "{filtered} expressions on the filter's stats"
+    );
+}
