@@ -49,6 +49,26 @@ pub fn fleet_stat_name(fleet: Option<&str>, name: &str) -> String {
     }
 }
 
+/// Stat ids defined under one fleet's names ([`fleet_stat_name`]). Asked
+/// for another fleet's, they start afresh from `T::default()`: the ids held
+/// name the other fleet's stats, which Envoy keeps as they were.
+#[derive(Debug, Default)]
+pub struct FleetIds<T> {
+    fleet: Option<String>,
+    ids: T,
+}
+
+impl<T: Default> FleetIds<T> {
+    /// The ids of `fleet`, emptied first if they were another fleet's.
+    pub fn of(&mut self, fleet: Option<&str>) -> &mut T {
+        if self.fleet.as_deref() != fleet {
+            self.fleet = fleet.map(str::to_string);
+            self.ids = T::default();
+        }
+        &mut self.ids
+    }
+}
+
 /// Counter of routing decisions of one kind:
 /// `prefix_router.decision.<kind>` (Prometheus `prefix_router_decision_<kind>`).
 pub fn decision_counter_name(kind: DecisionKind) -> String {
@@ -304,6 +324,17 @@ mod tests {
                 counter.name()
             );
         }
+    }
+
+    #[test]
+    fn fleet_ids_start_afresh_for_another_fleet_only() {
+        let mut ids = FleetIds::<Vec<u32>>::default();
+        ids.of(None).push(1);
+        ids.of(None).push(2);
+        assert_eq!(ids.of(None), &[1, 2]);
+        ids.of(Some("llama")).push(3);
+        assert_eq!(ids.of(Some("llama")), &[3]);
+        assert!(ids.of(None).is_empty());
     }
 
     #[test]

@@ -23,7 +23,7 @@ use crate::engine_load::{
 };
 use crate::host::{Host, MetricKind};
 use crate::load::{EngineLoad, InstanceRef};
-use crate::metrics::{fleet_stat_name, instance_stat_name};
+use crate::metrics::{fleet_stat_name, instance_stat_name, FleetIds};
 
 /// The header that names the instance a poll is for, `ip:port`: what an
 /// ORIGINAL_DST cluster with `use_http_header` connects to (Envoy's
@@ -78,10 +78,9 @@ pub struct EnginePolling {
     /// Whether this VM held the lease at its last tick.
     holding: bool,
     poller: Poller,
-    stats: Option<PollStats>,
-    gauges: HashMap<String, InstanceGauges>,
-    /// The `fleet` whose names `stats` and `gauges` have.
-    stats_fleet: Option<String>,
+    /// The poller's stats and per-instance gauges, under the configured
+    /// fleet's names.
+    ids: FleetIds<PollIds>,
     /// When each instance last gave a sample (for the age gauge).
     last_sample_ms: HashMap<String, u64>,
     last_age_publish_ms: u64,
@@ -94,23 +93,20 @@ impl EnginePolling {
     pub fn open_calls(&self) -> usize {
         self.poller.open_calls()
     }
+}
 
-    /// Names the stats after `fleet` from now on: another fleet's stats are
-    /// defined afresh on first use (Envoy keeps the old names' as they were).
-    fn name_stats_for(&mut self, fleet: Option<&str>) {
-        if self.stats_fleet.as_deref() != fleet {
-            self.stats_fleet = fleet.map(str::to_string);
-            self.stats = None;
-            self.gauges.clear();
-        }
-    }
+/// The poller's stat ids (defined by the VM that first polls) and each
+/// instance's gauges.
+#[derive(Debug, Default)]
+struct PollIds {
+    stats: Option<PollStats>,
+    gauges: HashMap<String, InstanceGauges>,
 }
 
 /// Root tick with `engine_load` configured: takes or renews the poller
 /// lease, gives up calls Envoy never answered, and sends the polls due.
 pub fn tick<H: Host + Clone>(vm: &mut Vm<H>, config: &Config, engine: &EngineLoadConfig, now: u64) {
     let mut state = vm.take_engine_polling();
-    state.name_stats_for(config.fleet.as_deref());
     let nonce = match state.nonce {
         Some(nonce) => nonce,
         None => *state.nonce.insert(vm.random().max(1)),
@@ -138,8 +134,10 @@ fn poll_round<H: Host + Clone>(
     engine: &EngineLoadConfig,
     now: u64,
 ) {
-    let fleet = state.stats_fleet.as_deref();
+    let fleet = config.fleet.as_deref();
     let stats = state
+        .ids
+        .of(fleet)
         .stats
         .get_or_insert_with(|| define_stats(vm.host(), fleet));
     let skipped_id = stats.skipped;
@@ -176,7 +174,7 @@ fn poll_round<H: Host + Clone>(
         state
             .poller
             .sent(&instance.address, token, now, engine.interval_ms, random);
-        if let Some(id) = state.stats.as_ref().and_then(|s| s.polls) {
+        if let Some(id) = state.ids.of(fleet).stats.as_ref().and_then(|s| s.polls) {
             vm.count_later(id);
         }
         if let Err(status) = sent {
@@ -189,7 +187,7 @@ fn poll_round<H: Host + Clone>(
     }
     if now.saturating_sub(state.last_age_publish_ms) >= AGE_GAUGE_PERIOD_MS {
         state.last_age_publish_ms = now;
-        publish_ages(vm, state, &targets, now);
+        publish_ages(vm, state, fleet, &targets, now);
     }
 }
 
@@ -225,7 +223,6 @@ pub fn answer<H: Host + Clone>(
     now: u64,
 ) {
     let mut state = vm.take_engine_polling();
-    state.name_stats_for(config.fleet.as_deref());
     let answered = state.poller.answered(token);
     if let (Some((instance, sent_ms)), Some(engine)) = (answered, &config.engine_load) {
         let (status, body) = read_answer(vm.host(), num_headers, body_size);
@@ -286,7 +283,7 @@ fn finish<H: Host + Clone>(
             let load = *load;
             vm.with_tracker(config, |t| t.store_engine_sample(instance, load, now));
             state.last_sample_ms.insert(address.to_string(), now);
-            publish_sample(vm.host(), state, address, &load);
+            publish_sample(vm.host(), state, config.fleet.as_deref(), address, &load);
         }
         Err(fault) => {
             // A slow answer (common on a busy host) leaves the last sample
@@ -297,6 +294,8 @@ fn finish<H: Host + Clone>(
             }
             let index = PollFault::REASONS.iter().position(|r| *r == fault.reason());
             let id = state
+                .ids
+                .of(config.fleet.as_deref())
                 .stats
                 .as_ref()
                 .and_then(|s| index.and_then(|i| s.failures.get(i).copied().flatten()));
@@ -343,14 +342,15 @@ fn define_stats(host: &impl Host, fleet: Option<&str>) -> PollStats {
 fn gauges_of(
     host: &impl Host,
     state: &mut EnginePolling,
+    fleet: Option<&str>,
     address: &str,
     with_kv: bool,
 ) -> Option<InstanceGauges> {
-    if !state.gauges.contains_key(address) && state.gauges.len() >= MAX_ENGINE_GAUGES {
+    let all = &mut state.ids.of(fleet).gauges;
+    if !all.contains_key(address) && all.len() >= MAX_ENGINE_GAUGES {
         return None;
     }
-    let fleet = state.stats_fleet.as_deref();
-    let gauges = state.gauges.entry(address.to_string()).or_default();
+    let gauges = all.entry(address.to_string()).or_default();
     let define = |prefix: &str| {
         define_metric(
             host,
@@ -368,8 +368,20 @@ fn gauges_of(
     Some(*gauges)
 }
 
-fn publish_sample(host: &impl Host, state: &mut EnginePolling, address: &str, load: &EngineLoad) {
-    let Some(gauges) = gauges_of(host, state, address, load.kv_usage_permille.is_some()) else {
+fn publish_sample(
+    host: &impl Host,
+    state: &mut EnginePolling,
+    fleet: Option<&str>,
+    address: &str,
+    load: &EngineLoad,
+) {
+    let Some(gauges) = gauges_of(
+        host,
+        state,
+        fleet,
+        address,
+        load.kv_usage_permille.is_some(),
+    ) else {
         return;
     };
     let requests = u64::from(load.running) + u64::from(load.waiting);
@@ -389,14 +401,16 @@ fn publish_sample(host: &impl Host, state: &mut EnginePolling, address: &str, lo
 fn publish_ages<H: Host + Clone>(
     vm: &mut Vm<H>,
     state: &mut EnginePolling,
+    fleet: Option<&str>,
     targets: &[InstanceRef],
     now: u64,
 ) {
     state
         .last_sample_ms
         .retain(|address, _| targets.iter().any(|t| &t.address == address));
+    let gauges = &state.ids.of(fleet).gauges;
     for (address, at) in &state.last_sample_ms {
-        if let Some(Some(id)) = state.gauges.get(address).map(|g| g.age) {
+        if let Some(Some(id)) = gauges.get(address).map(|g| g.age) {
             warn_on_error(
                 "set gauge",
                 address,

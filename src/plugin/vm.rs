@@ -14,7 +14,7 @@ use crate::config::Config;
 use crate::counting_check::{AtResponse, UpstreamFilterCheck};
 use crate::host::{Host, MetricKind};
 use crate::load::{InstanceLoad, LoadTracker};
-use crate::metrics::{fleet_stat_name, in_flight_gauge_name, placed_bytes_counter_name};
+use crate::metrics::{fleet_stat_name, in_flight_gauge_name, placed_bytes_counter_name, FleetIds};
 use crate::steering;
 
 /// Most instances one VM defines a per-instance stat for, of each kind (the
@@ -35,9 +35,9 @@ pub struct Vm<H: Host + Clone> {
     /// When this VM last ran the tick's work (0: never).
     last_tick_ms: u64,
     /// In-flight gauge ids by instance address.
-    gauges: InstanceStatIds,
+    gauges: FleetIds<HashMap<String, u32>>,
     /// Placed-bytes counter ids by instance address.
-    placed_counters: InstanceStatIds,
+    placed_counters: FleetIds<HashMap<String, u32>>,
     /// The `fleet` of the root configured last (`None` before any): the
     /// VM's roots share the per-instance stats, so they should agree.
     configured_fleet: Option<Option<String>>,
@@ -68,8 +68,8 @@ impl<H: Host + Clone> Vm<H> {
             host,
             tracker: None,
             last_tick_ms: 0,
-            gauges: InstanceStatIds::default(),
-            placed_counters: InstanceStatIds::default(),
+            gauges: FleetIds::default(),
+            placed_counters: FleetIds::default(),
             configured_fleet: None,
             pending_counts: Vec::new(),
             pending_samples: Vec::new(),
@@ -231,8 +231,9 @@ impl<H: Host + Clone> Vm<H> {
     /// `fleet`), handed to Envoy on the tick (nothing past [`MAX_GAUGES`]
     /// instances).
     pub fn count_placed_bytes(&mut self, fleet: Option<&str>, address: &str, bytes: u64) {
-        let id = self.placed_counters.id(
+        let id = instance_stat_id(
             &self.host,
+            &mut self.placed_counters,
             fleet,
             MetricKind::Counter,
             placed_bytes_counter_name,
@@ -292,14 +293,15 @@ impl<H: Host + Clone> Vm<H> {
     /// one Envoy stat). Gauges of instances no longer registered drop to 0;
     /// past [`MAX_GAUGES`] no gauge is defined.
     pub fn publish_gauges(&mut self, fleet: Option<&str>, loads: &[InstanceLoad]) {
-        for (address, id) in self.gauges.of(fleet) {
+        for (address, id) in self.gauges.of(fleet).iter() {
             if !loads.iter().any(|l| &l.address == address) {
                 warn_on_error("set gauge", address, self.host.record_metric(*id, 0));
             }
         }
         for load in loads {
-            let id = self.gauges.id(
+            let id = instance_stat_id(
                 &self.host,
+                &mut self.gauges,
                 fleet,
                 MetricKind::Gauge,
                 in_flight_gauge_name,
@@ -316,50 +318,26 @@ impl<H: Host + Clone> Vm<H> {
     }
 }
 
-/// One kind of per-instance stat: ids by instance address, for one `fleet`'s
-/// names. Asked for another fleet's, it starts afresh (Envoy keeps the other
-/// names' stats as they were).
-#[derive(Debug, Default)]
-struct InstanceStatIds {
-    fleet: Option<String>,
-    by_address: HashMap<String, u32>,
-}
-
-impl InstanceStatIds {
-    /// The ids defined for `fleet`.
-    fn of(&mut self, fleet: Option<&str>) -> &HashMap<String, u32> {
-        self.for_fleet(fleet)
+/// The id of `fleet`'s per-instance stat `name(address)` in `ids`, defined
+/// on first use; None past [`MAX_GAUGES`] instances or if the host refuses.
+fn instance_stat_id(
+    host: &impl Host,
+    ids: &mut FleetIds<HashMap<String, u32>>,
+    fleet: Option<&str>,
+    kind: MetricKind,
+    name: fn(&str) -> String,
+    address: &str,
+) -> Option<u32> {
+    let ids = ids.of(fleet);
+    if let Some(id) = ids.get(address) {
+        return Some(*id);
     }
-
-    fn for_fleet(&mut self, fleet: Option<&str>) -> &mut HashMap<String, u32> {
-        if self.fleet.as_deref() != fleet {
-            self.fleet = fleet.map(str::to_string);
-            self.by_address.clear();
-        }
-        &mut self.by_address
+    if ids.len() >= MAX_GAUGES {
+        return None;
     }
-
-    /// The id of `fleet`'s stat `name(address)`, defined on first use; None
-    /// past [`MAX_GAUGES`] instances or if the host refuses.
-    fn id(
-        &mut self,
-        host: &impl Host,
-        fleet: Option<&str>,
-        kind: MetricKind,
-        name: fn(&str) -> String,
-        address: &str,
-    ) -> Option<u32> {
-        let ids = self.for_fleet(fleet);
-        if let Some(id) = ids.get(address) {
-            return Some(*id);
-        }
-        if ids.len() >= MAX_GAUGES {
-            return None;
-        }
-        let id = define_metric(host, kind, &fleet_stat_name(fleet, &name(address)))?;
-        ids.insert(address.to_string(), id);
-        Some(id)
-    }
+    let id = define_metric(host, kind, &fleet_stat_name(fleet, &name(address)))?;
+    ids.insert(address.to_string(), id);
+    Some(id)
 }
 
 /// Defines a metric; `None`, with a warning, if the host refuses (the filter
