@@ -10,7 +10,7 @@ mod support;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use prefix_router_tools::envoy::Envoy;
 use prefix_router_tools::upstream::UpstreamFleet;
@@ -101,19 +101,17 @@ fn cluster_hosts(envoy: &Envoy) -> BTreeSet<String> {
 }
 
 fn wait_for_hosts(envoy: &Envoy, want: &BTreeSet<String>) {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let hosts = cluster_hosts(envoy);
-        if &hosts == want {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "cluster hosts {hosts:?}, expected {want:?}\n{}",
-            envoy.log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_until(
+        Duration::from_secs(15),
+        || cluster_hosts(envoy),
+        |hosts| hosts == want,
+        |hosts| {
+            format!(
+                "cluster hosts {hosts:?}, expected {want:?}\n{}",
+                envoy.log()
+            )
+        },
+    );
 }
 
 /// Sends `count` invoke requests with distinct prefixes; returns the instances that served.
@@ -168,25 +166,27 @@ fn eds_example_loads_endpoints_from_the_file_and_follows_updates() {
     // The filter's stats are scraped under the names the dashboards use
     // (the per-instance gauges are defined on the filter's 1 s tick).
     let names = dashboard_metric_names();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let scraped = envoy.prometheus().unwrap();
-        let missing: Vec<&String> = names
+    let missing = |scraped: &str| -> Vec<String> {
+        names
             .iter()
             .filter(|name| !scraped.lines().any(|l| l.starts_with(name.as_str())))
-            .collect();
-        if missing.is_empty() {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{missing:?} (used in examples/prometheus) not in Envoy's /stats/prometheus:\n{}",
-            scraped
-                .lines()
-                .filter(|l| l.contains("prefix_router"))
-                .collect::<Vec<_>>()
-                .join("\n")
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+            .cloned()
+            .collect()
+    };
+    wait_until(
+        Duration::from_secs(10),
+        || envoy.prometheus().unwrap(),
+        |scraped| missing(scraped).is_empty(),
+        |scraped| {
+            format!(
+                "{:?} (used in examples/prometheus) not in Envoy's /stats/prometheus:\n{}",
+                missing(scraped),
+                scraped
+                    .lines()
+                    .filter(|l| l.contains("prefix_router"))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            )
+        },
+    );
 }

@@ -282,24 +282,25 @@ fn the_filters_stats_pass_istios_stats_inclusion_list() {
             format!("prompt {i}: {}", "context ".repeat(20)).as_bytes(),
         );
     }
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    let scraped = loop {
-        let scraped = envoy.prometheus().expect("Envoy /stats/prometheus");
-        let keyed = scraped
+    let keyed = |scraped: &str| -> Option<String> {
+        scraped
             .lines()
             .find(|l| l.starts_with("prefix_router_requests_keyed_invoke"))
             .and_then(|l| l.rsplit_once(' '))
-            .map(|(_, v)| v.to_string());
-        if keyed.as_deref() == Some("5") {
-            break scraped;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "prefix_router_requests_keyed_invoke is {keyed:?} under Istio's inclusion list, \
-             not 5:\n{scraped}"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(100));
+            .map(|(_, v)| v.to_string())
     };
+    let scraped = wait_until(
+        std::time::Duration::from_secs(10),
+        || envoy.prometheus().expect("Envoy /stats/prometheus"),
+        |scraped| keyed(scraped).as_deref() == Some("5"),
+        |scraped| {
+            format!(
+                "prefix_router_requests_keyed_invoke is {:?} under Istio's inclusion list, \
+                 not 5:\n{scraped}",
+                keyed(scraped)
+            )
+        },
+    );
     assert!(
         scraped.contains("prefix_router_decision_"),
         "no decision counters:\n{scraped}"

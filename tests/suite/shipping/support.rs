@@ -498,3 +498,28 @@ pub fn run_check(command: &mut Command, install_hint: &str) {
         String::from_utf8_lossy(&output.stderr)
     );
 }
+
+/// Reads `probe` every 50 ms until `ready` holds of the reading, for at most
+/// `timeout`, and returns that reading; panics with `failure(&reading)` of
+/// the last one if it never holds (the filter hands its stats to Envoy on a
+/// 1 s tick, Envoy applies configuration files as it reads them).
+pub fn wait_until<T>(
+    timeout: Duration,
+    mut probe: impl FnMut() -> T,
+    ready: impl Fn(&T) -> bool,
+    failure: impl Fn(&T) -> String,
+) -> T {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        let reading = probe();
+        if ready(&reading) {
+            return reading;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not within {timeout:?}: {}",
+            failure(&reading)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

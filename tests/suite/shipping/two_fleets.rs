@@ -12,7 +12,7 @@ mod support;
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use prefix_router_tools::envoy::{self, Envoy};
 use prefix_router_tools::upstream::UpstreamFleet;
@@ -126,20 +126,21 @@ fn each_fleets_requests_meet_only_its_own_filter_and_instances() {
         .iter()
         .map(|(_, cluster, _)| (cluster.to_string(), 2 * PROMPTS as u64))
         .collect();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let scraped = loop {
-        let scraped = envoy.prometheus().expect("Envoy /stats/prometheus");
-        let decisions = decisions_by_fleet(&scraped);
-        if decisions == expected {
-            break scraped;
-        }
-        let counted: u64 = decisions.iter().map(|(_, n)| n).sum();
-        assert!(
-            counted < 2 * PROMPTS as u64 * FLEETS.len() as u64 && Instant::now() < deadline,
-            "decisions by fleet {decisions:?}, expected {expected:?}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let requests = 2 * PROMPTS as u64 * FLEETS.len() as u64;
+    let counted =
+        |scraped: &str| -> u64 { decisions_by_fleet(scraped).iter().map(|(_, n)| n).sum() };
+    let scraped = wait_until(
+        Duration::from_secs(10),
+        || envoy.prometheus().expect("Envoy /stats/prometheus"),
+        |scraped| counted(scraped) >= requests,
+        |scraped| {
+            format!(
+                "decisions by fleet {:?}, expected {expected:?}",
+                decisions_by_fleet(scraped)
+            )
+        },
+    );
+    assert_eq!(decisions_by_fleet(&scraped), expected, "decisions by fleet");
     for ((_, cluster, _), own) in FLEETS.iter().zip(&addrs) {
         for addr in own {
             let gauge = format!(
