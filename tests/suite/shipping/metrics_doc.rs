@@ -84,16 +84,7 @@ fn metrics_doc_and_dashboards_name_every_stat_the_filter_defines() {
             "dashboards use {name}, which the filter does not define"
         );
     }
-    let dashboard: serde_json::Value =
-        serde_json::from_str(&read("examples/prometheus/grafana-dashboard.json"))
-            .expect("dashboard JSON");
-    let exprs: Vec<&str> = dashboard["panels"]
-        .as_array()
-        .expect("panels")
-        .iter()
-        .flat_map(|p| p["targets"].as_array().into_iter().flatten())
-        .filter_map(|t| t["expr"].as_str())
-        .collect();
+    let exprs = dashboard_panel_expressions();
     assert!(
         exprs
             .iter()

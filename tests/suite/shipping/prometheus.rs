@@ -40,7 +40,7 @@ fn prometheus_configuration_and_alerts_pass_promtool_and_their_unit_tests() {
 /// Every expression of `queries.promql` (one per unindented line, indented
 /// lines continuing it; `#` lines are comments) and of the Grafana dashboard's
 /// panels.
-fn dashboard_expressions() -> Vec<String> {
+fn queries_and_dashboard_expressions() -> Vec<String> {
     let mut expressions: Vec<String> = Vec::new();
     for line in read("examples/prometheus/queries.promql").lines() {
         if line.trim().is_empty() || line.trim_start().starts_with('#') {
@@ -54,20 +54,13 @@ fn dashboard_expressions() -> Vec<String> {
             _ => expressions.push(line.to_string()),
         }
     }
-    let dashboard: serde_json::Value =
-        serde_json::from_str(&read("examples/prometheus/grafana-dashboard.json"))
-            .expect("the dashboard is JSON");
-    for panel in dashboard["panels"].as_array().expect("panels") {
-        for target in panel["targets"].as_array().expect("targets") {
-            expressions.push(target["expr"].as_str().expect("expr").to_string());
-        }
-    }
+    expressions.extend(dashboard_panel_expressions());
     expressions
 }
 
 #[test]
 fn the_queries_and_dashboard_expressions_parse() {
-    let expressions = dashboard_expressions();
+    let expressions = queries_and_dashboard_expressions();
     assert!(expressions.len() >= 30, "{} expressions", expressions.len());
     // promtool parses PromQL where it checks rules: each expression becomes
     // a recording rule of a throwaway rule file.
@@ -89,9 +82,7 @@ fn the_queries_and_dashboard_expressions_parse() {
 /// its "All" matches series without the label too (one fleet, no `fleet`).
 #[test]
 fn every_dashboard_panel_on_the_filters_stats_follows_the_fleet_variable() {
-    let dashboard: serde_json::Value =
-        serde_json::from_str(&read("examples/prometheus/grafana-dashboard.json"))
-            .expect("the dashboard is JSON");
+    let dashboard = grafana_dashboard();
     let fleet = dashboard["templating"]["list"]
         .as_array()
         .expect("templating")
@@ -104,20 +95,17 @@ fn every_dashboard_panel_on_the_filters_stats_follows_the_fleet_variable() {
         "All must match series without the label"
     );
     let mut filtered = 0;
-    for panel in dashboard["panels"].as_array().expect("panels") {
-        for target in panel["targets"].as_array().expect("targets") {
-            let expr = target["expr"].as_str().expect("expr");
-            let selectors = expr.matches("prefix_router_").count();
-            if selectors == 0 {
-                continue;
-            }
-            assert_eq!(
-                expr.matches(r#"fleet=~"$fleet""#).count(),
-                selectors,
-                "not every selector follows the fleet variable: {expr}"
-            );
-            filtered += 1;
+    for expr in dashboard_panel_expressions() {
+        let selectors = expr.matches("prefix_router_").count();
+        if selectors == 0 {
+            continue;
         }
+        assert_eq!(
+            expr.matches(r#"fleet=~"$fleet""#).count(),
+            selectors,
+            "not every selector follows the fleet variable: {expr}"
+        );
+        filtered += 1;
     }
     assert!(
         filtered >= 15,

@@ -484,6 +484,24 @@ pub fn dashboard_metric_names() -> BTreeSet<String> {
     names
 }
 
+/// `examples/prometheus/grafana-dashboard.json`, parsed.
+pub fn grafana_dashboard() -> serde_json::Value {
+    serde_json::from_str(&read("examples/prometheus/grafana-dashboard.json"))
+        .expect("the dashboard is JSON")
+}
+
+/// The PromQL of every panel target of the Grafana dashboard, in order.
+pub fn dashboard_panel_expressions() -> Vec<String> {
+    let dashboard = grafana_dashboard();
+    let mut expressions = Vec::new();
+    for panel in dashboard["panels"].as_array().expect("panels") {
+        for target in panel["targets"].as_array().expect("targets") {
+            expressions.push(target["expr"].as_str().expect("expr").to_string());
+        }
+    }
+    expressions
+}
+
 /// Runs a checking tool; panics with its output unless it succeeds, and with
 /// `install_hint` too, in case the tool (or a module it loads) is missing.
 pub fn run_check(command: &mut Command, install_hint: &str) {
