@@ -25,7 +25,8 @@ fn main() -> ExitCode {
             case,
             configuration,
             seconds,
-        } => run_overhead_load(&case, &configuration, seconds),
+            instances,
+        } => run_overhead_load(&case, &configuration, seconds, instances),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
@@ -51,6 +52,10 @@ fn run_overhead(args: &OverheadArgs) -> anyhow::Result<()> {
     let opts = overhead::OverheadOptions {
         matching: args.matching.clone(),
         baseline_wasm: baseline_wasm(args.baseline_wasm.as_deref())?,
+        instances: args.instances.map_or(
+            prefix_router_tools::bench::instant_upstream::FLEET_SIZE,
+            usize::from,
+        ),
         ..if args.quick {
             overhead::OverheadOptions::quick()
         } else {
@@ -58,9 +63,10 @@ fn run_overhead(args: &OverheadArgs) -> anyhow::Result<()> {
         }
     };
     eprintln!(
-        "overhead: Envoy {} with {} worker(s), {} rounds, latency at concurrency 1 (interleaved), throughput at {}, match {}{}",
+        "overhead: Envoy {} with {} worker(s) in front of {} instances, {} rounds, latency at concurrency 1 (interleaved), throughput at {}, match {}{}",
         prefix_router_tools::envoy::ENVOY_VERSION,
         opts.envoy_workers,
+        opts.instances,
         opts.rounds,
         opts.throughput_concurrency,
         opts.matching.as_deref().unwrap_or("the default"),
@@ -83,7 +89,12 @@ fn run_overhead(args: &OverheadArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn run_overhead_load(case: &str, configuration: &str, seconds: u64) -> anyhow::Result<()> {
+fn run_overhead_load(
+    case: &str,
+    configuration: &str,
+    seconds: u64,
+    instances: u16,
+) -> anyhow::Result<()> {
     let configuration = match configuration {
         "without" => overhead::Configuration::Without,
         "idle" => overhead::Configuration::Idle,
@@ -91,7 +102,10 @@ fn run_overhead_load(case: &str, configuration: &str, seconds: u64) -> anyhow::R
         other => anyhow::bail!("unknown configuration {other:?}: without, idle or with"),
     };
     let rps = overhead::load_for_profiling(
-        &overhead::OverheadOptions::full(),
+        &overhead::OverheadOptions {
+            instances: usize::from(instances),
+            ..overhead::OverheadOptions::full()
+        },
         case,
         configuration,
         std::time::Duration::from_secs(seconds),

@@ -8,7 +8,7 @@ use clap::{Args, Parser, Subcommand};
 use super::peers::Peer;
 use crate::loadgen::{DATA_WORKLOAD_NAMES, WORKLOAD_NAMES};
 
-/// `overhead [--quick] [--match MATCH] [--baseline-wasm PATH]`.
+/// `overhead [--quick] [--match MATCH] [--baseline-wasm PATH] [--instances N]`.
 #[derive(Debug, Clone, PartialEq, Eq, Args)]
 pub struct OverheadArgs {
     /// A shorter run (under a minute) with the same fields.
@@ -22,7 +22,14 @@ pub struct OverheadArgs {
     /// others, request by request: two builds side by side in one run.
     #[arg(long)]
     pub baseline_wasm: Option<std::path::PathBuf>,
+    /// Instant upstreams in the fleet, all listed as `instances` (default 7,
+    /// as `envoy/envoy.yaml`'s fleet): what a decision costs with more.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=INSTANCES_MAX))]
+    pub instances: Option<u16>,
 }
+
+/// The most instances `--instances` takes: the filter's `instances` limit.
+const INSTANCES_MAX: i64 = 256;
 
 impl OverheadArgs {
     /// The command line that parses back into these options.
@@ -36,6 +43,9 @@ impl OverheadArgs {
         }
         if let Some(wasm) = &self.baseline_wasm {
             args.extend(["--baseline-wasm".to_string(), wasm.display().to_string()]);
+        }
+        if let Some(instances) = self.instances {
+            args.extend(["--instances".to_string(), instances.to_string()]);
         }
         args
     }
@@ -151,6 +161,9 @@ pub enum BenchCommand {
         configuration: String,
         #[arg(long, default_value_t = 10)]
         seconds: u64,
+        /// Instant upstreams, all listed as `instances`.
+        #[arg(long, default_value_t = 7, value_parser = clap::value_parser!(u16).range(1..=INSTANCES_MAX))]
+        instances: u16,
     },
 }
 
@@ -167,15 +180,20 @@ mod tests {
     #[test]
     fn options_survive_the_hand_over() {
         for quick in [false, true] {
-            for (matching, baseline_wasm) in [
-                (None, None),
-                (Some("FIXED_PREFIX".to_string()), None),
-                (None, Some("/tmp/previous build/prefix_router.wasm".into())),
+            for (matching, baseline_wasm, instances) in [
+                (None, None, None),
+                (Some("FIXED_PREFIX".to_string()), None, Some(64)),
+                (
+                    None,
+                    Some("/tmp/previous build/prefix_router.wasm".into()),
+                    None,
+                ),
             ] {
                 let overhead = OverheadArgs {
                     quick,
                     matching,
                     baseline_wasm,
+                    instances,
                 };
                 assert!(
                     matches!(parse(overhead.to_args()), BenchCommand::Overhead(o) if o == overhead)

@@ -57,11 +57,11 @@ impl CountsSnapshot {
 /// benchmark's and `envoy/envoy.yaml`'s.
 pub const FLEET_SIZE: usize = 7;
 
-/// [`FLEET_SIZE`] instant upstreams behind one Envoy cluster, served by one
-/// thread and counted as one; stopped when dropped. One thread, so that a
-/// fleet costs the machine what one upstream does: the benchmark measures
-/// Envoy and the filter deciding over a fleet, not 7 more threads on its
-/// cores.
+/// Instant upstreams behind one Envoy cluster ([`FLEET_SIZE`] unless told),
+/// served by one thread and counted as one; stopped when dropped. One thread,
+/// so that a fleet costs the machine what one upstream does: the benchmark
+/// measures Envoy and the filter deciding over a fleet, not 7 more threads on
+/// its cores.
 pub struct InstantFleet {
     addrs: Vec<SocketAddr>,
     counts: Arc<Counts>,
@@ -70,10 +70,20 @@ pub struct InstantFleet {
 }
 
 impl InstantFleet {
-    /// Starts on ephemeral loopback ports; requests carrying `key_header`
-    /// count as keyed. With `metrics`, answers `GET /metrics` with it.
+    /// Starts [`FLEET_SIZE`] on ephemeral loopback ports; requests carrying
+    /// `key_header` count as keyed. With `metrics`, answers `GET /metrics`
+    /// with it.
     pub fn start(key_header: &str, metrics: Option<Bytes>) -> anyhow::Result<Self> {
-        let listeners = (0..FLEET_SIZE)
+        Self::start_sized(FLEET_SIZE, key_header, metrics)
+    }
+
+    /// [`InstantFleet::start`] with `size` upstreams.
+    pub fn start_sized(
+        size: usize,
+        key_header: &str,
+        metrics: Option<Bytes>,
+    ) -> anyhow::Result<Self> {
+        let listeners = (0..size)
             .map(|_| {
                 let listener =
                     std::net::TcpListener::bind("127.0.0.1:0").context("binding an upstream")?;

@@ -72,6 +72,8 @@ pub struct OverheadOptions {
     pub matching: Option<String>,
     /// Another build of the filter, measured as shipped beside the others.
     pub baseline_wasm: Option<PathBuf>,
+    /// Upstreams in the fleet, all listed as `instances`.
+    pub instances: usize,
 }
 
 impl OverheadOptions {
@@ -91,6 +93,7 @@ impl OverheadOptions {
             idle_windows: 3,
             matching: None,
             baseline_wasm: None,
+            instances: FLEET_SIZE,
         }
     }
 
@@ -334,7 +337,7 @@ pub fn run(
         Some(path) => path.clone(),
         None => crate::envoy::require_floor_wasm()?,
     };
-    let fleet = InstantFleet::start(KEY_HEADER, None)?;
+    let fleet = InstantFleet::start_sized(opts.instances, KEY_HEADER, None)?;
     let addrs = fleet.addrs();
     let without = start_envoy(opts, None, &addrs)?;
     let mut results = Vec::new();
@@ -412,8 +415,9 @@ pub fn run(
         envoy_workers: opts.envoy_workers,
         client: format!(
             "hyper 1 HTTP/1.1 keep-alive, tokio current-thread runtime (1 thread); \
-             upstreams: {FLEET_SIZE}, listed as `instances`, hyper on one current-thread \
-             runtime, each reads the body, answers 200"
+             upstreams: {}, listed as `instances`, hyper on one current-thread \
+             runtime, each reads the body, answers 200",
+            opts.instances
         ),
         rounds: opts.rounds,
         latency_concurrency: 1,
@@ -451,7 +455,7 @@ pub fn load_for_profiling(
         .into_iter()
         .find(|c| c.name == case_name)
         .ok_or_else(|| anyhow::anyhow!("no case {case_name}"))?;
-    let fleet = InstantFleet::start(KEY_HEADER, None)?;
+    let fleet = InstantFleet::start_sized(opts.instances, KEY_HEADER, None)?;
     let addrs = fleet.addrs();
     let plugin_config = match configuration {
         Configuration::Without => None,
