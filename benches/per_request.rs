@@ -154,8 +154,18 @@ fn tracker_with_instances(
     store: &Rc<MemoryStore>,
     now_ms: u64,
 ) -> LoadTracker<Rc<MemoryStore>> {
+    tracker_over(config, store, now_ms, &INSTANCES)
+}
+
+/// A tracker over `store` that has seen each of `instances` serve.
+fn tracker_over(
+    config: &Config,
+    store: &Rc<MemoryStore>,
+    now_ms: u64,
+    instances: &[&str],
+) -> LoadTracker<Rc<MemoryStore>> {
     let mut tracker = LoadTracker::new(Rc::clone(store), steering::load_config(config), 7);
-    for address in INSTANCES {
+    for &address in instances {
         let start = UpstreamStart {
             address,
             key: None,
@@ -213,20 +223,52 @@ fn route_requests(strategy: &str) -> impl FnMut() {
 /// request a new prompt (its chain salted with the request number), else
 /// the same one. Also returns the store, to count its reads and writes.
 fn route_prompts(path: &str, body: &[u8], fresh: bool) -> (impl FnMut(), Rc<MemoryStore>) {
-    let config = config(
-        r#"{"strategy":"PREFIX_AWARE","prefix_length":4096,"host_header":"x-prefix-route-host"}"#,
-    );
+    route_prompts_over(path, body, fresh, None, 1)
+}
+
+/// [`route_prompts`], with `listed` instances listed in the configuration
+/// (as the overhead benchmark lists its fleet), all of them serving, and
+/// requests `step_ms` apart.
+fn route_prompts_over(
+    path: &str,
+    body: &[u8],
+    fresh: bool,
+    listed: Option<&[String]>,
+    step_ms: u64,
+) -> (impl FnMut(), Rc<MemoryStore>) {
+    let mut settings = serde_json::json!({
+        "strategy": "PREFIX_AWARE",
+        "prefix_length": 4096,
+        "host_header": "x-prefix-route-host"
+    });
+    if let Some(listed) = listed {
+        settings["instances"] = serde_json::json!(listed);
+    }
+    let config = config(&settings.to_string());
     let derivation = read_derivation(&config, path, body);
     let key = derivation.key.clone().expect("keyed");
     let policy = steering::policy_for(&config);
     let mut now_ms = 1_000_000u64;
     let store = Rc::new(MemoryStore::new());
-    let mut tracker = tracker_with_instances(&config, &store, now_ms);
+    let serving: Vec<String> = match listed {
+        Some(listed) => listed.to_vec(),
+        None => INSTANCES.iter().map(|a| a.to_string()).collect(),
+    };
+    let addresses: Vec<&str> = serving.iter().map(String::as_str).collect();
+    let mut tracker = tracker_over(&config, &store, now_ms, &addresses);
     let mut n = 0u64;
     let mut derivation = derivation;
     let route = move || {
         n += 1;
-        now_ms += 1;
+        now_ms += step_ms;
+        // What the glue's three tracker calls of a request (decision,
+        // upstream count, release) each apply first.
+        for _ in 0..3 {
+            tracker.set_instance_ttl_ms(config.instance_ttl_ms);
+            if !config.instances.is_empty() {
+                tracker.set_configured_instances(&config.instances);
+            }
+        }
         if fresh {
             if let Some(blocks) = derivation.blocks.as_mut() {
                 for hash in &mut blocks.chain {
@@ -237,7 +279,7 @@ fn route_prompts(path: &str, body: &[u8], fresh: bool) -> (impl FnMut(), Rc<Memo
         let random = n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
         let routed = policy.route(&derivation, &mut tracker, random, now_ms);
         let decision = &routed.headers;
-        let address = decision.host_override.as_deref().unwrap_or(INSTANCES[0]);
+        let address = decision.host_override.as_deref().unwrap_or(&serving[0]);
         let start = UpstreamStart {
             address,
             key: Some(&key),
@@ -344,5 +386,26 @@ fn main() {
                 store.successful_sets() - writes
             );
         }
+    }
+    // The same held chat prompt in front of larger listed fleets, requests
+    // 5 ms apart: each decision finds its copies of the instance records
+    // expired (RECORD_CACHE_MS), as it does at any rate under 200 a second.
+    for fleet_size in [7u16, 64, 256] {
+        let listed: Vec<String> = (0..fleet_size)
+            .map(|i| format!("10.0.{}.{}:8000", i / 250, i % 250 + 1))
+            .collect();
+        let (mut route, store) =
+            route_prompts_over("/v1/chat/completions", &chat, false, Some(&listed), 5);
+        let us = best_of_7(2_000, &mut route);
+        let (reads, writes) = (store.reads(), store.successful_sets());
+        for _ in 0..10 {
+            route();
+        }
+        println!(
+            "  {:<28} {us:8.2}   shared data per request: {:.1} reads, {:.1} writes",
+            format!("route chat held, {fleet_size} listed"),
+            (store.reads() - reads) as f64 / 10.0,
+            (store.successful_sets() - writes) as f64 / 10.0
+        );
     }
 }

@@ -346,7 +346,7 @@ pub const MAX_PATH_RULES: usize = 64;
 pub const INSTANCE_TTL_MS_RANGE: (u64, u64) = (1_000, 3_600_000);
 /// The instance registry's size (`LoadConfig::max_instances`): a longer list
 /// could not be tracked.
-pub const MAX_INSTANCES: usize = 64;
+pub const MAX_INSTANCES: usize = crate::load::MAX_INSTANCES as usize;
 /// Header names Envoy gives a meaning of its own (framing, hop-by-hop,
 /// authority): writing a routing key into one would break the request.
 const RESERVED_KEY_HEADERS: [&str; 9] = [
@@ -1607,11 +1607,11 @@ mod tests {
         };
         assert_eq!(
             parse(&list(MAX_INSTANCES)).map(|c| c.instances.len()),
-            Ok(64)
+            Ok(MAX_INSTANCES)
         );
         assert_eq!(
             err(&list(MAX_INSTANCES + 1)),
-            "instances: 65 instances is out of range 0..=64"
+            "instances: 257 instances is out of range 0..=256"
         );
     }
 

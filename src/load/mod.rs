@@ -38,7 +38,7 @@ mod tracker;
 #[cfg(test)]
 mod tests;
 
-pub use tracker::{LoadTracker, RECORD_CACHE_MS, RESPONSE_CHECK_MS};
+pub use tracker::{LoadTracker, RECORD_CACHE_MS, RECORD_READS_PER_DECISION, RESPONSE_CHECK_MS};
 
 use crate::headers::PENDING_MARK;
 
@@ -47,6 +47,13 @@ pub use instances::SUSPECT_MS;
 pub use prefix_index::Remembered;
 pub(crate) use prefix_index::SPAN_BLOCKS;
 pub use recent::{RecentChoices, RECENT_WINDOW};
+
+/// Instance slots of the registry by default ([`LoadConfig::max_instances`]):
+/// the most instances one Envoy tracks, so the most `instances` may list. A
+/// decision's cost does not grow with them past a few
+/// ([`RECORD_READS_PER_DECISION`] records read again per
+/// decision); the tick reads every slot once a second.
+pub const MAX_INSTANCES: u16 = 256;
 
 /// Sizes, times and namespace of the shared tables.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -80,7 +87,7 @@ impl Default for LoadConfig {
     fn default() -> Self {
         Self {
             namespace: "default".to_string(),
-            max_instances: 64,
+            max_instances: MAX_INSTANCES,
             // A VM per Envoy worker thread and one for the main thread:
             // Envoy's default `--concurrency` is the host's core count.
             vm_slots: 255,

@@ -81,8 +81,9 @@ pub(crate) struct Tables<S> {
 /// what records mean takes a new layout rather than reading the old one's:
 /// `v2` stamps times by Envoy's monotonic clock (`v1`'s wall-clock stamps
 /// would read as ages of zero for ever) and records when an instance became
-/// suspect.
-pub(crate) const LAYOUT: &str = "v2";
+/// suspect; `v3` has 256 instance slots where `v2` had 64, so an address
+/// probes from another slot.
+pub(crate) const LAYOUT: &str = "v3";
 
 impl<S: SharedStore> Tables<S> {
     /// Keys are `prefix-router/<namespace>/<LAYOUT>/<path>`; `attempts` (at
@@ -224,7 +225,7 @@ mod tests {
         let tables = Tables::new(MemoryStore::new(), "ns", 4);
         assert_eq!(
             tables.key(format_args!("inst/{}", 3)),
-            "prefix-router/ns/v2/inst/3"
+            "prefix-router/ns/v3/inst/3"
         );
     }
 

@@ -92,6 +92,46 @@ fn counts_from_two_workers_add_up_and_release_to_zero() {
 }
 
 #[test]
+fn the_tick_returns_the_snapshot_from_its_own_scan() {
+    let store = Rc::new(MemoryStore::new());
+    let (mut w1, mut w2) = (worker(&store, 1), worker(&store, 2));
+    let t1 = w1.upstream_started(start(A, None), 10).expect("counted");
+    let t2 = w2.upstream_started(start(A, None), 10).expect("counted");
+    let t3 = w2.upstream_started(start(B, None), 10).expect("counted");
+    serve(&mut w2, start(C, None), 10);
+    let sorted = |mut loads: Vec<InstanceLoad>| {
+        loads.sort_by(|x, y| x.address.cmp(&y.address));
+        loads
+            .into_iter()
+            .map(|l| (l.address, l.in_flight, l.fresh))
+            .collect::<Vec<_>>()
+    };
+    let expected = vec![
+        (A.to_string(), 2, true),
+        (B.to_string(), 1, true),
+        (C.to_string(), 0, true),
+    ];
+    assert_eq!(sorted(w1.snapshot(20)), expected);
+    let reads = store.reads();
+    assert_eq!(sorted(w1.tick(20)), expected);
+    let tick_reads = store.reads() - reads;
+    // Past the instance TTL, forgotten instances are not fresh, in both.
+    let later = config().instance_ttl_ms + 100;
+    assert_eq!(sorted(w1.tick(later)), sorted(w1.snapshot(later)));
+    assert!(w1.tick(later).iter().all(|l| !l.fresh));
+    // One read per slot, not two: the tick reads no more for its loads
+    // than the scan it already made (every slot, the epoch, the leases).
+    let slots = u64::from(config().max_instances);
+    assert!(
+        tick_reads < 2 * slots,
+        "{tick_reads} reads for {slots} slots"
+    );
+    w1.release(t1, later);
+    w2.release(t2, later);
+    w2.release(t3, later);
+}
+
+#[test]
 fn a_request_counted_by_the_decision_is_not_counted_again() {
     let store = Rc::new(MemoryStore::new());
     let mut w = worker(&store, 1);
@@ -501,7 +541,7 @@ fn namespaces_do_not_see_each_other() {
     assert!(store
         .keys()
         .iter()
-        .all(|k| k.starts_with("prefix-router/a/v2/") || k.starts_with("prefix-router/b/v2/")));
+        .all(|k| k.starts_with("prefix-router/a/v3/") || k.starts_with("prefix-router/b/v3/")));
 }
 
 #[test]
@@ -1001,7 +1041,7 @@ fn engine_sample(store: &MemoryStore, slot: u16, address: &str, load: EngineLoad
         load,
         base_in_flight: 0,
     };
-    let key = format!("prefix-router/default/v2/engine/{slot}");
+    let key = format!("prefix-router/default/v3/engine/{slot}");
     store.set(&key, &record.encode(), None).expect("written");
 }
 

@@ -142,8 +142,7 @@ impl PluginRoot {
             return;
         }
         let (loads, index_writes, capacity) = vm.with_tracker(&self.config, |t| {
-            t.tick(now);
-            (t.snapshot(now), t.take_index_writes(), t.index_capacity())
+            (t.tick(now), t.take_index_writes(), t.index_capacity())
         });
         vm.publish_gauges(self.config.fleet.as_deref(), &loads);
         self.metrics.publish_index(vm, &index_writes, capacity);

@@ -20,7 +20,7 @@ use crate::steering;
 /// Most instances one VM defines a per-instance stat for, of each kind (the
 /// in-flight gauges, the placed-bytes counters): Envoy never deletes a stat,
 /// and the registry holds at most this many instances anyway.
-pub const MAX_GAUGES: usize = 64;
+pub const MAX_GAUGES: usize = crate::load::MAX_INSTANCES as usize;
 
 /// Most histogram samples a VM holds between ticks; past it a sample is
 /// recorded at once.

@@ -57,7 +57,16 @@ impl Harness {
         prepare: impl FnOnce(&UpstreamFleet),
         customise: impl FnOnce(EnvoyBuilder) -> EnvoyBuilder,
     ) -> Self {
-        let fleet = UpstreamFleet::start(INSTANCES)
+        Self::start_sized(INSTANCES, prepare, customise)
+    }
+
+    /// [`Harness::start_prepared`] in front of `instances` instances.
+    pub fn start_sized(
+        instances: usize,
+        prepare: impl FnOnce(&UpstreamFleet),
+        customise: impl FnOnce(EnvoyBuilder) -> EnvoyBuilder,
+    ) -> Self {
+        let fleet = UpstreamFleet::start(instances)
             .unwrap_or_else(|e| panic!("starting upstream instances: {e:#}"));
         prepare(&fleet);
         let builder = Envoy::builder().upstreams(fleet.addrs());

@@ -26,7 +26,7 @@ mod engine;
 pub(crate) use engine::ENGINE_CACHE_MS;
 mod learned;
 mod registry;
-pub use registry::RECORD_CACHE_MS;
+pub use registry::{RECORD_CACHE_MS, RECORD_READS_PER_DECISION};
 
 use columns::{Columns, Count, Limit};
 use learned::{Learned, Pending};
@@ -118,8 +118,6 @@ impl<S: SharedStore> LoadTracker<S> {
         &self.config
     }
 
-    /// Changes how long an unseen instance stays known (a configuration
-    /// update; the tables themselves are kept).
     /// The configured fleet (`instances`); registered before the next
     /// decision that needs the instances, kept fresh while listed.
     pub fn set_configured_instances(&mut self, instances: &[String]) {
@@ -160,6 +158,8 @@ impl<S: SharedStore> LoadTracker<S> {
         std::mem::take(&mut self.index_writes)
     }
 
+    /// Changes how long an unseen instance stays known (a configuration
+    /// update; the tables themselves are kept).
     pub fn set_instance_ttl_ms(&mut self, instance_ttl_ms: u64) {
         self.config.instance_ttl_ms = instance_ttl_ms;
         self.registry.set_instance_ttl_ms(instance_ttl_ms);
@@ -239,10 +239,14 @@ impl<S: SharedStore> LoadTracker<S> {
     /// per request otherwise.
     fn refresh_last_seen(&mut self, slot: u16, address: &str, now_ms: u64) {
         let refresh_ms = (self.config.instance_ttl_ms / 8).max(1);
-        let record = self.registry.keep_copy(&self.tables, slot, now_ms);
-        let stale = record.address == address
-            && (record.suspect_since_ms.is_some()
-                || now_ms.saturating_sub(record.last_seen_ms) >= refresh_ms);
+        let stale = self
+            .registry
+            .keep_copy(&self.tables, slot, now_ms)
+            .is_some_and(|record| {
+                record.address == address
+                    && (record.suspect_since_ms.is_some()
+                        || now_ms.saturating_sub(record.last_seen_ms) >= refresh_ms)
+            });
         if stale {
             self.columns.publish(&self.tables, slot, Some(now_ms));
             self.registry.forget_copy(slot);
@@ -321,19 +325,31 @@ impl<S: SharedStore> LoadTracker<S> {
 
     /// Root context tick (about every second): heartbeat the lease, refresh the
     /// lease view, republish our cells wherever the shared copy disagrees with
-    /// our local truth, and clear cells of dead VMs.
-    pub fn tick(&mut self, now_ms: u64) {
+    /// our local truth, and clear cells of dead VMs. Returns what
+    /// [`Self::snapshot`] would, from the same reads of every slot (the
+    /// gauges'; one read of each slot a second, not two).
+    pub fn tick(&mut self, now_ms: u64) -> Vec<InstanceLoad> {
         let tables = &self.tables;
         let columns = &mut self.columns;
         columns.maintain_lease(tables, now_ms);
         columns.refresh_leases(tables);
         self.registry.keep_configured(tables, columns, now_ms);
-        self.registry.scan(tables, |slot, record| {
+        let mut in_use = Vec::new();
+        self.registry.scan_on_tick(tables, now_ms, |slot, record| {
             if columns.needs_repair(tables, slot, record, now_ms) {
                 columns.repair(tables, slot, now_ms);
             }
+            in_use.push((slot, record.clone()));
         });
         columns.drop_idle();
+        in_use
+            .into_iter()
+            .map(|(slot, record)| InstanceLoad {
+                fresh: self.registry.is_fresh(&record, now_ms),
+                in_flight: self.columns.total(&self.tables, slot, &record, now_ms),
+                address: record.address,
+            })
+            .collect()
     }
 
     /// Every registered instance with its in-flight count, for the gauges.
@@ -430,9 +446,9 @@ impl<S: SharedStore> LoadView for LoadTracker<S> {
         if !matches!(claim, Claim::Claimed(_)) {
             // Refused: the count (or the slot) changed since this VM's copy
             // was read, most likely by another VM deciding now too, whose
-            // other claims the copies miss as well: the next choice reads
-            // every record again.
-            self.registry.forget_copies();
+            // other claims the copies miss as well: the next choices read
+            // the records again.
+            self.registry.outdate_copies();
         }
         claim
     }
@@ -483,7 +499,7 @@ impl<S: SharedStore> LoadView for LoadTracker<S> {
         let held = self.index.longest_held(
             &self.tables,
             chain,
-            &|h| live.contains(&h),
+            &|h| live.contains(h),
             &mut self.index_session.reads,
         );
         HeldPrefix {
@@ -521,8 +537,32 @@ struct IndexSession {
     /// (now_ms, chain length, last hash) of the prompt these are for.
     prompt: Option<(u64, usize, u64)>,
     reads: BucketReads,
-    /// (slot, holder) of every instance this prompt's calls named.
-    holders: Vec<(u16, Holder)>,
+    /// The holder of every instance this prompt's calls named, by slot.
+    holders: Vec<Option<Holder>>,
+}
+
+/// The holders of the live instances, by slot: whether an index entry's
+/// holder is live takes one look-up, however large the fleet (a search of
+/// the list took a third of a decision's time over 256 instances).
+#[derive(Debug, Default)]
+struct LiveHolders {
+    tags: Vec<Option<u16>>,
+}
+
+impl LiveHolders {
+    fn insert(&mut self, holder: Holder) {
+        let index = usize::from(holder.slot);
+        if self.tags.len() <= index {
+            self.tags.resize(index + 1, None);
+        }
+        if let Some(tag) = self.tags.get_mut(index) {
+            *tag = Some(holder.tag);
+        }
+    }
+
+    fn contains(&self, holder: Holder) -> bool {
+        self.tags.get(usize::from(holder.slot)).copied().flatten() == Some(holder.tag)
+    }
 }
 
 impl IndexSession {
@@ -546,20 +586,26 @@ impl IndexSession {
 
     /// The prefix-index holders of `candidates` (the live instances),
     /// hashing only the addresses this prompt's earlier calls did not.
-    fn holders_of(&mut self, candidates: &[Candidate]) -> Vec<Holder> {
-        candidates
-            .iter()
-            .map(|c| self.holder_of(&c.instance))
-            .collect()
+    fn holders_of(&mut self, candidates: &[Candidate]) -> LiveHolders {
+        let mut live = LiveHolders::default();
+        for candidate in candidates {
+            live.insert(self.holder_of(&candidate.instance));
+        }
+        live
     }
 
     fn holder_of(&mut self, instance: &InstanceRef) -> Holder {
-        let slot = instance.slot;
-        if let Some((_, holder)) = self.holders.iter().find(|(s, _)| *s == slot) {
+        let index = usize::from(instance.slot);
+        if let Some(Some(holder)) = self.holders.get(index) {
             return *holder;
         }
-        let holder = Holder::new(slot, addr_hash(&instance.address));
-        self.holders.push((slot, holder));
+        let holder = Holder::new(instance.slot, addr_hash(&instance.address));
+        if self.holders.len() <= index {
+            self.holders.resize(index + 1, None);
+        }
+        if let Some(kept) = self.holders.get_mut(index) {
+            *kept = Some(holder);
+        }
         holder
     }
 }
@@ -595,7 +641,7 @@ impl<S: SharedStore> LoadTracker<S> {
         chain: &[u64],
         known: usize,
         holder: Holder,
-        live: &[Holder],
+        live: &LiveHolders,
         now_ms: u64,
     ) {
         let written = self.index.remember(
@@ -603,7 +649,7 @@ impl<S: SharedStore> LoadTracker<S> {
             chain,
             known,
             holder,
-            &|h| live.contains(&h),
+            &|h| live.contains(h),
             now_ms,
             &mut self.index_session.reads,
         );
@@ -660,8 +706,17 @@ mod index_session_tests {
 
     /// A worker's tracker over `store`, having seen A and B serve.
     fn tracker(store: &Rc<MemoryStore>, vm_nonce: u64) -> LoadTracker<Rc<MemoryStore>> {
+        tracker_serving(store, vm_nonce, &[A, B])
+    }
+
+    /// A worker's tracker over `store`, having seen each of `addresses` serve.
+    fn tracker_serving(
+        store: &Rc<MemoryStore>,
+        vm_nonce: u64,
+        addresses: &[&str],
+    ) -> LoadTracker<Rc<MemoryStore>> {
         let mut tracker = LoadTracker::new(Rc::clone(store), LoadConfig::default(), vm_nonce);
-        for address in [A, B] {
+        for &address in addresses {
             let start = UpstreamStart {
                 address,
                 key: None,
@@ -779,6 +834,86 @@ mod index_session_tests {
         let reads = store.reads();
         vm_a.candidates(NOW + 500);
         assert!(store.reads() > reads, "read again");
+    }
+
+    /// A worker's tracker over `store`, having seen `instances` instances
+    /// serve (`10.0.1.<i>:8000`).
+    fn fleet_tracker(
+        store: &Rc<MemoryStore>,
+        vm_nonce: u64,
+        instances: u16,
+    ) -> LoadTracker<Rc<MemoryStore>> {
+        let addresses: Vec<String> = (0..instances).map(|i| format!("10.0.1.{i}:8000")).collect();
+        let addresses: Vec<&str> = addresses.iter().map(String::as_str).collect();
+        tracker_serving(store, vm_nonce, &addresses)
+    }
+
+    #[test]
+    fn a_decision_over_a_large_fleet_reads_a_bounded_number_of_expired_copies() {
+        use super::registry::RECORD_READS_PER_DECISION;
+        let store = Rc::new(MemoryStore::new());
+        let mut vm = fleet_tracker(&store, 1, 20);
+        assert_eq!(vm.candidates(NOW).len(), 20);
+        // Expired copies: the oldest RECORD_READS_PER_DECISION are read again
+        // per decision (the first also reads the registry epoch), so in three
+        // decisions every record is read again once.
+        let mut now = NOW + RECORD_CACHE_MS;
+        let budget = RECORD_READS_PER_DECISION as u64;
+        for expected in [1 + budget, budget, 20 - 2 * budget] {
+            let reads = store.reads();
+            assert_eq!(
+                vm.candidates(now).len(),
+                20,
+                "every instance, copies or not"
+            );
+            assert_eq!(store.reads() - reads, expected, "at {now}");
+            now += 1;
+        }
+        // Another VM's claims on every instance: the copies that stand miss
+        // them until they are read again...
+        let mut other = fleet_tracker(&store, 2, 20);
+        let instances: Vec<InstanceRef> = other
+            .candidates(now)
+            .into_iter()
+            .map(|c| c.instance)
+            .collect();
+        let tickets: Vec<Ticket> = instances
+            .iter()
+            .map(|instance| match other.claim(instance, None, Some(5), now) {
+                Claim::Claimed(ticket) => ticket,
+                claim => panic!("room on {}: {claim:?}", instance.address),
+            })
+            .collect();
+        now += RECORD_CACHE_MS;
+        let seen = |vm: &mut LoadTracker<Rc<MemoryStore>>, now| {
+            vm.candidates(now)
+                .iter()
+                .filter(|c| c.in_flight == 1)
+                .count()
+        };
+        assert_eq!(seen(&mut vm, now), RECORD_READS_PER_DECISION);
+        // ... or the tick reads them all, and its copies stand for a window.
+        vm.tick(now + 1);
+        let reads = store.reads();
+        assert_eq!(seen(&mut vm, now + 2), 20);
+        assert_eq!(store.reads() - reads, 0, "the tick's copies");
+        // A refused claim outdates every copy; the next decisions read them
+        // again within the budget too.
+        let first = &instances[0];
+        assert!(matches!(
+            vm.claim(first, None, Some(1), now + 3),
+            Claim::Full { .. }
+        ));
+        let reads = store.reads();
+        vm.candidates(now + 3);
+        assert_eq!(
+            store.reads() - reads,
+            budget,
+            "outdated copies, the epoch read lately"
+        );
+        for ticket in tickets {
+            other.release(ticket, now + 4);
+        }
     }
 
     #[test]
