@@ -252,21 +252,38 @@ pub struct EngineLoadConfig {
 
 impl EngineLoadConfig {
     /// What works but not as one would expect, for the configure log.
-    pub fn warnings(&self) -> Vec<String> {
+    pub fn warnings(&self, listed_instances: usize) -> Vec<String> {
+        let mut warnings = Vec::new();
         // The next poll is sent up to the interval plus its jitter after the
         // last one and may take up to timeout_ms: a sample younger than that
         // at its end can lapse before the next one arrives.
         let next_sample_ms =
             self.interval_ms * (100 + ENGINE_JITTER_PERCENT) / 100 + self.timeout_ms;
         if self.max_age_ms < next_sample_ms {
-            return vec![format!(
+            warnings.push(format!(
                 "engine_load.max_age_ms {} is less than the interval and its jitter plus \
                  timeout_ms ({next_sample_ms}): an instance's sample may lapse before the \
                  next one arrives, and decisions then count only this Envoy's requests on it",
                 self.max_age_ms
-            )];
+            ));
         }
-        Vec::new()
+        let instances = u64::try_from(listed_instances).unwrap_or(u64::MAX);
+        let polls_per_second = instances.saturating_mul(1_000) / self.interval_ms.max(1);
+        if polls_per_second > ENGINE_POLLS_PER_SECOND_WARN {
+            let interval_ms = instances
+                .saturating_mul(1_000)
+                .div_ceil(ENGINE_POLLS_PER_SECOND_WARN);
+            warnings.push(format!(
+                "engine_load polls each of the {instances} listed instances every {} ms: \
+                 {polls_per_second} polls a second, each about 0.5 to 0.8 ms of one worker \
+                 (vLLM's /metrics of 45 KB), some {}-{} % of a core; an interval_ms of \
+                 {interval_ms} or more keeps it to {ENGINE_POLLS_PER_SECOND_WARN} a second",
+                self.interval_ms,
+                polls_per_second / 20,
+                polls_per_second * 8 / 100
+            ));
+        }
+        warnings
     }
 
     /// The fleet-wide bounds decisions apply.
@@ -304,6 +321,11 @@ impl EngineLoadConfig {
 /// reasoning are in `docs/configuration.md`.
 pub const ENGINE_INTERVAL_MS_DEFAULT: u64 = 500;
 pub const ENGINE_INTERVAL_MS_RANGE: (u64, u64) = (50, 60_000);
+/// Polls a second past which `engine_load` is warned about at configure:
+/// 7 instances at the shortest interval (50 ms), which cost Envoy about 6 %
+/// of a core (docs/benchmarks.md, "Engine load's cost"); the cost grows
+/// with the instances polled.
+pub const ENGINE_POLLS_PER_SECOND_WARN: u64 = 140;
 /// Each poll is due `interval_ms` +- this share of it after the last one,
 /// so that many proxies started together do not poll in step.
 pub const ENGINE_JITTER_PERCENT: u64 = 20;
@@ -1734,13 +1756,36 @@ mod tests {
     #[test]
     fn a_sample_age_that_can_lapse_between_polls_is_warned_about() {
         let defaults = engine(r#"{"cluster": "c"}"#).unwrap();
-        assert_eq!(defaults.warnings(), Vec::<String>::new());
+        assert_eq!(defaults.warnings(7), Vec::<String>::new());
         let short = engine(r#"{"cluster": "c", "interval_ms": 1000, "max_age_ms": 1000}"#).unwrap();
-        let warnings = short.warnings();
+        let warnings = short.warnings(7);
         assert_eq!(warnings.len(), 1);
         assert!(warnings[0].contains("(2000)"), "{warnings:?}");
         let enough = engine(r#"{"cluster": "c", "interval_ms": 1000, "max_age_ms": 2000}"#);
-        assert_eq!(enough.unwrap().warnings(), Vec::<String>::new());
+        assert_eq!(enough.unwrap().warnings(7), Vec::<String>::new());
+    }
+
+    #[test]
+    fn polling_many_instances_often_is_warned_about_with_the_interval_that_would_not_be() {
+        let defaults = engine(r#"{"cluster": "c"}"#).unwrap();
+        // 70 instances every 500 ms: 140 polls a second, as 7 every 50 ms.
+        assert_eq!(defaults.warnings(70), Vec::<String>::new());
+        let warnings = defaults.warnings(256);
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(
+            warnings[0].starts_with(
+                "engine_load polls each of the 256 listed instances every 500 ms: 512 polls a \
+                 second"
+            ) && warnings[0].contains("an interval_ms of 1829 or more"),
+            "{warnings:?}"
+        );
+        let slower = engine(r#"{"cluster": "c", "interval_ms": 1829}"#).unwrap();
+        assert_eq!(slower.warnings(256), Vec::<String>::new());
+        let fastest = engine(r#"{"cluster": "c", "interval_ms": 50}"#).unwrap();
+        assert_eq!(fastest.warnings(7), Vec::<String>::new());
+        assert_eq!(fastest.warnings(8).len(), 1);
+        // Unlisted, the fleet is learned: nothing to count at configure.
+        assert_eq!(fastest.warnings(0), Vec::<String>::new());
     }
 
     #[test]

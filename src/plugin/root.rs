@@ -98,7 +98,8 @@ impl PluginRoot {
                         .map_or_else(|| "off".to_string(), |e| format!("({})", e.describe())),
                     config.fleet.as_deref().unwrap_or("(none)")
                 );
-                for warning in config.engine_load.iter().flat_map(|e| e.warnings()) {
+                let listed = config.instances.len();
+                for warning in config.engine_load.iter().flat_map(|e| e.warnings(listed)) {
                     log::warn!("prefix-router: {warning}");
                 }
                 vm.note_fleet(config.fleet.as_deref());
