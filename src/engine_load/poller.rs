@@ -153,13 +153,13 @@ impl Poller {
     /// longer in `targets` is forgotten once no call of it is open.
     pub fn due(&mut self, targets: &[InstanceRef], now_ms: u64) -> Due {
         self.by_address.retain(|address, polled| {
-            polled.open.is_some() || targets.iter().any(|t| &t.address == address)
+            polled.open.is_some() || targets.iter().any(|t| *t.address == **address)
         });
         let mut due = Due::default();
         for target in targets {
             let polled = self
                 .by_address
-                .entry(target.address.clone())
+                .entry(target.address.to_string())
                 .or_insert_with(|| Polled {
                     instance: target.clone(),
                     due_ms: now_ms,
@@ -290,7 +290,7 @@ mod tests {
     fn instance(slot: u16, port: u16) -> InstanceRef {
         InstanceRef {
             slot,
-            address: format!("127.0.0.1:{port}"),
+            address: format!("127.0.0.1:{port}").into(),
         }
     }
 
@@ -401,7 +401,7 @@ mod tests {
         let mut poller = Poller::default();
         let fleet = [instance(0, 8001)];
         poller.due(&fleet, 0);
-        let address = fleet[0].address.as_str();
+        let address = &*fleet[0].address;
         assert_eq!(poller.ended(address, Ok(())), None, "first sample");
         let timeout = PollFault::Timeout;
         assert_eq!(

@@ -118,7 +118,7 @@ impl LoadConfig {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct InstanceRef {
     pub slot: u16,
-    pub address: String,
+    pub address: std::rc::Rc<str>,
 }
 
 /// Where a key's requests go: the instance Maglev chooses for it (the key

@@ -221,12 +221,12 @@ fn learning_only_from_maglev_choices() {
     );
     serve(&mut w, start(A, Some("k")), 2);
     assert_eq!(
-        w.target_of("k", 2).map(|t| t.instance.address),
+        w.target_of("k", 2).map(|t| t.instance.address.to_string()),
         Some(A.to_string())
     );
     serve(&mut w, start(C, Some("k")), 3);
     assert_eq!(
-        w.target_of("k", 3).map(|t| t.instance.address),
+        w.target_of("k", 3).map(|t| t.instance.address.to_string()),
         Some(C.to_string()),
         "a key that moved (fleet change) is relearned at once"
     );
@@ -261,7 +261,7 @@ fn least_busy_other_picks_the_emptiest_fresh_instance() {
     let _c1 = w1.upstream_started(start(C, None), 2);
     // w2 learns the instances w1 registered without waiting for a tick.
     let other = w2.least_busy_other(&target, 0, 3).expect("a candidate");
-    assert_eq!((other.instance.address.as_str(), other.in_flight), (C, 1));
+    assert_eq!((&*other.instance.address, other.in_flight), (C, 1));
     assert_eq!(
         other.load, other.in_flight,
         "no engine load: the local count"
@@ -269,7 +269,7 @@ fn least_busy_other_picks_the_emptiest_fresh_instance() {
     // C unseen for instance_ttl while B was just seen: B is the only candidate.
     serve(&mut w1, start(B, None), 5_002);
     let other = w1.least_busy_other(&target, 0, 5_003).expect("a candidate");
-    assert_eq!(other.instance.address, B);
+    assert_eq!(&*other.instance.address, B);
 }
 
 #[test]
@@ -284,7 +284,7 @@ fn ties_are_broken_by_the_random_argument() {
     let picked: std::collections::BTreeSet<String> = (0..64)
         .filter_map(|r| {
             w.least_busy_other(&target, r, 2)
-                .map(|c| c.instance.address)
+                .map(|c| c.instance.address.to_string())
         })
         .collect();
     assert!(picked.len() >= 3, "ties spread over candidates: {picked:?}");
@@ -301,7 +301,7 @@ fn a_nominated_host_envoy_did_not_use_stops_being_a_candidate() {
     let target = instance(&mut w, A, 1);
     assert_eq!(
         w.least_busy_other(&target, 0, 2)
-            .map(|c| c.instance.address),
+            .map(|c| c.instance.address.to_string()),
         Some(B.into())
     );
     // The decision nominated B, but Envoy fell back to A: B is gone.
@@ -603,10 +603,7 @@ fn a_forgotten_idle_instance_gives_its_slot_to_a_new_one() {
         .expect("A idle and stale: reused");
     let snapshot = w.snapshot(10_002);
     assert_eq!(snapshot.len(), 1);
-    assert_eq!(
-        (snapshot[0].address.as_str(), snapshot[0].in_flight),
-        (B, 1)
-    );
+    assert_eq!((&*snapshot[0].address, snapshot[0].in_flight), (B, 1));
     w.release(t, 10_003);
 }
 
@@ -630,7 +627,7 @@ fn a_new_instance_in_a_reused_slot_has_no_recent_choices_of_the_old_one() {
     let on_b = w.candidates(10_004);
     assert_eq!(on_b.len(), 1);
     assert_eq!(
-        (on_b[0].instance.slot, on_b[0].instance.address.as_str()),
+        (on_b[0].instance.slot, &*on_b[0].instance.address),
         (on_a[0].instance.slot, B)
     );
     assert_eq!((on_b[0].recent, on_b[0].placed_bytes), (0, 0));
@@ -733,7 +730,7 @@ fn route_blind_withdraws_its_mark_when_the_target_was_learned_meanwhile() {
     let (mut w1, mut w2) = (worker(&store, 1), worker(&store, 2));
     serve(&mut w1, start(A, Some("k")), 1);
     let target = w2.route_blind("k", 2).expect("learned by w1").instance;
-    assert_eq!(target.address, A);
+    assert_eq!(&*target.address, A);
     assert!(
         matches!(w2.claim(&target, Some("k"), Some(1), 2), Claim::Claimed(_)),
         "no pending mark left behind"
@@ -799,20 +796,24 @@ fn route_copies_follow_own_news_at_once_and_other_vms_within_a_second() {
     assert_eq!(two.target_of("k", 100), None);
     serve(&mut one, start(A, Some("k")), 100);
     assert_eq!(
-        instance(&mut two, "k", 100).address,
+        &*instance(&mut two, "k", 100).address,
         A,
         "a miss is not remembered"
     );
     // The fleet changes: Maglev now sends the key to B.
     serve(&mut two, start(C, None), 200);
     serve(&mut one, start(B, Some("k")), 300);
-    assert_eq!(instance(&mut one, "k", 300).address, B, "own news at once");
     assert_eq!(
-        instance(&mut two, "k", 400).address,
+        &*instance(&mut one, "k", 300).address,
+        B,
+        "own news at once"
+    );
+    assert_eq!(
+        &*instance(&mut two, "k", 400).address,
         A,
         "another VM's news may wait up to a second"
     );
-    assert_eq!(instance(&mut two, "k", 1_100).address, B);
+    assert_eq!(&*instance(&mut two, "k", 1_100).address, B);
 }
 
 /// Learning the same route again within a second reads no route bucket:
@@ -859,7 +860,7 @@ fn configured_instances_are_overflow_candidates_before_any_traffic() {
     let picked: std::collections::BTreeSet<String> = (0..64)
         .filter_map(|r| {
             w.least_busy_other(&target, r, 2)
-                .map(|c| c.instance.address)
+                .map(|c| c.instance.address.to_string())
         })
         .collect();
     let others: std::collections::BTreeSet<String> = fleet[1..].iter().cloned().collect();
@@ -888,19 +889,19 @@ fn a_configured_instance_is_never_forgotten_a_learned_one_is() {
     let picked: std::collections::BTreeSet<String> = (0..32)
         .filter_map(|r| {
             w.least_busy_other(&target, r, quiet)
-                .map(|c| c.instance.address)
+                .map(|c| c.instance.address.to_string())
         })
         .collect();
     let expected: std::collections::BTreeSet<String> = listed.iter().cloned().collect();
     assert_eq!(picked, expected, "configured: still candidates");
     let other_target = InstanceRef {
         slot: u16::MAX,
-        address: listed[0].clone(),
+        address: listed[0].as_str().into(),
     };
     let candidates: Vec<String> = (0..32)
         .filter_map(|r| {
             w.least_busy_other(&other_target, r, quiet)
-                .map(|c| c.instance.address)
+                .map(|c| c.instance.address.to_string())
         })
         .collect();
     assert!(
@@ -934,7 +935,7 @@ fn ticks_keep_configured_instances_fresh_for_vms_that_do_not_list_them() {
     let picked: std::collections::BTreeSet<String> = (0..32)
         .filter_map(|r| {
             bare.least_busy_other(&target, r, now)
-                .map(|c| c.instance.address)
+                .map(|c| c.instance.address.to_string())
         })
         .collect();
     let expected: std::collections::BTreeSet<String> = listed[1..].iter().cloned().collect();
@@ -950,7 +951,7 @@ fn a_configured_instance_envoy_did_not_use_is_suspect_until_it_serves() {
     let target = instance(&mut w, A, 1);
     assert_eq!(
         w.least_busy_other(&target, 0, 2)
-            .map(|c| c.instance.address),
+            .map(|c| c.instance.address.to_string()),
         Some(B.into())
     );
     let gone = UpstreamStart {
@@ -1027,7 +1028,7 @@ fn nine_overflows_at_threshold_three_spread_over_six_other_instances() {
         });
         let (address, ticket) = claimed.expect("claimed within three attempts");
         tickets.push(ticket);
-        *landed.entry(address).or_default() += 1;
+        *landed.entry(address.to_string()).or_default() += 1;
     }
     assert_eq!(landed.len(), 6, "{landed:?}");
     assert!(landed.values().all(|&n| n <= 2), "{landed:?}");
@@ -1103,7 +1104,7 @@ fn candidates_are_weighed_by_fresh_engine_samples_of_their_own_address() {
     ];
     assert_eq!(weighed(&mut w, later)[A], (1, 1, true));
     let other = w.least_busy_other(&on_c, 0, later).expect("one");
-    assert_eq!((other.instance.address.as_str(), other.load), (B, 2));
+    assert_eq!((&*other.instance.address, other.load), (B, 2));
     // Older than max_age_ms: back to this Envoy's counts.
     assert_eq!(weighed(&mut w, later + 501)[A], (1, 1, false));
 }
@@ -1153,7 +1154,7 @@ fn a_suspect_instance_is_tried_again_after_suspect_ms() {
         let mut all: Vec<String> = w
             .candidates(now)
             .into_iter()
-            .map(|c| c.instance.address)
+            .map(|c| c.instance.address.to_string())
             .collect();
         all.sort();
         all

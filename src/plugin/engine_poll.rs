@@ -277,7 +277,7 @@ fn finish<H: Host + Clone>(
     verdict: Result<EngineLoad, PollFault>,
     now: u64,
 ) {
-    let address = instance.address.as_str();
+    let address = &*instance.address;
     match &verdict {
         Ok(load) => {
             let load = *load;
@@ -407,7 +407,7 @@ fn publish_ages<H: Host + Clone>(
 ) {
     state
         .last_sample_ms
-        .retain(|address, _| targets.iter().any(|t| &t.address == address));
+        .retain(|address, _| targets.iter().any(|t| *t.address == **address));
     let gauges = &state.ids.of(fleet).gauges;
     for (address, at) in &state.last_sample_ms {
         if let Some(Some(id)) = gauges.get(address).map(|g| g.age) {

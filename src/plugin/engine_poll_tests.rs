@@ -84,11 +84,11 @@ impl Setup {
             let slot = t
                 .engine_poll_targets(now)
                 .into_iter()
-                .find(|i| i.address == address)?
+                .find(|i| &*i.address == address)?
                 .slot;
             let instance = InstanceRef {
                 slot,
-                address: address.to_string(),
+                address: address.into(),
             };
             t.engine_sample(&instance, max_age, now).map(|r| r.load)
         })
@@ -242,7 +242,7 @@ fn the_sample_keeps_this_envoys_in_flight_count_when_it_arrived() {
         let instance = t
             .engine_poll_targets(now)
             .into_iter()
-            .find(|i| i.address == A)
+            .find(|i| &*i.address == A)
             .unwrap();
         t.engine_sample(&instance, max_age, now).unwrap()
     });

@@ -213,17 +213,22 @@ impl LongestPrefix {
                 <= RecentChoices::share_bound(total_recent, held.holders.len(), candidates.len())
         };
         let is_holder = |c: &Candidate| holds(c) && (attracted || within_share);
-        let mut ranked: Vec<(&Candidate, u64)> = candidates
+        // Each candidate's place in the order, computed once (over hundreds of
+        // instances, asking is_holder in every comparison of the sort cost
+        // more than the rest of the decision).
+        let mut ranked: Vec<(bool, u64, &Candidate)> = candidates
             .iter()
-            .map(|c| (c, rank(blocks.opening, &c.instance.address)))
+            .map(|c| (is_holder(c), rank(blocks.opening, &c.instance.address), c))
             .collect();
         // The opening's first choice over every instance (see `bound_of`).
         let first_choice = ranked
             .iter()
-            .max_by_key(|(_, rank)| *rank)
-            .map(|(c, _)| c.instance.slot);
-        ranked.sort_by_key(|(c, rank)| (std::cmp::Reverse(is_holder(c)), std::cmp::Reverse(*rank)));
-        let order: Vec<&Candidate> = ranked.into_iter().map(|(c, _)| c).collect();
+            .max_by_key(|(_, rank, _)| *rank)
+            .map(|(_, _, c)| c.instance.slot);
+        ranked.sort_unstable_by_key(|&(holder, rank, _)| {
+            (std::cmp::Reverse(holder), std::cmp::Reverse(rank))
+        });
+        let order: Vec<&Candidate> = ranked.into_iter().map(|(_, _, c)| c).collect();
         // The least loaded of those that may take the request: an instance
         // over a bound by its KV usage may carry few requests, and the load
         // bound of the others is not theirs to set.
@@ -336,7 +341,7 @@ impl LongestPrefix {
             &candidates,
             now_ms,
         );
-        let address = candidate.instance.address.clone();
+        let address = candidate.instance.address.to_string();
         Routed {
             headers: RouteHeaders {
                 key: Some(opening_key),
@@ -389,7 +394,7 @@ mod tests {
         fn instance(slot: u16) -> InstanceRef {
             InstanceRef {
                 slot,
-                address: format!("10.0.0.{slot}:8000"),
+                address: format!("10.0.0.{slot}:8000").into(),
             }
         }
         fn route(&mut self, policy: &LongestPrefix, blocks: &PromptBlocks) -> (DecisionKind, u16) {
@@ -400,7 +405,7 @@ mod tests {
                 .clone()
                 .expect("names the instance");
             let slot = (0..self.in_flight.len() as u16)
-                .find(|s| Fleet::instance(*s).address == host)
+                .find(|s| *Fleet::instance(*s).address == *host)
                 .unwrap();
             assert_eq!(routed.headers.key.as_deref(), Some(&*blocks.opening_key()));
             if let Some(ticket) = routed.ticket {

@@ -63,7 +63,7 @@ impl PrefixAware {
         Routed {
             headers: RouteHeaders {
                 key: Some(key.to_string()),
-                counted: ticket.as_ref().map(|_| target.instance.address.clone()),
+                counted: ticket.as_ref().map(|_| target.instance.address.to_string()),
                 ..RouteHeaders::bare(DecisionKind::Prefix)
             },
             ticket,
@@ -101,7 +101,7 @@ impl PrefixAware {
         instance: Option<&InstanceRef>,
         ticket: Option<Ticket>,
     ) -> Routed {
-        let counted = ticket.as_ref().and(instance).map(|i| i.address.clone());
+        let counted = ticket.as_ref().and(instance).map(|i| i.address.to_string());
         Routed {
             headers: RouteHeaders {
                 key: Some(key),
@@ -149,7 +149,7 @@ impl PrefixAware {
                     // Left to the upstream filter to count.
                     Claim::Contended => None,
                 };
-                let host = Some(other.instance.address.clone());
+                let host = Some(other.instance.address.to_string());
                 return Self::overflowed(key.to_string(), host, Some(&other.instance), ticket);
             }
         }
@@ -271,7 +271,7 @@ mod tests {
     fn instance(slot: u16) -> InstanceRef {
         InstanceRef {
             slot,
-            address: format!("10.0.0.{slot}:8000"),
+            address: format!("10.0.0.{slot}:8000").into(),
         }
     }
 
@@ -401,7 +401,10 @@ mod tests {
         let mut script = script_with_full_target(2);
         let routed = PrefixAware::new(3, true).decide(Some(KEY), &mut script, 0, 0);
         assert_eq!(routed.headers.kind, DecisionKind::Prefix);
-        assert_eq!(routed.headers.counted, Some(instance(1).address));
+        assert_eq!(
+            routed.headers.counted,
+            Some(instance(1).address.to_string())
+        );
         assert_eq!(routed.ticket, Some(ticket(1)));
         assert_eq!(script.claims, vec![(1, Some(3))]);
     }
@@ -414,8 +417,8 @@ mod tests {
         let routed = PrefixAware::new(3, true).decide(Some(KEY), &mut script, 0, 0);
         let d = &routed.headers;
         assert_eq!(d.kind, DecisionKind::Overflow);
-        assert_eq!(d.host_override, Some(instance(2).address));
-        assert_eq!(d.counted, Some(instance(2).address));
+        assert_eq!(d.host_override, Some(instance(2).address.to_string()));
+        assert_eq!(d.counted, Some(instance(2).address.to_string()));
         assert_eq!(
             d.key.as_deref(),
             Some(KEY),
@@ -435,7 +438,10 @@ mod tests {
         script.engine.insert(3, (2, false));
         let routed = PrefixAware::new(3, true).decide(Some(KEY), &mut script, 0, 0);
         assert_eq!(routed.headers.kind, DecisionKind::Overflow);
-        assert_eq!(routed.headers.host_override, Some(instance(3).address));
+        assert_eq!(
+            routed.headers.host_override,
+            Some(instance(3).address.to_string())
+        );
         assert_eq!(routed.ticket, Some(ticket(3)));
         assert_eq!(
             script.claims,
@@ -458,7 +464,10 @@ mod tests {
         script.engine.insert(2, (7, true));
         let routed = PrefixAware::new(3, true).decide(Some(KEY), &mut script, 0, 0);
         assert_eq!(routed.headers.kind, DecisionKind::Overflow);
-        assert_eq!(routed.headers.host_override, Some(instance(2).address));
+        assert_eq!(
+            routed.headers.host_override,
+            Some(instance(2).address.to_string())
+        );
     }
 
     #[test]
@@ -482,8 +491,14 @@ mod tests {
         script.raced = Some(2);
         let routed = PrefixAware::new(3, true).decide(Some(KEY), &mut script, 0, 0);
         assert_eq!(routed.headers.kind, DecisionKind::Overflow);
-        assert_eq!(routed.headers.host_override, Some(instance(3).address));
-        assert_eq!(routed.headers.counted, Some(instance(3).address));
+        assert_eq!(
+            routed.headers.host_override,
+            Some(instance(3).address.to_string())
+        );
+        assert_eq!(
+            routed.headers.counted,
+            Some(instance(3).address.to_string())
+        );
         assert_eq!(routed.ticket, Some(ticket(3)));
         assert_eq!(
             script.claims,
@@ -561,7 +576,10 @@ mod tests {
         assert_eq!(routed.headers.kind, DecisionKind::Overflow);
         assert_eq!(routed.headers.key, Some(salted_key(KEY, 3)));
         assert_eq!(routed.headers.host_override, None);
-        assert_eq!(routed.headers.counted, Some(instance(5).address));
+        assert_eq!(
+            routed.headers.counted,
+            Some(instance(5).address.to_string())
+        );
     }
 
     #[test]

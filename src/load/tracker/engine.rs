@@ -216,7 +216,7 @@ mod tests {
         let mut poller = tracker(&store, 1);
         let mut reader = tracker(&store, 2);
         let instance = poller.engine_poll_targets(1_000).pop().unwrap();
-        assert_eq!(instance.address, A);
+        assert_eq!(&*instance.address, A);
         assert!(poller.store_engine_sample(&instance, load(3), 1_000));
         let record = reader.engine_sample(&instance, 500, 1_000).unwrap();
         assert_eq!((record.load, record.sampled_at_ms), (load(3), 1_000));

@@ -383,7 +383,7 @@ impl<S: SharedStore> LoadView for LoadTracker<S> {
         if !valid {
             return None;
         }
-        let address = read.record.address.clone();
+        let address = read.record.address.as_str().into();
         self.registry.remember_read(entry.slot, now_ms, read);
         Some(Target {
             instance: InstanceRef {
@@ -616,7 +616,7 @@ impl<S: SharedStore> LoadTracker<S> {
     /// `chain`, if it is a fresh instance.
     pub fn remember_where_served(&mut self, chain: &[u64], address: &str, now_ms: u64) {
         let candidates = self.fresh_candidates(now_ms);
-        let Some(served) = candidates.iter().find(|c| c.instance.address == address) else {
+        let Some(served) = candidates.iter().find(|c| &*c.instance.address == address) else {
             return;
         };
         self.index_session.begin(chain, now_ms);
@@ -740,7 +740,7 @@ mod index_session_tests {
     fn named<'a>(candidates: &'a [Candidate], address: &str) -> &'a Candidate {
         candidates
             .iter()
-            .find(|c| c.instance.address == address)
+            .find(|c| &*c.instance.address == address)
             .expect("a known instance")
     }
 

@@ -8,6 +8,7 @@
 //! are learned from traffic and forgotten after the instance TTL.
 
 use std::collections::{BTreeSet, HashMap};
+use std::rc::Rc;
 
 use super::super::instances::{InstanceRecord, RegistryEpoch, MAX_ADDRESS_LEN};
 use super::super::table::{Change, Read, Tables, Updated};
@@ -91,6 +92,9 @@ struct RecordCopy {
     /// read (and again when the list changes), not in every decision, which
     /// over 256 instances cost more than the rest of the decision.
     listed: bool,
+    /// The record's address, shared by the candidates made from this copy
+    /// (one allocation per read, not one per instance per decision).
+    address: Rc<str>,
     record: InstanceRecord,
 }
 
@@ -100,6 +104,7 @@ impl RecordCopy {
             read_ms,
             outdated: false,
             listed: configured.contains(&record.address),
+            address: record.address.as_str().into(),
             record,
         }
     }
@@ -707,7 +712,7 @@ impl Registry {
             let in_flight = columns.total(tables, slot, record, now_ms);
             let instance = InstanceRef {
                 slot,
-                address: record.address.clone(),
+                address: Rc::clone(&copy.address),
             };
             out.push(Candidate::local(instance, in_flight));
         }
