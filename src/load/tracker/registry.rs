@@ -673,19 +673,23 @@ impl Registry {
         now_ms: u64,
     ) -> Vec<Candidate> {
         let slots: Vec<u16> = self.known_slots.iter().copied().collect();
-        let mut expired: Vec<(u64, u16)> = slots
-            .iter()
-            .filter_map(|slot| {
-                let copy = self.cached.get(*slot)?;
-                (!copy.is_current(now_ms)).then_some((copy.read_ms, *slot))
-            })
-            .collect();
         // The budget read longest ago first: past the last of them, the
-        // expired copies stand.
-        let last_read_again = (expired.len() > RECORD_READS_PER_DECISION).then(|| {
-            let (_, last, _) = expired.select_nth_unstable(RECORD_READS_PER_DECISION - 1);
-            *last
-        });
+        // expired copies stand (none in a fleet within the budget).
+        let last_read_again = if slots.len() > RECORD_READS_PER_DECISION {
+            let mut expired: Vec<(u64, u16)> = slots
+                .iter()
+                .filter_map(|slot| {
+                    let copy = self.cached.get(*slot)?;
+                    (!copy.is_current(now_ms)).then_some((copy.read_ms, *slot))
+                })
+                .collect();
+            (expired.len() > RECORD_READS_PER_DECISION).then(|| {
+                let (_, last, _) = expired.select_nth_unstable(RECORD_READS_PER_DECISION - 1);
+                *last
+            })
+        } else {
+            None
+        };
         let mut out = Vec::with_capacity(slots.len());
         self.recent.clear();
         for slot in slots {
