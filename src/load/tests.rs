@@ -1212,3 +1212,63 @@ fn a_ticks_reads_do_not_grow_with_vm_slots() {
     };
     assert_eq!(reads_of_a_tick(8), reads_of_a_tick(255));
 }
+
+#[test]
+fn a_decision_over_a_large_fleet_reads_a_bounded_number_of_expired_engine_samples() {
+    const FLEET: usize = 40;
+    let store = Rc::new(MemoryStore::new());
+    let mut w = worker(&store, 1);
+    let addresses: Vec<String> = (0..FLEET).map(|i| format!("10.0.2.{i}:8000")).collect();
+    for address in &addresses {
+        serve(&mut w, start(address, None), 1);
+    }
+    let slots: Vec<(u16, String)> = w
+        .candidates(1)
+        .into_iter()
+        .map(|c| (c.instance.slot, c.instance.address.to_string()))
+        .collect();
+    assert_eq!(slots.len(), FLEET);
+    let sample_all = |running: u32, at: u64| {
+        for (slot, address) in &slots {
+            let load = EngineLoad {
+                running,
+                waiting: 0,
+                kv_usage_permille: None,
+            };
+            engine_sample(&store, *slot, address, load, at);
+        }
+    };
+    sample_all(3, 2);
+    w.set_engine_view(Some(EngineView {
+        max_age_ms: 2_000,
+        bounds: EngineBounds::default(),
+    }));
+    let weighed_at = |w: &mut LoadTracker<Rc<MemoryStore>>, running: u32, now: u64| {
+        w.candidates(now)
+            .iter()
+            .filter(|c| c.load == running)
+            .count()
+    };
+    // Every sample read once (no copies yet).
+    assert_eq!(weighed_at(&mut w, 3, 2), FLEET);
+    // Newer samples: a decision whose copies expired reads the budget of
+    // them, those read longest ago; the others stand, still fresh.
+    sample_all(5, 100);
+    let budget = RECORD_READS_PER_DECISION;
+    assert_eq!(weighed_at(&mut w, 5, 100), budget);
+    assert_eq!(weighed_at(&mut w, 5, 101), 2 * budget, "the next oldest");
+    // The tick reads every sample again, and its copies stand for their
+    // window: the next decision reads nothing.
+    w.tick(102);
+    let reads = store.reads();
+    assert_eq!(weighed_at(&mut w, 5, 103), FLEET);
+    assert_eq!(store.reads(), reads, "the tick's copies");
+    // A standing copy whose sample lapses is read again, whatever the
+    // budget: every instance keeps its sample.
+    sample_all(7, 2_200);
+    assert_eq!(
+        weighed_at(&mut w, 7, 2_200),
+        FLEET,
+        "the copies of 102 hold samples of 100, lapsed at 2100"
+    );
+}

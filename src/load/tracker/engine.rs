@@ -11,7 +11,7 @@ use super::super::lease::{self, Heartbeat, Lease};
 use super::super::table::{Change, Tables, Updated};
 use super::super::{EngineLoad, InstanceRef, LoadView};
 use super::registry::Lookup;
-use super::{addr_hash, copy_is_fresh, LoadTracker};
+use super::{addr_hash, copy_is_fresh, last_read_again, LoadTracker};
 use crate::shared::SharedStore;
 
 /// How long a VM reuses an engine record it read before reading it again.
@@ -29,6 +29,12 @@ fn engine_key<S: SharedStore>(tables: &Tables<S>, slot: u16) -> String {
 /// The poller lease's key: one poller per Envoy (per shared-data map).
 fn poller_key<S: SharedStore>(tables: &Tables<S>) -> String {
     tables.key(format_args!("engine-poller"))
+}
+
+/// A sample once fresh and now older than `max_age_ms`: a copy holding it
+/// must be read again (a newer sample has most likely arrived).
+fn lapsed(record: &EngineRecord, max_age_ms: u64, now_ms: u64) -> bool {
+    record.sampled_at_ms != 0 && now_ms.saturating_sub(record.sampled_at_ms) > max_age_ms
 }
 
 /// This VM's engine records as last read, by slot, with when.
@@ -95,6 +101,15 @@ impl<S: SharedStore> LoadTracker<S> {
         written == Updated::Written(())
     }
 
+    /// Reads the engine records of `slots` into this VM's copies: the tick's,
+    /// so that copies past a decision's budget are at most a tick old.
+    pub(super) fn refresh_engine_copies(&mut self, slots: &[u16], now_ms: u64) {
+        for &slot in slots {
+            let record: EngineRecord = self.tables.read(&engine_key(&self.tables, slot)).record;
+            self.engine_cache.by_slot.insert(slot, (now_ms, record));
+        }
+    }
+
     /// Clears `instance`'s sample (its engine did not answer usably), so
     /// decisions fall back to this Envoy's own counts at once.
     pub fn clear_engine_sample(&mut self, instance: &InstanceRef, now_ms: u64) {
@@ -156,18 +171,59 @@ impl<S: SharedStore> LoadTracker<S> {
 
     /// `instance`'s engine sample if there is one of its address at most
     /// `max_age_ms` old, read through this VM's cache (at most
-    /// [`ENGINE_CACHE_MS`] stale). The decision side's one reader.
+    /// [`ENGINE_CACHE_MS`] stale): [`Self::engine_sample_within`] with no
+    /// copy standing past its window.
+    #[cfg(test)]
     pub(crate) fn engine_sample(
         &mut self,
         instance: &InstanceRef,
         max_age_ms: u64,
         now_ms: u64,
     ) -> Option<EngineRecord> {
+        self.engine_sample_within(instance, max_age_ms, now_ms, None)
+    }
+
+    /// Of the engine copies of `slots` a decision finds expired, the last it
+    /// reads again ([`last_read_again`]); a copy whose sample has lapsed is
+    /// always read again, so the budget never costs an instance its sample.
+    pub(super) fn engine_copies_read_again(
+        &self,
+        slots: impl Iterator<Item = u16>,
+        max_age_ms: u64,
+        now_ms: u64,
+    ) -> Option<(u64, u16)> {
+        let expired = slots
+            .filter_map(|slot| {
+                let (read_at, record) = self.engine_cache.by_slot.get(&slot)?;
+                let expired = !copy_is_fresh(*read_at, now_ms, ENGINE_CACHE_MS);
+                (expired && !lapsed(record, max_age_ms, now_ms)).then_some((*read_at, slot))
+            })
+            .collect();
+        last_read_again(expired)
+    }
+
+    /// `instance`'s engine sample if there is one of its address at most
+    /// `max_age_ms` old, read through this VM's cache (at most
+    /// [`ENGINE_CACHE_MS`] stale, or longer for an expired copy ordered
+    /// after `last_read_again`: [`Self::engine_copies_read_again`]). The
+    /// decision side's one reader.
+    pub(super) fn engine_sample_within(
+        &mut self,
+        instance: &InstanceRef,
+        max_age_ms: u64,
+        now_ms: u64,
+        last_read_again: Option<(u64, u16)>,
+    ) -> Option<EngineRecord> {
+        let slot = instance.slot;
         let cached = self
             .engine_cache
             .by_slot
-            .get(&instance.slot)
-            .filter(|(read_at, _)| copy_is_fresh(*read_at, now_ms, ENGINE_CACHE_MS))
+            .get(&slot)
+            .filter(|(read_at, record)| {
+                copy_is_fresh(*read_at, now_ms, ENGINE_CACHE_MS)
+                    || (last_read_again.is_some_and(|last| (*read_at, slot) > last)
+                        && !lapsed(record, max_age_ms, now_ms))
+            })
             .map(|(_, record)| *record);
         let record = match cached {
             Some(record) => record,

@@ -79,6 +79,18 @@ fn copy_is_fresh(read_ms: u64, now_ms: u64, window_ms: u64) -> bool {
         .is_some_and(|age| age < window_ms)
 }
 
+/// Of the copies a decision finds expired (when each was read, its slot),
+/// the last it reads again: the [`RECORD_READS_PER_DECISION`] read longest
+/// ago. A copy ordered after it stands as it is; None: every expired copy is
+/// read again (there are no more than the budget).
+fn last_read_again(mut expired: Vec<(u64, u16)>) -> Option<(u64, u16)> {
+    if expired.len() <= RECORD_READS_PER_DECISION {
+        return None;
+    }
+    let (_, last, _) = expired.select_nth_unstable(RECORD_READS_PER_DECISION - 1);
+    Some(*last)
+}
+
 fn addr_hash(address: &str) -> u64 {
     xxh3_64(address.as_bytes())
 }
@@ -342,6 +354,10 @@ impl<S: SharedStore> LoadTracker<S> {
             in_use.push((slot, record.clone()));
         });
         columns.drop_idle();
+        if self.engine_view.is_some() {
+            let slots: Vec<u16> = in_use.iter().map(|(slot, _)| *slot).collect();
+            self.refresh_engine_copies(&slots, now_ms);
+        }
         in_use
             .into_iter()
             .map(|(slot, record)| InstanceLoad {
@@ -489,7 +505,7 @@ impl<S: SharedStore> LoadView for LoadTracker<S> {
             .columns
             .total(&self.tables, instance.slot, &record, now_ms);
         let mut candidate = Candidate::local(instance.clone(), in_flight);
-        self.weigh(&mut candidate, view, now_ms);
+        self.weigh(&mut candidate, view, now_ms, None);
         Some(candidate)
     }
 
@@ -674,16 +690,34 @@ impl<S: SharedStore> LoadTracker<S> {
             candidate.placed_bytes = self.recent.placed_bytes(slot);
         }
         if let Some(view) = self.engine_view {
+            let last = self.engine_copies_read_again(
+                candidates.iter().map(|c| c.instance.slot),
+                view.max_age_ms,
+                now_ms,
+            );
             for candidate in &mut candidates {
-                self.weigh(candidate, view, now_ms);
+                self.weigh(candidate, view, now_ms, last);
             }
         }
         candidates
     }
 
-    /// Weighs `candidate` by its engine's sample, if one is fresh.
-    fn weigh(&mut self, candidate: &mut Candidate, view: EngineView, now_ms: u64) {
-        let Some(sample) = self.engine_sample(&candidate.instance, view.max_age_ms, now_ms) else {
+    /// Weighs `candidate` by its engine's sample, if one is fresh; an
+    /// expired copy ordered after `last_read_again` stands.
+    fn weigh(
+        &mut self,
+        candidate: &mut Candidate,
+        view: EngineView,
+        now_ms: u64,
+        last_read_again: Option<(u64, u16)>,
+    ) {
+        let sample = self.engine_sample_within(
+            &candidate.instance,
+            view.max_age_ms,
+            now_ms,
+            last_read_again,
+        );
+        let Some(sample) = sample else {
             return;
         };
         candidate.load = sample.estimated_requests(candidate.in_flight);

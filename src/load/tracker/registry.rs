@@ -14,7 +14,7 @@ use super::super::instances::{InstanceRecord, RegistryEpoch, MAX_ADDRESS_LEN};
 use super::super::table::{Change, Read, Tables, Updated};
 use super::super::{Candidate, InstanceRef};
 use super::columns::Columns;
-use super::{addr_hash, copy_is_fresh};
+use super::{addr_hash, copy_is_fresh, last_read_again};
 use crate::shared::SharedStore;
 
 /// How long after a failed registration of a configured instance it is
@@ -676,17 +676,15 @@ impl Registry {
         // The budget read longest ago first: past the last of them, the
         // expired copies stand (none in a fleet within the budget).
         let last_read_again = if slots.len() > RECORD_READS_PER_DECISION {
-            let mut expired: Vec<(u64, u16)> = slots
-                .iter()
-                .filter_map(|slot| {
-                    let copy = self.cached.get(*slot)?;
-                    (!copy.is_current(now_ms)).then_some((copy.read_ms, *slot))
-                })
-                .collect();
-            (expired.len() > RECORD_READS_PER_DECISION).then(|| {
-                let (_, last, _) = expired.select_nth_unstable(RECORD_READS_PER_DECISION - 1);
-                *last
-            })
+            last_read_again(
+                slots
+                    .iter()
+                    .filter_map(|slot| {
+                        let copy = self.cached.get(*slot)?;
+                        (!copy.is_current(now_ms)).then_some((copy.read_ms, *slot))
+                    })
+                    .collect(),
+            )
         } else {
             None
         };

@@ -1,9 +1,9 @@
 //! `bench overhead`, engine load: what polling the engines' `/metrics`
 //! (`engine_load`) costs Envoy, side by side in one run, in front of 7
-//! instant upstreams that answer `GET /metrics` with a vLLM-shaped body
-//! ([`super::vllm_metrics_body`]).
+//! instant upstreams (or `--instances`) that answer `GET /metrics` with a
+//! vLLM-shaped body ([`super::vllm_metrics_body`]).
 //! - Under requests: Envoy without the filter, with the filter at its
-//!   defaults (the 7 upstreams as `instances`), and the same plus
+//!   defaults (the upstreams as `instances`), and the same plus
 //!   `engine_load` (500 ms, the default interval), measured as the main
 //!   cases are (latency one request at a time, interleaved across the three;
 //!   throughput phases in rotating order; Envoy CPU per request over each).
@@ -23,7 +23,7 @@ use serde_json::json;
 use super::bodies;
 use super::closed_loop;
 use super::engine_load::{engine_load_config, poll_counts_of, with_engine_cluster};
-use super::instant_upstream::{InstantFleet, FLEET_SIZE};
+use super::instant_upstream::InstantFleet;
 use super::overhead::{envoy_cpu_ns, figures, warmed_targets, OverheadOptions, Side, SideFigures};
 use super::stats::median;
 use super::vllm_metrics_body::vllm_metrics_body;
@@ -122,10 +122,11 @@ pub fn run(
 ) -> anyhow::Result<EngineLoadOverhead> {
     let body = vllm_metrics_body(3, 1, 0.42);
     let metrics = Bytes::from(body.clone());
-    let fleet = InstantFleet::start(KEY_HEADER, Some(metrics))?;
+    let fleet = InstantFleet::start_sized(opts.instances, KEY_HEADER, Some(metrics))?;
     let addrs = fleet.addrs();
     progress(&format!(
-        "engine load: {FLEET_SIZE} upstreams answering GET /metrics with {} bytes ({} lines) shaped as vLLM's",
+        "engine load: {} upstreams answering GET /metrics with {} bytes ({} lines) shaped as vLLM's",
+        opts.instances,
         body.len(),
         body.lines().count()
     ));
@@ -162,7 +163,7 @@ pub fn run(
     }
     let polled = under_requests.metrics_polls > 0 || idle.sides.iter().any(|s| s.polls_per_s > 0.0);
     Ok(EngineLoadOverhead {
-        upstreams: FLEET_SIZE,
+        upstreams: opts.instances,
         metrics_body_bytes: body.len(),
         metrics_body_lines: body.lines().count(),
         polled,

@@ -23,8 +23,8 @@
 //! (one request at a time, where every request starts on cold caches and costs
 //! several times more), tells CPU cost apart from waiting.
 //!
-//! Then what `engine_load` costs, in front of 7 upstreams serving `/metrics`
-//! ([`super::engine_overhead`]): under requests and idle.
+//! Then what `engine_load` costs, in front of as many upstreams serving
+//! `/metrics` ([`super::engine_overhead`]): under requests and idle.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
