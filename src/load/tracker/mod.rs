@@ -848,7 +848,7 @@ mod index_session_tests {
         };
         assert_eq!(load_on(&mut vm_a, A, NOW + 3), 0, "the copy of NOW");
         assert_eq!(load_on(&mut vm_a, A, NOW + RECORD_CACHE_MS), 1);
-        // A claim that finds a count moved since the copy drops every copy,
+        // A claim that finds a count moved since the copy outdates every copy,
         // so the next choice sees the counts at once.
         let (mut vm_c, mut vm_d) = (tracker(&store, 3), tracker(&store, 4));
         assert_eq!(load_on(&mut vm_c, A, NOW + 10), 1);
