@@ -144,6 +144,7 @@ mod tests {
             runs: None,
             baseline_wasm: None,
             envoy_workers: None,
+            instances: None,
         };
         assert!(needs_bench_python(&args(&[], &[])));
         assert!(needs_bench_python(&args(&["multi-turn", "rag"], &[])));

@@ -150,9 +150,12 @@ fn run_routing(args: &RoutingArgs) -> anyhow::Result<()> {
     if let Some(workers) = args.envoy_workers {
         opts.envoy_workers = workers;
     }
+    if let Some(instances) = args.instances {
+        opts.instances = usize::from(instances);
+    }
     eprintln!(
         "routing: {} vllm-sim instances, Envoy {} with {} worker(s), time scale {}",
-        routing::INSTANCES,
+        opts.instances,
         prefix_router_tools::envoy::ENVOY_VERSION,
         opts.envoy_workers,
         opts.time_scale

@@ -85,6 +85,10 @@ pub struct RoutingArgs {
     /// worker decides, and the VMs share their counts through shared data.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub envoy_workers: Option<u32>,
+    /// Simulated vLLM instances (default 7): the same workloads and total KV
+    /// cache over a larger fleet.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(2..=INSTANCES_MAX))]
+    pub instances: Option<u16>,
 }
 
 impl RoutingArgs {
@@ -109,6 +113,9 @@ impl RoutingArgs {
         }
         if let Some(workers) = self.envoy_workers {
             args.extend(["--envoy-workers".to_string(), workers.to_string()]);
+        }
+        if let Some(instances) = self.instances {
+            args.extend(["--instances".to_string(), instances.to_string()]);
         }
         args
     }
@@ -226,6 +233,7 @@ mod tests {
                         runs,
                         baseline_wasm,
                         envoy_workers,
+                        instances: envoy_workers.map(|_| 32),
                     };
                     assert!(
                         matches!(parse(routing.to_args()), BenchCommand::Routing(r) if r == routing)

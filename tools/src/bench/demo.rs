@@ -145,6 +145,7 @@ pub fn run(opts: &DemoOptions, print: &mut dyn FnMut(&str)) -> anyhow::Result<De
             baseline_wasm: None,
             sim_exe: opts.sim_exe.clone(),
             max_run: Duration::from_secs(60),
+            instances: routing::INSTANCES,
         };
         reports.push(routing::run(&routing_opts, print)?);
     }

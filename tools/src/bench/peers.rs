@@ -4,7 +4,8 @@
 //! SGLang's router (`sglang-router==0.3.2`, its
 //! `cache_aware` policy) as a child process, and an oracle that needs no
 //! proxy (the load generator sends every group straight to instance
-//! `group mod 7`: the most hits a placement with even shares can get).
+//! `group mod N` of N instances: the most hits a placement with even shares
+//! can get).
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
@@ -93,7 +94,7 @@ impl Peer {
             Peer::PrefixAwareEngine => "PREFIX_AWARE (longest) + engine load".to_string(),
             Peer::Replicated { arm, envoys } => format!("{}, {envoys} Envoys", arm.name()),
             Peer::SglangCacheAware => "sglang-router cache_aware".to_string(),
-            Peer::Oracle => "oracle (group mod 7)".to_string(),
+            Peer::Oracle => "oracle (group mod the instances)".to_string(),
             Peer::Baseline(peer) => format!("{} [baseline .wasm]", peer.name()),
         }
     }
@@ -276,7 +277,7 @@ impl Peer {
                 "{SGLANG_ROUTER_REQUIREMENT} (python -m sglang_router.launch_router) --policy cache_aware \
                  --worker-startup-check-interval 1 --disable-retries --log-level warn, defaults otherwise"
             ),
-            Peer::Oracle => "no proxy: the load generator sends group (or conversation) g straight to instance g mod 7".into(),
+            Peer::Oracle => "no proxy: the load generator sends group (or conversation) g straight to instance g mod the number of instances".into(),
             Peer::Baseline(peer) => format!("{}; the filter built as --baseline-wasm names", peer.mechanism()),
         }
     }

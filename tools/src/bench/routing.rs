@@ -132,12 +132,17 @@ pub fn kv_blocks_for(workload: &Workload) -> usize {
     kv_blocks_for_tokens(reused_tokens(workload))
 }
 
-/// KV blocks per instance so that `reused` tokens fill
+/// KV blocks per instance of [`INSTANCES`] so that `reused` tokens fill
 /// [`SHARED_FRACTION_OF_FLEET_CACHE`] of the fleet's cache.
 pub fn kv_blocks_for_tokens(reused: usize) -> usize {
+    kv_blocks_over(reused, INSTANCES)
+}
+
+/// [`kv_blocks_for_tokens`] over `instances` instances.
+pub fn kv_blocks_over(reused: usize, instances: usize) -> usize {
     let block_size = SimConfig::default().block_size;
     let fleet_tokens = reused as f64 / SHARED_FRACTION_OF_FLEET_CACHE;
-    ((fleet_tokens / INSTANCES as f64) / block_size as f64).ceil() as usize
+    ((fleet_tokens / instances.max(1) as f64) / block_size as f64).ceil() as usize
 }
 
 /// [`reused_tokens`], for the workloads on real data from the text the
@@ -180,6 +185,9 @@ pub struct RoutingOptions {
     pub sim_exe: Option<PathBuf>,
     /// Wall-clock bound of one run (warm-up or measured).
     pub max_run: Duration,
+    /// Simulated instances in the fleet ([`INSTANCES`] unless told); the
+    /// fleet's KV cache stays the same size, split over them.
+    pub instances: usize,
 }
 
 impl RoutingOptions {
@@ -214,6 +222,7 @@ impl RoutingOptions {
             baseline_wasm: None,
             sim_exe: None,
             max_run: Duration::from_secs(180),
+            instances: INSTANCES,
         })
     }
 
@@ -407,7 +416,7 @@ pub fn run(opts: &RoutingOptions, progress: &mut dyn FnMut(&str)) -> anyhow::Res
         quick: opts.quick,
         envoy_version: ENVOY_VERSION,
         envoy_workers: opts.envoy_workers,
-        instances: INSTANCES,
+        instances: opts.instances,
         time_scale: opts.time_scale,
         runs: opts.runs.max(1),
         cold_start: "per arm and run: POST /reset_prefix_cache on every instance, a fresh Envoy \
@@ -445,7 +454,7 @@ fn run_plan(
     progress: &mut dyn FnMut(&str),
 ) -> anyhow::Result<WorkloadResult> {
     let reused = reused_tokens_with(&plan.workload, corpus);
-    let kv_blocks = kv_blocks_for_tokens(reused);
+    let kv_blocks = kv_blocks_over(reused, opts.instances);
     let template = SimConfig {
         kv_blocks,
         time_scale: opts.time_scale,
@@ -465,7 +474,7 @@ fn run_plan(
         plan.requests,
         opts.runs.max(1),
         kv_blocks,
-        100.0 * reused as f64 / (instance_tokens * INSTANCES as f64),
+        100.0 * reused as f64 / (instance_tokens * opts.instances as f64),
         reused as f64 / instance_tokens
     ));
     let peers = peers_of(opts, plan);
@@ -474,7 +483,7 @@ fn run_plan(
         // A fleet per run: its instances' ports are new, so each run also
         // samples where rendezvous hashing (which hashes the addresses)
         // places the workload's groups; every arm of the run shares it.
-        let fleet = SimFleet::start(sim_exe, INSTANCES, &template)?;
+        let fleet = SimFleet::start(sim_exe, opts.instances, &template)?;
         let mut this_run = Vec::with_capacity(peers.len());
         for &peer in &peers {
             let result = run_peer(runtime, opts, plan, &fleet, peer, run as u64, corpus)
@@ -523,7 +532,7 @@ fn run_plan(
         parameters: plan.workload.clone(),
         kv_blocks_per_instance: kv_blocks,
         reused_tokens: reused,
-        reused_fraction_of_fleet_cache: reused as f64 / (instance_tokens * INSTANCES as f64),
+        reused_fraction_of_fleet_cache: reused as f64 / (instance_tokens * opts.instances as f64),
         reused_over_one_instance: reused as f64 / instance_tokens,
         oracle_hit_rate,
         strategies,
