@@ -4,14 +4,12 @@
 //! cache so that a decision does not read every instance's key on every
 //! request.
 
-use std::collections::HashMap;
-
 use super::super::engine::EngineRecord;
 use super::super::lease::{self, Heartbeat, Lease};
 use super::super::table::{Change, Tables, Updated};
 use super::super::{EngineLoad, InstanceRef, LoadView};
 use super::registry::Lookup;
-use super::{addr_hash, copy_is_fresh, last_read_again, LoadTracker};
+use super::{addr_hash, copy_is_fresh, last_read_again, BySlot, LoadTracker};
 use crate::shared::SharedStore;
 
 /// How long a VM reuses an engine record it read before reading it again.
@@ -40,7 +38,7 @@ fn lapsed(record: &EngineRecord, max_age_ms: u64, now_ms: u64) -> bool {
 /// This VM's engine records as last read, by slot, with when.
 #[derive(Debug, Default)]
 pub(super) struct EngineCache {
-    by_slot: HashMap<u16, (u64, EngineRecord)>,
+    by_slot: BySlot<(u64, EngineRecord)>,
 }
 
 impl<S: SharedStore> LoadTracker<S> {
@@ -194,7 +192,7 @@ impl<S: SharedStore> LoadTracker<S> {
     ) -> Option<(u64, u16)> {
         let expired = slots
             .filter_map(|slot| {
-                let (read_at, record) = self.engine_cache.by_slot.get(&slot)?;
+                let (read_at, record) = self.engine_cache.by_slot.get(slot)?;
                 let expired = !copy_is_fresh(*read_at, now_ms, ENGINE_CACHE_MS);
                 (expired && !lapsed(record, max_age_ms, now_ms)).then_some((*read_at, slot))
             })
@@ -218,7 +216,7 @@ impl<S: SharedStore> LoadTracker<S> {
         let cached = self
             .engine_cache
             .by_slot
-            .get(&slot)
+            .get(slot)
             .filter(|(read_at, record)| {
                 copy_is_fresh(*read_at, now_ms, ENGINE_CACHE_MS)
                     || (last_read_again.is_some_and(|last| (*read_at, slot) > last)

@@ -91,6 +91,49 @@ fn last_read_again(mut expired: Vec<(u64, u16)>) -> Option<(u64, u16)> {
     Some(*last)
 }
 
+/// Values kept per instance slot (slots are below the registry's size), in a
+/// vector: what a decision looks up for every instance takes no hashing.
+#[derive(Debug)]
+struct BySlot<T> {
+    values: Vec<Option<T>>,
+}
+
+impl<T> Default for BySlot<T> {
+    fn default() -> Self {
+        Self { values: Vec::new() }
+    }
+}
+
+impl<T> BySlot<T> {
+    fn get(&self, slot: u16) -> Option<&T> {
+        self.values.get(usize::from(slot))?.as_ref()
+    }
+
+    fn insert(&mut self, slot: u16, value: T) {
+        let index = usize::from(slot);
+        if self.values.len() <= index {
+            self.values.resize_with(index + 1, || None);
+        }
+        if let Some(kept) = self.values.get_mut(index) {
+            *kept = Some(value);
+        }
+    }
+
+    fn remove(&mut self, slot: u16) {
+        if let Some(kept) = self.values.get_mut(usize::from(slot)) {
+            *kept = None;
+        }
+    }
+
+    fn clear(&mut self) {
+        self.values.clear();
+    }
+
+    fn values_mut(&mut self) -> impl Iterator<Item = &mut T> {
+        self.values.iter_mut().flatten()
+    }
+}
+
 fn addr_hash(address: &str) -> u64 {
     xxh3_64(address.as_bytes())
 }
@@ -553,8 +596,8 @@ struct IndexSession {
     /// (now_ms, chain length, last hash) of the prompt these are for.
     prompt: Option<(u64, usize, u64)>,
     reads: BucketReads,
-    /// The holder of every instance this prompt's calls named, by slot.
-    holders: Vec<Option<Holder>>,
+    /// The holder of every instance this prompt's calls named.
+    holders: BySlot<Holder>,
 }
 
 /// The holders of the live instances, by slot: whether an index entry's
@@ -562,22 +605,16 @@ struct IndexSession {
 /// the list took a third of a decision's time over 256 instances).
 #[derive(Debug, Default)]
 struct LiveHolders {
-    tags: Vec<Option<u16>>,
+    tags: BySlot<u16>,
 }
 
 impl LiveHolders {
     fn insert(&mut self, holder: Holder) {
-        let index = usize::from(holder.slot);
-        if self.tags.len() <= index {
-            self.tags.resize(index + 1, None);
-        }
-        if let Some(tag) = self.tags.get_mut(index) {
-            *tag = Some(holder.tag);
-        }
+        self.tags.insert(holder.slot, holder.tag);
     }
 
     fn contains(&self, holder: Holder) -> bool {
-        self.tags.get(usize::from(holder.slot)).copied().flatten() == Some(holder.tag)
+        self.tags.get(holder.slot) == Some(&holder.tag)
     }
 }
 
@@ -611,17 +648,11 @@ impl IndexSession {
     }
 
     fn holder_of(&mut self, instance: &InstanceRef) -> Holder {
-        let index = usize::from(instance.slot);
-        if let Some(Some(holder)) = self.holders.get(index) {
+        if let Some(holder) = self.holders.get(instance.slot) {
             return *holder;
         }
         let holder = Holder::new(instance.slot, addr_hash(&instance.address));
-        if self.holders.len() <= index {
-            self.holders.resize(index + 1, None);
-        }
-        if let Some(kept) = self.holders.get_mut(index) {
-            *kept = Some(holder);
-        }
+        self.holders.insert(instance.slot, holder);
         holder
     }
 }

@@ -14,7 +14,7 @@ use super::super::instances::{InstanceRecord, RegistryEpoch, MAX_ADDRESS_LEN};
 use super::super::table::{Change, Read, Tables, Updated};
 use super::super::{Candidate, InstanceRef};
 use super::columns::Columns;
-use super::{addr_hash, copy_is_fresh, last_read_again};
+use super::{addr_hash, copy_is_fresh, last_read_again, BySlot};
 use crate::shared::SharedStore;
 
 /// How long after a failed registration of a configured instance it is
@@ -120,60 +120,6 @@ impl RecordCopy {
     }
 }
 
-/// This VM's copies of the instance records, by slot (a look-up per
-/// instance per decision: no hashing).
-#[derive(Debug, Default)]
-struct RecordCopies {
-    by_slot: Vec<Option<RecordCopy>>,
-}
-
-impl RecordCopies {
-    fn get(&self, slot: u16) -> Option<&RecordCopy> {
-        self.by_slot.get(usize::from(slot))?.as_ref()
-    }
-
-    fn insert(&mut self, slot: u16, copy: RecordCopy) {
-        let index = usize::from(slot);
-        if self.by_slot.len() <= index {
-            self.by_slot.resize_with(index + 1, || None);
-        }
-        if let Some(kept) = self.by_slot.get_mut(index) {
-            *kept = Some(copy);
-        }
-    }
-
-    fn remove(&mut self, slot: u16) {
-        if let Some(kept) = self.by_slot.get_mut(usize::from(slot)) {
-            *kept = None;
-        }
-    }
-
-    fn iter_mut(&mut self) -> impl Iterator<Item = &mut RecordCopy> {
-        self.by_slot.iter_mut().flatten()
-    }
-}
-
-/// [`Registry::keep_copy`] over the fields it uses: the copy `cached` holds
-/// for `slot` if current ([`RecordCopy::is_current`]), else one read now,
-/// kept there and in `recent` ([`remember_read`]). (Always there: None only
-/// to need no panic.)
-fn keep_copy<'a, S: SharedStore>(
-    cached: &'a mut RecordCopies,
-    recent: &mut Vec<RecentRead>,
-    configured: &BTreeSet<String>,
-    tables: &Tables<S>,
-    slot: u16,
-    now_ms: u64,
-) -> Option<&'a RecordCopy> {
-    if !cached.get(slot).is_some_and(|copy| copy.is_current(now_ms)) {
-        let read = read_record(tables, slot);
-        let copy = RecordCopy::new(now_ms, read.record.clone(), configured);
-        remember_read(recent, slot, now_ms, read);
-        cached.insert(slot, copy);
-    }
-    cached.get(slot)
-}
-
 /// The record in `slot`; a missing or undecodable one reads as free (so it
 /// can be overwritten).
 fn read_record<S: SharedStore>(tables: &Tables<S>, slot: u16) -> Read<InstanceRecord> {
@@ -207,7 +153,7 @@ pub(super) struct Registry {
     recent: Vec<RecentRead>,
     /// Every instance record as this VM last read it, with when: what
     /// decisions compare (never a write's token).
-    cached: RecordCopies,
+    cached: BySlot<RecordCopy>,
     /// When this VM last read the registry epoch.
     epoch_read_ms: Option<u64>,
     /// The configured instances (`instances`): fresh whatever their last
@@ -231,7 +177,7 @@ impl Registry {
             known_slots: BTreeSet::new(),
             scanned_epoch: None,
             recent: Vec::new(),
-            cached: RecordCopies::default(),
+            cached: BySlot::default(),
             epoch_read_ms: None,
             configured: BTreeSet::new(),
             configured_list: Vec::new(),
@@ -250,7 +196,7 @@ impl Registry {
         if self.configured_list != instances {
             self.configured_list = instances.to_vec();
             self.configured = instances.iter().cloned().collect();
-            for copy in self.cached.iter_mut() {
+            for copy in self.cached.values_mut() {
                 copy.listed = self.configured.contains(&copy.record.address);
             }
             self.maybe_unseeded = true;
@@ -376,15 +322,33 @@ impl Registry {
         slot: u16,
         now_ms: u64,
     ) -> Option<&InstanceRecord> {
-        let copy = keep_copy(
-            &mut self.cached,
-            &mut self.recent,
-            &self.configured,
-            tables,
-            slot,
-            now_ms,
-        );
-        copy.map(|copy| &copy.record)
+        self.copy_within(tables, slot, now_ms, None)
+            .map(|copy| &copy.record)
+    }
+
+    /// This VM's copy of `slot`'s record if it is current, or expired but
+    /// ordered after `last_read_again` ([`last_read_again`]: past the
+    /// decision's budget); else one read now, kept as the copy and for this
+    /// decision's claim ([`Self::take_recent`]). (Always there: None only
+    /// to need no panic.)
+    fn copy_within<S: SharedStore>(
+        &mut self,
+        tables: &Tables<S>,
+        slot: u16,
+        now_ms: u64,
+        last_read_again: Option<(u64, u16)>,
+    ) -> Option<&RecordCopy> {
+        let stands = self.cached.get(slot).is_some_and(|copy| {
+            copy.is_current(now_ms)
+                || last_read_again.is_some_and(|last| (copy.read_ms, slot) > last)
+        });
+        if !stands {
+            let read = read_record(tables, slot);
+            let copy = RecordCopy::new(now_ms, read.record.clone(), &self.configured);
+            remember_read(&mut self.recent, slot, now_ms, read);
+            self.cached.insert(slot, copy);
+        }
+        self.cached.get(slot)
     }
 
     /// Drops this VM's copy of `slot`'s record: it just changed the record
@@ -397,7 +361,7 @@ impl Registry {
     /// Outdates every copy: the next decisions read them again, those read
     /// longest ago first, [`RECORD_READS_PER_DECISION`] at a time.
     pub(super) fn outdate_copies(&mut self) {
-        for copy in self.cached.iter_mut() {
+        for copy in self.cached.values_mut() {
             copy.outdated = true;
         }
     }
@@ -690,24 +654,10 @@ impl Registry {
         };
         let mut out = Vec::with_capacity(slots.len());
         self.recent.clear();
+        let instance_ttl_ms = self.instance_ttl_ms;
         for slot in slots {
-            let copy = match self.cached.get(slot) {
-                Some(copy)
-                    if copy.is_current(now_ms)
-                        || last_read_again.is_some_and(|last| (copy.read_ms, slot) > last) =>
-                {
-                    Some(copy)
-                }
-                _ => keep_copy(
-                    &mut self.cached,
-                    &mut self.recent,
-                    &self.configured,
-                    tables,
-                    slot,
-                    now_ms,
-                ),
-            };
-            let Some(copy) = copy.filter(|copy| copy.is_fresh(self.instance_ttl_ms, now_ms)) else {
+            let copy = self.copy_within(tables, slot, now_ms, last_read_again);
+            let Some(copy) = copy.filter(|copy| copy.is_fresh(instance_ttl_ms, now_ms)) else {
                 continue;
             };
             let record = &copy.record;
