@@ -5,6 +5,7 @@
 
 use clap::{Args, Parser, Subcommand};
 
+use super::instant_upstream::FLEET_SIZE;
 use super::peers::Peer;
 use crate::loadgen::{DATA_WORKLOAD_NAMES, WORKLOAD_NAMES};
 
@@ -169,7 +170,7 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 10)]
         seconds: u64,
         /// Instant upstreams, all listed as `instances`.
-        #[arg(long, default_value_t = 7, value_parser = clap::value_parser!(u16).range(1..=INSTANCES_MAX))]
+        #[arg(long, default_value_t = FLEET_SIZE as u16, value_parser = clap::value_parser!(u16).range(1..=INSTANCES_MAX))]
         instances: u16,
     },
 }
