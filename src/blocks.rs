@@ -87,6 +87,10 @@ pub struct PromptBlocks {
     /// Bytes before the last message, when it follows the first own one (a
     /// conversation's later turn); 0 otherwise and for raw bytes.
     pub history_bytes: usize,
+    /// Bytes of the previous turn's prompt (through the message before the
+    /// last answer), when [`PromptBlocks::history_bytes`] is not 0; 0
+    /// otherwise.
+    pub previous_prompt_bytes: usize,
 }
 
 impl PromptBlocks {
@@ -95,7 +99,8 @@ impl PromptBlocks {
         let block_bytes = block_bytes.max(1);
         let prefix = material.prefix;
         let seed = chain_seed(material);
-        let (start, opening_end, cuts, history_bytes) = match material.source {
+        let (start, opening_end, cuts, history_bytes, previous_prompt_bytes) = match material.source
+        {
             PrefixSource::CanonicalText => {
                 let (start, own_end) = canonical_opening(prefix);
                 // Only what follows the first own record is searched.
@@ -103,10 +108,23 @@ impl PromptBlocks {
                     Some(rest) if !rest.is_empty() => own_end + last_record_start(rest),
                     _ => 0,
                 };
+                // The previous turn's prompt ends where the record before
+                // the last one (its answer) starts, or with the first own
+                // record when that answer is the only record between them.
+                let previous_prompt_bytes = match prefix.get(own_end..history_bytes) {
+                    Some(between) if !between.is_empty() => own_end + last_record_start(between),
+                    _ => 0,
+                };
                 let end = own_end.min(start.saturating_add(OWN_OPENING_BYTES));
-                (start, end, [start, end], history_bytes)
+                (
+                    start,
+                    end,
+                    [start, end],
+                    history_bytes,
+                    previous_prompt_bytes,
+                )
             }
-            PrefixSource::RawBytes => (0, RAW_OPENING_BYTES.min(prefix.len()), [0, 0], 0),
+            PrefixSource::RawBytes => (0, RAW_OPENING_BYTES.min(prefix.len()), [0, 0], 0, 0),
         };
         // The system messages' blocks (none for raw bytes), padded to whole
         // spans of the prefix index when the conversation's own text follows.
@@ -141,6 +159,7 @@ impl PromptBlocks {
             opening,
             attracting_blocks,
             history_bytes,
+            previous_prompt_bytes,
         }
     }
 
@@ -173,6 +192,15 @@ impl PromptBlocks {
     /// module documentation).
     pub fn attracts(&self, blocks: usize) -> bool {
         blocks > 0 && blocks >= self.attracting_blocks
+    }
+
+    /// True unless this is a conversation's later turn and a match of
+    /// `held_bytes` stops short of its previous turn's prompt: then another
+    /// replica routed that turn, and this Envoy does not know whether it
+    /// moved the conversation. A match of the previous turn's prompt ends
+    /// within a block of it (that prompt's last block, partial, differs).
+    pub fn previous_turn_held(&self, held_bytes: usize) -> bool {
+        held_bytes.saturating_add(self.block_bytes) > self.previous_prompt_bytes
     }
 
     /// The key header value for Envoy's fallback (Maglev), should the
@@ -352,6 +380,42 @@ mod tests {
             ..canonical(&second)
         };
         assert_eq!(PromptBlocks::new(&raw, 256).history_bytes, 0);
+    }
+
+    #[test]
+    fn a_later_turn_knows_where_its_previous_turns_prompt_ended() {
+        let system = record("system", &"s".repeat(300));
+        let first = system.clone() + &record("user", &"q".repeat(200));
+        let second = first.clone()
+            + &record("assistant", &"a".repeat(400))
+            + &record("user", &"r".repeat(100));
+        let third =
+            second.clone() + &record("assistant", &"b".repeat(700)) + &record("user", "and?");
+        let blocks = |text: &str| PromptBlocks::new(&canonical(text), 256);
+        assert_eq!(blocks(&first).previous_prompt_bytes, 0);
+        assert_eq!(blocks(&second).previous_prompt_bytes, first.len());
+        assert_eq!(blocks(&third).previous_prompt_bytes, second.len());
+        let raw = KeyMaterial {
+            source: PrefixSource::RawBytes,
+            ..canonical(&third)
+        };
+        assert_eq!(PromptBlocks::new(&raw, 256).previous_prompt_bytes, 0);
+        // What the previous turn left in an index is its whole blocks: the
+        // later turn's match of them holds that turn, one block short does
+        // not.
+        let (previous, later) = (blocks(&second), blocks(&third));
+        let shared = previous
+            .chain
+            .iter()
+            .zip(&later.chain)
+            .take_while(|(a, b)| a == b)
+            .count();
+        let held = later.bytes_of(shared);
+        assert!(held <= second.len() && held + 256 > second.len(), "{held}");
+        assert!(later.previous_turn_held(held));
+        assert!(!later.previous_turn_held(later.bytes_of(shared - 1)));
+        // A first turn or a single prompt has no previous turn to miss.
+        assert!(blocks(&first).previous_turn_held(0));
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! Where this worker VM sent its last [`RECENT_WINDOW`] decisions, per
 //! instance slot: the request shares that keep a prompt matched only in its
-//! system messages from piling onto the instances that hold them. And the
-//! prompt bytes it placed on each instance, which `cold_placement: BALANCED`
-//! evens out.
+//! system messages from piling onto the instances that hold them, and that
+//! move a conversation off a holder past its share while little of it is
+//! held there ([`RecentChoices::holder_share_bound`]). And the prompt bytes
+//! it placed on each instance, which `cold_placement: BALANCED` evens out.
 //!
 //! A system prompt that every conversation shares is held first by the
 //! instance of the first conversation; were it to attract every later one,
@@ -42,6 +43,19 @@ pub const RECENT_WINDOW: usize = 256;
 /// about 0.4 to 4 MB of text), so the counts forget only what the caches
 /// have long evicted.
 pub const PLACED_HORIZON_BYTES: u64 = 16 << 20;
+
+/// Decisions above its even share a holder may have had before a request
+/// moves off it, besides what it holds ([`RecentChoices::holder_share_bound`]).
+pub const SHARE_SLACK: u32 = 2;
+
+/// Bytes of a conversation's own text a holder must hold for each decision
+/// above [`SHARE_SLACK`] it may have had before the request moves off it.
+pub const OWN_BYTES_PER_DECISION: usize = 256;
+
+/// Decisions per instance the window must hold before shares move a
+/// request: 56 of 256 over 7 instances; a fleet of more than 32 instances
+/// never fills it that far, and its requests move for load only.
+pub const SHARE_DECISIONS_PER_INSTANCE: u32 = 8;
 
 /// A ring entry whose decision belonged to an instance no longer seated.
 const UNSEATED: u16 = u16::MAX;
@@ -153,6 +167,36 @@ impl RecentChoices {
         let half_of_one = u64::from(total) / instances / 2;
         u32::try_from(even + half_of_one + 2).unwrap_or(u32::MAX)
     }
+
+    /// The most of `total` recent decisions that a holder of a
+    /// conversation's own text (a match that attracts) may have had among
+    /// `instances` and still take the request: its even share plus
+    /// [`SHARE_SLACK`], plus one per [`OWN_BYTES_PER_DECISION`] of the
+    /// conversation's own text it holds, since moving the request costs
+    /// the prefill of that text (the system messages before it are most
+    /// often held elsewhere too). `None` while the window holds fewer than
+    /// [`SHARE_DECISIONS_PER_INSTANCE`] decisions per instance: too few
+    /// for shares to say anything (one conversation alone through a fresh
+    /// Envoy stays where it is).
+    pub fn holder_share_bound(total: u32, instances: usize, own_bytes: usize) -> Option<u32> {
+        let instances = u32::try_from(instances.max(1)).unwrap_or(u32::MAX);
+        if total < instances.saturating_mul(SHARE_DECISIONS_PER_INSTANCE) {
+            return None;
+        }
+        let cost = u32::try_from(own_bytes / OWN_BYTES_PER_DECISION).unwrap_or(u32::MAX);
+        Some(
+            (total / instances)
+                .saturating_add(SHARE_SLACK)
+                .saturating_add(cost),
+        )
+    }
+
+    /// Whether an instance with `recent` of `total` decisions among
+    /// `instances` is within its even share: where a request moved off a
+    /// holder past [`RecentChoices::holder_share_bound`] goes first.
+    pub fn within_even_share(recent: u32, total: u32, instances: usize) -> bool {
+        u64::from(recent) * instances as u64 <= u64::from(total)
+    }
 }
 
 #[cfg(test)]
@@ -245,6 +289,29 @@ mod tests {
         assert_eq!(recent.placed_bytes(3), 7);
         recent.note(5, 1);
         assert_eq!(recent.placed_bytes(3), 3);
+    }
+
+    #[test]
+    fn a_holders_share_bound_is_even_plus_the_slack_plus_what_it_holds() {
+        // 7 instances: none below 56 decisions.
+        assert_eq!(RecentChoices::holder_share_bound(55, 7, 0), None);
+        assert_eq!(RecentChoices::holder_share_bound(56, 7, 0), Some(8 + 2));
+        assert_eq!(RecentChoices::holder_share_bound(256, 7, 255), Some(36 + 2));
+        assert_eq!(
+            RecentChoices::holder_share_bound(256, 7, 256),
+            Some(36 + 2 + 1)
+        );
+        assert_eq!(
+            RecentChoices::holder_share_bound(256, 7, 12_000),
+            Some(36 + 2 + 46)
+        );
+        // More than 32 instances never have 8 decisions each in the window.
+        assert_eq!(RecentChoices::holder_share_bound(256, 32, 0), Some(8 + 2));
+        assert_eq!(RecentChoices::holder_share_bound(256, 33, 0), None);
+        assert!(RecentChoices::within_even_share(36, 256, 7));
+        assert!(!RecentChoices::within_even_share(37, 256, 7));
+        assert!(RecentChoices::within_even_share(10, 70, 7));
+        assert!(!RecentChoices::within_even_share(11, 70, 7));
     }
 
     #[test]
