@@ -171,13 +171,13 @@ impl RecentChoices {
     /// The most of `total` recent decisions that a holder of a
     /// conversation's own text (a match that attracts) may have had among
     /// `instances` and still take the request: its even share plus
-    /// [`SHARE_SLACK`], plus one per [`OWN_BYTES_PER_DECISION`] of the
-    /// conversation's own text it holds, since moving the request costs
-    /// the prefill of that text (the system messages before it are most
-    /// often held elsewhere too). `None` while the window holds fewer than
-    /// [`SHARE_DECISIONS_PER_INSTANCE`] decisions per instance: too few
-    /// for shares to say anything (one conversation alone through a fresh
-    /// Envoy stays where it is).
+    /// [`SHARE_SLACK`], plus one per [`OWN_BYTES_PER_DECISION`] of
+    /// `own_bytes`, what moving the request costs in prefill: the
+    /// conversation's own text it holds, and the system messages before it
+    /// unless they are the fleet's (the caller's to say). `None` while the
+    /// window holds fewer than [`SHARE_DECISIONS_PER_INSTANCE`] decisions
+    /// per instance: too few for shares to say anything (one conversation
+    /// alone through a fresh Envoy stays where it is).
     pub fn holder_share_bound(total: u32, instances: usize, own_bytes: usize) -> Option<u32> {
         let instances = u32::try_from(instances.max(1)).unwrap_or(u32::MAX);
         if total < instances.saturating_mul(SHARE_DECISIONS_PER_INSTANCE) {

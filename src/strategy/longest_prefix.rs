@@ -252,8 +252,32 @@ impl LongestPrefix {
         // where this Envoy routed the previous turn: a turn whose previous
         // one another replica routed stays where the replicas agree it is.
         let holder_share = if attracted && blocks.previous_turn_held(held_bytes) {
-            let own_bytes = held_bytes.saturating_sub(blocks.cuts[0]);
-            RecentChoices::holder_share_bound(total_recent, candidates.len(), own_bytes)
+            let bound_for = |cost: usize| {
+                RecentChoices::holder_share_bound(total_recent, candidates.len(), cost)
+            };
+            // The system messages cost nothing to move off when they are the
+            // fleet's (held by more than half of it: wherever the turn goes,
+            // they are most likely held); a group's own system prompt, held
+            // by a few, is the group's cache and costs its prefill. Looked up
+            // only when a holder is past the bound without them.
+            let system_bytes = blocks.cuts[0].min(held_bytes);
+            match bound_for(held_bytes - system_bytes) {
+                Some(bound)
+                    if system_bytes > 0
+                        && candidates.iter().any(|c| holds(c) && c.recent > bound) =>
+                {
+                    let system = blocks.chain.get(..blocks.padding.0).unwrap_or_default();
+                    let of_system = load.longest_held(system, &candidates, now_ms);
+                    let fleets = of_system.blocks == system.len()
+                        && of_system.holders.len().saturating_mul(2) > candidates.len();
+                    if fleets {
+                        Some(bound)
+                    } else {
+                        bound_for(held_bytes)
+                    }
+                }
+                bound => bound,
+            }
         } else {
             None
         };
@@ -987,6 +1011,38 @@ mod tests {
         let long = conversation("", 5, 5);
         let ((kind, slot), first) = shares_past(10, 9, &long);
         assert_eq!((kind, slot), (DecisionKind::Matched, first));
+    }
+
+    #[test]
+    fn a_groups_system_prompt_counts_in_what_its_holder_holds_the_fleets_does_not() {
+        let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent);
+        let system = record("system", &"group prompt ".repeat(200));
+        // The same question asked again matches past the system prompt
+        // into its own text, one block of it.
+        let question = prompt(&(system.clone() + &record("user", "What is new?")));
+        let place = |system_holders: &[u16]| {
+            let mut fleet = Fleet::new(7);
+            let (_, first) = fleet.route(&policy, &question);
+            let blocks = question.padding.0;
+            for &slot in system_holders {
+                for hash in &question.chain[..blocks] {
+                    fleet.held.entry(*hash).or_default().push(slot);
+                }
+            }
+            let mut counts = [9u32; 7];
+            counts[usize::from(first)] = 20;
+            note_recent(&mut fleet, &counts);
+            (fleet.route(&policy, &question), first)
+        };
+        // Held by its holder alone, the 2.6 KB prompt is the group's cache:
+        // 21 of 75 stays within 10 + 2 + 10.
+        let ((kind, slot), first) = place(&[]);
+        assert_eq!((kind, slot), (DecisionKind::Matched, first));
+        // Held by more than half the fleet, it is the fleet's: only the
+        // question counts (10 + 2 + 0), and the request moves.
+        let ((kind, slot), first) = place(&[0, 1, 2, 3, 4, 5, 6]);
+        assert_eq!(kind, DecisionKind::Moved);
+        assert_ne!(slot, first);
     }
 
     #[test]
