@@ -93,9 +93,10 @@ pub const HELD_BYTES_PER_REQUEST: usize = 1024;
 
 /// A candidate's place in the order of preference, before its rendezvous
 /// rank. Without a share bound (a match in the system messages only, a cold
-/// prompt, or too few recent decisions) holders come first, then every
-/// other instance. A match into a conversation's own text has its holders
-/// bound by [`RecentChoices::holder_share_bound`]: a holder past it comes
+/// prompt, a first turn or single prompt, or too few recent decisions)
+/// holders come first, then every other instance. A conversation's later
+/// turn matched into its own text has its holders bound by
+/// [`RecentChoices::holder_share_bound`]: a holder past it comes
 /// after the instances within their even share, the fewest recent decisions
 /// first, which take the request and hold the conversation from then on. Consistent placement spreads 200
 /// conversations of 1 to 8 turns as independent draws, so some instances
@@ -248,39 +249,42 @@ impl LongestPrefix {
         let held_bytes = blocks.bytes_of(held.blocks);
         // A conversation's holder past its share of recent decisions (by
         // more the more of the conversation's own text it holds) gives the
-        // request to an instance within its even share: see `Tier`. Only
-        // where this Envoy routed the previous turn: a turn whose previous
-        // one another replica routed stays where the replicas agree it is.
-        let holder_share = if attracted && blocks.previous_turn_held(held_bytes) {
-            let bound_for = |cost: usize| {
-                RecentChoices::holder_share_bound(total_recent, candidates.len(), cost)
-            };
-            // The system messages cost nothing to move off when they are the
-            // fleet's (held by more than half of it: wherever the turn goes,
-            // they are most likely held); a group's own system prompt, held
-            // by a few, is the group's cache and costs its prefill. Looked up
-            // only when a holder is past the bound without them.
-            let system_bytes = blocks.cuts[0].min(held_bytes);
-            match bound_for(held_bytes - system_bytes) {
-                Some(bound)
-                    if system_bytes > 0
-                        && candidates.iter().any(|c| holds(c) && c.recent > bound) =>
-                {
-                    let system = blocks.chain.get(..blocks.padding.0).unwrap_or_default();
-                    let of_system = load.longest_held(system, &candidates, now_ms);
-                    let fleets = of_system.blocks == system.len()
-                        && of_system.holders.len().saturating_mul(2) > candidates.len();
-                    if fleets {
-                        Some(bound)
-                    } else {
-                        bound_for(held_bytes)
+        // request to an instance within its even share: see `Tier`. Only a
+        // conversation's later turn (a single prompt sent again stays with
+        // what it matched), and only where this Envoy routed the previous
+        // turn: a turn whose previous one another replica routed stays
+        // where the replicas agree it is.
+        let holder_share =
+            if attracted && blocks.history_bytes > 0 && blocks.previous_turn_held(held_bytes) {
+                let bound_for = |cost: usize| {
+                    RecentChoices::holder_share_bound(total_recent, candidates.len(), cost)
+                };
+                // The system messages cost nothing to move off when they are the
+                // fleet's (held by more than half of it: wherever the turn goes,
+                // they are most likely held); a group's own system prompt, held
+                // by a few, is the group's cache and costs its prefill. Looked up
+                // only when a holder is past the bound without them.
+                let system_bytes = blocks.cuts[0].min(held_bytes);
+                match bound_for(held_bytes - system_bytes) {
+                    Some(bound)
+                        if system_bytes > 0
+                            && candidates.iter().any(|c| holds(c) && c.recent > bound) =>
+                    {
+                        let system = blocks.chain.get(..blocks.padding.0).unwrap_or_default();
+                        let of_system = load.longest_held(system, &candidates, now_ms);
+                        let fleets = of_system.blocks == system.len()
+                            && of_system.holders.len().saturating_mul(2) > candidates.len();
+                        if fleets {
+                            Some(bound)
+                        } else {
+                            bound_for(held_bytes)
+                        }
                     }
+                    bound => bound,
                 }
-                bound => bound,
-            }
-        } else {
-            None
-        };
+            } else {
+                None
+            };
         let tier = |c: &Candidate| match (is_holder(c), holder_share) {
             (true, None) => Tier::Holder,
             (false, None) => Tier::Other,
@@ -1017,32 +1021,47 @@ mod tests {
     fn a_groups_system_prompt_counts_in_what_its_holder_holds_the_fleets_does_not() {
         let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent);
         let system = record("system", &"group prompt ".repeat(200));
-        // The same question asked again matches past the system prompt
-        // into its own text, one block of it.
-        let question = prompt(&(system.clone() + &record("user", "What is new?")));
+        // A conversation's second turn matches past the system prompt into
+        // its own text: the first question, one block of it.
+        let turns = conversation(&system, 8, 2);
         let place = |system_holders: &[u16]| {
             let mut fleet = Fleet::new(7);
-            let (_, first) = fleet.route(&policy, &question);
-            let blocks = question.padding.0;
+            let (_, first) = fleet.route(&policy, &turns[0]);
+            let blocks = turns[1].padding.0;
             for &slot in system_holders {
-                for hash in &question.chain[..blocks] {
+                for hash in &turns[1].chain[..blocks] {
                     fleet.held.entry(*hash).or_default().push(slot);
                 }
             }
             let mut counts = [9u32; 7];
             counts[usize::from(first)] = 20;
             note_recent(&mut fleet, &counts);
-            (fleet.route(&policy, &question), first)
+            (fleet.route(&policy, &turns[1]), first)
         };
         // Held by its holder alone, the 2.6 KB prompt is the group's cache:
-        // 21 of 75 stays within 10 + 2 + 10.
+        // 21 of 75 stays within 10 + 2 + 11.
         let ((kind, slot), first) = place(&[]);
         assert_eq!((kind, slot), (DecisionKind::Matched, first));
         // Held by more than half the fleet, it is the fleet's: only the
-        // question counts (10 + 2 + 0), and the request moves.
+        // first question counts (10 + 2 + 1), and the turn moves.
         let ((kind, slot), first) = place(&[0, 1, 2, 3, 4, 5, 6]);
         assert_eq!(kind, DecisionKind::Moved);
         assert_ne!(slot, first);
+    }
+
+    #[test]
+    fn a_single_prompt_sent_again_stays_with_its_holder_whatever_the_shares() {
+        let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent);
+        let mut fleet = Fleet::new(7);
+        let question = prompt(&record("user", &format!("question {}", "why ".repeat(40))));
+        let (_, first) = fleet.route(&policy, &question);
+        let mut counts = [9u32; 7];
+        counts[usize::from(first)] = 40;
+        note_recent(&mut fleet, &counts);
+        assert_eq!(
+            fleet.route(&policy, &question),
+            (DecisionKind::Matched, first)
+        );
     }
 
     #[test]
