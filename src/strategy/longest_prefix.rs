@@ -96,12 +96,13 @@ pub const HELD_BYTES_PER_REQUEST: usize = 1024;
 /// prompt, a first turn or single prompt, or too few recent decisions)
 /// holders come first, then every other instance. A conversation's later
 /// turn matched into its own text has its holders bound by
-/// [`RecentChoices::holder_share_bound`]: a holder past it comes
-/// after the instances within their even share, the fewest recent decisions
-/// first, which take the request and hold the conversation from then on. Consistent placement spreads 200
-/// conversations of 1 to 8 turns as independent draws, so some instances
-/// serve 18 % of the requests and others 10 % (the same conversations
-/// pinned evenly by count still give 11 to 17 %); moving a few
+/// [`RecentChoices::holder_share_bound`]: a holder past it comes after the
+/// instances within their even share, the fewest recent decisions first,
+/// which take the request and hold the conversation from then on.
+/// Consistent placement spreads 200 conversations of 1 to 8 turns as
+/// independent draws, so some instances serve 18 % of the requests and
+/// others 10 % (the same conversations pinned evenly by count still give
+/// 11 to 17 %); moving a few
 /// conversations early, while the text they hold is short, evens the
 /// requests for little prefill (`tools/models/share_move_model.py`). Not
 /// for a turn whose previous turn this Envoy did not route
@@ -117,6 +118,14 @@ enum Tier {
     WithinShare,
     HolderPastShare,
     Other,
+}
+
+/// Whether a system prompt held by `holders` of `instances` is the fleet's
+/// rather than a group's: held by more than half of it. Its prompts are
+/// placed as cold ones, and moving a turn off one of its holders costs no
+/// prefill of it.
+fn the_fleets(holders: usize, instances: usize) -> bool {
+    holders.saturating_mul(2) > instances
 }
 
 /// Rendezvous score of `address` for a prompt opening.
@@ -222,9 +231,8 @@ impl LongestPrefix {
         // they are at most half the fleet: a system prompt most instances
         // hold is the fleet's, and its prompts are placed as cold ones, by
         // their openings, as every replica and every later turn places them.
-        let system_only = !attracted
-            && held.blocks > 0
-            && held.holders.len().saturating_mul(2) <= candidates.len();
+        let system_only =
+            !attracted && held.blocks > 0 && !the_fleets(held.holders.len(), candidates.len());
         // The fleet-wide engine bounds pass an instance over only while
         // another is within them; Maglev knows nothing of them, so while one
         // is over, an unlisted fleet's cold prompt is placed among the
@@ -259,11 +267,12 @@ impl LongestPrefix {
                 let bound_for = |cost: usize| {
                     RecentChoices::holder_share_bound(total_recent, candidates.len(), cost)
                 };
-                // The system messages cost nothing to move off when they are the
-                // fleet's (held by more than half of it: wherever the turn goes,
-                // they are most likely held); a group's own system prompt, held
-                // by a few, is the group's cache and costs its prefill. Looked up
-                // only when a holder is past the bound without them.
+                // The system messages cost nothing to move off when they
+                // are the fleet's (`the_fleets`: wherever the turn goes,
+                // they are most likely held); a group's own system prompt,
+                // held by a few, is the group's cache and costs its
+                // prefill. Looked up only when a holder is past the bound
+                // without them.
                 let system_bytes = blocks.cuts[0].min(held_bytes);
                 match bound_for(held_bytes - system_bytes) {
                     Some(bound)
@@ -272,9 +281,9 @@ impl LongestPrefix {
                     {
                         let system = blocks.chain.get(..blocks.padding.0).unwrap_or_default();
                         let of_system = load.longest_held(system, &candidates, now_ms);
-                        let fleets = of_system.blocks == system.len()
-                            && of_system.holders.len().saturating_mul(2) > candidates.len();
-                        if fleets {
+                        if of_system.blocks == system.len()
+                            && the_fleets(of_system.holders.len(), candidates.len())
+                        {
                             Some(bound)
                         } else {
                             bound_for(held_bytes)
