@@ -203,6 +203,22 @@ impl PromptBlocks {
         held_bytes.saturating_add(self.block_bytes) > self.previous_prompt_bytes
     }
 
+    /// True if a match of `held_blocks` blocks leaves the request adding to
+    /// what its holder holds, for the share bound to weigh moving it: a
+    /// conversation's later turn whose previous turn the match reaches
+    /// ([`PromptBlocks::previous_turn_held`]), or a single prompt with text
+    /// past the match (a new question after a held document). A single
+    /// prompt held whole is one sent again: it stays with its holder. Raw
+    /// bytes never: without messages, what a match covers may as well be a
+    /// preamble every request shares (its hot prefixes move for load only).
+    pub fn extends_held(&self, held_blocks: usize) -> bool {
+        if self.history_bytes > 0 {
+            self.previous_turn_held(self.bytes_of(held_blocks))
+        } else {
+            self.cuts[0] < self.cuts[1] && held_blocks < self.chain.len()
+        }
+    }
+
     /// The key header value for Envoy's fallback (Maglev), should the
     /// host-override header name an instance Envoy does not know: the
     /// opening's hash, so replicas fall back alike.
@@ -416,6 +432,33 @@ mod tests {
         assert!(!later.previous_turn_held(later.bytes_of(shared - 1)));
         // A first turn or a single prompt has no previous turn to miss.
         assert!(blocks(&first).previous_turn_held(0));
+    }
+
+    #[test]
+    fn a_new_question_extends_what_is_held_a_prompt_sent_again_does_not() {
+        let document = record("user", &format!("{}\n\nWho wrote it?", "d".repeat(2000)));
+        let asked = PromptBlocks::new(&canonical(&document), 256);
+        let whole = asked.chain.len();
+        // Held whole: the same prompt again.
+        assert!(!asked.extends_held(whole));
+        // The document held, the question new.
+        assert!(asked.extends_held(whole - 1));
+        // A later turn: as far as its previous turn is held.
+        let first = record("user", &"q".repeat(600));
+        let second = first.clone()
+            + &record("assistant", &"a".repeat(600))
+            + &record("user", &"r".repeat(100));
+        let later = PromptBlocks::new(&canonical(&second), 256);
+        let of_first = PromptBlocks::new(&canonical(&first), 256).chain.len();
+        assert!(later.extends_held(of_first));
+        assert!(!later.extends_held(of_first - 2));
+        // Raw bytes have no own text to tell from a shared preamble.
+        let raw = KeyMaterial {
+            source: PrefixSource::RawBytes,
+            ..canonical(&document)
+        };
+        let raw = PromptBlocks::new(&raw, 256);
+        assert!(!raw.extends_held(raw.chain.len() - 1));
     }
 
     #[test]

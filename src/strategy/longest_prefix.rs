@@ -255,45 +255,44 @@ impl LongestPrefix {
         };
         let is_holder = |c: &Candidate| holds(c) && (attracted || within_share);
         let held_bytes = blocks.bytes_of(held.blocks);
-        // A conversation's holder past its share of recent decisions (by
-        // more the more of the conversation's own text it holds) gives the
+        // A conversation's or document's holder past its share of recent
+        // decisions (by more the more of their own text it holds) gives the
         // request to an instance within its even share: see `Tier`. Only a
-        // conversation's later turn (a single prompt sent again stays with
-        // what it matched), and only where this Envoy routed the previous
-        // turn: a turn whose previous one another replica routed stays
-        // where the replicas agree it is.
-        let holder_share =
-            if attracted && blocks.history_bytes > 0 && blocks.previous_turn_held(held_bytes) {
-                let bound_for = |cost: usize| {
-                    RecentChoices::holder_share_bound(total_recent, candidates.len(), cost)
-                };
-                // The system messages cost nothing to move off when they
-                // are the fleet's (`the_fleets`: wherever the turn goes,
-                // they are most likely held); a group's own system prompt,
-                // held by a few, is the group's cache and costs its
-                // prefill. Looked up only when a holder is past the bound
-                // without them.
-                let system_bytes = blocks.cuts[0].min(held_bytes);
-                match bound_for(held_bytes - system_bytes) {
-                    Some(bound)
-                        if system_bytes > 0
-                            && candidates.iter().any(|c| holds(c) && c.recent > bound) =>
-                    {
-                        let system = blocks.chain.get(..blocks.padding.0).unwrap_or_default();
-                        let of_system = load.longest_held(system, &candidates, now_ms);
-                        if of_system.blocks == system.len()
-                            && the_fleets(of_system.holders.len(), candidates.len())
-                        {
-                            Some(bound)
-                        } else {
-                            bound_for(held_bytes)
-                        }
-                    }
-                    bound => bound,
-                }
-            } else {
-                None
+        // request that adds to what is held (a prompt sent again stays with
+        // what it matched), and for a later turn only where this Envoy
+        // routed the previous turn: a turn whose previous one another
+        // replica routed stays where the replicas agree it is.
+        let holder_share = if attracted && blocks.extends_held(held.blocks) {
+            let bound_for = |cost: usize| {
+                RecentChoices::holder_share_bound(total_recent, candidates.len(), cost)
             };
+            // The system messages cost nothing to move off when they
+            // are the fleet's (`the_fleets`: wherever the turn goes,
+            // they are most likely held); a group's own system prompt,
+            // held by a few, is the group's cache and costs its
+            // prefill. Looked up only when a holder is past the bound
+            // without them.
+            let system_bytes = blocks.cuts[0].min(held_bytes);
+            match bound_for(held_bytes - system_bytes) {
+                Some(bound)
+                    if system_bytes > 0
+                        && candidates.iter().any(|c| holds(c) && c.recent > bound) =>
+                {
+                    let system = blocks.chain.get(..blocks.padding.0).unwrap_or_default();
+                    let of_system = load.longest_held(system, &candidates, now_ms);
+                    if of_system.blocks == system.len()
+                        && the_fleets(of_system.holders.len(), candidates.len())
+                    {
+                        Some(bound)
+                    } else {
+                        bound_for(held_bytes)
+                    }
+                }
+                bound => bound,
+            }
+        } else {
+            None
+        };
         let tier = |c: &Candidate| match (is_holder(c), holder_share) {
             (true, None) => Tier::Holder,
             (false, None) => Tier::Other,
@@ -1070,6 +1069,33 @@ mod tests {
         assert_eq!(
             fleet.route(&policy, &question),
             (DecisionKind::Matched, first)
+        );
+    }
+
+    #[test]
+    fn a_new_question_about_a_document_moves_off_a_holder_past_its_share() {
+        let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent);
+        let mut fleet = Fleet::new(7);
+        let document = "a short pasted note ".repeat(20);
+        let ask = |q: &str| prompt(&record("user", &format!("{document}\n\n{q}")));
+        let (_, first) = fleet.route(&policy, &ask("Summarise the text above."));
+        // 400 bytes held (bound 11 + 2 + 1): 16 of 78 is past it.
+        let mut counts = [11u32; 7];
+        counts[usize::from(first)] = 16;
+        counts[usize::from((first + 1) % 7)] = 6;
+        note_recent(&mut fleet, &counts);
+        // The same question again stays where it is held whole.
+        assert_eq!(
+            fleet.route(&policy, &ask("Summarise the text above.")),
+            (DecisionKind::Matched, first)
+        );
+        // A new one moves to the instance within its share with the fewest
+        // decisions, which holds the document from then on.
+        let (kind, moved_to) = fleet.route(&policy, &ask("Who wrote it?"));
+        assert_eq!((kind, moved_to), (DecisionKind::Moved, (first + 1) % 7));
+        assert_eq!(
+            fleet.route(&policy, &ask("Translate it.")),
+            (DecisionKind::Matched, moved_to)
         );
     }
 
