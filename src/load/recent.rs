@@ -1,9 +1,10 @@
 //! Where this worker VM sent its last [`RECENT_WINDOW`] decisions, per
 //! instance slot: the request shares that keep a prompt matched only in its
 //! system messages from piling onto the instances that hold them, and that
-//! move a conversation off a holder past its share while little of it is
-//! held there ([`RecentChoices::holder_share_bound`]). And the prompt bytes
-//! it placed on each instance, which `cold_placement: BALANCED` evens out.
+//! move a conversation or document off a holder past its share while little
+//! of it is held there ([`RecentChoices::holder_share_bound`]). And the
+//! prompt bytes it placed on each instance, which `cold_placement:
+//! BALANCED` evens out.
 //!
 //! A system prompt that every conversation shares is held first by the
 //! instance of the first conversation; were it to attract every later one,
@@ -48,8 +49,9 @@ pub const PLACED_HORIZON_BYTES: u64 = 16 << 20;
 /// moves off it, besides what it holds ([`RecentChoices::holder_share_bound`]).
 pub const SHARE_SLACK: u32 = 2;
 
-/// Bytes of a conversation's own text a holder must hold for each decision
-/// above [`SHARE_SLACK`] it may have had before the request moves off it.
+/// Bytes of a conversation's or document's own text a holder must hold for
+/// each decision above [`SHARE_SLACK`] it may have had before the request
+/// moves off it.
 pub const OWN_BYTES_PER_DECISION: usize = 256;
 
 /// Decisions per instance the window must hold before shares move a
@@ -169,11 +171,11 @@ impl RecentChoices {
     }
 
     /// The most of `total` recent decisions that a holder of a
-    /// conversation's own text (a match that attracts) may have had among
-    /// `instances` and still take the request: its even share plus
-    /// [`SHARE_SLACK`], plus one per [`OWN_BYTES_PER_DECISION`] of
-    /// `own_bytes`, what moving the request costs in prefill: the
-    /// conversation's own text it holds, and the system messages before it
+    /// conversation's or document's own text (a match that attracts) may
+    /// have had among `instances` and still take the request: its even
+    /// share plus [`SHARE_SLACK`], plus one per [`OWN_BYTES_PER_DECISION`]
+    /// of `own_bytes`, what moving the request costs in prefill: the own
+    /// text it holds, and the system messages before it
     /// unless they are the fleet's (the caller's to say). `None` while the
     /// window holds fewer than [`SHARE_DECISIONS_PER_INSTANCE`] decisions
     /// per instance: too few for shares to say anything (one conversation
