@@ -12,11 +12,13 @@
 //!    worker's recent decisions is within bounds (`load::recent`: a group's
 //!    system prompt keeps its requests, one that every conversation shares
 //!    soon has every instance as a holder); then every instance. A match
-//!    into a conversation's own text puts a holder past its share of recent
-//!    decisions (by more the more of that text it holds) after the
+//!    into a conversation's or document's own text that the request adds
+//!    to ([`PromptBlocks::extends_held`]) puts a holder past its share of
+//!    recent decisions (by more the more of that text it holds) after the
 //!    instances within their even share, the fewest decisions first
-//!    ([`Tier`]): conversations placed by their openings are independent
-//!    draws of uneven lengths, and this evens their requests. Within
+//!    ([`Tier`]): conversations and documents placed by their openings are
+//!    independent draws of uneven lengths, and this evens their requests.
+//!    Within
 //!    each group, rendezvous hashing of the prompt's opening (highest
 //!    `xxh3(address, seed = opening)` first): replicas with the same
 //!    instances rank them alike, with no shared state, and the openings of
@@ -93,16 +95,17 @@ pub const HELD_BYTES_PER_REQUEST: usize = 1024;
 
 /// A candidate's place in the order of preference, before its rendezvous
 /// rank. Without a share bound (a match in the system messages only, a cold
-/// prompt, a first turn or single prompt, or too few recent decisions)
-/// holders come first, then every other instance. A conversation's later
-/// turn matched into its own text has its holders bound by
-/// [`RecentChoices::holder_share_bound`]: a holder past it comes after the
-/// instances within their even share, the fewest recent decisions first,
-/// which take the request and hold the conversation from then on.
-/// Consistent placement spreads 200 conversations of 1 to 8 turns as
-/// independent draws, so some instances serve 18 % of the requests and
-/// others 10 % (the same conversations pinned evenly by count still give
-/// 11 to 17 %); moving a few
+/// prompt, a prompt held whole, raw bytes, or too few recent decisions)
+/// holders come first, then every other instance. A request matched into
+/// its own text that adds to it ([`PromptBlocks::extends_held`]: a
+/// conversation's later turn, a new question after a held document) has
+/// its holders bound by [`RecentChoices::holder_share_bound`]: a holder
+/// past it comes after the instances within their even share, the fewest
+/// recent decisions first, which take the request and hold the
+/// conversation or document from then on. Consistent placement spreads 200
+/// conversations of 1 to 8 turns as independent draws, so some instances
+/// serve 18 % of the requests and others 10 % (the same conversations
+/// pinned evenly by count still give 11 to 17 %); moving a few
 /// conversations early, while the text they hold is short, evens the
 /// requests for little prefill (`tools/models/share_move_model.py`). Not
 /// for a turn whose previous turn this Envoy did not route
@@ -326,6 +329,11 @@ impl LongestPrefix {
             };
             (tier, recent, std::cmp::Reverse(rank))
         });
+        // A holder past its share comes after the instances within theirs:
+        // the request leaves it to even the shares (`Rebalanced`).
+        let holder_past_share = ranked
+            .iter()
+            .any(|(tier, _, _)| *tier == Tier::HolderPastShare);
         let order: Vec<&Candidate> = ranked.into_iter().map(|(_, _, c)| c).collect();
         // The least loaded of those that may take the request: an instance
         // over a bound by its KV usage may carry few requests, and the load
@@ -413,11 +421,15 @@ impl LongestPrefix {
                 (least_loaded, ticket)
             }
         };
-        // The holders of a system-only match past their share are passed over.
-        let passed_over = passed_over || (system_only && !within_share);
+        // Why the request left its holders: past their share of recent
+        // decisions (a conversation's or document's holder past its bound,
+        // the holders of a system-only match past theirs), else the load
+        // bound.
+        let past_share = holder_past_share || (system_only && !within_share);
         let kind = match (attracted || system_only, holds(candidate)) {
             (true, true) => DecisionKind::Matched,
             _ if full => DecisionKind::Overflow,
+            _ if past_share => DecisionKind::Rebalanced,
             _ if attracted || passed_over => DecisionKind::Moved,
             _ => DecisionKind::Cold,
         };
@@ -893,10 +905,13 @@ mod tests {
         for share in shares {
             assert!((70..=130).contains(&share), "{shares:?}");
         }
-        // Its first holders took a few (matched, or moved on past their
-        // share); once more than half the fleet holds it, it is the
-        // fleet's and every first turn is placed by its opening.
+        // Its first holders took a few (matched, or rebalanced past their
+        // share: no load moves at this margin); once more than half the
+        // fleet holds it, it is the fleet's and every first turn is placed
+        // by its opening.
         assert!(kinds[&DecisionKind::Cold] >= 690, "{kinds:?}");
+        assert!(kinds.get(&DecisionKind::Rebalanced) > Some(&0), "{kinds:?}");
+        assert!(!kinds.contains_key(&DecisionKind::Moved), "{kinds:?}");
         // Its second turn is matched where the first went.
         let turns = conversation(&system, 9999, 2);
         let (_, first) = fleet.route(&policy, &turns[0]);
@@ -970,7 +985,7 @@ mod tests {
         counts[usize::from((first + 1) % 7)] = 6;
         note_recent(&mut fleet, &counts);
         let (kind, moved_to) = fleet.route(&policy, &turns[1]);
-        assert_eq!(kind, DecisionKind::Moved);
+        assert_eq!(kind, DecisionKind::Rebalanced);
         assert_eq!(moved_to, (first + 1) % 7);
         // The conversation is held there from then on.
         for turn in &turns[2..] {
@@ -1011,7 +1026,7 @@ mod tests {
         let short = conversation("", 5, 2);
         // 14 of 68 (past 9 + 2 + 1) moves it; 12 of 66 does not.
         let ((kind, _), _) = shares_past(13, 9, &short);
-        assert_eq!(kind, DecisionKind::Moved);
+        assert_eq!(kind, DecisionKind::Rebalanced);
         let ((kind, slot), first) = shares_past(11, 9, &short);
         assert_eq!((kind, slot), (DecisionKind::Matched, first));
         // Fewer than 8 decisions per instance in the window: shares say
@@ -1053,7 +1068,7 @@ mod tests {
         // Held by more than half the fleet, it is the fleet's: only the
         // first question counts (10 + 2 + 1), and the turn moves.
         let ((kind, slot), first) = place(&[0, 1, 2, 3, 4, 5, 6]);
-        assert_eq!(kind, DecisionKind::Moved);
+        assert_eq!(kind, DecisionKind::Rebalanced);
         assert_ne!(slot, first);
     }
 
@@ -1092,7 +1107,10 @@ mod tests {
         // A new one moves to the instance within its share with the fewest
         // decisions, which holds the document from then on.
         let (kind, moved_to) = fleet.route(&policy, &ask("Who wrote it?"));
-        assert_eq!((kind, moved_to), (DecisionKind::Moved, (first + 1) % 7));
+        assert_eq!(
+            (kind, moved_to),
+            (DecisionKind::Rebalanced, (first + 1) % 7)
+        );
         assert_eq!(
             fleet.route(&policy, &ask("Translate it.")),
             (DecisionKind::Matched, moved_to)
@@ -1121,7 +1139,7 @@ mod tests {
         c.route(&policy, &turns[1]);
         note_recent(&mut c, &counts);
         let (kind, slot) = c.route(&policy, &turns[2]);
-        assert_eq!(kind, DecisionKind::Moved);
+        assert_eq!(kind, DecisionKind::Rebalanced);
         assert_ne!(slot, first);
     }
 
@@ -1152,7 +1170,7 @@ mod tests {
             let index = (pick as usize / 3) % active.len();
             let (turns, next) = &mut active[index];
             let (kind, slot) = fleet.route(&policy, &turns[*next]);
-            moved += usize::from(kind == DecisionKind::Moved);
+            moved += usize::from(kind == DecisionKind::Rebalanced);
             served[usize::from(slot)] += 1;
             *next += 1;
             if *next == turns.len() {

@@ -34,8 +34,13 @@ pub enum DecisionKind {
     /// by its opening.
     Cold,
     /// LONGEST_PREFIX: passed over the instance it would have gone to, which
-    /// was loaded `load_margin` above the least loaded.
+    /// was loaded above the load bound (`load_margin`, a fleet-wide engine
+    /// bound).
     Moved,
+    /// LONGEST_PREFIX: passed over the holders of its prefix, past their
+    /// share of recent decisions: a conversation's or document's holder
+    /// past its share bound, or a system prompt's holders past theirs.
+    Rebalanced,
     /// To the key's target (Maglev on the key).
     Prefix,
     /// The target was at the concurrency threshold: elsewhere.
@@ -55,6 +60,7 @@ impl DecisionKind {
             DecisionKind::Matched => "matched",
             DecisionKind::Cold => "cold",
             DecisionKind::Moved => "moved",
+            DecisionKind::Rebalanced => "rebalanced",
             DecisionKind::Prefix => "prefix",
             DecisionKind::Overflow => "overflow",
             DecisionKind::LeastOutstanding => "least_outstanding",

@@ -353,13 +353,13 @@ fn check_stays_matched(decisions: &[Vec<Decision>], growing: bool, what: &str) {
         );
         // A first request is cold, or, behind a system prompt another
         // group's first request left somewhere, matched there (its match
-        // ends in the system messages) or moved on while the holders had
-        // more than their share.
+        // ends in the system messages) or rebalanced while the holders had
+        // more than their share (or moved for load).
         assert!(
             match kinds[0] {
                 "cold" => matched[0] == 0,
                 "matched" => matched[0] > 0,
-                "moved" => true,
+                "moved" | "rebalanced" => true,
                 _ => false,
             },
             "{what} {group}: {list:?}"
@@ -531,7 +531,7 @@ async fn conversations_behind_one_system_prompt_spread_over_every_instance() {
     assert!(
         kinds
             .keys()
-            .all(|k| ["cold", "matched", "moved"].contains(&k.as_str())),
+            .all(|k| ["cold", "matched", "moved", "rebalanced"].contains(&k.as_str())),
         "{kinds:?}"
     );
     assert!(
@@ -723,7 +723,7 @@ async fn check_cap_on_a_hot_conversation(harness: &Harness, seed: u64) {
         let expected: &[&str] = if d.instance == holder.instance {
             &["matched"]
         } else {
-            &["moved", "overflow", "matched"]
+            &["moved", "rebalanced", "overflow", "matched"]
         };
         assert!(
             expected.contains(&d.kind.as_str()),
@@ -737,8 +737,8 @@ async fn check_cap_on_a_hot_conversation(harness: &Harness, seed: u64) {
             decisions
                 .iter()
                 .any(|d| d.instance == *instance
-                    && matches!(d.kind.as_str(), "moved" | "overflow")),
-            "{instance} took the hot prefix without a `moved` or `overflow` decision: {decisions:?}"
+                    && matches!(d.kind.as_str(), "moved" | "rebalanced" | "overflow")),
+            "{instance} took the hot prefix without a `moved`, `rebalanced` or `overflow` decision: {decisions:?}"
         );
     }
     assert!(
@@ -966,7 +966,7 @@ async fn two_envoys_place_cold_prompts_alike() {
             assert!(
                 [kinds.0, kinds.1]
                     .iter()
-                    .all(|k| ["matched", "moved", "cold"].contains(k)),
+                    .all(|k| ["matched", "moved", "rebalanced", "cold"].contains(k)),
                 "{what}: {kinds:?}"
             );
             warming.push(n);

@@ -11,7 +11,7 @@ const REQUESTS: usize = 12;
 /// Bytes of each request's body.
 const BODY_BYTES: usize = 8192;
 /// Every decision kind LONGEST_PREFIX makes for a keyed request.
-const DECISION_KINDS: [&str; 4] = ["matched", "cold", "moved", "overflow"];
+const DECISION_KINDS: [&str; 5] = ["matched", "cold", "moved", "rebalanced", "overflow"];
 
 /// The value of the first Prometheus sample line named exactly `name`.
 fn sample(scraped: &str, name: &str) -> Option<f64> {
