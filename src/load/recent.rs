@@ -175,11 +175,11 @@ impl RecentChoices {
     /// have had among `instances` and still take the request: its even
     /// share plus [`SHARE_SLACK`], plus one per [`OWN_BYTES_PER_DECISION`]
     /// of `own_bytes`, what moving the request costs in prefill: the own
-    /// text it holds, and the system messages before it
-    /// unless they are the fleet's (the caller's to say). `None` while the
-    /// window holds fewer than [`SHARE_DECISIONS_PER_INSTANCE`] decisions
-    /// per instance: too few for shares to say anything (one conversation
-    /// alone through a fresh Envoy stays where it is).
+    /// text it holds, and the system messages before it unless they are the
+    /// fleet's (the caller's to say). `None` while the window holds fewer
+    /// than [`SHARE_DECISIONS_PER_INSTANCE`] decisions per instance: too few
+    /// for shares to say anything (one conversation alone through a fresh
+    /// Envoy stays where it is).
     pub fn holder_share_bound(total: u32, instances: usize, own_bytes: usize) -> Option<u32> {
         let instances = u32::try_from(instances.max(1)).unwrap_or(u32::MAX);
         if total < instances.saturating_mul(SHARE_DECISIONS_PER_INSTANCE) {

@@ -1154,7 +1154,7 @@ mod tests {
         let policy = LongestPrefix::new(64, 1000, true, ColdPlacement::Consistent);
         let mut fleet = Fleet::new(7);
         let mut served = [0usize; 7];
-        let mut moved = 0;
+        let mut rebalanced = 0;
         let mut active: Vec<(Vec<PromptBlocks>, usize)> = Vec::new();
         let mut started = 0;
         let mut step = 0u64;
@@ -1170,7 +1170,7 @@ mod tests {
             let index = (pick as usize / 3) % active.len();
             let (turns, next) = &mut active[index];
             let (kind, slot) = fleet.route(&policy, &turns[*next]);
-            moved += usize::from(kind == DecisionKind::Rebalanced);
+            rebalanced += usize::from(kind == DecisionKind::Rebalanced);
             served[usize::from(slot)] += 1;
             *next += 1;
             if *next == turns.len() {
@@ -1184,7 +1184,10 @@ mod tests {
                 .all(|&n| (13 * total..=16 * total).contains(&(n * 100))),
             "{served:?} of {total}"
         );
-        assert!(moved * 10 < total, "{moved} of {total} moved");
+        assert!(
+            rebalanced * 10 < total,
+            "{rebalanced} of {total} rebalanced"
+        );
     }
 
     #[test]
