@@ -654,8 +654,10 @@ const HOT_HOLD: Duration = Duration::from_secs(1);
 /// turns (one history, distinct new questions) that instances hold
 /// [`HOT_HOLD`]: no instance ever holds more than [`CAP`] at once (counted
 /// at the instances), so they spread over at least 4; all succeed; the
-/// holder's are `matched`, the others `moved` or, once moved there,
-/// `matched`. `harness` runs with `concurrency_threshold` [`CAP`].
+/// holder's are `matched` and it serves some, unless it gave way past its
+/// share of recent decisions (`rebalanced`); the others' first is `moved`,
+/// `rebalanced` or `overflow` and the later ones may be `matched`. `harness` runs with
+/// `concurrency_threshold` [`CAP`].
 async fn check_cap_on_a_hot_conversation(harness: &Harness, seed: u64) {
     let mut rng = bodies::rng(seed);
     let system = prose(&mut rng, 800);
@@ -715,15 +717,23 @@ async fn check_cap_on_a_hot_conversation(harness: &Harness, seed: u64) {
         "{HOT_REQUESTS} requests under a cap of {CAP} need >= {} instances: {served:?}",
         HOT_REQUESTS.div_ceil(CAP)
     );
+    // The holder gives way past its share of the deciding worker's recent
+    // decisions: after traffic that fills the window (the flood's distinct
+    // prompts, placed by their openings) one instance in several is past it,
+    // and the conversation then moves to one within its share
+    // (`rebalanced`), after which the holder is one holder among several.
+    let gave_way = decisions.iter().any(|d| d.kind == "rebalanced");
     // The holder's requests are matched; an instance the prefix was passed
-    // on to (by the cap, `overflow`, or by the load margin, `moved`:
-    // whichever binds first) holds it from that decision on, so its first is
-    // one of those and the later ones may be `matched`: nothing else.
+    // on to (by the cap, `overflow`, by the load margin, `moved`, or by the
+    // share bound, `rebalanced`: whichever binds first) holds it from that
+    // decision on, so its first is one of those and the later ones may be
+    // `matched`: nothing else.
+    let passed_on: &[&str] = &["moved", "rebalanced", "overflow", "matched"];
     for d in &decisions {
-        let expected: &[&str] = if d.instance == holder.instance {
+        let expected: &[&str] = if d.instance == holder.instance && !gave_way {
             &["matched"]
         } else {
-            &["moved", "rebalanced", "overflow", "matched"]
+            passed_on
         };
         assert!(
             expected.contains(&d.kind.as_str()),
@@ -741,9 +751,10 @@ async fn check_cap_on_a_hot_conversation(harness: &Harness, seed: u64) {
             "{instance} took the hot prefix without a `moved`, `rebalanced` or `overflow` decision: {decisions:?}"
         );
     }
+    // Unless it gave way, the holder takes some of its hot prefix.
     assert!(
-        served.contains_key(holder.instance.as_str()),
-        "the holder {} took none of its hot prefix: {served:?}",
+        served.contains_key(holder.instance.as_str()) || gave_way,
+        "the holder {} took none of its hot prefix and gave none of it away past its share: {decisions:?}",
         holder.instance
     );
 }
