@@ -656,8 +656,8 @@ const HOT_HOLD: Duration = Duration::from_secs(1);
 /// at the instances), so they spread over at least 4; all succeed; the
 /// holder's are `matched` and it serves some, unless it gave way past its
 /// share of recent decisions (`rebalanced`); the others' first is `moved`,
-/// `rebalanced` or `overflow` and the later ones may be `matched`. `harness` runs with
-/// `concurrency_threshold` [`CAP`].
+/// `rebalanced` or `overflow` and the later ones may be `matched`.
+/// `harness` runs with `concurrency_threshold` [`CAP`].
 async fn check_cap_on_a_hot_conversation(harness: &Harness, seed: u64) {
     let mut rng = bodies::rng(seed);
     let system = prose(&mut rng, 800);
