@@ -12,12 +12,15 @@ the first choice), against the oracle (document d on instance d mod 7). Then
 it prices the byte rules through two replicas that alternate a conversation's
 turns (each replica its own index and counts): every cold prompt with a slack
 k (the second choice only when the first holds more than the second plus k
-times the mean), and long first prompts only. Last, it prices the first choice
-and the 2 KiB rule through 2, 4 and 8 replicas that each request picks at
-random (sidecars: documents that many clients ask about, each client through
-its own proxy), beside a rule that reads a signal every replica shares: the
-prefill each instance computed (what vLLM's prefix_cache_queries - hits
-counts), as the replicas last polled it, every 20 requests.
+times the mean), long first prompts only, and bounded loads on long first
+prompts (the first choice gives way only when it holds more than a factor
+times the mean, as consistent hashing with bounded loads). Last, it prices
+the first choice and the 2 KiB rule through 2, 4 and 8 replicas that each
+request picks at random (sidecars: documents that many clients ask about,
+each client through its own proxy), beside a rule that reads a signal every
+replica shares: the prefill each instance computed (what vLLM's
+prefix_cache_queries - hits counts), as the replicas last polled it, every 20
+requests.
 
 The KV caches as in `kv_lru_model.py`: per instance an LRU of 16-token blocks,
 a hit is the run of cached blocks from block 0, sized so that the reused
@@ -124,6 +127,16 @@ def by_bytes(slack):
     return choose
 
 
+def bounded(factor):
+    """Consistent hashing with bounded loads: the first choice gives way only
+    when more than `factor` times the mean of the bytes placed were placed on
+    it, whatever the second holds."""
+    def choose(first, second, state, size, history):
+        placed = state["placed"]
+        return second if placed[first] > factor * sum(placed) / INSTANCES else first
+    return choose
+
+
 def long_first_prompts(min_bytes=2048, rule=by_bytes(0.0)):
     """`rule` (by default bytes) for a first prompt of at least `min_bytes`
     only; the first choice for the others."""
@@ -210,6 +223,8 @@ def main():
                   f"median {statistics.median(values):.3f}, worst fleet {min(values):.3f}")
     variants = [(f"bytes, slack {slack}", by_bytes(slack)) for slack in (0.0, 0.25, 0.5, 1.0)]
     variants.append(("bytes, first prompts of 2 KiB+", long_first_prompts()))
+    variants += [(f"bounded loads {factor}, first prompts of 2 KiB+",
+                  long_first_prompts(rule=bounded(factor))) for factor in (1.1, 1.3, 1.5)]
     for label, rule in variants:
         kept = collections.defaultdict(list)
         for seed in range(1, 9):
