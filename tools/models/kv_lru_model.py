@@ -1,7 +1,7 @@
 """How much of long-shared-prefix's hit rate is lost to uneven group placement.
 
-A model of one vLLM prefix cache per instance (docs/benchmarks.md, "Hit rate
-ceiling"): 16-token blocks, a hit is the run of cached blocks from block 0,
+A model of one vLLM prefix cache per instance (docs/benchmarks.md, "Synthetic
+workloads"): 16-token blocks, a hit is the run of cached blocks from block 0,
 blocks of a finished request are freed tail first to the end of an LRU free
 list and evicted from its head. Requests run one after another (no batching),
 100 groups of a 500-block prefix with a 75-block question and 16 output
