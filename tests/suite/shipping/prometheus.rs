@@ -176,6 +176,24 @@ fn every_shipped_bootstrap_carries_the_documented_stats_tags() {
             "{bootstrap}'s stats_config is not docs/metrics.md's"
         );
     }
+    // docs/istio.md's bootstrap override carries the same, as JSON.
+    let istio = read("docs/istio.md");
+    let config_map: Value = istio
+        .split("```yaml")
+        .skip(1)
+        .filter_map(|after| after.split("```").next())
+        .find(|block| block.contains("custom_bootstrap.json"))
+        .map(|block| serde_yaml::from_str(block).expect("the ConfigMap is YAML"))
+        .expect("a bootstrap override ConfigMap in docs/istio.md");
+    let custom_bootstrap: Value = serde_yaml::from_str(s(
+        &config_map["data"]["custom_bootstrap.json"],
+        "custom_bootstrap.json",
+    ))
+    .expect("custom_bootstrap.json is JSON");
+    assert_eq!(
+        custom_bootstrap["stats_config"], documented,
+        "docs/istio.md's bootstrap override is not docs/metrics.md's stats_config"
+    );
     // The regexes that list their values list every value the filter names.
     let tags = seq(&documented["stats_tags"], "stats_tags");
     let regex_of = |tag: &str| -> String {
@@ -405,8 +423,15 @@ fn missing(samples: &[Sample], addrs: &[SocketAddr], expressions: &[String]) -> 
     missing
 }
 
-#[test]
-fn a_real_scrape_has_the_labelled_series_the_docs_and_every_dashboard_alert_and_query_name() {
+/// A real Envoy from `envoy/envoy.yaml`, `stats_config` edited by
+/// `edit_stats_config`, with every stat of the filter defined (the fleet
+/// listed, its engines polled, a keyed request on every instance), scraped
+/// once the scrape has every labelled series and every selector of the
+/// dashboard, alerts and queries matches one of it; panics with what is
+/// missing if that takes over 20 s.
+fn scrape_with_every_series(
+    edit_stats_config: impl FnOnce(&mut Value) + Send + 'static,
+) -> Vec<Sample> {
     let fleet = UpstreamFleet::start(3).expect("instances");
     let engine = MetricsSnapshot {
         prefix_cache_queries: 0,
@@ -425,8 +450,7 @@ fn a_real_scrape_has_the_labelled_series_the_docs_and_every_dashboard_alert_and_
             .expect("metrics reply");
     }
     let addrs = fleet.addrs();
-    // The shipped configuration with its fleet listed (the launcher writes the
-    // run's instances in) and its engines polled, so that every stat is defined.
+    // The launcher writes the run's instances into `instances`.
     let config = serde_json::json!({
         "instances": [],
         "engine_load": {"cluster": "engine_metrics", "interval_ms": 200},
@@ -434,6 +458,10 @@ fn a_real_scrape_has_the_labelled_series_the_docs_and_every_dashboard_alert_and_
     let envoy = Envoy::builder()
         .upstreams(addrs.clone())
         .plugin_config(config.to_string())
+        .edit(|config| {
+            edit_stats_config(&mut config["stats_config"]);
+            Ok(())
+        })
         .start()
         .unwrap_or_else(|e| panic!("{e}"));
     // Every instance gets a keyed request: its placed_bytes is defined.
@@ -453,7 +481,7 @@ fn a_real_scrape_has_the_labelled_series_the_docs_and_every_dashboard_alert_and_
 
     let mut expressions = queries_and_dashboard_expressions();
     expressions.extend(alert_expressions());
-    let scraped = wait_until(
+    wait_until(
         Duration::from_secs(20),
         || samples(&envoy.prometheus().expect("Envoy /stats/prometheus")),
         |samples| missing(samples, &addrs, &expressions).is_empty(),
@@ -469,7 +497,12 @@ fn a_real_scrape_has_the_labelled_series_the_docs_and_every_dashboard_alert_and_
                     .join("\n")
             )
         },
-    );
+    )
+}
+
+#[test]
+fn a_real_scrape_has_the_labelled_series_the_docs_and_every_dashboard_alert_and_query_name() {
+    let scraped = scrape_with_every_series(|_| {});
     let filters: Vec<&Sample> = scraped
         .iter()
         .filter(|s| s.name.starts_with("prefix_router_"))
@@ -501,6 +534,55 @@ fn a_real_scrape_has_the_labelled_series_the_docs_and_every_dashboard_alert_and_
         assert!(
             doc.contains(&documented),
             "docs/metrics.md does not list {documented}"
+        );
+    }
+}
+
+/// Istio's sidecar bootstrap's own tags (istio/istio
+/// `tools/packaging/common/envoy_bootstrap.json`, no `extraStatTags`): some
+/// match anywhere in a name (`cache.`, `component.`, `rbac.`).
+const ISTIO_STATS_TAGS: &str = r#"
+use_all_default_tags: false
+stats_tags:
+- {tag_name: cluster_name, regex: '^cluster\.((.+?(\..+?\.svc\.cluster\.local)?)\.)'}
+- {tag_name: tcp_prefix, regex: '^tcp\.((.*?)\.)\w+?$'}
+- {tag_name: response_code, regex: '_rq(_(\d{3}))$'}
+- {tag_name: response_code_class, regex: '_rq(_(\dxx))$'}
+- {tag_name: http_conn_manager_listener_prefix, regex: '^listener(?=\.).*?\.http\.(((?:[_.[:digit:]]*|[_\[\]aAbBcCdDeEfF[:digit:]]*))\.)'}
+- {tag_name: http_conn_manager_prefix, regex: '^http\.(((?:[_.[:digit:]]*|[_\[\]aAbBcCdDeEfF[:digit:]]*))\.)'}
+- {tag_name: listener_address, regex: '^listener\.(((?:[_.[:digit:]]*|[_\[\]aAbBcCdDeEfF[:digit:]]*))\.)'}
+- {tag_name: mongo_prefix, regex: '^mongo\.(.+?)\.(collection|cmd|cx_|op_|delays_|decoding_)(.*?)$'}
+- {tag_name: cache, regex: '(cache\.(.+?)\.)'}
+- {tag_name: component, regex: '(component\.(.+?)\.)'}
+- {tag_name: tag, regex: '(tag\.(.+?);\.)'}
+- {tag_name: wasm_filter, regex: '(wasm_filter\.(.+?)\.)'}
+- {tag_name: authz_enforce_result, regex: 'rbac(\.(allowed|denied))'}
+- {tag_name: authz_dry_run_action, regex: '(\.istio_dry_run_(allow|deny)_)'}
+- {tag_name: authz_dry_run_result, regex: '(\.shadow_(allowed|denied))'}
+"#;
+
+/// docs/istio.md: on Istio the labels come from a `bootstrapOverride` whose
+/// `stats_tags` istio-agent appends to its bootstrap's own (a repeated field
+/// merges by appending). Merged so, the scrape has the same labelled series,
+/// and none of Istio's tags lands on the filter's series.
+#[test]
+fn the_labels_hold_with_istios_bootstrap_tags_before_them() {
+    let scraped = scrape_with_every_series(|stats_config| {
+        let ours = seq(&stats_config["stats_tags"], "stats_tags").clone();
+        *stats_config = serde_yaml::from_str(ISTIO_STATS_TAGS).expect("Istio's stats_config");
+        stats_config["stats_tags"]
+            .as_sequence_mut()
+            .expect("Istio's stats_tags")
+            .extend(ours);
+    });
+    let ours = ["kind", "api", "reason", "endpoint", "fleet", "le"];
+    for sample in scraped
+        .iter()
+        .filter(|s| s.name.starts_with("prefix_router_"))
+    {
+        assert!(
+            sample.labels.keys().all(|l| ours.contains(&l.as_str())),
+            "one of Istio's tags on {sample:?}"
         );
     }
 }
