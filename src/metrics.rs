@@ -4,18 +4,22 @@
 //! Envoy files wasm metrics under the custom namespace `wasmcustom`
 //! (`/stats`: `wasmcustom.prefix_router.no_key`). `/stats/prometheus`
 //! strips that namespace, adds no `envoy_` prefix and turns every character
-//! outside `[a-zA-Z0-9_]` into `_` (Envoy's `prometheus_stats.cc`), so
-//! `prefix_router.requests_keyed.chat_completions` is scraped as
-//! `prefix_router_requests_keyed_chat_completions`. The names avoid the
-//! endings Envoy's default tag extractors match anywhere (`_rq_<3 digits>`,
-//! `_rq_<digit>xx`), so they come out without surprise tags.
+//! of a name outside `[a-zA-Z0-9_]` into `_` (Envoy's `prometheus_stats.cc`),
+//! so `prefix_router.no_key` is scraped as `prefix_router_no_key`. The names
+//! avoid the endings Envoy's default tag extractors match anywhere
+//! (`_rq_<3 digits>`, `_rq_<digit>xx`), so they come out without surprise tags.
 //! Same-named metrics from all worker VMs add up into one stat.
+//!
+//! What varies within one kind of stat is the last level of its name (a
+//! decision's kind, an instance's address after a marker level `endpoint`),
+//! so the `stats_tags` of the shipped bootstraps (`docs/metrics.md`) lift it
+//! into a label: `prefix_router_decision{kind="matched"}`,
+//! `prefix_router_in_flight{endpoint="10.0.0.11:8000"}`.
 //!
 //! A filter configured with a `fleet` names every stat of its own
 //! `prefix_router.fleet.<fleet>.<rest>` ([`fleet_stat_name`]): several fleets
 //! behind one Envoy (each its own filter under its own `vm_id`) keep their
-//! stats apart, and one `stats_tags` regex in Envoy's bootstrap turns the
-//! fleet into a Prometheus label (`docs/metrics.md`).
+//! stats apart, and one more `stats_tags` regex turns the fleet into a label.
 
 use crate::classify::ApiKind;
 use crate::request::KeyDerivation;
@@ -71,7 +75,7 @@ impl<T: Default> FleetIds<T> {
 }
 
 /// Counter of routing decisions of one kind:
-/// `prefix_router.decision.<kind>` (Prometheus `prefix_router_decision_<kind>`).
+/// `prefix_router.decision.<kind>` (Prometheus `prefix_router_decision{kind="<kind>"}`).
 pub fn decision_counter_name(kind: DecisionKind) -> String {
     format!("prefix_router.decision.{}", kind.as_str())
 }
@@ -84,24 +88,16 @@ pub fn decision_index(kind: DecisionKind) -> usize {
         .unwrap_or_default()
 }
 
-/// A stat of one instance: `<prefix>.<address>` with every character of the
-/// address outside `[a-zA-Z0-9]` turned into `_`, so `127.0.0.1:8001` under
-/// `prefix_router.in_flight` becomes `prefix_router.in_flight.127_0_0_1_8001`
-/// on `/stats` and `prefix_router_in_flight_127_0_0_1_8001` on
-/// `/stats/prometheus` (a dot would be an extra stat-name level; Prometheus
-/// would turn `.`/`:` into `_` anyway). Distinct addresses can only collide
-/// across IPv4/IPv6 spellings.
+/// A stat of one instance: `<prefix>.endpoint.<address>`, the address as it
+/// is (`prefix_router.in_flight.endpoint.127.0.0.1:8001`). The marker level
+/// `endpoint` lets one `stats_tags` regex take everything after it, dots and
+/// colon included, as the `endpoint` label.
 pub fn instance_stat_name(prefix: &str, address: &str) -> String {
-    let mut name = String::with_capacity(prefix.len() + 1 + address.len());
-    name.push_str(prefix);
-    name.push('.');
-    name.extend(
-        address
-            .chars()
-            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }),
-    );
-    name
+    format!("{prefix}.{ENDPOINT_MARKER}.{address}")
 }
+
+/// The stat-name level before an instance's address.
+const ENDPOINT_MARKER: &str = "endpoint";
 
 /// Gauge of requests in flight from this Envoy on one instance.
 pub fn in_flight_gauge_name(address: &str) -> String {
@@ -300,11 +296,11 @@ mod tests {
         }
         assert_eq!(
             in_flight_gauge_name("127.0.0.1:8001"),
-            "prefix_router.in_flight.127_0_0_1_8001"
+            "prefix_router.in_flight.endpoint.127.0.0.1:8001"
         );
         assert_eq!(
-            in_flight_gauge_name("[::1]:80"),
-            "prefix_router.in_flight.___1__80"
+            placed_bytes_counter_name("[::1]:80"),
+            "prefix_router.placed_bytes.endpoint.[::1]:80"
         );
     }
 
@@ -316,7 +312,7 @@ mod tests {
         );
         assert_eq!(
             fleet_stat_name(Some("mistral-7b"), &in_flight_gauge_name("127.0.0.1:8001")),
-            "prefix_router.fleet.mistral-7b.in_flight.127_0_0_1_8001"
+            "prefix_router.fleet.mistral-7b.in_flight.endpoint.127.0.0.1:8001"
         );
         for counter in Counter::ALL {
             assert_eq!(fleet_stat_name(None, counter.name()), counter.name());

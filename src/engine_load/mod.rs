@@ -34,7 +34,7 @@ pub fn poll_failure_counter_name(reason: &str) -> String {
 }
 
 /// Every stat the poller defines, as `docs/metrics.md` names them
-/// (per-instance ones as `<prefix>.<ip>_<port>`, one per failure reason).
+/// (per-instance ones as `<prefix>.endpoint.<ip>:<port>`, one per failure reason).
 pub fn documented_stat_names() -> Vec<String> {
     let mut names = vec![POLLS.to_string(), POLLS_SKIPPED.to_string()];
     names.extend(
@@ -47,7 +47,7 @@ pub fn documented_stat_names() -> Vec<String> {
         KV_USAGE_GAUGE_PREFIX,
         SAMPLE_AGE_GAUGE_PREFIX,
     ] {
-        names.push(format!("{prefix}.<ip>_<port>"));
+        names.push(crate::metrics::instance_stat_name(prefix, "<ip>:<port>"));
     }
     names
 }
@@ -61,15 +61,15 @@ mod tests {
         let engine = |address| crate::metrics::instance_stat_name(REQUESTS_GAUGE_PREFIX, address);
         assert_eq!(
             engine("127.0.0.1:8001"),
-            "prefix_router.engine.requests.127_0_0_1_8001"
+            "prefix_router.engine.requests.endpoint.127.0.0.1:8001"
         );
         assert_eq!(
             engine("[fd00::7]:80"),
-            "prefix_router.engine.requests._fd00__7__80"
+            "prefix_router.engine.requests.endpoint.[fd00::7]:80"
         );
         assert_eq!(
             crate::metrics::in_flight_gauge_name("[fd00::7]:80"),
-            "prefix_router.in_flight._fd00__7__80"
+            "prefix_router.in_flight.endpoint.[fd00::7]:80"
         );
     }
 }

@@ -13,12 +13,12 @@ const BODY_BYTES: usize = 8192;
 /// Every decision kind LONGEST_PREFIX makes for a keyed request.
 const DECISION_KINDS: [&str; 5] = ["matched", "cold", "moved", "rebalanced", "overflow"];
 
-/// The value of the first Prometheus sample line named exactly `name`.
-fn sample(scraped: &str, name: &str) -> Option<f64> {
+/// The value of the Prometheus sample line whose series is exactly `series`
+/// (`name{labels}` as Envoy writes it, `{}` for none).
+fn sample(scraped: &str, series: &str) -> Option<f64> {
     scraped.lines().find_map(|line| {
         let (metric, value) = line.rsplit_once(' ')?;
-        let metric = metric.split('{').next()?;
-        (metric == name).then(|| value.parse().ok()).flatten()
+        (metric == series).then(|| value.parse().ok()).flatten()
     })
 }
 
@@ -39,11 +39,17 @@ async fn decision_counters_and_the_bytes_histogram_reach_prometheus_complete() {
     let deadline = Instant::now() + Duration::from_secs(20);
     let (count, sum, decisions) = loop {
         let scraped = harness.envoy.prometheus().expect("admin /stats/prometheus");
-        let count = sample(&scraped, "prefix_router_bytes_inspected_count").unwrap_or(0.0);
-        let sum = sample(&scraped, "prefix_router_bytes_inspected_sum").unwrap_or(0.0);
+        let count = sample(&scraped, "prefix_router_bytes_inspected_count{}").unwrap_or(0.0);
+        let sum = sample(&scraped, "prefix_router_bytes_inspected_sum{}").unwrap_or(0.0);
         let decisions: f64 = DECISION_KINDS
             .iter()
-            .map(|kind| sample(&scraped, &format!("prefix_router_decision_{kind}")).unwrap_or(0.0))
+            .map(|kind| {
+                sample(
+                    &scraped,
+                    &format!("prefix_router_decision{{kind=\"{kind}\"}}"),
+                )
+                .unwrap_or(0.0)
+            })
             .sum();
         if (count >= REQUESTS as f64 && decisions >= REQUESTS as f64) || Instant::now() > deadline {
             break (count, sum, decisions);

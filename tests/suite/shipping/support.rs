@@ -541,3 +541,70 @@ pub fn wait_until<T>(
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+// ---------------------------------------------------------------------------
+// Envoy's /stats/prometheus (the Prometheus and two-fleets tests)
+// ---------------------------------------------------------------------------
+
+/// One sample line of a Prometheus text scrape.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    pub name: String,
+    pub labels: std::collections::BTreeMap<String, String>,
+    pub value: f64,
+}
+
+impl Sample {
+    pub fn label(&self, name: &str) -> Option<&str> {
+        self.labels.get(name).map(String::as_str)
+    }
+}
+
+/// The sample lines of `scraped` (Prometheus text format, as Envoy writes
+/// it: `name{a="x",b="y"} value`), comments skipped.
+pub fn samples(scraped: &str) -> Vec<Sample> {
+    scraped
+        .lines()
+        .filter(|line| !line.starts_with('#') && !line.trim().is_empty())
+        .map(|line| {
+            let (series, value) = line
+                .rsplit_once(' ')
+                .unwrap_or_else(|| panic!("not a sample line: {line}"));
+            let (name, labels) = match series.split_once('{') {
+                Some((name, rest)) => (name, parse_labels(rest.trim_end_matches('}'), line)),
+                None => (series, Default::default()),
+            };
+            Sample {
+                name: name.to_string(),
+                labels,
+                value: value
+                    .parse()
+                    .unwrap_or_else(|e| panic!("{e}: not a sample line: {line}")),
+            }
+        })
+        .collect()
+}
+
+/// `a="x",b="y\"z"` -> {a: x, b: y"z}.
+fn parse_labels(mut text: &str, line: &str) -> std::collections::BTreeMap<String, String> {
+    let mut labels = std::collections::BTreeMap::new();
+    while let Some((name, rest)) = text.split_once("=\"") {
+        let mut value = String::new();
+        let mut chars = rest.char_indices();
+        let end = loop {
+            match chars.next() {
+                Some((_, '\\')) => match chars.next() {
+                    Some((_, 'n')) => value.push('\n'),
+                    Some((_, c)) => value.push(c),
+                    None => panic!("unterminated label value: {line}"),
+                },
+                Some((i, '"')) => break i,
+                Some((_, c)) => value.push(c),
+                None => panic!("unterminated label value: {line}"),
+            }
+        };
+        labels.insert(name.trim_start_matches(',').to_string(), value);
+        text = &rest[end + 1..];
+    }
+    labels
+}

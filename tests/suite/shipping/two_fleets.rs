@@ -39,20 +39,6 @@ fn two_fleets_example_passes_envoy_validate() {
     assert_envoy_accepts(&config, EXAMPLE);
 }
 
-/// The `stats_tags` entry docs/metrics.md gives to paste is the one this
-/// tested example runs with.
-#[test]
-fn the_documented_fleet_label_is_the_examples() {
-    let doc = std::fs::read_to_string(root().join("docs/metrics.md")).expect("docs/metrics.md");
-    let block = doc
-        .split("```yaml")
-        .filter_map(|after| after.split("```").next())
-        .find(|block| block.contains("stats_tags"))
-        .expect("a stats_tags block in docs/metrics.md");
-    let documented: Value = serde_yaml::from_str(block).expect("the block is YAML");
-    assert_eq!(documented["stats_config"], yaml(EXAMPLE)["stats_config"]);
-}
-
 /// The two fleets (3 and 2 instances), their addresses, and Envoy started
 /// from the example pointed at them, with `edit` on top.
 fn start_example(
@@ -141,21 +127,21 @@ fn each_fleets_requests_meet_only_its_own_filter_and_instances() {
         },
     );
     assert_eq!(decisions_by_fleet(&scraped), expected, "decisions by fleet");
+    let scraped = samples(&scraped);
     for ((_, cluster, _), own) in FLEETS.iter().zip(&addrs) {
         for addr in own {
-            let gauge = format!(
-                "prefix_router_in_flight_{}{{fleet=\"{cluster}\"}}",
-                addr.to_string().replace(['.', ':'], "_")
-            );
+            let endpoint = addr.to_string();
             assert!(
-                scraped.lines().any(|line| line.starts_with(&gauge)),
-                "no {gauge} in the scrape"
+                scraped.iter().any(|s| s.name == "prefix_router_in_flight"
+                    && s.label("endpoint") == Some(endpoint.as_str())
+                    && s.label("fleet") == Some(*cluster)),
+                "no prefix_router_in_flight{{endpoint=\"{endpoint}\",fleet=\"{cluster}\"}} in the scrape"
             );
         }
     }
-    let unlabelled: Vec<&str> = scraped
-        .lines()
-        .filter(|line| line.starts_with("prefix_router_") && !line.contains("{fleet=\""))
+    let unlabelled: Vec<&Sample> = scraped
+        .iter()
+        .filter(|s| s.name.starts_with("prefix_router_") && s.label("fleet").is_none())
         .collect();
     assert!(unlabelled.is_empty(), "stats of no fleet: {unlabelled:?}");
     assert!(
@@ -196,21 +182,17 @@ fn an_upstream_filter_without_its_listener_filters_fleet_is_warned_about() {
     );
 }
 
-/// The `prefix_router_decision_<kind>` counters of a Prometheus scrape,
-/// summed by their `fleet` label (`(none)` for a counter without one), in
-/// the label's order.
+/// The `prefix_router_decision` counters of a Prometheus scrape, summed by
+/// their `fleet` label (`(none)` for a counter without one), in the label's
+/// order.
 fn decisions_by_fleet(scraped: &str) -> Vec<(String, u64)> {
     let mut by_fleet = std::collections::BTreeMap::<String, u64>::new();
-    for line in scraped
-        .lines()
-        .filter(|line| line.starts_with("prefix_router_decision_"))
+    for sample in samples(scraped)
+        .iter()
+        .filter(|s| s.name == "prefix_router_decision")
     {
-        let (series, value) = line.rsplit_once(' ').expect("a sample line");
-        let fleet = series
-            .split_once("fleet=\"")
-            .and_then(|(_, rest)| rest.split_once('"'))
-            .map_or("(none)", |(fleet, _)| fleet);
-        *by_fleet.entry(fleet.to_string()).or_default() += value.parse::<u64>().expect("a counter");
+        let fleet = sample.label("fleet").unwrap_or("(none)");
+        *by_fleet.entry(fleet.to_string()).or_default() += sample.value as u64;
     }
     by_fleet.into_iter().collect()
 }
