@@ -401,7 +401,12 @@ pub fn remove_engine_metrics_cluster(config: &mut Value) {
 }
 
 pub fn assert_only_deployment_differs(rel: &str) {
-    let mut copy = yaml(rel);
+    assert_config_only_deployment_differs(yaml(rel), rel);
+}
+
+/// [`assert_only_deployment_differs`] for a configuration already read (and
+/// trimmed of what else its deployment declares different).
+pub fn assert_config_only_deployment_differs(mut copy: Value, rel: &str) {
     let mut shipped = yaml("envoy/envoy.yaml");
     remove_configured_fleet(&mut shipped);
     remove_engine_metrics_cluster(&mut shipped);
