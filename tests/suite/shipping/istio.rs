@@ -12,7 +12,6 @@ use std::collections::BTreeSet;
 
 use prefix_router_tools::envoy::Envoy;
 use prefix_router_tools::upstream::UpstreamFleet;
-use serde_json::json;
 use serde_yaml::Value;
 
 use support::*;
@@ -49,34 +48,7 @@ fn istio_envoy_filter_adds_the_wasm_extension_config_and_the_http_filter() {
     assert_eq!(s(&remote["sha256"], "sha256").len(), 64);
     // Envoy refuses an http_uri without a cluster, even one istio-agent fetches.
     assert!(!s(&remote["http_uri"]["cluster"], "http_uri cluster").is_empty());
-    let mut plugin = plugin_config_json(config);
-    let mut shipped =
-        plugin_config_json(&wasm_filter(&yaml("envoy/envoy.yaml"))["typed_config"]["config"]);
-    // Istio relies on the listener's buffer limit (1 MiB by default): half of it at most.
-    let max_body = plugin["max_body_bytes"]
-        .as_u64()
-        .expect("Istio's max_body_bytes");
-    assert!(
-        max_body <= 512 * 1024,
-        "max_body_bytes {max_body} risks 413s under a 1 MiB listener limit"
-    );
-    plugin["max_body_bytes"] = json!(null);
-    shipped["max_body_bytes"] = json!(null);
-    // Pod addresses are not known up front: Istio's filter learns the fleet
-    // from traffic (no `instances`).
-    assert_eq!(plugin.get("instances"), None, "Istio lists no fleet");
-    if let Some(fields) = shipped.as_object_mut() {
-        fields.remove("instances");
-    }
-    // No upstream filter in the cluster: the listener filter must count.
-    assert_eq!(plugin["counting"], "LISTENER", "Istio's counting");
-    if let Some(fields) = plugin.as_object_mut() {
-        fields.remove("counting");
-    }
-    assert_eq!(
-        plugin, shipped,
-        "Istio's plugin configuration differs from envoy/envoy.yaml's"
-    );
+    assert_gateway_plugin_config(plugin_config_json(config), "Istio's EnvoyFilter");
 
     let http = patch(&filter, "HTTP_FILTER");
     assert_eq!(http["patch"]["operation"], "INSERT_BEFORE");

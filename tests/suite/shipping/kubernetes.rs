@@ -22,23 +22,12 @@ mod kube {
 
     pub const DIR: &str = "examples/kubernetes";
 
-    /// The documents of a manifest file.
-    pub fn documents(rel: &str) -> Vec<Value> {
-        serde_yaml::Deserializer::from_str(&read(rel))
-            .map(|doc| {
-                <Value as serde::Deserialize>::deserialize(doc)
-                    .unwrap_or_else(|e| panic!("{rel}: {e}"))
-            })
-            .filter(|doc| !doc.is_null())
-            .collect()
-    }
-
     /// Every resource kustomization.yaml lists, by (kind, name).
     pub fn resources() -> BTreeMap<(String, String), Value> {
         let kustomization = yaml(&format!("{DIR}/kustomization.yaml"));
         let mut out = BTreeMap::new();
         for rel in strings(&kustomization["resources"], "resources") {
-            for doc in documents(&format!("{DIR}/{rel}")) {
+            for doc in yaml_documents(&format!("{DIR}/{rel}")) {
                 let kind = s(&doc["kind"], "kind").to_string();
                 let name = s(&doc["metadata"]["name"], "metadata.name").to_string();
                 out.insert((kind, name), doc);
@@ -326,7 +315,9 @@ fn kustomize(dir: &std::path::Path) -> Result<String, String> {
         .arg(dir)
         .output()
         .unwrap_or_else(|e| {
-            panic!("cannot run kubectl ({e}): install kubectl, whose `kustomize` renders the example")
+            panic!(
+                "cannot run kubectl ({e}): install kubectl, whose `kustomize` renders the example"
+            )
         });
     if output.status.success() {
         Ok(String::from_utf8(output.stdout).expect("kustomize output is UTF-8"))
@@ -351,7 +342,8 @@ fn a_kustomize_namespace_moves_everything_and_envoy_accepts_the_rendered_config(
     assert_eq!(documents.len(), 5, "2 Services, a Deployment, 2 ConfigMaps");
     for doc in &documents {
         assert_eq!(
-            doc["metadata"]["namespace"], "llm",
+            doc["metadata"]["namespace"],
+            "llm",
             "{} {:?} is not in the overlay's namespace",
             s(&doc["kind"], "kind"),
             doc["metadata"]["name"]
@@ -373,7 +365,10 @@ fn a_kustomize_namespace_moves_everything_and_envoy_accepts_the_rendered_config(
     }
     let mut config: Value = serde_yaml::from_str(envoy_yaml).unwrap();
     set_wasm_filename(&mut config, &built_wasm());
-    assert_envoy_accepts(&config, "the rendered prefix-router-envoy ConfigMap's envoy.yaml");
+    assert_envoy_accepts(
+        &config,
+        "the rendered prefix-router-envoy ConfigMap's envoy.yaml",
+    );
 
     let rendered_path = dir.path().join("rendered.yaml");
     std::fs::write(&rendered_path, &rendered).unwrap();
@@ -526,7 +521,10 @@ fn the_clusters_short_name_resolves_in_the_pods_namespace() {
         |response| format!("{response:?}; DNS asked {:?}\n{}", dns.asked(), envoy.log()),
     )
     .unwrap();
-    assert_eq!(response.header("x-served-by"), Some(fleet.names()[0].as_str()));
+    assert_eq!(
+        response.header("x-served-by"),
+        Some(fleet.names()[0].as_str())
+    );
     let decision = response
         .header(DECISION_HEADER)
         .unwrap_or_else(|| panic!("no {DECISION_HEADER} in the response"));

@@ -46,6 +46,16 @@ pub fn yaml(rel: &str) -> Value {
     value
 }
 
+/// The documents of a multi-document YAML file (Kubernetes manifests).
+pub fn yaml_documents(rel: &str) -> Vec<Value> {
+    serde_yaml::Deserializer::from_str(&read(rel))
+        .map(|doc| {
+            <Value as serde::Deserialize>::deserialize(doc).unwrap_or_else(|e| panic!("{rel}: {e}"))
+        })
+        .filter(|doc| !doc.is_null())
+        .collect()
+}
+
 pub fn s<'a>(value: &'a Value, what: &str) -> &'a str {
     value
         .as_str()
@@ -427,6 +437,39 @@ pub fn assert_config_only_deployment_differs(mut copy: Value, rel: &str) {
         &shipped,
         rel,
         "admin address, .wasm path and cluster endpoints",
+    );
+}
+
+/// A gateway's plugin configuration (Istio's, Envoy Gateway's) is
+/// `envoy/envoy.yaml`'s but for three settings a gateway needs: a
+/// `max_body_bytes` of at most half the 1 MiB listener buffer limit the
+/// gateway runs with (Envoy answers 413 past it while the filter reads),
+/// `counting: LISTENER` (no upstream filter runs on the gateway's clusters)
+/// and no `instances` (pod addresses are learned from traffic).
+pub fn assert_gateway_plugin_config(mut plugin: serde_json::Value, what: &str) {
+    let mut shipped =
+        plugin_config_json(&wasm_filter(&yaml("envoy/envoy.yaml"))["typed_config"]["config"]);
+    let max_body = plugin["max_body_bytes"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{what} sets no max_body_bytes"));
+    assert!(
+        max_body <= 512 * 1024,
+        "{what}: max_body_bytes {max_body} risks 413s under a 1 MiB listener limit"
+    );
+    assert_eq!(plugin.get("instances"), None, "{what} lists no fleet");
+    assert_eq!(plugin["counting"], "LISTENER", "{what}'s counting");
+    for (config, fields) in [
+        (&mut plugin, ["max_body_bytes", "counting"]),
+        (&mut shipped, ["max_body_bytes", "instances"]),
+    ] {
+        let config = config.as_object_mut().expect("a JSON object");
+        for field in fields {
+            config.remove(field);
+        }
+    }
+    assert_eq!(
+        plugin, shipped,
+        "{what}'s plugin configuration differs from envoy/envoy.yaml's"
     );
 }
 
