@@ -30,20 +30,12 @@ const DIR: &str = "examples/envoy-gateway";
 /// Every resource of the example, by (kind, name).
 fn resources() -> BTreeMap<(String, String), Value> {
     let mut out = BTreeMap::new();
-    let mut files: Vec<_> = std::fs::read_dir(root().join(DIR))
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|f| f.ends_with(".yaml"))
-        .collect();
-    files.sort();
-    for file in files {
-        for doc in yaml_documents(&format!("{DIR}/{file}")) {
-            let key = (
-                s(&doc["kind"], "kind").to_string(),
-                s(&doc["metadata"]["name"], "metadata.name").to_string(),
-            );
-            assert!(out.insert(key.clone(), doc).is_none(), "{key:?} twice");
-        }
+    for doc in yaml_documents_under(DIR) {
+        let key = (
+            s(&doc["kind"], "kind").to_string(),
+            s(&doc["metadata"]["name"], "metadata.name").to_string(),
+        );
+        assert!(out.insert(key.clone(), doc).is_none(), "{key:?} twice");
     }
     out
 }
@@ -204,6 +196,38 @@ fn envoy_gateway_resources_refer_to_each_other_and_to_the_filters_headers() {
             )
         );
     }
+}
+
+/// The custom resources pass the CRD schemas of Envoy Gateway and the
+/// Gateway API, the Service Kubernetes' own.
+#[test]
+fn envoy_gateway_resources_pass_their_schemas() {
+    let (core, custom): (Vec<Value>, Vec<Value>) = yaml_documents_under(DIR)
+        .into_iter()
+        .partition(|doc| doc["apiVersion"] == "v1");
+    assert_eq!(custom.len(), 6, "six custom resources");
+    assert_crds_accept(&custom, DIR);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("core.yaml");
+    let text: Vec<String> = core
+        .iter()
+        .map(|doc| serde_yaml::to_string(doc).unwrap())
+        .collect();
+    std::fs::write(&path, text.join("---\n")).unwrap();
+    run_check(
+        std::process::Command::new("python3")
+            .args([
+                "-m",
+                "kubernetes_validate",
+                "--strict",
+                "--quiet",
+                "--kubernetes-version",
+                "1.31",
+            ])
+            .arg(&path),
+        "install kubernetes-validate (`python3 -m pip install kubernetes-validate`; \
+         cargo xtask test does this)",
+    );
 }
 
 /// The values of `field` in every entry of a list.
@@ -453,11 +477,16 @@ fn chat_body(conversation: &str, size: usize, question: &str) -> String {
     .to_string()
 }
 
-fn post_chat(envoy: &Envoy, body: &str, timeout: Duration) -> Result<ureq::Response, ureq::Error> {
+fn post_chat(
+    envoy: &Envoy,
+    body: &str,
+    timeout: Duration,
+) -> Result<ureq::Response, Box<ureq::Error>> {
     ureq::post(&format!("{}/v1/chat/completions", envoy.base_url()))
         .timeout(timeout)
         .set("content-type", "application/json")
         .send_string(body)
+        .map_err(Box::new)
 }
 
 #[test]
@@ -527,7 +556,10 @@ fn without_the_patch_requests_with_a_body_hang() {
     let outcome = post_chat(&envoy, &chat_body("c", 1000, "q"), Duration::from_secs(2));
     // No answer within the client's timeout (a transport error, not a status).
     assert!(
-        matches!(outcome, Err(ureq::Error::Transport(_))) && fleet.records().is_empty(),
+        matches!(
+            outcome.as_ref().map_err(|e| &**e),
+            Err(ureq::Error::Transport(_))
+        ) && fleet.records().is_empty(),
         "answered without allow_on_headers_stop_iteration: {outcome:?}"
     );
 }
@@ -547,7 +579,7 @@ fn without_the_client_traffic_policy_a_40_kb_prompt_is_refused() {
         &chat_body("c", 40_000, "q"),
         Duration::from_secs(10),
     ) {
-        Err(ureq::Error::Status(413, _)) => {}
+        Err(error) if matches!(*error, ureq::Error::Status(413, _)) => {}
         other => panic!("a 40 KB prompt under a 32 KiB listener buffer: {other:?}"),
     }
 }

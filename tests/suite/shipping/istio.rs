@@ -282,3 +282,75 @@ fn the_filters_stats_pass_istios_stats_inclusion_list() {
         "the inclusion list is not in force: the cluster's request counts are scraped"
     );
 }
+
+/// Every resource in `examples/istio/` (the ingress gateway's and the
+/// Gateway API variant's) passes the CRD schemas of Istio and the Gateway API.
+#[test]
+fn istio_resources_pass_their_crd_schemas() {
+    let documents = yaml_documents_under("examples/istio");
+    assert_eq!(
+        documents.len(),
+        7,
+        "three resources and four of the Gateway API variant"
+    );
+    assert_crds_accept(&documents, "examples/istio");
+}
+
+/// The Gateway API variant (`examples/istio/gateway-api/`): the same patches
+/// as the ingress gateway's, on the pods Istio deploys for its Gateway
+/// (selected by the label Istio gives them, from the Gateway's namespace),
+/// whose route goes to the Service the DestinationRule and the cluster patch
+/// name.
+#[test]
+fn gateway_api_variant_patches_the_pods_istio_deploys_for_its_gateway() {
+    let resources = yaml_documents("examples/istio/gateway-api/gateway.yaml");
+    let gateway = resources
+        .iter()
+        .find(|d| d["kind"] == "Gateway")
+        .expect("a Gateway");
+    let route = resources
+        .iter()
+        .find(|d| d["kind"] == "HTTPRoute")
+        .expect("an HTTPRoute");
+    assert_eq!(gateway["spec"]["gatewayClassName"], "istio");
+    let gateway_name = s(&gateway["metadata"]["name"], "Gateway name");
+    let namespace = s(&gateway["metadata"]["namespace"], "Gateway namespace");
+    assert_eq!(route["spec"]["parentRefs"][0]["name"], gateway_name);
+    assert_eq!(route["metadata"]["namespace"], namespace);
+    let backend = &route["spec"]["rules"][0]["backendRefs"][0];
+    let host = format!(
+        "{}.{namespace}.svc.cluster.local",
+        s(&backend["name"], "backendRef name")
+    );
+    assert_eq!(
+        yaml("examples/istio/destinationrule.yaml")["spec"]["host"],
+        host.as_str(),
+        "the DestinationRule hashes another Service"
+    );
+
+    for file in ["envoyfilter.yaml", "override-host-cluster.yaml"] {
+        let ingress = yaml(&format!("examples/istio/{file}"));
+        let variant = yaml(&format!("examples/istio/gateway-api/{file}"));
+        assert_eq!(
+            variant["spec"]["configPatches"], ingress["spec"]["configPatches"],
+            "gateway-api/{file} patches otherwise than {file}"
+        );
+        assert_eq!(variant["metadata"]["name"], ingress["metadata"]["name"]);
+        assert_eq!(
+            variant["metadata"]["namespace"], namespace,
+            "gateway-api/{file}: a workloadSelector selects pods of its own namespace"
+        );
+        let labels = variant["spec"]["workloadSelector"]["labels"]
+            .as_mapping()
+            .expect("workloadSelector labels");
+        assert_eq!(labels.len(), 1, "gateway-api/{file}: {labels:?}");
+        assert_eq!(
+            labels.get("gateway.networking.k8s.io/gateway-name"),
+            Some(&Value::from(gateway_name)),
+            "gateway-api/{file} selects other pods than the Gateway's"
+        );
+    }
+    let override_host = yaml("examples/istio/gateway-api/override-host-cluster.yaml");
+    let cluster = patch(&override_host, "CLUSTER");
+    assert_eq!(cluster["match"]["cluster"]["service"], host.as_str());
+}

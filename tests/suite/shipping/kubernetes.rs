@@ -516,6 +516,7 @@ fn the_clusters_short_name_resolves_in_the_pods_namespace() {
             ureq::post(&format!("{}/v1/completions", envoy.base_url()))
                 .timeout(std::time::Duration::from_secs(5))
                 .send_string(r#"{"model": "m", "prompt": "hello"}"#)
+                .map_err(Box::new)
         },
         |response| response.is_ok(),
         |response| format!("{response:?}; DNS asked {:?}\n{}", dns.asked(), envoy.log()),

@@ -565,6 +565,82 @@ pub fn run_check(command: &mut Command, install_hint: &str) {
     );
 }
 
+/// Checks custom resources against the CRDs of their API group, with the
+/// validators the `@kubernetes-models/*` npm packages generate from them
+/// (`CRD_VALIDATORS`: the folder whose node_modules holds them; `cargo xtask
+/// test` installs them there). A kind with no validator fails too. The
+/// schemas check types, enums, patterns and required fields; like a CRD's
+/// schema they let unknown fields through (the API server's strict field
+/// validation would not).
+pub fn assert_crds_accept(documents: &[Value], what: &str) {
+    const SCRIPT: &str = r#"
+import { join } from "node:path";
+import { pathToFileURL } from "node:url";
+const packages = {
+  "gateway.envoyproxy.io": "envoy-gateway",
+  "gateway.networking.k8s.io": "gateway-api",
+  "networking.istio.io": "istio",
+  "extensions.istio.io": "istio",
+};
+let input = "";
+for await (const chunk of process.stdin) input += chunk;
+const failures = [];
+for (const doc of JSON.parse(input)) {
+  const what = `${doc.kind} ${doc.metadata?.name}`;
+  const [group, version] = doc.apiVersion.split("/");
+  const pkg = packages[group];
+  if (!pkg) { failures.push(`${what}: no validator for ${doc.apiVersion}`); continue; }
+  const file = join(process.env.CRD_VALIDATORS, "node_modules", "@kubernetes-models", pkg, group, version, "index.js");
+  const Kind = (await import(pathToFileURL(file).href))[doc.kind];
+  if (!Kind) { failures.push(`${what}: no ${doc.kind} in ${doc.apiVersion}`); continue; }
+  try { new Kind(doc).validate(); } catch (e) { failures.push(`${what}: ${e.message}`); }
+}
+if (failures.length) { console.error(failures.join("\n")); process.exit(1); }
+"#;
+    let dir = std::env::var_os("CRD_VALIDATORS")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| envoy::target_dir().join("crd-validators"));
+    let mut child = Command::new("node")
+        .args(["--input-type=module", "-e", SCRIPT])
+        .env("CRD_VALIDATORS", &dir)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run node ({e}): Node.js checks {what}"));
+    let input = serde_json::to_vec(documents).unwrap();
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), &input).unwrap();
+    let output = child.wait_with_output().unwrap();
+    assert!(
+        output.status.success(),
+        "the CRD schemas refuse {what} (validators in {}: `cargo xtask test` installs them):\n{}",
+        dir.display(),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// Every document of every `.yaml` file under `dir` (recursively), in path order.
+pub fn yaml_documents_under(dir: &str) -> Vec<Value> {
+    fn files(path: &std::path::Path, out: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(path).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                files(&path, out);
+            } else if path.extension().is_some_and(|e| e == "yaml") {
+                out.push(path);
+            }
+        }
+    }
+    let mut paths = Vec::new();
+    files(&root().join(dir), &mut paths);
+    paths.sort();
+    paths
+        .iter()
+        .flat_map(|path| yaml_documents(&path.strip_prefix(root()).unwrap().to_string_lossy()))
+        .collect()
+}
+
 /// Reads `probe` every 50 ms until `ready` holds of the reading, for at most
 /// `timeout`, and returns that reading; panics with `failure(&reading)` of
 /// the last one if it never holds (the filter hands its stats to Envoy on a
