@@ -565,6 +565,26 @@ pub fn run_check(command: &mut Command, install_hint: &str) {
     );
 }
 
+/// Kubernetes 1.31's schemas accept the manifests at `paths` (relative to
+/// the repository or absolute), in strict mode: no unknown field.
+pub fn assert_kubernetes_schemas_accept<P: AsRef<std::ffi::OsStr>>(paths: &[P]) {
+    run_check(
+        Command::new("python3")
+            .args([
+                "-m",
+                "kubernetes_validate",
+                "--strict",
+                "--quiet",
+                "--kubernetes-version",
+                "1.31",
+            ])
+            .args(paths)
+            .current_dir(root()),
+        "install kubernetes-validate (`python3 -m pip install kubernetes-validate`; \
+         cargo xtask test does this)",
+    );
+}
+
 /// Checks custom resources against the CRDs of their API group, with the
 /// validators the `@kubernetes-models/*` npm packages generate from them
 /// (`CRD_VALIDATORS`: the folder whose node_modules holds them; `cargo xtask
