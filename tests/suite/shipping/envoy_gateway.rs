@@ -570,3 +570,91 @@ fn without_the_client_traffic_policy_a_40_kb_prompt_is_refused() {
         other => panic!("a 40 KB prompt under a 32 KiB listener buffer: {other:?}"),
     }
 }
+
+/// Overflow through the cluster the BackendTrafficPolicy makes: a burst on
+/// one conversation past `concurrency_threshold` puts at most that many on
+/// its pod; the filter names the pod of every request in the host header and
+/// Envoy's override_host sends each one to exactly the pod named, those it
+/// sends elsewhere included. Every request is held 2 s at its pod, so the
+/// whole burst is in flight at once.
+#[test]
+fn envoy_gateway_generated_config_overflows_to_the_pod_the_filter_names() {
+    let fleet = UpstreamFleet::start(3).unwrap();
+    let envoy = start(generated_config(
+        &with_the_example_policies(),
+        &fleet.addrs(),
+    ));
+    let threshold = plugin_config(only(&resources(), "EnvoyExtensionPolicy"))
+        ["concurrency_threshold"]
+        .as_u64()
+        .unwrap() as usize;
+    // The filter counts in the listener and learns the pods from responses.
+    let mut seen = BTreeSet::new();
+    for prompt in 0..60 {
+        if seen.len() == fleet.addrs().len() {
+            break;
+        }
+        let response = post_chat(
+            &envoy,
+            &chat_body(&format!("warm-up {prompt}"), 2000, "q"),
+            Duration::from_secs(10),
+        )
+        .unwrap_or_else(|e| panic!("warm-up: {e}"));
+        seen.insert(response.header("x-served-by").unwrap().to_string());
+    }
+    assert_eq!(seen.len(), 3, "60 prompts reached only {seen:?}");
+    let body = chat_body("the hot conversation", 2000, "q");
+    let target = post_chat(&envoy, &body, Duration::from_secs(10))
+        .unwrap()
+        .header("x-served-by")
+        .unwrap()
+        .to_string();
+    let before = fleet.records().len();
+    let burst = threshold + 4;
+    let served: Vec<String> = std::thread::scope(|scope| {
+        let requests: Vec<_> = (0..burst)
+            .map(|_| {
+                scope.spawn(|| {
+                    ureq::post(&format!("{}/v1/chat/completions", envoy.base_url()))
+                        .timeout(Duration::from_secs(20))
+                        .set(prefix_router_tools::upstream::HOLD_HEADER, "2000")
+                        .send_string(&body)
+                        .map_err(Box::new)
+                        .unwrap_or_else(|e| panic!("burst: {e}"))
+                        .header("x-served-by")
+                        .unwrap()
+                        .to_string()
+                })
+            })
+            .collect();
+        requests.into_iter().map(|r| r.join().unwrap()).collect()
+    });
+    // The cap holds on the conversation's pod; the rest went elsewhere.
+    let on_target = served.iter().filter(|pod| **pod == target).count();
+    assert!(
+        on_target <= threshold && served.len() == burst,
+        "the burst's pods: {served:?}"
+    );
+    let address_of: BTreeMap<String, String> = fleet
+        .names()
+        .into_iter()
+        .zip(fleet.addrs().iter().map(SocketAddr::to_string))
+        .collect();
+    let records = fleet.records();
+    let elsewhere = records[before..]
+        .iter()
+        .filter(|record| record.instance != target)
+        .count();
+    assert!(
+        elsewhere >= burst - threshold,
+        "the burst's pods: {served:?}"
+    );
+    for record in &records[before..] {
+        assert_eq!(
+            record.header(HOST_HEADER),
+            Some(address_of[&record.instance].as_str()),
+            "{} received a request naming another pod (or none)",
+            record.instance
+        );
+    }
+}
