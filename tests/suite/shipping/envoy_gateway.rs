@@ -575,7 +575,7 @@ fn without_the_client_traffic_policy_a_40_kb_prompt_is_refused() {
 /// one conversation past `concurrency_threshold` puts at most that many on
 /// its pod; the filter names the pod of every request in the host header and
 /// Envoy's override_host sends each one to exactly the pod named, those it
-/// sends elsewhere included. Every request is held 2 s at its pod, so the
+/// sends elsewhere included. Every request is held 5 s at its pod, so the
 /// whole burst is in flight at once.
 #[test]
 fn envoy_gateway_generated_config_overflows_to_the_pod_the_filter_names() {
@@ -617,7 +617,7 @@ fn envoy_gateway_generated_config_overflows_to_the_pod_the_filter_names() {
                 scope.spawn(|| {
                     ureq::post(&format!("{}/v1/chat/completions", envoy.base_url()))
                         .timeout(Duration::from_secs(20))
-                        .set(prefix_router_tools::upstream::HOLD_HEADER, "2000")
+                        .set(prefix_router_tools::upstream::HOLD_HEADER, "5000")
                         .send_string(&body)
                         .map_err(Box::new)
                         .unwrap_or_else(|e| panic!("burst: {e}"))
