@@ -248,6 +248,62 @@ pub fn ensure_promtool() -> anyhow::Result<PathBuf> {
     Ok(binary)
 }
 
+/// npm packages holding validators generated from the CRDs of Istio, the
+/// Gateway API and Envoy Gateway, which the examples' custom resources are
+/// checked against, as (package, pinned version).
+const CRD_VALIDATOR_PACKAGES: [(&str, &str); 3] = [
+    ("@kubernetes-models/istio", "3.0.1"),
+    ("@kubernetes-models/gateway-api", "2.0.0"),
+    ("@kubernetes-models/envoy-gateway", "2.0.0"),
+];
+
+/// Makes the [`CRD_VALIDATOR_PACKAGES`] loadable: CRD_VALIDATORS if set (a
+/// folder whose node_modules holds them), else installed with npm into
+/// `<target>/crd-validators` (no root, nothing global). Returns that folder.
+pub fn ensure_crd_validators() -> anyhow::Result<PathBuf> {
+    let dir = match std::env::var_os("CRD_VALIDATORS").filter(|v| !v.is_empty()) {
+        Some(given) => PathBuf::from(given),
+        None => envoy::target_dir().join("crd-validators"),
+    };
+    let installed = |package: &str, version: &str| {
+        let manifest = dir.join("node_modules").join(package).join("package.json");
+        std::fs::read_to_string(manifest)
+            .is_ok_and(|text| text.contains(&format!("\"version\": \"{version}\"")))
+    };
+    if CRD_VALIDATOR_PACKAGES
+        .iter()
+        .all(|(package, version)| installed(package, version))
+    {
+        return Ok(dir);
+    }
+    eprintln!(
+        "xtask: installing the CRD validators ({}) from npm into {}",
+        CRD_VALIDATOR_PACKAGES
+            .iter()
+            .map(|(package, version)| format!("{package}@{version}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        dir.display()
+    );
+    std::fs::create_dir_all(&dir)?;
+    run(Command::new("npm")
+        .args([
+            "install",
+            "--no-audit",
+            "--no-fund",
+            "--ignore-scripts",
+            "--prefix",
+        ])
+        .arg(&dir)
+        .args(
+            CRD_VALIDATOR_PACKAGES
+                .iter()
+                .map(|(package, version)| format!("{package}@{version}")),
+        ))
+    .context("installing the CRD validators with npm (needs Node.js's npm)")?;
+    Ok(dir)
+}
+
 /// Node.js runs the wasm32-wasip1 unit tests (see `.cargo/config.toml`).
 pub fn ensure_node() -> anyhow::Result<()> {
     match Command::new("node").arg("--version").output() {

@@ -12,7 +12,6 @@ use std::collections::BTreeSet;
 
 use prefix_router_tools::envoy::Envoy;
 use prefix_router_tools::upstream::UpstreamFleet;
-use serde_json::json;
 use serde_yaml::Value;
 
 use support::*;
@@ -49,34 +48,7 @@ fn istio_envoy_filter_adds_the_wasm_extension_config_and_the_http_filter() {
     assert_eq!(s(&remote["sha256"], "sha256").len(), 64);
     // Envoy refuses an http_uri without a cluster, even one istio-agent fetches.
     assert!(!s(&remote["http_uri"]["cluster"], "http_uri cluster").is_empty());
-    let mut plugin = plugin_config_json(config);
-    let mut shipped =
-        plugin_config_json(&wasm_filter(&yaml("envoy/envoy.yaml"))["typed_config"]["config"]);
-    // Istio relies on the listener's buffer limit (1 MiB by default): half of it at most.
-    let max_body = plugin["max_body_bytes"]
-        .as_u64()
-        .expect("Istio's max_body_bytes");
-    assert!(
-        max_body <= 512 * 1024,
-        "max_body_bytes {max_body} risks 413s under a 1 MiB listener limit"
-    );
-    plugin["max_body_bytes"] = json!(null);
-    shipped["max_body_bytes"] = json!(null);
-    // Pod addresses are not known up front: Istio's filter learns the fleet
-    // from traffic (no `instances`).
-    assert_eq!(plugin.get("instances"), None, "Istio lists no fleet");
-    if let Some(fields) = shipped.as_object_mut() {
-        fields.remove("instances");
-    }
-    // No upstream filter in the cluster: the listener filter must count.
-    assert_eq!(plugin["counting"], "LISTENER", "Istio's counting");
-    if let Some(fields) = plugin.as_object_mut() {
-        fields.remove("counting");
-    }
-    assert_eq!(
-        plugin, shipped,
-        "Istio's plugin configuration differs from envoy/envoy.yaml's"
-    );
+    assert_gateway_plugin_config(plugin_config_json(config), "Istio's EnvoyFilter");
 
     let http = patch(&filter, "HTTP_FILTER");
     assert_eq!(http["patch"]["operation"], "INSERT_BEFORE");
@@ -309,4 +281,76 @@ fn the_filters_stats_pass_istios_stats_inclusion_list() {
         !scraped.contains("envoy_cluster_upstream_rq_total"),
         "the inclusion list is not in force: the cluster's request counts are scraped"
     );
+}
+
+/// Every resource in `examples/istio/` (the ingress gateway's and the
+/// Gateway API variant's) passes the CRD schemas of Istio and the Gateway API.
+#[test]
+fn istio_resources_pass_their_crd_schemas() {
+    let documents = yaml_documents_under("examples/istio");
+    assert_eq!(
+        documents.len(),
+        7,
+        "three resources and four of the Gateway API variant"
+    );
+    assert_crds_accept(&documents, "examples/istio");
+}
+
+/// The Gateway API variant (`examples/istio/gateway-api/`): the same patches
+/// as the ingress gateway's, on the pods Istio deploys for its Gateway
+/// (selected by the label Istio gives them, from the Gateway's namespace),
+/// whose route goes to the Service the DestinationRule and the cluster patch
+/// name.
+#[test]
+fn gateway_api_variant_patches_the_pods_istio_deploys_for_its_gateway() {
+    let resources = yaml_documents("examples/istio/gateway-api/gateway.yaml");
+    let gateway = resources
+        .iter()
+        .find(|d| d["kind"] == "Gateway")
+        .expect("a Gateway");
+    let route = resources
+        .iter()
+        .find(|d| d["kind"] == "HTTPRoute")
+        .expect("an HTTPRoute");
+    assert_eq!(gateway["spec"]["gatewayClassName"], "istio");
+    let gateway_name = s(&gateway["metadata"]["name"], "Gateway name");
+    let namespace = s(&gateway["metadata"]["namespace"], "Gateway namespace");
+    assert_eq!(route["spec"]["parentRefs"][0]["name"], gateway_name);
+    assert_eq!(route["metadata"]["namespace"], namespace);
+    let backend = &route["spec"]["rules"][0]["backendRefs"][0];
+    let host = format!(
+        "{}.{namespace}.svc.cluster.local",
+        s(&backend["name"], "backendRef name")
+    );
+    assert_eq!(
+        yaml("examples/istio/destinationrule.yaml")["spec"]["host"],
+        host.as_str(),
+        "the DestinationRule hashes another Service"
+    );
+
+    for file in ["envoyfilter.yaml", "override-host-cluster.yaml"] {
+        let ingress = yaml(&format!("examples/istio/{file}"));
+        let variant = yaml(&format!("examples/istio/gateway-api/{file}"));
+        assert_eq!(
+            variant["spec"]["configPatches"], ingress["spec"]["configPatches"],
+            "gateway-api/{file} patches otherwise than {file}"
+        );
+        assert_eq!(variant["metadata"]["name"], ingress["metadata"]["name"]);
+        assert_eq!(
+            variant["metadata"]["namespace"], namespace,
+            "gateway-api/{file}: a workloadSelector selects pods of its own namespace"
+        );
+        let labels = variant["spec"]["workloadSelector"]["labels"]
+            .as_mapping()
+            .expect("workloadSelector labels");
+        assert_eq!(labels.len(), 1, "gateway-api/{file}: {labels:?}");
+        assert_eq!(
+            labels.get("gateway.networking.k8s.io/gateway-name"),
+            Some(&Value::from(gateway_name)),
+            "gateway-api/{file} selects other pods than the Gateway's"
+        );
+    }
+    let override_host = yaml("examples/istio/gateway-api/override-host-cluster.yaml");
+    let cluster = patch(&override_host, "CLUSTER");
+    assert_eq!(cluster["match"]["cluster"]["service"], host.as_str());
 }

@@ -46,6 +46,16 @@ pub fn yaml(rel: &str) -> Value {
     value
 }
 
+/// The documents of a multi-document YAML file (Kubernetes manifests).
+pub fn yaml_documents(rel: &str) -> Vec<Value> {
+    serde_yaml::Deserializer::from_str(&read(rel))
+        .map(|doc| {
+            <Value as serde::Deserialize>::deserialize(doc).unwrap_or_else(|e| panic!("{rel}: {e}"))
+        })
+        .filter(|doc| !doc.is_null())
+        .collect()
+}
+
 pub fn s<'a>(value: &'a Value, what: &str) -> &'a str {
     value
         .as_str()
@@ -401,7 +411,12 @@ pub fn remove_engine_metrics_cluster(config: &mut Value) {
 }
 
 pub fn assert_only_deployment_differs(rel: &str) {
-    let mut copy = yaml(rel);
+    assert_config_only_deployment_differs(yaml(rel), rel);
+}
+
+/// [`assert_only_deployment_differs`] for a configuration already read (and
+/// trimmed of what else its deployment declares different).
+pub fn assert_config_only_deployment_differs(mut copy: Value, rel: &str) {
     let mut shipped = yaml("envoy/envoy.yaml");
     remove_configured_fleet(&mut shipped);
     remove_engine_metrics_cluster(&mut shipped);
@@ -422,6 +437,39 @@ pub fn assert_only_deployment_differs(rel: &str) {
         &shipped,
         rel,
         "admin address, .wasm path and cluster endpoints",
+    );
+}
+
+/// A gateway's plugin configuration (Istio's, Envoy Gateway's) is
+/// `envoy/envoy.yaml`'s but for three settings a gateway needs: a
+/// `max_body_bytes` of at most half the 1 MiB listener buffer limit the
+/// gateway runs with (Envoy answers 413 past it while the filter reads),
+/// `counting: LISTENER` (no upstream filter runs on the gateway's clusters)
+/// and no `instances` (pod addresses are learned from traffic).
+pub fn assert_gateway_plugin_config(mut plugin: serde_json::Value, what: &str) {
+    let mut shipped =
+        plugin_config_json(&wasm_filter(&yaml("envoy/envoy.yaml"))["typed_config"]["config"]);
+    let max_body = plugin["max_body_bytes"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{what} sets no max_body_bytes"));
+    assert!(
+        max_body <= 512 * 1024,
+        "{what}: max_body_bytes {max_body} risks 413s under a 1 MiB listener limit"
+    );
+    assert_eq!(plugin.get("instances"), None, "{what} lists no fleet");
+    assert_eq!(plugin["counting"], "LISTENER", "{what}'s counting");
+    for (config, fields) in [
+        (&mut plugin, ["max_body_bytes", "counting"]),
+        (&mut shipped, ["max_body_bytes", "instances"]),
+    ] {
+        let config = config.as_object_mut().expect("a JSON object");
+        for field in fields {
+            config.remove(field);
+        }
+    }
+    assert_eq!(
+        plugin, shipped,
+        "{what}'s plugin configuration differs from envoy/envoy.yaml's"
     );
 }
 
@@ -515,6 +563,102 @@ pub fn run_check(command: &mut Command, install_hint: &str) {
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     );
+}
+
+/// Kubernetes 1.31's schemas accept the manifests at `paths` (relative to
+/// the repository or absolute), in strict mode: no unknown field.
+pub fn assert_kubernetes_schemas_accept<P: AsRef<std::ffi::OsStr>>(paths: &[P]) {
+    run_check(
+        Command::new("python3")
+            .args([
+                "-m",
+                "kubernetes_validate",
+                "--strict",
+                "--quiet",
+                "--kubernetes-version",
+                "1.31",
+            ])
+            .args(paths)
+            .current_dir(root()),
+        "install kubernetes-validate (`python3 -m pip install kubernetes-validate`; \
+         cargo xtask test does this)",
+    );
+}
+
+/// Checks custom resources against the CRDs of their API group, with the
+/// validators the `@kubernetes-models/*` npm packages generate from them
+/// (`CRD_VALIDATORS`: the folder whose node_modules holds them; `cargo xtask
+/// test` installs them there). A kind with no validator fails too. The
+/// schemas check types, enums, patterns and required fields; like a CRD's
+/// schema they let unknown fields through (the API server's strict field
+/// validation would not).
+pub fn assert_crds_accept(documents: &[Value], what: &str) {
+    const SCRIPT: &str = r#"
+import { join } from "node:path";
+import { pathToFileURL } from "node:url";
+const packages = {
+  "gateway.envoyproxy.io": "envoy-gateway",
+  "gateway.networking.k8s.io": "gateway-api",
+  "networking.istio.io": "istio",
+  "extensions.istio.io": "istio",
+};
+let input = "";
+for await (const chunk of process.stdin) input += chunk;
+const failures = [];
+for (const doc of JSON.parse(input)) {
+  const what = `${doc.kind} ${doc.metadata?.name}`;
+  const [group, version] = doc.apiVersion.split("/");
+  const pkg = packages[group];
+  if (!pkg) { failures.push(`${what}: no validator for ${doc.apiVersion}`); continue; }
+  const file = join(process.env.CRD_VALIDATORS, "node_modules", "@kubernetes-models", pkg, group, version, "index.js");
+  const Kind = (await import(pathToFileURL(file).href))[doc.kind];
+  if (!Kind) { failures.push(`${what}: no ${doc.kind} in ${doc.apiVersion}`); continue; }
+  try { new Kind(doc).validate(); } catch (e) { failures.push(`${what}: ${e.message}`); }
+}
+if (failures.length) { console.error(failures.join("\n")); process.exit(1); }
+"#;
+    let dir = std::env::var_os("CRD_VALIDATORS")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| envoy::target_dir().join("crd-validators"));
+    let mut child = Command::new("node")
+        .args(["--input-type=module", "-e", SCRIPT])
+        .env("CRD_VALIDATORS", &dir)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run node ({e}): Node.js checks {what}"));
+    let input = serde_json::to_vec(documents).unwrap();
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), &input).unwrap();
+    let output = child.wait_with_output().unwrap();
+    assert!(
+        output.status.success(),
+        "the CRD schemas refuse {what} (validators in {}: `cargo xtask test` installs them):\n{}",
+        dir.display(),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// Every document of every `.yaml` file under `dir` (recursively), in path order.
+pub fn yaml_documents_under(dir: &str) -> Vec<Value> {
+    fn files(path: &std::path::Path, out: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(path).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                files(&path, out);
+            } else if path.extension().is_some_and(|e| e == "yaml") {
+                out.push(path);
+            }
+        }
+    }
+    let mut paths = Vec::new();
+    files(&root().join(dir), &mut paths);
+    paths.sort();
+    paths
+        .iter()
+        .flat_map(|path| yaml_documents(&path.strip_prefix(root()).unwrap().to_string_lossy()))
+        .collect()
 }
 
 /// Reads `probe` every 50 ms until `ready` holds of the reading, for at most
