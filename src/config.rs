@@ -483,6 +483,18 @@ fn shown(value: &Value) -> String {
     format!("{}...", text.get(..end).unwrap_or_default())
 }
 
+/// The JSON Schema of the plugin configuration (draft 7, which editors read
+/// widely), as checked in at `docs/configuration.schema.json`.
+#[cfg(feature = "schema")]
+pub fn json_schema() -> String {
+    let schema = schemars::generate::SchemaSettings::draft07()
+        .into_generator()
+        .into_root_schema_for::<ConfigDocument>();
+    let mut text = serde_json::to_string_pretty(&schema).unwrap_or_default();
+    text.push('\n');
+    text
+}
+
 /// A string as JSON, shortened like [`shown`].
 fn quoted(text: &str) -> String {
     shown(&Value::from(text))
@@ -636,6 +648,10 @@ pub struct ConfigDocument {
     deny_unknown_fields,
     expecting = "an object with \"suffix\" and \"api\""
 )]
+#[cfg_attr(
+    feature = "schema",
+    schemars(description = "A path suffix and the API a path ending in it speaks.")
+)]
 pub struct PathRuleDocument {
     /// The path's end, starting with '/', without '?' or '#'.
     pub suffix: String,
@@ -648,11 +664,18 @@ pub struct PathRuleDocument {
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[cfg_attr(feature = "schema", derive(serde::Serialize, schemars::JsonSchema))]
 #[serde(deny_unknown_fields, default, expecting = "an object")]
+#[cfg_attr(
+    feature = "schema",
+    schemars(
+        description = "Polling each instance's own load from its /metrics through an Envoy cluster.",
+        extend("required" = ["cluster"])
+    )
+)]
 pub struct EngineLoadDocument {
     /// The Envoy cluster the polls go through.
     #[serde(deserialize_with = "present")]
     #[cfg_attr(feature = "schema", serde(skip_serializing_if = "Option::is_none"))]
-    #[cfg_attr(feature = "schema", schemars(with = "String", required))]
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub cluster: Option<String>,
     /// Which engine's series names are read (default VLLM).
     #[serde(deserialize_with = "present")]
@@ -706,7 +729,10 @@ pub struct EngineLoadDocument {
     #[cfg_attr(feature = "schema", serde(skip_serializing_if = "Option::is_none"))]
     #[cfg_attr(
         feature = "schema",
-        schemars(with = "u64", range(max = ENGINE_MAX_AGE_MS_MAX))
+        schemars(
+            with = "u64",
+            range(min = ENGINE_INTERVAL_MS_RANGE.0, max = ENGINE_MAX_AGE_MS_MAX)
+        )
     )]
     pub max_age_ms: Option<i128>,
     /// Fleet-wide bound of an instance's running + waiting requests; null:
