@@ -242,6 +242,15 @@ impl<'a> ValueDeserializer<'a> {
     }
 }
 
+/// The integer methods: each reads any JSON integer (the visitor bounds it).
+macro_rules! integers {
+    ($($method:ident)+) => {$(
+        fn $method<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, ConfigError> {
+            self.integer(visitor)
+        }
+    )+};
+}
+
 impl<'de> Deserializer<'de> for ValueDeserializer<'_> {
     type Error = ConfigError;
 
@@ -264,44 +273,9 @@ impl<'de> Deserializer<'de> for ValueDeserializer<'_> {
         }
     }
 
-    fn deserialize_i8<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, ConfigError> {
-        self.integer(visitor)
-    }
-
-    fn deserialize_i16<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, ConfigError> {
-        self.integer(visitor)
-    }
-
-    fn deserialize_i32<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, ConfigError> {
-        self.integer(visitor)
-    }
-
-    fn deserialize_i64<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, ConfigError> {
-        self.integer(visitor)
-    }
-
-    fn deserialize_i128<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, ConfigError> {
-        self.integer(visitor)
-    }
-
-    fn deserialize_u8<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, ConfigError> {
-        self.integer(visitor)
-    }
-
-    fn deserialize_u16<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, ConfigError> {
-        self.integer(visitor)
-    }
-
-    fn deserialize_u32<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, ConfigError> {
-        self.integer(visitor)
-    }
-
-    fn deserialize_u64<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, ConfigError> {
-        self.integer(visitor)
-    }
-
-    fn deserialize_u128<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, ConfigError> {
-        self.integer(visitor)
+    integers! {
+        deserialize_i8 deserialize_i16 deserialize_i32 deserialize_i64 deserialize_i128
+        deserialize_u8 deserialize_u16 deserialize_u32 deserialize_u64 deserialize_u128
     }
 
     fn deserialize_f32<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, ConfigError> {
