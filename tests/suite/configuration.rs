@@ -211,7 +211,8 @@ fn a_key_given_twice_is_refused_by_envoy_validate() {
         twice.output
     );
     let named = twice.output.lines().any(|line| {
-        line.contains("wasm log") && line.contains("concurrency_threshold: given twice (0, then 10)")
+        line.contains("wasm log")
+            && line.contains("concurrency_threshold: given twice (0, then 10)")
     });
     assert!(
         named,
