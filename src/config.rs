@@ -1,14 +1,20 @@
 //! The plugin configuration: parsed from Envoy's `configuration` JSON and
-//! validated up front, so a typo or an out-of-range value is rejected with a
-//! message naming the field instead of silently doing something else.
+//! validated up front, so a typo, a key given twice or an out-of-range value
+//! is rejected with a message naming the field instead of silently doing
+//! something else.
 //!
-//! Parsing walks a `serde_json::Value` by hand (the filter carries no serde
-//! derive). Each field is one arm in [`Config::apply_field`] plus one parser
-//! call, so adding a field is a three-line change.
+//! serde derives the reading of [`ConfigDocument`] (the fields as written,
+//! unknown ones refused); [`ConfigDocument::validate`] then checks ranges and
+//! the rules across fields once, giving the [`Config`] the filter uses.
+//! `document` reads the JSON (refusing duplicate keys) and names the field
+//! of every error by its path.
+
+mod document;
 
 use std::fmt;
 
-use serde_json::{Map, Value};
+use serde::{Deserialize, Deserializer};
+use serde_json::Value;
 
 use crate::classify::{default_path_rules, ApiKind, PathRule};
 pub use crate::engine_load::metrics_text::Series;
@@ -17,13 +23,13 @@ use crate::headers::{
 };
 use crate::load::EngineBounds;
 
-/// A configuration enum's spellings, written once: `NAMES` for parsing
-/// ([`one_of`]) and `as_str` for writing them back (an exhaustive match, so a
-/// variant without a spelling does not compile).
+/// A configuration enum's spellings, written once: read by serde (an unknown
+/// one lists them), written back by `as_str` (an exhaustive match, so a
+/// variant without a spelling does not compile), and listed in the schema.
 macro_rules! spellings {
     ($enum:ident { $($variant:ident => $spelling:literal),+ $(,)? }) => {
         impl $enum {
-            const NAMES: &'static [(&'static str, $enum)] = &[$(($spelling, $enum::$variant)),+];
+            const SPELLINGS: &'static [&'static str] = &[$($spelling),+];
 
             /// The configuration spelling.
             pub fn as_str(self) -> &'static str {
@@ -32,8 +38,47 @@ macro_rules! spellings {
                 }
             }
         }
+
+        impl<'de> Deserialize<'de> for $enum {
+            fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                let text = String::deserialize(deserializer)?;
+                match text.as_str() {
+                    $($spelling => Ok($enum::$variant),)+
+                    _ => Err(serde::de::Error::unknown_variant(&text, Self::SPELLINGS)),
+                }
+            }
+        }
+
+        #[cfg(feature = "schema")]
+        impl serde::Serialize for $enum {
+            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.serialize_str(self.as_str())
+            }
+        }
+
+        #[cfg(feature = "schema")]
+        impl schemars::JsonSchema for $enum {
+            fn inline_schema() -> bool {
+                true
+            }
+
+            fn schema_name() -> std::borrow::Cow<'static, str> {
+                stringify!($enum).into()
+            }
+
+            fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+                schemars::json_schema!({"type": "string", "enum": Self::SPELLINGS})
+            }
+        }
     };
 }
+
+spellings!(ApiKind {
+    ChatCompletions => "chat_completions",
+    Completions => "completions",
+    Responses => "responses",
+    Invoke => "invoke",
+});
 
 /// How requests are spread over the instances.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -334,24 +379,11 @@ pub const ENGINE_JITTER_PERCENT: u64 = 20;
 /// poll ends before the earliest jittered next one is due), at most this.
 pub const ENGINE_TIMEOUT_MS_DEFAULT_MAX: u64 = 2_000;
 pub const ENGINE_TIMEOUT_MS_MIN: u64 = 10;
+pub const ENGINE_TIMEOUT_MS_MAX: u64 = 60_000;
 /// `engine_load.max_age_ms` unless configured: this many intervals.
 pub const ENGINE_MAX_AGE_INTERVALS: u64 = 3;
 pub const ENGINE_MAX_AGE_MS_MAX: u64 = 600_000;
 pub const ENGINE_MAX_REQUESTS_RANGE: (u64, u64) = (1, 1_000_000);
-const ENGINE_FIELDS: [&str; 11] = [
-    "cluster",
-    "engine",
-    "running_metric",
-    "waiting_metric",
-    "kv_usage_metric",
-    "path",
-    "interval_ms",
-    "timeout_ms",
-    "max_age_ms",
-    "max_requests",
-    "max_kv_usage",
-];
-
 pub const PREFIX_LENGTH_RANGE: (u64, u64) = (1024, 65536);
 /// From a quarter of a vLLM block of text (16 tokens, ~64 bytes) to 4 KiB.
 pub const BLOCK_BYTES_RANGE: (u64, u64) = (64, 4096);
@@ -382,30 +414,6 @@ const RESERVED_KEY_HEADERS: [&str; 9] = [
     "te",
     "upgrade",
     "expect",
-];
-
-const FIELDS: [&str; 21] = [
-    "strategy",
-    "match",
-    "prefix_length",
-    "block_bytes",
-    "index_bytes",
-    "load_margin",
-    "cold_placement",
-    "concurrency_threshold",
-    "key_header",
-    "tenant_header",
-    "max_body_bytes",
-    "include_model",
-    "body_tenant",
-    "path_rules",
-    "host_header",
-    "decision_header",
-    "instance_ttl_ms",
-    "counting",
-    "instances",
-    "engine_load",
-    "fleet",
 ];
 
 impl Default for Config {
@@ -475,116 +483,356 @@ fn shown(value: &Value) -> String {
     format!("{}...", text.get(..end).unwrap_or_default())
 }
 
-fn type_name(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
+/// The JSON Schema of the plugin configuration (draft 7, which editors read
+/// widely), as checked in at `docs/configuration.schema.json`.
+#[cfg(feature = "schema")]
+pub fn json_schema() -> String {
+    let schema = schemars::generate::SchemaSettings::draft07()
+        .into_generator()
+        .into_root_schema_for::<ConfigDocument>();
+    let mut text = serde_json::to_string_pretty(&schema).unwrap_or_default();
+    text.push('\n');
+    text
 }
 
-fn wrong_type(field: &str, expected: &str, value: &Value) -> ConfigError {
-    error(
-        field,
-        format!(
-            "expected {expected}, got {} ({})",
-            type_name(value),
-            shown(value)
-        ),
+/// A string as JSON, shortened like [`shown`].
+fn quoted(text: &str) -> String {
+    shown(&Value::from(text))
+}
+
+/// Fields still accepted for one release after they stop doing anything:
+/// `(path, what replaces it)`, the path as in errors (`engine_load.x` for a
+/// field of `engine_load`). A configuration that sets one loads with a
+/// warning instead of being refused, so an upgrade never fails the reload.
+const DEPRECATED_FIELDS: &[(&str, &str)] = &[];
+
+/// Removes the `deprecated` fields the document sets, with a warning for each.
+fn take_deprecated(document: &mut Value, deprecated: &[(&str, &str)]) -> Vec<String> {
+    let mut warnings = Vec::new();
+    for (path, replacement) in deprecated {
+        let (parent, name) = match path.rsplit_once('.') {
+            Some((parent, name)) => (document.get_mut(parent), name),
+            None => (Some(&mut *document), *path),
+        };
+        let removed = parent
+            .and_then(Value::as_object_mut)
+            .and_then(|object| object.remove(name));
+        if removed.is_some() {
+            warnings.push(format!(
+                "{path} is deprecated and has no effect; {replacement}. A later release \
+                 refuses it: remove it from the configuration"
+            ));
+        }
+    }
+    warnings
+}
+
+/// For a field whose absence means something other than `null`: present, it
+/// must be a value of its type (`null` only where that type allows it).
+fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+    deserializer: D,
+) -> Result<Option<T>, D::Error> {
+    T::deserialize(deserializer).map(Some)
+}
+
+/// The plugin configuration as written, every field at its default unless
+/// set; [`ConfigDocument::validate`] turns it into a [`Config`]. Integers are
+/// read whole (`i128`), so that a negative or huge one is reported against
+/// its range.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(serde::Serialize, schemars::JsonSchema))]
+#[serde(deny_unknown_fields, default, expecting = "a JSON object")]
+#[cfg_attr(
+    feature = "schema",
+    schemars(
+        title = "prefix-router plugin configuration",
+        description = "The prefix-router filter's configuration (docs/configuration.md)."
     )
+)]
+pub struct ConfigDocument {
+    /// How requests are spread over the instances.
+    pub strategy: Strategy,
+    /// How PREFIX_AWARE matches a prompt against what was routed before.
+    #[serde(rename = "match")]
+    pub matching: Matching,
+    /// Bytes or characters of prompt considered (default 16384 with
+    /// LONGEST_PREFIX, 4096 with FIXED_PREFIX).
+    #[serde(deserialize_with = "present")]
+    #[cfg_attr(feature = "schema", serde(skip_serializing_if = "Option::is_none"))]
+    #[cfg_attr(
+        feature = "schema",
+        schemars(with = "u64", range(min = PREFIX_LENGTH_RANGE.0, max = PREFIX_LENGTH_RANGE.1))
+    )]
+    pub prefix_length: Option<i128>,
+    /// LONGEST_PREFIX: bytes per block of the prompt, the unit of matching.
+    #[cfg_attr(
+        feature = "schema",
+        schemars(with = "u64", range(min = BLOCK_BYTES_RANGE.0, max = BLOCK_BYTES_RANGE.1))
+    )]
+    pub block_bytes: i128,
+    /// LONGEST_PREFIX: shared-data bytes of the prefix index.
+    #[cfg_attr(
+        feature = "schema",
+        schemars(with = "u64", range(min = INDEX_BYTES_RANGE.0, max = INDEX_BYTES_RANGE.1))
+    )]
+    pub index_bytes: i128,
+    /// LONGEST_PREFIX: requests in flight above the least loaded instance's
+    /// at which an instance is passed over.
+    #[cfg_attr(
+        feature = "schema",
+        schemars(with = "u64", range(min = LOAD_MARGIN_RANGE.0, max = LOAD_MARGIN_RANGE.1))
+    )]
+    pub load_margin: i128,
+    /// LONGEST_PREFIX with instances listed: how a prompt no instance holds
+    /// is placed.
+    pub cold_placement: ColdPlacement,
+    /// Requests this Envoy may have in flight on one instance before further
+    /// ones go to another.
+    #[cfg_attr(
+        feature = "schema",
+        schemars(
+            with = "u64",
+            range(min = CONCURRENCY_THRESHOLD_RANGE.0, max = CONCURRENCY_THRESHOLD_RANGE.1)
+        )
+    )]
+    pub concurrency_threshold: i128,
+    /// The request header the key is written to.
+    pub key_header: String,
+    /// The request header naming the tenant.
+    pub tenant_header: String,
+    /// The most body bytes the filter holds while it reads the prefix (at
+    /// least prefix_length).
+    #[cfg_attr(
+        feature = "schema",
+        schemars(with = "u64", range(min = MAX_BODY_BYTES_RANGE.0, max = MAX_BODY_BYTES_RANGE.1))
+    )]
+    pub max_body_bytes: i128,
+    /// Whether the request's model is part of the key.
+    pub include_model: bool,
+    /// Without the tenant header, take the tenant from the body's
+    /// prompt_cache_key.
+    pub body_tenant: bool,
+    /// Which path suffix means which API; the first matching rule wins.
+    #[cfg_attr(feature = "schema", schemars(length(max = MAX_PATH_RULES)))]
+    pub path_rules: Vec<PathRuleDocument>,
+    /// Where the filter names an instance (ip:port) for Envoy's
+    /// override_host policy; null: overflow re-keys instead.
+    pub host_header: Option<String>,
+    /// Debugging: the response header carrying the decision; null: off.
+    pub decision_header: Option<String>,
+    /// How long an instance not seen serving stays an overflow target.
+    #[cfg_attr(
+        feature = "schema",
+        schemars(with = "u64", range(min = INSTANCE_TTL_MS_RANGE.0, max = INSTANCE_TTL_MS_RANGE.1))
+    )]
+    pub instance_ttl_ms: i128,
+    /// Where requests in flight are counted.
+    pub counting: Counting,
+    /// The fleet's instances as "ip:port", as Envoy prints upstream.address.
+    #[cfg_attr(feature = "schema", schemars(length(max = MAX_INSTANCES)))]
+    pub instances: Vec<String>,
+    /// Polling the engines' own load from their /metrics; null: off.
+    pub engine_load: Option<EngineLoadDocument>,
+    /// The fleet's name in the stat names (prefix_router.fleet.<name>.*).
+    #[cfg_attr(
+        feature = "schema",
+        schemars(regex(pattern = r"^[A-Za-z0-9_-]{1,64}$"))
+    )]
+    pub fleet: Option<String>,
 }
 
-fn integer_in(field: &str, value: &Value, (lo, hi): (u64, u64)) -> Result<u64, ConfigError> {
-    let out_of_range = || {
-        error(
-            field,
-            format!("{} is out of range {lo}..={hi}", shown(value)),
+/// One of `path_rules` as written.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(serde::Serialize, schemars::JsonSchema))]
+#[serde(
+    deny_unknown_fields,
+    expecting = "an object with \"suffix\" and \"api\""
+)]
+#[cfg_attr(
+    feature = "schema",
+    schemars(description = "A path suffix and the API a path ending in it speaks.")
+)]
+pub struct PathRuleDocument {
+    /// The path's end, starting with '/', without '?' or '#'.
+    pub suffix: String,
+    /// The API a path ending in suffix speaks.
+    pub api: ApiKind,
+}
+
+/// `engine_load` as written: a field left out takes the engine's or the
+/// interval's default ([`EngineLoadDocument::validate`]).
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(serde::Serialize, schemars::JsonSchema))]
+#[serde(deny_unknown_fields, default, expecting = "an object")]
+#[cfg_attr(
+    feature = "schema",
+    schemars(
+        description = "Polling each instance's own load from its /metrics through an Envoy cluster.",
+        extend("required" = ["cluster"])
+    )
+)]
+pub struct EngineLoadDocument {
+    /// The Envoy cluster the polls go through.
+    #[serde(deserialize_with = "present")]
+    #[cfg_attr(feature = "schema", serde(skip_serializing_if = "Option::is_none"))]
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
+    pub cluster: Option<String>,
+    /// Which engine's series names are read (default VLLM).
+    #[serde(deserialize_with = "present")]
+    #[cfg_attr(feature = "schema", serde(skip_serializing_if = "Option::is_none"))]
+    #[cfg_attr(feature = "schema", schemars(with = "Engine"))]
+    pub engine: Option<Engine>,
+    /// The series of running requests (default: the engine's).
+    #[serde(deserialize_with = "present")]
+    #[cfg_attr(feature = "schema", serde(skip_serializing_if = "Option::is_none"))]
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
+    pub running_metric: Option<String>,
+    /// The series of waiting requests (default: the engine's).
+    #[serde(deserialize_with = "present")]
+    #[cfg_attr(feature = "schema", serde(skip_serializing_if = "Option::is_none"))]
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
+    pub waiting_metric: Option<String>,
+    /// The series of KV-cache usage, a share (default: the engine's); null:
+    /// none.
+    #[serde(deserialize_with = "present")]
+    #[cfg_attr(feature = "schema", serde(skip_serializing_if = "Option::is_none"))]
+    #[cfg_attr(feature = "schema", schemars(with = "Option<String>"))]
+    pub kv_usage_metric: Option<Option<String>>,
+    /// The metrics path (default /metrics).
+    #[serde(deserialize_with = "present")]
+    #[cfg_attr(feature = "schema", serde(skip_serializing_if = "Option::is_none"))]
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
+    pub path: Option<String>,
+    /// Mean time between two polls of one instance (default 500).
+    #[serde(deserialize_with = "present")]
+    #[cfg_attr(feature = "schema", serde(skip_serializing_if = "Option::is_none"))]
+    #[cfg_attr(
+        feature = "schema",
+        schemars(
+            with = "u64",
+            range(min = ENGINE_INTERVAL_MS_RANGE.0, max = ENGINE_INTERVAL_MS_RANGE.1)
         )
-    };
-    match value {
-        Value::Number(n) => match n.as_u64() {
-            Some(v) if (lo..=hi).contains(&v) => Ok(v),
-            Some(_) => Err(out_of_range()),
-            // Negative or fractional.
-            None if n.is_i64() => Err(out_of_range()),
-            None => Err(wrong_type(field, "an integer", value)),
-        },
-        _ => Err(wrong_type(field, "an integer", value)),
+    )]
+    pub interval_ms: Option<i128>,
+    /// Most a poll may take, at most interval_ms (default 80 % of it, at
+    /// most 2000).
+    #[serde(deserialize_with = "present")]
+    #[cfg_attr(feature = "schema", serde(skip_serializing_if = "Option::is_none"))]
+    #[cfg_attr(
+        feature = "schema",
+        schemars(with = "u64", range(min = ENGINE_TIMEOUT_MS_MIN, max = ENGINE_TIMEOUT_MS_MAX))
+    )]
+    pub timeout_ms: Option<i128>,
+    /// A sample older than this is not used, at least interval_ms (default
+    /// 3 intervals).
+    #[serde(deserialize_with = "present")]
+    #[cfg_attr(feature = "schema", serde(skip_serializing_if = "Option::is_none"))]
+    #[cfg_attr(
+        feature = "schema",
+        schemars(
+            with = "u64",
+            range(min = ENGINE_INTERVAL_MS_RANGE.0, max = ENGINE_MAX_AGE_MS_MAX)
+        )
+    )]
+    pub max_age_ms: Option<i128>,
+    /// Fleet-wide bound of an instance's running + waiting requests; null:
+    /// none.
+    #[cfg_attr(feature = "schema", serde(skip_serializing_if = "Option::is_none"))]
+    #[cfg_attr(
+        feature = "schema",
+        schemars(
+            with = "Option<u64>",
+            range(min = ENGINE_MAX_REQUESTS_RANGE.0, max = ENGINE_MAX_REQUESTS_RANGE.1)
+        )
+    )]
+    pub max_requests: Option<i128>,
+    /// Fleet-wide bound of an instance's KV-cache usage, a share in (0, 1];
+    /// null: none.
+    #[cfg_attr(feature = "schema", serde(skip_serializing_if = "Option::is_none"))]
+    #[cfg_attr(
+        feature = "schema",
+        schemars(extend("exclusiveMinimum" = 0, "maximum" = 1))
+    )]
+    pub max_kv_usage: Option<f64>,
+}
+
+impl Default for ConfigDocument {
+    /// [`Config::default`], as written (`prefix_length` left to `match`).
+    fn default() -> Self {
+        let config = Config::default();
+        ConfigDocument {
+            strategy: config.strategy,
+            matching: config.matching,
+            prefix_length: None,
+            block_bytes: config.block_bytes as i128,
+            index_bytes: config.index_bytes.into(),
+            load_margin: config.load_margin.into(),
+            cold_placement: config.cold_placement,
+            concurrency_threshold: config.concurrency_threshold.into(),
+            key_header: config.key_header,
+            tenant_header: config.tenant_header,
+            max_body_bytes: config.max_body_bytes as i128,
+            include_model: config.include_model,
+            body_tenant: config.body_tenant,
+            path_rules: config
+                .path_rules
+                .into_iter()
+                .map(|rule| PathRuleDocument {
+                    suffix: rule.suffix,
+                    api: rule.api,
+                })
+                .collect(),
+            host_header: config.host_header,
+            decision_header: config.decision_header,
+            instance_ttl_ms: config.instance_ttl_ms.into(),
+            counting: config.counting,
+            instances: config.instances,
+            engine_load: None,
+            fleet: config.fleet,
+        }
     }
 }
 
-/// One of the spellings in `names` (an enum's configuration names).
-fn one_of<T: Copy>(name: &str, value: &Value, names: &[(&str, T)]) -> Result<T, ConfigError> {
-    let text = string(name, value)?;
-    names
-        .iter()
-        .find(|(spelling, _)| *spelling == text)
-        .map(|(_, item)| *item)
-        .ok_or_else(|| {
-            let allowed: Vec<&str> = names.iter().map(|(spelling, _)| *spelling).collect();
-            error(
-                name,
-                format!("{} is not one of {}", shown(value), allowed.join(", ")),
-            )
-        })
+/// `value` as a `u64` in `lo..=hi`, or an error naming the field and range.
+fn in_range(field: &str, value: i128, (lo, hi): (u64, u64)) -> Result<u64, ConfigError> {
+    u64::try_from(value)
+        .ok()
+        .filter(|v| (lo..=hi).contains(v))
+        .ok_or_else(|| error(field, format!("{value} is out of range {lo}..={hi}")))
 }
 
-fn string<'v>(field: &str, value: &'v Value) -> Result<&'v str, ConfigError> {
-    value
-        .as_str()
-        .ok_or_else(|| wrong_type(field, "a string", value))
+/// The ranges above fit in 32 bits, so these never saturate in practice.
+fn to_usize(v: u64) -> usize {
+    usize::try_from(v).unwrap_or(usize::MAX)
+}
+
+fn to_u32(v: u64) -> u32 {
+    u32::try_from(v).unwrap_or(u32::MAX)
 }
 
 /// RFC 9110 token characters; returned lowercase because Envoy stores
 /// header names lowercase and HTTP/2 requires it.
-fn header_name(field: &str, value: &Value) -> Result<String, ConfigError> {
-    let name = string(field, value)?;
+fn header_name(field: &str, name: &str) -> Result<String, ConfigError> {
     let is_tchar = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
     if name.is_empty() || !name.bytes().all(is_tchar) {
         return Err(error(
             field,
             format!(
                 "{} is not an HTTP header name (1 or more of A-Z a-z 0-9 !#$%&'*+-.^_`|~)",
-                shown(value)
+                quoted(name)
             ),
         ));
     }
     Ok(name.to_ascii_lowercase())
 }
 
-/// A header name, or `null` for "none".
-fn optional_header_name(field: &str, value: &Value) -> Result<Option<String>, ConfigError> {
-    match value {
-        Value::Null => Ok(None),
-        _ => header_name(field, value).map(Some),
-    }
-}
-
-fn api_kind(field: &str, value: &Value) -> Result<ApiKind, ConfigError> {
-    const NAMES: [(&str, ApiKind); 4] = [
-        ("chat_completions", ApiKind::ChatCompletions),
-        ("completions", ApiKind::Completions),
-        ("responses", ApiKind::Responses),
-        ("invoke", ApiKind::Invoke),
-    ];
-    one_of(field, value, &NAMES)
-}
-
 /// Most characters of a `fleet` name.
 pub const MAX_FLEET_CHARS: usize = 64;
 
-/// `fleet`: `null`, or 1 to [`MAX_FLEET_CHARS`] of `A-Z a-z 0-9 _ -`: one
-/// level of a stat name (no dot, which would add a level) that Envoy's
-/// tag extraction can lift into a label as it stands.
-fn fleet(value: &Value) -> Result<Option<String>, ConfigError> {
-    let name = match value {
-        Value::Null => return Ok(None),
-        Value::String(name) => name,
-        _ => return Err(wrong_type("fleet", "a string or null", value)),
-    };
+/// `fleet`: 1 to [`MAX_FLEET_CHARS`] of `A-Z a-z 0-9 _ -`: one level of a
+/// stat name (no dot, which would add a level) that Envoy's tag extraction
+/// can lift into a label as it stands.
+fn fleet(name: String) -> Result<String, ConfigError> {
     let allowed = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-';
     if name.is_empty() || name.chars().count() > MAX_FLEET_CHARS || !name.chars().all(allowed) {
         return Err(error(
@@ -595,50 +843,39 @@ fn fleet(value: &Value) -> Result<Option<String>, ConfigError> {
             ),
         ));
     }
-    Ok(Some(name.clone()))
+    Ok(name)
 }
 
 /// `instances`: distinct `host:port` strings (the form `upstream.address`
 /// takes, so they must be spelled as Envoy prints the endpoint: an IPv4
 /// address and port, or `[v6]:port`), at most [`MAX_INSTANCES`].
-fn instances(value: &Value) -> Result<Vec<String>, ConfigError> {
-    let field = "instances";
-    let items = value
-        .as_array()
-        .ok_or_else(|| wrong_type(field, "an array of \"ip:port\" strings", value))?;
+fn instances(items: Vec<String>) -> Result<Vec<String>, ConfigError> {
     if items.len() > MAX_INSTANCES {
         return Err(error(
-            field,
+            "instances",
             format!(
                 "{} instances is out of range 0..={MAX_INSTANCES}",
                 items.len()
             ),
         ));
     }
-    let mut out: Vec<String> = Vec::with_capacity(items.len());
-    for (i, item) in items.iter().enumerate() {
-        let item_field = format!("{field}[{i}]");
-        let text = string(&item_field, item)?;
+    for (i, text) in items.iter().enumerate() {
+        let field = format!("instances[{i}]");
         if !is_socket_address(text) {
             return Err(error(
-                &item_field,
+                field,
                 format!(
                     "{} is not ip:port (e.g. \"10.0.0.7:8000\" or \"[fd00::7]:8000\", as Envoy prints upstream.address)",
-                    shown(item)
+                    quoted(text)
                 ),
             ));
         }
-        if out.iter().any(|known| known == text) {
-            return Err(error(
-                &item_field,
-                format!("{} is listed twice", shown(item)),
-            ));
+        if items.iter().take(i).any(|known| known == text) {
+            return Err(error(field, format!("{} is listed twice", quoted(text))));
         }
-        out.push(text.to_string());
     }
-    Ok(out)
+    Ok(items)
 }
-
 /// `a.b.c.d:port` or `[v6]:port` with a port in 1..=65535, spelled the way
 /// Envoy prints an endpoint (so it matches `upstream.address` byte for byte).
 fn is_socket_address(text: &str) -> bool {
@@ -657,71 +894,33 @@ fn is_socket_address(text: &str) -> bool {
     port_ok && host_ok
 }
 
-fn path_rules(value: &Value) -> Result<Vec<PathRule>, ConfigError> {
-    let field = "path_rules";
-    let items = value
-        .as_array()
-        .ok_or_else(|| wrong_type(field, "an array of {\"suffix\", \"api\"} objects", value))?;
-    if items.len() > MAX_PATH_RULES {
+fn path_rules(rules: Vec<PathRuleDocument>) -> Result<Vec<PathRule>, ConfigError> {
+    if rules.len() > MAX_PATH_RULES {
         return Err(error(
-            field,
-            format!("{} rules is out of range 0..={MAX_PATH_RULES}", items.len()),
+            "path_rules",
+            format!("{} rules is out of range 0..={MAX_PATH_RULES}", rules.len()),
         ));
     }
-    let mut rules = Vec::with_capacity(items.len());
-    for (i, item) in items.iter().enumerate() {
-        let at = format!("{field}[{i}]");
-        let object = item
-            .as_object()
-            .ok_or_else(|| wrong_type(&at, "an object with \"suffix\" and \"api\"", item))?;
-        reject_unknown(&at, object, &["suffix", "api"])?;
-        let suffix_field = format!("{at}.suffix");
-        let suffix_value = object
-            .get("suffix")
-            .ok_or_else(|| error(&suffix_field, "missing"))?;
-        let suffix = string(&suffix_field, suffix_value)?;
-        if !suffix.starts_with('/') || suffix.contains(['?', '#']) {
-            return Err(error(
-                &suffix_field,
-                format!(
-                    "{} must start with '/' and contain no '?' or '#'",
-                    shown(suffix_value)
-                ),
-            ));
-        }
-        let api_field = format!("{at}.api");
-        let api_value = object
-            .get("api")
-            .ok_or_else(|| error(&api_field, "missing"))?;
-        rules.push(PathRule {
-            suffix: suffix.to_string(),
-            api: api_kind(&api_field, api_value)?,
-        });
-    }
-    Ok(rules)
-}
-
-fn reject_unknown(
-    at: &str,
-    object: &Map<String, Value>,
-    known: &[&str],
-) -> Result<(), ConfigError> {
-    match object.keys().find(|k| !known.contains(&k.as_str())) {
-        Some(unknown) => Err(error(
-            if at.is_empty() {
-                unknown.clone()
-            } else {
-                format!("{at}.{unknown}")
-            },
-            format!("unknown field (known fields: {})", known.join(", ")),
-        )),
-        None => Ok(()),
-    }
+    rules
+        .into_iter()
+        .enumerate()
+        .map(|(i, PathRuleDocument { suffix, api })| {
+            if !suffix.starts_with('/') || suffix.contains(['?', '#']) {
+                return Err(error(
+                    format!("path_rules[{i}].suffix"),
+                    format!(
+                        "{} must start with '/' and contain no '?' or '#'",
+                        quoted(&suffix)
+                    ),
+                ));
+            }
+            Ok(PathRule { suffix, api })
+        })
+        .collect()
 }
 
 /// A Prometheus metric name (`[a-zA-Z_:][a-zA-Z0-9_:]*`).
-fn metric_name(field: &str, value: &Value) -> Result<String, ConfigError> {
-    let name = string(field, value)?;
+fn metric_name(field: &str, name: String) -> Result<String, ConfigError> {
     let first_ok = name
         .bytes()
         .next()
@@ -734,243 +933,248 @@ fn metric_name(field: &str, value: &Value) -> Result<String, ConfigError> {
             field,
             format!(
                 "{} is not a Prometheus metric name ([a-zA-Z_:][a-zA-Z0-9_:]*)",
-                shown(value)
+                quoted(&name)
             ),
         ));
     }
-    Ok(name.to_string())
+    Ok(name)
 }
 
-/// `engine_load`: an object (see [`EngineLoadConfig`]); `null` is no polling.
-fn engine_load(value: &Value) -> Result<Option<EngineLoadConfig>, ConfigError> {
-    const AT: &str = "engine_load";
-    let object = match value {
-        Value::Null => return Ok(None),
-        Value::Object(object) => object,
-        _ => return Err(wrong_type(AT, "an object (or null)", value)),
-    };
-    reject_unknown(AT, object, &ENGINE_FIELDS)?;
-    let field = |name: &str| format!("{AT}.{name}");
-    let cluster_value = object.get("cluster").ok_or_else(|| {
-        error(
-            field("cluster"),
-            "missing (the Envoy cluster the polls go through)",
-        )
-    })?;
-    let cluster = string(&field("cluster"), cluster_value)?;
-    if cluster.is_empty() || cluster.len() > 256 || cluster.chars().any(char::is_whitespace) {
-        return Err(error(
-            field("cluster"),
-            format!(
-                "{} is not a cluster name (1 to 256 characters, no whitespace)",
-                shown(cluster_value)
-            ),
-        ));
-    }
-    let engine = match object.get("engine") {
-        Some(v) => one_of(&field("engine"), v, Engine::NAMES)?,
-        None => Engine::Vllm,
-    };
-    let mut series = engine.series();
-    if let Some(v) = object.get("running_metric") {
-        series.running = metric_name(&field("running_metric"), v)?;
-    }
-    if let Some(v) = object.get("waiting_metric") {
-        series.waiting = metric_name(&field("waiting_metric"), v)?;
-    }
-    match object.get("kv_usage_metric") {
-        Some(Value::Null) => series.kv_usage = None,
-        Some(v) => series.kv_usage = Some(metric_name(&field("kv_usage_metric"), v)?),
-        None => {}
-    }
-    // A line is read as one series only: a name given two roles would leave
-    // the other missing from every answer, and every poll would fail.
-    let roles = [
-        ("running_metric", Some(&series.running)),
-        ("waiting_metric", Some(&series.waiting)),
-        ("kv_usage_metric", series.kv_usage.as_ref()),
-    ];
-    for (i, (role, name)) in roles.iter().enumerate() {
-        let Some(name) = name else { continue };
-        if let Some((other, _)) = roles.iter().skip(i + 1).find(|(_, n)| *n == Some(*name)) {
+impl EngineLoadDocument {
+    /// The settings, each checked, the ones left out at their defaults.
+    pub fn validate(self) -> Result<EngineLoadConfig, ConfigError> {
+        let field = |name: &str| format!("engine_load.{name}");
+        let cluster = self.cluster.ok_or_else(|| {
+            error(
+                field("cluster"),
+                "missing (the Envoy cluster the polls go through)",
+            )
+        })?;
+        if cluster.is_empty() || cluster.len() > 256 || cluster.chars().any(char::is_whitespace) {
             return Err(error(
-                field(other),
-                format!("{name:?} is already the {role}: each series is read for one role"),
+                field("cluster"),
+                format!(
+                    "{} is not a cluster name (1 to 256 characters, no whitespace)",
+                    quoted(&cluster)
+                ),
             ));
         }
+        let engine = self.engine.unwrap_or(Engine::Vllm);
+        let mut series = engine.series();
+        if let Some(name) = self.running_metric {
+            series.running = metric_name(&field("running_metric"), name)?;
+        }
+        if let Some(name) = self.waiting_metric {
+            series.waiting = metric_name(&field("waiting_metric"), name)?;
+        }
+        if let Some(name) = self.kv_usage_metric {
+            series.kv_usage = name
+                .map(|name| metric_name(&field("kv_usage_metric"), name))
+                .transpose()?;
+        }
+        // A line is read as one series only: a name given two roles would leave
+        // the other missing from every answer, and every poll would fail.
+        let roles = [
+            ("running_metric", Some(&series.running)),
+            ("waiting_metric", Some(&series.waiting)),
+            ("kv_usage_metric", series.kv_usage.as_ref()),
+        ];
+        for (i, (role, name)) in roles.iter().enumerate() {
+            let Some(name) = name else { continue };
+            if let Some((other, _)) = roles.iter().skip(i + 1).find(|(_, n)| *n == Some(*name)) {
+                return Err(error(
+                    field(other),
+                    format!("{name:?} is already the {role}: each series is read for one role"),
+                ));
+            }
+        }
+        let path = self.path.unwrap_or_else(|| "/metrics".to_string());
+        let printable = path.bytes().all(|b| b.is_ascii_graphic());
+        if !path.starts_with('/') || !printable || path.len() > 1024 {
+            return Err(error(
+                field("path"),
+                format!(
+                    "{} must start with '/' and hold only printable ASCII without spaces",
+                    quoted(&path)
+                ),
+            ));
+        }
+        let interval_ms = match self.interval_ms {
+            Some(v) => in_range(&field("interval_ms"), v, ENGINE_INTERVAL_MS_RANGE)?,
+            None => ENGINE_INTERVAL_MS_DEFAULT,
+        };
+        let timeout_ms = match self.timeout_ms {
+            Some(v) => {
+                let range = (ENGINE_TIMEOUT_MS_MIN, ENGINE_TIMEOUT_MS_MAX);
+                let timeout = in_range(&field("timeout_ms"), v, range)?;
+                if timeout > interval_ms {
+                    return Err(error(
+                        field("timeout_ms"),
+                        format!(
+                            "{timeout} exceeds interval_ms ({interval_ms}); a poll must end before the next one is due"
+                        ),
+                    ));
+                }
+                timeout
+            }
+            None => {
+                (interval_ms * 4 / 5).clamp(ENGINE_TIMEOUT_MS_MIN, ENGINE_TIMEOUT_MS_DEFAULT_MAX)
+            }
+        };
+        let max_age_ms = match self.max_age_ms {
+            Some(v) => in_range(
+                &field("max_age_ms"),
+                v,
+                (interval_ms, ENGINE_MAX_AGE_MS_MAX),
+            )
+            .map_err(|e| ConfigError {
+                problem: format!(
+                    "{} (at least interval_ms: a sample must live until the next poll)",
+                    e.problem
+                ),
+                ..e
+            })?,
+            None => interval_ms * ENGINE_MAX_AGE_INTERVALS,
+        };
+        let max_requests = self
+            .max_requests
+            .map(|v| in_range(&field("max_requests"), v, ENGINE_MAX_REQUESTS_RANGE).map(to_u32))
+            .transpose()?;
+        let max_kv_usage_permille = match self.max_kv_usage {
+            None => None,
+            Some(share) => {
+                if !(share > 0.0 && share <= 1.0) {
+                    return Err(error(
+                        field("max_kv_usage"),
+                        format!("{share} is out of range (0, 1] (a share of the KV cache)"),
+                    ));
+                }
+                if series.kv_usage.is_none() {
+                    return Err(error(
+                        field("max_kv_usage"),
+                        "set, but no KV-usage series is read (the engine exports none, or kv_usage_metric is null)",
+                    ));
+                }
+                // At least one thousandth: 0 would hold every instance over.
+                Some(((share * 1000.0).round() as u16).max(1))
+            }
+        };
+        Ok(EngineLoadConfig {
+            cluster,
+            engine,
+            series,
+            path,
+            interval_ms,
+            timeout_ms,
+            max_age_ms,
+            max_requests,
+            max_kv_usage_permille,
+        })
     }
-    let path = match object.get("path") {
-        Some(v) => {
-            let path = string(&field("path"), v)?;
-            let printable = path.bytes().all(|b| b.is_ascii_graphic());
-            if !path.starts_with('/') || !printable || path.len() > 1024 {
-                return Err(error(
-                    field("path"),
-                    format!(
-                        "{} must start with '/' and hold only printable ASCII without spaces",
-                        shown(v)
-                    ),
-                ));
-            }
-            path.to_string()
-        }
-        None => "/metrics".to_string(),
-    };
-    let interval_ms = match object.get("interval_ms") {
-        Some(v) => integer_in(&field("interval_ms"), v, ENGINE_INTERVAL_MS_RANGE)?,
-        None => ENGINE_INTERVAL_MS_DEFAULT,
-    };
-    let timeout_ms = match object.get("timeout_ms") {
-        Some(v) => {
-            let timeout = integer_in(&field("timeout_ms"), v, (ENGINE_TIMEOUT_MS_MIN, 60_000))?;
-            if timeout > interval_ms {
-                return Err(error(
-                    field("timeout_ms"),
-                    format!(
-                        "{timeout} exceeds interval_ms ({interval_ms}); a poll must end before the next one is due"
-                    ),
-                ));
-            }
-            timeout
-        }
-        None => (interval_ms * 4 / 5).clamp(ENGINE_TIMEOUT_MS_MIN, ENGINE_TIMEOUT_MS_DEFAULT_MAX),
-    };
-    let max_age_ms = match object.get("max_age_ms") {
-        Some(v) => integer_in(
-            &field("max_age_ms"),
-            v,
-            (interval_ms, ENGINE_MAX_AGE_MS_MAX),
-        )
-        .map_err(|e| ConfigError {
-            problem: format!(
-                "{} (at least interval_ms: a sample must live until the next poll)",
-                e.problem
-            ),
-            ..e
-        })?,
-        None => interval_ms * ENGINE_MAX_AGE_INTERVALS,
-    };
-    let max_requests = match object.get("max_requests") {
-        None | Some(Value::Null) => None,
-        Some(v) => {
-            let max = integer_in(&field("max_requests"), v, ENGINE_MAX_REQUESTS_RANGE)?;
-            Some(u32::try_from(max).unwrap_or(u32::MAX))
-        }
-    };
-    let max_kv_usage_permille = match object.get("max_kv_usage") {
-        None | Some(Value::Null) => None,
-        Some(v) => {
-            let share = v
-                .as_f64()
-                .ok_or_else(|| wrong_type(&field("max_kv_usage"), "a number in (0, 1]", v))?;
-            if !(share > 0.0 && share <= 1.0) {
-                return Err(error(
-                    field("max_kv_usage"),
-                    format!(
-                        "{} is out of range (0, 1] (a share of the KV cache)",
-                        shown(v)
-                    ),
-                ));
-            }
-            if series.kv_usage.is_none() {
-                return Err(error(
-                    field("max_kv_usage"),
-                    "set, but no KV-usage series is read (the engine exports none, or kv_usage_metric is null)",
-                ));
-            }
-            // At least one thousandth: 0 would hold every instance over.
-            Some(((share * 1000.0).round() as u16).max(1))
-        }
-    };
-    Ok(Some(EngineLoadConfig {
-        cluster: cluster.to_string(),
-        engine,
-        series,
-        path,
-        interval_ms,
-        timeout_ms,
-        max_age_ms,
-        max_requests,
-        max_kv_usage_permille,
-    }))
+}
+
+impl ConfigDocument {
+    /// Reads a document: JSON whose keys each appear once, its deprecated
+    /// fields taken out (with a warning each), the rest read by serde.
+    fn read(bytes: &[u8], deprecated: &[(&str, &str)]) -> Result<(Self, Vec<String>), ConfigError> {
+        let mut value = document::read(bytes)?;
+        let warnings = take_deprecated(&mut value, deprecated);
+        let document = ConfigDocument::deserialize(document::ValueDeserializer::new(&value))
+            .map_err(|e| match e.field.as_str() {
+                "" => ConfigError {
+                    field: "configuration".to_string(),
+                    ..e
+                },
+                _ => e,
+            })?;
+        Ok((document, warnings))
+    }
+
+    /// Checks every range and the rules across fields: the configuration the
+    /// filter uses, or the first problem found.
+    pub fn validate(self) -> Result<Config, ConfigError> {
+        let prefix_length = match self.prefix_length {
+            Some(v) => to_usize(in_range("prefix_length", v, PREFIX_LENGTH_RANGE)?),
+            None => self.matching.default_prefix_length(),
+        };
+        let optional_header = |field: &str, name: Option<String>| {
+            name.map(|name| header_name(field, &name)).transpose()
+        };
+        let config = Config {
+            strategy: self.strategy,
+            matching: self.matching,
+            prefix_length,
+            block_bytes: to_usize(in_range(
+                "block_bytes",
+                self.block_bytes,
+                BLOCK_BYTES_RANGE,
+            )?),
+            index_bytes: in_range("index_bytes", self.index_bytes, INDEX_BYTES_RANGE)?,
+            load_margin: to_u32(in_range(
+                "load_margin",
+                self.load_margin,
+                LOAD_MARGIN_RANGE,
+            )?),
+            cold_placement: self.cold_placement,
+            concurrency_threshold: to_u32(in_range(
+                "concurrency_threshold",
+                self.concurrency_threshold,
+                CONCURRENCY_THRESHOLD_RANGE,
+            )?),
+            key_header: header_name("key_header", &self.key_header)?,
+            tenant_header: header_name("tenant_header", &self.tenant_header)?,
+            max_body_bytes: to_usize(in_range(
+                "max_body_bytes",
+                self.max_body_bytes,
+                MAX_BODY_BYTES_RANGE,
+            )?),
+            include_model: self.include_model,
+            body_tenant: self.body_tenant,
+            path_rules: path_rules(self.path_rules)?,
+            host_header: optional_header("host_header", self.host_header)?,
+            decision_header: optional_header("decision_header", self.decision_header)?,
+            instance_ttl_ms: in_range(
+                "instance_ttl_ms",
+                self.instance_ttl_ms,
+                INSTANCE_TTL_MS_RANGE,
+            )?,
+            counting: self.counting,
+            instances: instances(self.instances)?,
+            engine_load: self
+                .engine_load
+                .map(EngineLoadDocument::validate)
+                .transpose()?,
+            fleet: self.fleet.map(fleet).transpose()?,
+        };
+        config.check_consistency()?;
+        Ok(config)
+    }
 }
 
 impl Config {
     /// Parses the plugin configuration. Empty (or only whitespace) means all
     /// defaults; otherwise a JSON object whose fields override the defaults.
+    /// A deprecated field is logged as a warning.
     pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
-        if bytes.iter().all(u8::is_ascii_whitespace) {
-            return Ok(Config::default());
+        let (config, warnings) = Config::parse_with_warnings(bytes, DEPRECATED_FIELDS)?;
+        for warning in warnings {
+            log::warn!("prefix-router: {warning}");
         }
-        let document: Value = serde_json::from_slice(bytes)
-            .map_err(|e| error("configuration", format!("not valid JSON: {e}")))?;
-        let object = document
-            .as_object()
-            .ok_or_else(|| wrong_type("configuration", "a JSON object", &document))?;
-        reject_unknown("", object, &FIELDS)?;
-        let mut config = Config::default();
-        for (name, value) in object {
-            config.apply_field(name, value)?;
-        }
-        if !object.contains_key("prefix_length") {
-            config.prefix_length = config.matching.default_prefix_length();
-        }
-        config.check_consistency()?;
         Ok(config)
     }
 
-    fn apply_field(&mut self, name: &str, value: &Value) -> Result<(), ConfigError> {
-        match name {
-            "strategy" => self.strategy = one_of(name, value, Strategy::NAMES)?,
-            "match" => self.matching = one_of(name, value, Matching::NAMES)?,
-            "block_bytes" => {
-                self.block_bytes = to_usize(integer_in(name, value, BLOCK_BYTES_RANGE)?)
-            }
-            "index_bytes" => self.index_bytes = integer_in(name, value, INDEX_BYTES_RANGE)?,
-            "load_margin" => {
-                let v = integer_in(name, value, LOAD_MARGIN_RANGE)?;
-                self.load_margin = u32::try_from(v).unwrap_or(u32::MAX);
-            }
-            "cold_placement" => self.cold_placement = one_of(name, value, ColdPlacement::NAMES)?,
-            "prefix_length" => {
-                self.prefix_length = to_usize(integer_in(name, value, PREFIX_LENGTH_RANGE)?)
-            }
-            "concurrency_threshold" => {
-                let v = integer_in(name, value, CONCURRENCY_THRESHOLD_RANGE)?;
-                self.concurrency_threshold = u32::try_from(v).unwrap_or(u32::MAX);
-            }
-            "key_header" => self.key_header = header_name(name, value)?,
-            "tenant_header" => self.tenant_header = header_name(name, value)?,
-            "max_body_bytes" => {
-                self.max_body_bytes = to_usize(integer_in(name, value, MAX_BODY_BYTES_RANGE)?)
-            }
-            "include_model" => {
-                self.include_model = value
-                    .as_bool()
-                    .ok_or_else(|| wrong_type(name, "true or false", value))?
-            }
-            "body_tenant" => {
-                self.body_tenant = value
-                    .as_bool()
-                    .ok_or_else(|| wrong_type(name, "true or false", value))?
-            }
-            "path_rules" => self.path_rules = path_rules(value)?,
-            "host_header" => self.host_header = optional_header_name(name, value)?,
-            "decision_header" => self.decision_header = optional_header_name(name, value)?,
-            "instance_ttl_ms" => {
-                self.instance_ttl_ms = integer_in(name, value, INSTANCE_TTL_MS_RANGE)?
-            }
-            "counting" => self.counting = one_of(name, value, Counting::NAMES)?,
-            "instances" => self.instances = instances(value)?,
-            "engine_load" => self.engine_load = engine_load(value)?,
-            "fleet" => self.fleet = fleet(value)?,
-            // `reject_unknown` ran first; kept total so a field listed in
-            // FIELDS but not handled here is still an error, not a no-op.
-            _ => return Err(error(name, "unknown field")),
+    /// [`Config::parse`] with the given deprecated fields, returning the
+    /// warnings about those the configuration sets.
+    fn parse_with_warnings(
+        bytes: &[u8],
+        deprecated: &[(&str, &str)],
+    ) -> Result<(Config, Vec<String>), ConfigError> {
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            return Ok((Config::default(), Vec::new()));
         }
-        Ok(())
+        let (document, warnings) = ConfigDocument::read(bytes, deprecated)?;
+        Ok((document.validate()?, warnings))
     }
-
     /// Rules that involve more than one field.
     fn check_consistency(&self) -> Result<(), ConfigError> {
         if self.max_body_bytes < self.prefix_length {
@@ -1058,11 +1262,6 @@ impl Config {
     }
 }
 
-/// The ranges above fit in 32 bits, so this never saturates in practice.
-fn to_usize(v: u64) -> usize {
-    usize::try_from(v).unwrap_or(usize::MAX)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1081,14 +1280,8 @@ mod tests {
             .nth(1)
             .and_then(|block| block.split("```").next())
             .expect("a json block follows");
+        // That it lists every field: tools/tests/configuration_schema.rs.
         let config = Config::parse(json.as_bytes()).expect("the README example is accepted");
-        let listed: serde_json::Value = serde_json::from_str(json).expect("JSON");
-        for field in FIELDS {
-            assert!(
-                listed.get(field).is_some(),
-                "the README example lacks {field}"
-            );
-        }
         let expected = Config {
             decision_header: Some("x-prefix-route-decision".to_string()),
             ..Config::default()
@@ -1459,7 +1652,7 @@ mod tests {
         );
         assert_eq!(
             err(r#"{"path_rules":{"suffix":"/a"}}"#),
-            r#"path_rules: expected an array of {"suffix", "api"} objects, got an object ({"suffix":"/a"})"#
+            r#"path_rules: expected an array, got an object ({"suffix":"/a"})"#
         );
         let many = vec![r#"{"suffix":"/a","api":"invoke"}"#; MAX_PATH_RULES + 1].join(",");
         assert_eq!(
@@ -1535,7 +1728,7 @@ mod tests {
         );
         assert_eq!(
             err(r#"{"host_header":true}"#),
-            "host_header: expected a string, got a boolean (true)"
+            "host_header: expected a string or null, got a boolean (true)"
         );
         assert!(err(r#"{"decision_header":"a b"}"#)
             .starts_with(r#"decision_header: "a b" is not an HTTP header name"#));
@@ -1571,6 +1764,80 @@ mod tests {
     }
 
     #[test]
+    fn a_key_given_twice_is_refused_wherever_it_stands() {
+        // serde_json alone keeps the last: this read as 10 would be accepted.
+        assert_eq!(
+            err(r#"{"concurrency_threshold": 0, "concurrency_threshold": 10}"#),
+            "concurrency_threshold: given twice (0, then 10); a key may appear once in an object"
+        );
+        assert_eq!(
+            err(r#"{"engine_load": {"cluster": "a", "interval_ms": 100, "interval_ms": 100}}"#),
+            "engine_load.interval_ms: given twice (100, then 100); a key may appear once in \
+             an object"
+        );
+        assert!(err(r#"{"path_rules": [{"suffix": "/a", "api": "invoke"},
+                               {"suffix": "/b", "api": "invoke", "suffix": "/c"}]}"#)
+        .starts_with(r#"path_rules[1].suffix: given twice ("/b", then "/c")"#));
+        // Unknown fields too: the duplicate is the first problem found.
+        assert!(err(r#"{"x": 1, "x": 1}"#).starts_with("x: given twice"));
+        // Equal values in different objects, and a key again in a sibling
+        // object, are not duplicates.
+        assert!(parse(
+            r#"{"path_rules": [{"suffix": "/a", "api": "invoke"}, {"suffix": "/b", "api": "invoke"}]}"#
+        )
+        .is_ok());
+    }
+
+    #[test]
+    fn a_deprecated_field_is_accepted_with_a_warning_naming_its_replacement() {
+        let deprecated = [
+            (
+                "key_balance_factor",
+                "set \"match\": \"LONGEST_PREFIX\" instead",
+            ),
+            (
+                "engine_load.scrape_ms",
+                "engine_load.interval_ms replaces it",
+            ),
+        ];
+        let read = |json: &str| Config::parse_with_warnings(json.as_bytes(), &deprecated);
+        let (config, warnings) = read(r#"{"key_balance_factor": 0.5, "concurrency_threshold": 3}"#)
+            .expect("a deprecated field does not refuse the configuration");
+        assert_eq!(config.concurrency_threshold, 3);
+        assert_eq!(
+            warnings,
+            [
+                "key_balance_factor is deprecated and has no effect; set \"match\": \
+              \"LONGEST_PREFIX\" instead. A later release refuses it: remove it from the \
+              configuration"
+            ]
+        );
+        let (config, warnings) =
+            read(r#"{"engine_load": {"cluster": "c", "scrape_ms": 100}}"#).expect("accepted");
+        assert_eq!(config.engine_load.map(|e| e.cluster).as_deref(), Some("c"));
+        assert!(warnings[0].starts_with("engine_load.scrape_ms is deprecated"));
+        assert_eq!(read("{}").map(|(_, w)| w), Ok(vec![]));
+        // Without the table the same field is unknown: it is only accepted
+        // while listed.
+        assert!(err(r#"{"key_balance_factor": 0.5}"#).starts_with("key_balance_factor: unknown"));
+        // A field listed as deprecated is one the configuration no longer has.
+        for (path, _) in DEPRECATED_FIELDS {
+            let json = match path.split_once('.') {
+                Some((parent, name)) => {
+                    format!(r#"{{"{parent}": {{"cluster": "c", "{name}": 1}}}}"#)
+                }
+                None => format!(r#"{{"{path}": 1}}"#),
+            };
+            assert!(err(&json).contains("unknown field"), "{path}");
+        }
+    }
+
+    #[test]
+    fn the_defaults_are_the_document_defaults_validated() {
+        assert_eq!(ConfigDocument::default().validate(), Ok(Config::default()));
+    }
+
+    #[test]
     fn long_values_are_shortened_in_errors() {
         let long = "A".repeat(1000);
         let e = err(&format!(r#"{{"strategy":"{long}"}}"#));
@@ -1596,7 +1863,7 @@ mod tests {
     fn instances_are_validated() {
         assert_eq!(
             err(r#"{"instances":"10.0.0.7:8000"}"#),
-            "instances: expected an array of \"ip:port\" strings, got a string (\"10.0.0.7:8000\")"
+            "instances: expected an array, got a string (\"10.0.0.7:8000\")"
         );
         assert_eq!(
             err(r#"{"instances":[8000]}"#),
@@ -1813,7 +2080,10 @@ mod tests {
     #[test]
     fn engine_load_refuses_what_cannot_work() {
         let cases = [
-            ("[]", "engine_load: expected an object (or null)"),
+            (
+                "[]",
+                "engine_load: expected an object or null, got an array ([])",
+            ),
             ("{}", "engine_load.cluster: missing"),
             (
                 r#"{"cluster": ""}"#,
@@ -1873,7 +2143,7 @@ mod tests {
             ),
             (
                 r#"{"cluster": "c", "max_kv_usage": "90%"}"#,
-                "engine_load.max_kv_usage: expected a number in (0, 1]",
+                "engine_load.max_kv_usage: expected a number or null, got a string (\"90%\")",
             ),
             (
                 r#"{"cluster": "c", "engine": "LLAMACPP", "max_kv_usage": 0.9}"#,

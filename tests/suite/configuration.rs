@@ -1,8 +1,9 @@
 //! Configuration end to end: the shipped Envoy files are accepted by Envoy
 //! (`--mode validate`, which also loads the .wasm and runs its configuration
 //! check) and follow the conventions the filter relies on; an invalid plugin
-//! configuration is refused with a log line naming the field; a valid
-//! non-default one takes effect.
+//! configuration (a key given twice included, also under `--mode validate`)
+//! is refused with a log line naming the field; a valid non-default one
+//! takes effect.
 
 use std::time::Duration;
 
@@ -191,6 +192,39 @@ fn other_invalid_values_are_refused_with_the_field_name() {
     refused(r#"{"strategy": "FASTEST"}"#, &["strategy"]);
     // Not JSON at all: no field to name, but the plugin must still say why.
     refused("not json", &[]);
+}
+
+#[test]
+fn a_key_given_twice_is_refused_by_envoy_validate() {
+    // serde_json alone keeps the last value: 10, accepted, where 0 alone is
+    // refused. `--mode validate` runs the filter's configure like a start.
+    let validate = |plugin_config: &str| {
+        Envoy::builder()
+            .plugin_config(plugin_config)
+            .validate()
+            .unwrap_or_else(|e| panic!("{e:#}"))
+    };
+    let twice = validate(r#"{"concurrency_threshold": 0, "concurrency_threshold": 10}"#);
+    assert!(
+        !twice.accepted,
+        "Envoy accepts a duplicate key:\n{}",
+        twice.output
+    );
+    let named = twice.output.lines().any(|line| {
+        line.contains("wasm log")
+            && line.contains("concurrency_threshold: given twice (0, then 10)")
+    });
+    assert!(
+        named,
+        "the plugin's log line does not name the key:\n{}",
+        twice.output
+    );
+    let once = validate(r#"{"concurrency_threshold": 10}"#);
+    assert!(
+        once.accepted,
+        "Envoy refuses the key given once:\n{}",
+        once.output
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

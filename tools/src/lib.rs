@@ -6,5 +6,6 @@ pub mod bench;
 pub mod child;
 pub mod envoy;
 pub mod loadgen;
+pub mod schema;
 pub mod sim;
 pub mod upstream;

@@ -57,6 +57,9 @@ enum Task {
     Setup,
     /// Build the release .wasm, print its sha256 and size, prepare target/oci/.
     Release,
+    /// Rewrite docs/configuration.schema.json, the plugin configuration's
+    /// JSON Schema, from the filter's configuration types.
+    Schema,
 }
 
 fn main() -> ExitCode {
@@ -66,6 +69,9 @@ fn main() -> ExitCode {
         Task::Demo { affinity: true } => demo::run(),
         Task::Demo { affinity: false } => bench::run_demo(),
         Task::Release => release::run(),
+        Task::Schema => prefix_router_tools::schema::write().map(|path| {
+            println!("wrote {}", path.display());
+        }),
         Task::Bench { bench } => bench::run_bench(&bench),
         Task::Setup => prereqs::ensure_all().map(|p| {
             println!("ENVOY_BIN={}", p.envoy.display());
