@@ -12,6 +12,7 @@ use super::vm::Vm;
 use super::warn_on_error;
 use crate::config::Config;
 use crate::host::Host;
+use crate::shared::{SetError, SharedStore};
 use crate::steering;
 use crate::strategy::Policy;
 
@@ -71,36 +72,8 @@ impl PluginRoot {
         };
         match Config::parse(&bytes) {
             Ok(config) => {
-                log::info!(
-                    "prefix-router: configured: strategy {}, match {}, prefix_length {}, block_bytes {}, index_bytes {}, load_margin {}, cold_placement {}, concurrency_threshold {}, max_body_bytes {}, key_header {}, host_header {}, tenant_header {}, decision_header {}, instance_ttl_ms {}, include_model {}, body_tenant {}, counting {}, {} configured instances, {} path rules, engine_load {}, fleet {}",
-                    config.strategy.as_str(),
-                    config.matching.as_str(),
-                    config.prefix_length,
-                    config.block_bytes,
-                    config.index_bytes,
-                    config.load_margin,
-                    config.cold_placement.as_str(),
-                    config.concurrency_threshold,
-                    config.max_body_bytes,
-                    config.key_header,
-                    config.host_header.as_deref().unwrap_or("(none: overflow re-keys)"),
-                    config.tenant_header,
-                    config.decision_header.as_deref().unwrap_or("(none)"),
-                    config.instance_ttl_ms,
-                    config.include_model,
-                    config.body_tenant,
-                    config.counting.as_str(),
-                    config.instances.len(),
-                    config.path_rules.len(),
-                    config
-                        .engine_load
-                        .as_ref()
-                        .map_or_else(|| "off".to_string(), |e| format!("({})", e.describe())),
-                    config.fleet.as_deref().unwrap_or("(none)")
-                );
-                let listed = config.instances.len();
-                for warning in config.engine_load.iter().flat_map(|e| e.warnings(listed)) {
-                    log::warn!("prefix-router: {warning}");
+                if first_to_announce(&host, &bytes) {
+                    announce(&config);
                 }
                 vm.note_fleet(config.fleet.as_deref());
                 self.policy = Rc::new(steering::policy_for(&config));
@@ -169,5 +142,73 @@ impl PluginRoot {
             Rc::clone(&self.policy),
             Rc::clone(&self.metrics),
         )
+    }
+}
+
+/// Whether this VM is the first to apply `configuration`: every worker VM and
+/// Envoy's canary VM run `on_configure` with it, and they share one
+/// shared-data map per `vm_id`, so its summary is logged once, not per VM.
+/// A host that refuses shared data gets the summary from every VM.
+fn first_to_announce(store: &impl SharedStore, configuration: &[u8]) -> bool {
+    let key = format!(
+        "prefix-router/configured/{:016x}",
+        xxhash_rust::xxh3::xxh3_64(configuration)
+    );
+    store.create(&key, b"1") != Err(SetError::CasMismatch)
+}
+
+/// The configuration's summary and warnings (Envoy prefixes the plugin's name).
+fn announce(config: &Config) {
+    log::info!(
+        "configured: strategy {}, match {}, prefix_length {}, block_bytes {}, index_bytes {}, load_margin {}, cold_placement {}, concurrency_threshold {}, max_body_bytes {}, key_header {}, host_header {}, tenant_header {}, decision_header {}, instance_ttl_ms {}, include_model {}, body_tenant {}, counting {}, {} configured instances, {} path rules, engine_load {}, fleet {}",
+        config.strategy.as_str(),
+        config.matching.as_str(),
+        config.prefix_length,
+        config.block_bytes,
+        config.index_bytes,
+        config.load_margin,
+        config.cold_placement.as_str(),
+        config.concurrency_threshold,
+        config.max_body_bytes,
+        config.key_header,
+        config.host_header.as_deref().unwrap_or("(none: overflow re-keys)"),
+        config.tenant_header,
+        config.decision_header.as_deref().unwrap_or("(none)"),
+        config.instance_ttl_ms,
+        config.include_model,
+        config.body_tenant,
+        config.counting.as_str(),
+        config.instances.len(),
+        config.path_rules.len(),
+        config
+            .engine_load
+            .as_ref()
+            .map_or_else(|| "off".to_string(), |e| format!("({})", e.describe())),
+        config.fleet.as_deref().unwrap_or("(none)")
+    );
+    let listed = config.instances.len();
+    for warning in config.engine_load.iter().flat_map(|e| e.warnings(listed)) {
+        log::warn!("prefix-router: {warning}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shared::MemoryStore;
+
+    #[test]
+    fn a_configuration_is_announced_by_the_first_vm_to_apply_it_only() {
+        // The canary and two workers of one vm_id, then an update.
+        let store = MemoryStore::new();
+        let first = br#"{"strategy":"LONGEST_PREFIX"}"#;
+        assert!(first_to_announce(&store, first));
+        assert!(!first_to_announce(&store, first));
+        assert!(!first_to_announce(&store, first));
+        let updated = br#"{"strategy":"LONGEST_PREFIX","prefix_length":8192}"#;
+        assert!(first_to_announce(&store, updated));
+        assert!(!first_to_announce(&store, updated));
+        // Another vm_id has its own shared data, and announces it again.
+        assert!(first_to_announce(&MemoryStore::new(), first));
     }
 }

@@ -221,3 +221,31 @@ async fn a_valid_prefix_length_takes_effect() {
         );
     }
 }
+
+/// Every worker VM and Envoy's canary VM apply each plugin configuration; its
+/// summary is logged once all the same, under Envoy's own plugin prefix only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_configuration_summary_is_logged_once() {
+    let harness = Harness::start_with(|builder| builder.concurrency(2));
+    // Requests on both workers: their VMs are configured by then.
+    for i in 0..4 {
+        let reply = harness
+            .send(Outgoing::post("/invocations", format!("request {i}")))
+            .await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+    }
+    let log = harness.envoy.log();
+    let mut summaries = std::collections::BTreeMap::<&str, usize>::new();
+    for line in log.lines().filter(|l| l.contains("configured: strategy")) {
+        assert!(
+            !line.contains("prefix-router: configured"),
+            "doubled prefix: {line}"
+        );
+        let from = line.find("wasm log").unwrap_or(0);
+        *summaries.entry(&line[from..]).or_default() += 1;
+    }
+    assert!(!summaries.is_empty(), "no configuration summary:\n{log}");
+    for (summary, count) in summaries {
+        assert_eq!(count, 1, "logged {count} times: {summary}");
+    }
+}
