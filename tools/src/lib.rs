@@ -6,5 +6,6 @@ pub mod bench;
 pub mod child;
 pub mod envoy;
 pub mod loadgen;
+pub mod oci;
 pub mod sim;
 pub mod upstream;

@@ -62,6 +62,7 @@ pub fn test(cargo_test_args: &[String]) -> anyhow::Result<()> {
     prereqs::ensure_node()?;
     let python_path = prereqs::ensure_python_deps()?;
     let promtool = prereqs::ensure_promtool()?;
+    let umoci = prereqs::ensure_umoci()?;
     let wasm = build_wasm()?;
     let floor_wasm = build_floor_wasm()?;
     let wall_clock_shim = build_wall_clock_shim()?;
@@ -74,6 +75,7 @@ pub fn test(cargo_test_args: &[String]) -> anyhow::Result<()> {
         .env("PREFIX_ROUTER_FLOOR_WASM", &floor_wasm)
         .env("ENVOY_BIN", &found.envoy)
         .env("PROMTOOL", &promtool)
+        .env("UMOCI", &umoci)
         .env("WALL_CLOCK_SHIM", &wall_clock_shim);
     if let Some(dir) = &python_path {
         native_tests.env("PYTHONPATH", dir);
