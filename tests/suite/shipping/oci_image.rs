@@ -37,6 +37,16 @@ fn built_module() -> Vec<u8> {
     std::fs::read(built_wasm()).unwrap()
 }
 
+/// The built module, and its image layout (tagged 1.2.3) in a fresh
+/// directory (`oci/` in the temporary directory returned with it).
+fn layout_of_the_built_module() -> (Vec<u8>, tempfile::TempDir, PathBuf, oci::Layout) {
+    let wasm = built_module();
+    let dir = tempfile::tempdir().unwrap();
+    let layout = dir.path().join("oci");
+    let written = oci::write_layout(&wasm, "1.2.3", &layout).unwrap();
+    (wasm, dir, layout, written)
+}
+
 fn json_file(path: &Path) -> Value {
     let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
@@ -60,10 +70,7 @@ fn blob(layout: &Path, descriptor: &Value, media_type: &str) -> Vec<u8> {
 
 #[test]
 fn the_release_image_layout_is_a_valid_oci_image_holding_plugin_wasm() {
-    let wasm = built_module();
-    let dir = tempfile::tempdir().unwrap();
-    let layout = dir.path().join("oci");
-    let written = oci::write_layout(&wasm, "1.2.3", &layout).unwrap();
+    let (wasm, _dir, layout, written) = layout_of_the_built_module();
 
     assert_eq!(
         json_file(&layout.join("oci-layout")),
@@ -200,10 +207,7 @@ fn umoci_unpack(layout: &Path, tag: &str, rootfs: &Path) -> std::process::Output
 
 #[test]
 fn umoci_unpacks_the_image_to_plugin_wasm_and_refuses_a_corrupted_copy() {
-    let wasm = built_module();
-    let dir = tempfile::tempdir().unwrap();
-    let layout = dir.path().join("oci");
-    let written = oci::write_layout(&wasm, "1.2.3", &layout).unwrap();
+    let (wasm, dir, layout, written) = layout_of_the_built_module();
     let rootfs = dir.path().join("rootfs");
     let out = umoci_unpack(&layout, "1.2.3", &rootfs);
     assert!(
