@@ -72,7 +72,10 @@ impl PluginRoot {
         };
         match Config::parse(&bytes) {
             Ok(config) => {
-                if first_to_announce(&host, &bytes) {
+                // Envoy's name of this filter; unreadable, the plugins of a vm_id share one record.
+                let plugin = host.property(&["plugin_name"]).ok().flatten();
+                let plugin = String::from_utf8_lossy(plugin.as_deref().unwrap_or_default());
+                if first_to_announce(&host, &plugin, &bytes) {
                     announce(&config);
                 }
                 vm.note_fleet(config.fleet.as_deref());
@@ -145,16 +148,30 @@ impl PluginRoot {
     }
 }
 
-/// Whether this VM is the first to apply `configuration`: every worker VM and
-/// Envoy's canary VM run `on_configure` with it, and they share one
-/// shared-data map per `vm_id`, so its summary is logged once, not per VM.
-/// A host that refuses shared data gets the summary from every VM.
-fn first_to_announce(store: &impl SharedStore, configuration: &[u8]) -> bool {
-    let key = format!(
-        "prefix-router/configured/{:016x}",
-        xxhash_rust::xxh3::xxh3_64(configuration)
-    );
-    store.create(&key, b"1") != Err(SetError::CasMismatch)
+/// Most reads of the announcement record before giving up (other VMs are
+/// writing it, so one of them announces).
+const ANNOUNCE_ATTEMPTS: u32 = 8;
+
+/// Whether this VM is the first to apply `configuration` to `plugin` (the
+/// filter's name): every worker VM and Envoy's canary VM run `on_configure`
+/// with it and share one shared-data map per `vm_id`, whose record of each
+/// plugin's last configuration makes its summary logged once, not per VM,
+/// and again when a later update brings back an earlier configuration. A
+/// host that refuses shared data gets the summary from every VM.
+fn first_to_announce(store: &impl SharedStore, plugin: &str, configuration: &[u8]) -> bool {
+    let key = format!("prefix-router/configured/{plugin}");
+    let applied = format!("{:016x}", xxhash_rust::xxh3::xxh3_64(configuration));
+    for _ in 0..ANNOUNCE_ATTEMPTS {
+        let (value, cas) = store.get(&key);
+        if value.as_deref() == Some(applied.as_bytes()) {
+            return false;
+        }
+        match store.replace(&key, applied.as_bytes(), cas) {
+            Ok(()) | Err(SetError::Failed) => return true,
+            Err(SetError::CasMismatch) => {}
+        }
+    }
+    false
 }
 
 /// The configuration's summary and warnings (Envoy prefixes the plugin's name).
@@ -199,16 +216,24 @@ mod tests {
 
     #[test]
     fn a_configuration_is_announced_by_the_first_vm_to_apply_it_only() {
-        // The canary and two workers of one vm_id, then an update.
+        // The canary and two workers of one vm_id, each with a listener and
+        // an upstream filter configured differently.
         let store = MemoryStore::new();
-        let first = br#"{"strategy":"LONGEST_PREFIX"}"#;
-        assert!(first_to_announce(&store, first));
-        assert!(!first_to_announce(&store, first));
-        assert!(!first_to_announce(&store, first));
+        let listener = br#"{"strategy":"LONGEST_PREFIX"}"#;
+        let upstream = br#"{"key_header":"x-k"}"#;
+        assert!(first_to_announce(&store, "listener", listener));
+        assert!(first_to_announce(&store, "upstream", upstream));
+        for _worker in 0..2 {
+            assert!(!first_to_announce(&store, "listener", listener));
+            assert!(!first_to_announce(&store, "upstream", upstream));
+        }
+        // An update, then back to the first configuration: each is announced once.
         let updated = br#"{"strategy":"LONGEST_PREFIX","prefix_length":8192}"#;
-        assert!(first_to_announce(&store, updated));
-        assert!(!first_to_announce(&store, updated));
+        for configuration in [&updated[..], &listener[..]] {
+            assert!(first_to_announce(&store, "listener", configuration));
+            assert!(!first_to_announce(&store, "listener", configuration));
+        }
         // Another vm_id has its own shared data, and announces it again.
-        assert!(first_to_announce(&MemoryStore::new(), first));
+        assert!(first_to_announce(&MemoryStore::new(), "listener", listener));
     }
 }
