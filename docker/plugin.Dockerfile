@@ -1,12 +1,13 @@
-# The prefix-router filter as an OCI image in the layout Istio's `oci://` URLs
-# expect: a single layer holding /plugin.wasm, nothing else.
+# The prefix-router filter as an image Istio's `oci://` URLs load: a single
+# layer holding /plugin.wasm, nothing else. `cargo xtask release` already
+# writes this image as an OCI layout (target/dist/oci/, pushed with oras or
+# skopeo, no Docker engine); this file builds the same content with Docker:
 #
-#   cargo xtask release          # builds the .wasm, prints its sha256, prepares target/oci/
-#   docker build -f target/oci/Dockerfile -t REGISTRY/prefix-router:0.1.0 target/oci
-#   docker push REGISTRY/prefix-router:0.1.0   # note the digest it prints; pin it (docs/istio.md)
+#   cargo xtask release          # fills target/dist/docker/ with this file and the module
+#   docker buildx build --provenance=false -t REGISTRY/prefix-router:0.2.0 --push target/dist/docker
 #
-# The build context is target/oci/, which `cargo xtask release` fills with this
-# file and prefix_router.wasm.
+# --provenance=false: without it buildx pushes an index (image + attestation);
+# Istio pins the image manifest's digest, not the index's (docs/istio.md).
 
 FROM scratch
 COPY prefix_router.wasm /plugin.wasm

@@ -396,13 +396,15 @@ fn unkeyed_derivation(api: ApiKind, reason: NoKeyReason) -> KeyDerivation {
     }
 }
 
-/// The 400 answer to an invalid tenant header (the shared convention).
-pub fn invalid_tenant_reply(header: &str, message: &str) -> LocalReply {
+/// The 400 answer to an invalid tenant header, in OpenAI's error shape so
+/// OpenAI clients surface it: `param` names the header, `code` the problem.
+pub fn invalid_tenant_reply(header: &str, problem: &str) -> LocalReply {
     let body = serde_json::json!({
         "error": {
-            "type": "invalid_tenant_header",
-            "header": header,
-            "message": message,
+            "message": format!("{header}: {problem}"),
+            "type": "invalid_request_error",
+            "param": header,
+            "code": "invalid_tenant_header",
         }
     });
     LocalReply {
@@ -800,10 +802,23 @@ mod tests {
                 vec![("content-type".to_string(), "application/json".to_string())]
             );
             let json: serde_json::Value = serde_json::from_slice(&reply.body).unwrap();
-            assert_eq!(json["error"]["type"], "invalid_tenant_header");
-            assert_eq!(json["error"]["header"], "x-amzn-sagemaker-prefix-aware-id");
-            let message = json["error"]["message"].as_str().unwrap();
-            assert!(message.contains("1 to 64 printable ASCII"), "{message}");
+            let error = json["error"].as_object().unwrap();
+            let mut fields: Vec<&str> = error.keys().map(String::as_str).collect();
+            fields.sort_unstable();
+            assert_eq!(
+                fields,
+                ["code", "message", "param", "type"],
+                "OpenAI's shape"
+            );
+            assert_eq!(error["type"], "invalid_request_error");
+            assert_eq!(error["code"], "invalid_tenant_header");
+            assert_eq!(error["param"], "x-amzn-sagemaker-prefix-aware-id");
+            let message = error["message"].as_str().unwrap();
+            assert!(
+                message.starts_with("x-amzn-sagemaker-prefix-aware-id: ")
+                    && message.contains("1 to 64 printable ASCII"),
+                "{message}"
+            );
             assert_eq!(
                 reader.on_request_body(10, true, &mut |_, _| panic!("body read after reject")),
                 BodyVerdict::AlreadyDecided
@@ -829,10 +844,10 @@ mod tests {
             };
             assert_eq!(reply.status, 400);
             let json: serde_json::Value = serde_json::from_slice(&reply.body).unwrap();
-            assert_eq!(json["error"]["type"], "invalid_tenant_header");
+            assert_eq!(json["error"]["code"], "invalid_tenant_header");
             assert_eq!(
                 json["error"]["message"],
-                format!("the tenant header must be sent once; it was sent {count} times")
+                format!("x-amzn-sagemaker-prefix-aware-id: the tenant header must be sent once; it was sent {count} times")
             );
         }
     }

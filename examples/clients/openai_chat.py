@@ -9,8 +9,10 @@ conversation so far (the first turn is placed by the conversation's opening,
 its system prompt and first user message). prompt_cache_key separates tenants:
 the same prompt with another key is matched and placed separately (and is never
 served from another tenant's cache entry by routing). It goes through
-extra_body, which every SDK version accepts. x-served-by names the instance
-(vLLM itself does not send it; vllm-sim and the test upstreams do).
+extra_body, which every SDK version accepts. The instance printed is the one
+the filter's `decision_header` names (x-prefix-route-decision, set in the
+docker-compose configuration); without it, the x-served-by header vllm-sim
+sends (vLLM sends none).
 """
 
 import os
@@ -22,6 +24,17 @@ client = openai.OpenAI(
     api_key=os.environ.get("OPENAI_API_KEY", "not-needed"),
 )
 model = os.environ.get("MODEL", "Qwen/Qwen2.5-0.5B-Instruct")
+
+
+def served_by(headers):
+    """The instance that answered: `instance=` of the decision header."""
+    decision = headers.get("x-prefix-route-decision") or ""
+    for part in decision.split(";"):
+        name, _, value = part.strip().partition("=")
+        if name == "instance":
+            return value
+    return headers.get("x-served-by")
+
 
 # A system prompt carrying a policy manual, as real assistants have: it does not
 # decide where the conversation goes (many conversations share it); the turns
@@ -42,7 +55,7 @@ raw = client.chat.completions.with_raw_response.create(
     extra_body={"prompt_cache_key": "tenant-acme"},
 )
 answer = raw.parse().choices[0].message.content
-print(f"served by {raw.headers.get('x-served-by')}: {answer!r}")
+print(f"served by {served_by(raw.headers)}: {answer!r}")
 
 # The next turn, streamed: same beginning, so the same instance.
 messages += [
@@ -59,4 +72,4 @@ stream = client.chat.completions.with_raw_response.create(
 text = "".join(
     chunk.choices[0].delta.content or "" for chunk in stream.parse() if chunk.choices
 )
-print(f"served by {stream.headers.get('x-served-by')} (streamed): {text!r}")
+print(f"served by {served_by(stream.headers)} (streamed): {text!r}")

@@ -12,6 +12,7 @@ use super::vm::Vm;
 use super::warn_on_error;
 use crate::config::Config;
 use crate::host::Host;
+use crate::shared::{SetError, SharedStore};
 use crate::steering;
 use crate::strategy::Policy;
 
@@ -71,36 +72,11 @@ impl PluginRoot {
         };
         match Config::parse(&bytes) {
             Ok(config) => {
-                log::info!(
-                    "prefix-router: configured: strategy {}, match {}, prefix_length {}, block_bytes {}, index_bytes {}, load_margin {}, cold_placement {}, concurrency_threshold {}, max_body_bytes {}, key_header {}, host_header {}, tenant_header {}, decision_header {}, instance_ttl_ms {}, include_model {}, body_tenant {}, counting {}, {} configured instances, {} path rules, engine_load {}, fleet {}",
-                    config.strategy.as_str(),
-                    config.matching.as_str(),
-                    config.prefix_length,
-                    config.block_bytes,
-                    config.index_bytes,
-                    config.load_margin,
-                    config.cold_placement.as_str(),
-                    config.concurrency_threshold,
-                    config.max_body_bytes,
-                    config.key_header,
-                    config.host_header.as_deref().unwrap_or("(none: overflow re-keys)"),
-                    config.tenant_header,
-                    config.decision_header.as_deref().unwrap_or("(none)"),
-                    config.instance_ttl_ms,
-                    config.include_model,
-                    config.body_tenant,
-                    config.counting.as_str(),
-                    config.instances.len(),
-                    config.path_rules.len(),
-                    config
-                        .engine_load
-                        .as_ref()
-                        .map_or_else(|| "off".to_string(), |e| format!("({})", e.describe())),
-                    config.fleet.as_deref().unwrap_or("(none)")
-                );
-                let listed = config.instances.len();
-                for warning in config.engine_load.iter().flat_map(|e| e.warnings(listed)) {
-                    log::warn!("prefix-router: {warning}");
+                // Envoy's name of this filter; unreadable, the plugins of a vm_id share one record.
+                let plugin = host.property(&["plugin_name"]).ok().flatten();
+                let plugin = String::from_utf8_lossy(plugin.as_deref().unwrap_or_default());
+                if first_to_announce(&host, &plugin, &bytes) {
+                    announce(&config);
                 }
                 vm.note_fleet(config.fleet.as_deref());
                 self.policy = Rc::new(steering::policy_for(&config));
@@ -169,5 +145,95 @@ impl PluginRoot {
             Rc::clone(&self.policy),
             Rc::clone(&self.metrics),
         )
+    }
+}
+
+/// Most reads of the announcement record before giving up (other VMs are
+/// writing it, so one of them announces).
+const ANNOUNCE_ATTEMPTS: u32 = 8;
+
+/// Whether this VM is the first to apply `configuration` to `plugin` (the
+/// filter's name): every worker VM and Envoy's canary VM run `on_configure`
+/// with it and share one shared-data map per `vm_id`, whose record of each
+/// plugin's last configuration makes its summary logged once, not per VM,
+/// and again when a later update brings back an earlier configuration. A
+/// host that refuses shared data gets the summary from every VM.
+fn first_to_announce(store: &impl SharedStore, plugin: &str, configuration: &[u8]) -> bool {
+    let key = format!("prefix-router/configured/{plugin}");
+    let applied = format!("{:016x}", xxhash_rust::xxh3::xxh3_64(configuration));
+    for _ in 0..ANNOUNCE_ATTEMPTS {
+        let (value, cas) = store.get(&key);
+        if value.as_deref() == Some(applied.as_bytes()) {
+            return false;
+        }
+        match store.replace(&key, applied.as_bytes(), cas) {
+            Ok(()) | Err(SetError::Failed) => return true,
+            Err(SetError::CasMismatch) => {}
+        }
+    }
+    false
+}
+
+/// The configuration's summary and warnings (Envoy prefixes the plugin's name).
+fn announce(config: &Config) {
+    log::info!(
+        "configured: strategy {}, match {}, prefix_length {}, block_bytes {}, index_bytes {}, load_margin {}, cold_placement {}, concurrency_threshold {}, max_body_bytes {}, key_header {}, host_header {}, tenant_header {}, decision_header {}, instance_ttl_ms {}, include_model {}, body_tenant {}, counting {}, {} configured instances, {} path rules, engine_load {}, fleet {}",
+        config.strategy.as_str(),
+        config.matching.as_str(),
+        config.prefix_length,
+        config.block_bytes,
+        config.index_bytes,
+        config.load_margin,
+        config.cold_placement.as_str(),
+        config.concurrency_threshold,
+        config.max_body_bytes,
+        config.key_header,
+        config.host_header.as_deref().unwrap_or("(none: overflow re-keys)"),
+        config.tenant_header,
+        config.decision_header.as_deref().unwrap_or("(none)"),
+        config.instance_ttl_ms,
+        config.include_model,
+        config.body_tenant,
+        config.counting.as_str(),
+        config.instances.len(),
+        config.path_rules.len(),
+        config
+            .engine_load
+            .as_ref()
+            .map_or_else(|| "off".to_string(), |e| format!("({})", e.describe())),
+        config.fleet.as_deref().unwrap_or("(none)")
+    );
+    let listed = config.instances.len();
+    for warning in config.engine_load.iter().flat_map(|e| e.warnings(listed)) {
+        log::warn!("prefix-router: {warning}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shared::MemoryStore;
+
+    #[test]
+    fn a_configuration_is_announced_by_the_first_vm_to_apply_it_only() {
+        // The canary and two workers of one vm_id, each with a listener and
+        // an upstream filter configured differently.
+        let store = MemoryStore::new();
+        let listener = br#"{"strategy":"LONGEST_PREFIX"}"#;
+        let upstream = br#"{"key_header":"x-k"}"#;
+        assert!(first_to_announce(&store, "listener", listener));
+        assert!(first_to_announce(&store, "upstream", upstream));
+        for _worker in 0..2 {
+            assert!(!first_to_announce(&store, "listener", listener));
+            assert!(!first_to_announce(&store, "upstream", upstream));
+        }
+        // An update, then back to the first configuration: each is announced once.
+        let updated = br#"{"strategy":"LONGEST_PREFIX","prefix_length":8192}"#;
+        for configuration in [&updated[..], &listener[..]] {
+            assert!(first_to_announce(&store, "listener", configuration));
+            assert!(!first_to_announce(&store, "listener", configuration));
+        }
+        // Another vm_id has its own shared data, and announces it again.
+        assert!(first_to_announce(&MemoryStore::new(), "listener", listener));
     }
 }

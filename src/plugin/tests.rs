@@ -365,7 +365,7 @@ fn an_invalid_tenant_gets_the_local_reply_and_pause() {
     assert_eq!(reply.status, 400);
     assert_eq!(reply.details, "prefix_router_invalid_tenant_header");
     let body: serde_json::Value = serde_json::from_slice(&reply.body).unwrap();
-    assert_eq!(body["error"]["type"], "invalid_tenant_header");
+    assert_eq!(body["error"]["code"], "invalid_tenant_header");
     assert_eq!(host.request_header(KEY_HEADER), None);
     // Envoy may still call the body callback: it reads and writes nothing.
     host.take_calls();

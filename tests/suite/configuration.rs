@@ -255,3 +255,69 @@ async fn a_valid_prefix_length_takes_effect() {
         );
     }
 }
+
+/// How many times each configuration summary is in Envoy's log, by the text
+/// after `wasm log`; fails on the doubled prefix.
+fn configuration_summaries(log: &str) -> std::collections::BTreeMap<&str, usize> {
+    let mut summaries = std::collections::BTreeMap::new();
+    for line in log.lines().filter(|l| l.contains("configured: strategy")) {
+        assert!(
+            !line.contains("prefix-router: configured"),
+            "doubled prefix: {line}"
+        );
+        let from = line.find("wasm log").unwrap_or(0);
+        *summaries.entry(&line[from..]).or_default() += 1;
+    }
+    assert!(!summaries.is_empty(), "no configuration summary:\n{log}");
+    summaries
+}
+
+/// Requests on both workers: their VMs are configured by then.
+async fn send_on_both_workers(harness: &Harness) {
+    for i in 0..4 {
+        let reply = harness
+            .send(Outgoing::post("/invocations", format!("request {i}")))
+            .await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+    }
+}
+
+/// Every worker VM and Envoy's canary VM apply each plugin configuration; its
+/// summary is logged once all the same, under Envoy's own plugin prefix only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_configuration_summary_is_logged_once() {
+    let harness = Harness::start_with(|builder| builder.concurrency(2));
+    send_on_both_workers(&harness).await;
+    let log = harness.envoy.log();
+    for (summary, count) in configuration_summaries(&log) {
+        assert_eq!(count, 1, "logged {count} times: {summary}");
+    }
+}
+
+/// Live updates (ECDS) to a new configuration, another, then back to the
+/// first: each application is logged once, the return included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_configuration_update_is_logged_once_returns_included() {
+    let harness = Harness::start_with(|builder| builder.concurrency(2).dynamic_plugin_config());
+    for key_header in ["x-a", "x-b", "x-a"] {
+        let config = format!(r#"{{"key_header":"{key_header}"}}"#);
+        harness.envoy.set_plugin_config(&config).unwrap();
+        send_on_both_workers(&harness).await;
+    }
+    let log = harness.envoy.log();
+    let summaries = configuration_summaries(&log);
+    let count = |key_header: &str| -> usize {
+        summaries
+            .iter()
+            .filter(|(summary, _)| summary.contains(&format!("key_header {key_header},")))
+            .map(|(_, count)| count)
+            .sum()
+    };
+    assert_eq!(count("x-a"), 2, "{summaries:#?}");
+    assert_eq!(count("x-b"), 1, "{summaries:#?}");
+    for (summary, count) in &summaries {
+        if !summary.contains("key_header x-a,") {
+            assert_eq!(*count, 1, "logged {count} times: {summary}");
+        }
+    }
+}

@@ -27,8 +27,9 @@ fn refused_tenant_error(reply: &Reply, what: &str) -> serde_json::Value {
     let json: serde_json::Value = serde_json::from_slice(&reply.body)
         .unwrap_or_else(|e| panic!("{what}: error body is not JSON ({e}): {}", reply.text()));
     let error = json["error"].clone();
-    assert_eq!(error["type"], "invalid_tenant_header", "{json}");
-    assert_eq!(error["header"], TENANT_HEADER, "{json}");
+    assert_eq!(error["type"], "invalid_request_error", "{json}");
+    assert_eq!(error["code"], "invalid_tenant_header", "{json}");
+    assert_eq!(error["param"], TENANT_HEADER, "{json}");
     error
 }
 
@@ -88,7 +89,10 @@ async fn a_tenant_header_sent_twice_gets_a_json_400_and_reaches_no_upstream() {
             let reply = harness.send(request).await;
             let error = refused_tenant_error(&reply, &format!("{what} on {path}"));
             assert_eq!(
-                error["message"], "the tenant header must be sent once; it was sent 2 times",
+                error["message"],
+                format!(
+                    "{TENANT_HEADER}: the tenant header must be sent once; it was sent 2 times"
+                ),
                 "{error}"
             );
         }

@@ -6,6 +6,7 @@ pub mod bench;
 pub mod child;
 pub mod envoy;
 pub mod loadgen;
+pub mod oci;
 pub mod schema;
 pub mod sim;
 pub mod upstream;

@@ -11,7 +11,7 @@
 //!   `cargo xtask bench engine`: prefix-aware vs random routing in front of
 //!   three llama.cpp servers (needs llama-cpp-python; not in CI).
 //! - `cargo xtask setup`: only the prerequisites (used by `.ci/run`).
-//! - `cargo xtask release`: release .wasm, its sha256 and size, OCI build context.
+//! - `cargo xtask release`: release .wasm, its sha256, its OCI image layout and archive.
 
 mod bench;
 mod bench_engine;
@@ -55,7 +55,7 @@ enum Task {
     },
     /// Install the prerequisites (wasm32-wasip1 target, Envoy) and print where Envoy is.
     Setup,
-    /// Build the release .wasm, print its sha256 and size, prepare target/oci/.
+    /// Build the release .wasm and its OCI image (layout and archive) in target/dist/.
     Release,
     /// Rewrite docs/configuration.schema.json, the plugin configuration's
     /// JSON Schema, from the filter's configuration types.

@@ -189,36 +189,79 @@ fn ensure_python_modules(deps: &[(&str, &str)], dir_name: &str) -> anyhow::Resul
 
 /// Prometheus's `promtool` checks and unit-tests `examples/prometheus/alerts.yml`:
 /// PROMTOOL, else `promtool` on PATH, else Debian's `prometheus` package
-/// downloaded and unpacked into the target directory (`apt-get download` and
-/// `dpkg-deb -x`: no root, nothing installed or started).
+/// unpacked into the target directory.
 pub fn ensure_promtool() -> anyhow::Result<PathBuf> {
+    ensure_debian_tool(DebianTool {
+        variable: "PROMTOOL",
+        binary: "promtool",
+        version_flag: "--version",
+        package: "prometheus",
+        dir: "prometheus-deb",
+        elsewhere: "install promtool from prometheus.io",
+    })
+}
+
+/// `umoci` checks the release's OCI image layout (`tests/suite/shipping/oci_image.rs`):
+/// UMOCI, else `umoci` on PATH, else Debian's `umoci` package unpacked into
+/// the target directory.
+pub fn ensure_umoci() -> anyhow::Result<PathBuf> {
+    ensure_debian_tool(DebianTool {
+        variable: "UMOCI",
+        binary: "umoci",
+        version_flag: "--version",
+        package: "umoci",
+        dir: "umoci-deb",
+        elsewhere: "install umoci",
+    })
+}
+
+/// A command-line tool the tests run, and the Debian package that ships it.
+struct DebianTool {
+    /// The environment variable that names the binary.
+    variable: &'static str,
+    binary: &'static str,
+    /// Makes the binary exit 0 when it runs.
+    version_flag: &'static str,
+    package: &'static str,
+    /// Under the target directory.
+    dir: &'static str,
+    /// Another way to get it, for the error message.
+    elsewhere: &'static str,
+}
+
+/// The tool's path: its variable, else the binary on PATH, else its Debian
+/// package downloaded and unpacked into the target directory (`apt-get
+/// download` and `dpkg-deb -x`: no root, nothing installed or started).
+fn ensure_debian_tool(tool: DebianTool) -> anyhow::Result<PathBuf> {
     let runs = |binary: &std::path::Path| {
         Command::new(binary)
-            .arg("--version")
+            .arg(tool.version_flag)
             .output()
             .is_ok_and(|o| o.status.success())
     };
-    if let Some(given) = std::env::var_os("PROMTOOL").filter(|v| !v.is_empty()) {
+    if let Some(given) = std::env::var_os(tool.variable).filter(|v| !v.is_empty()) {
         let given = PathBuf::from(given);
         if runs(&given) {
             return Ok(given);
         }
-        bail!("PROMTOOL={} does not run", given.display());
+        bail!("{}={} does not run", tool.variable, given.display());
     }
-    if runs(std::path::Path::new("promtool")) {
-        return Ok(PathBuf::from("promtool"));
+    if runs(std::path::Path::new(tool.binary)) {
+        return Ok(PathBuf::from(tool.binary));
     }
-    let dir = envoy::target_dir().join("prometheus-deb");
-    let binary = dir.join("root/usr/bin/promtool");
+    let dir = envoy::target_dir().join(tool.dir);
+    let binary = dir.join("root/usr/bin").join(tool.binary);
     if !runs(&binary) {
         eprintln!(
-            "xtask: promtool not found; unpacking Debian's prometheus package into {}",
+            "xtask: {} not found; unpacking Debian's {} package into {}",
+            tool.binary,
+            tool.package,
             dir.display()
         );
         std::fs::create_dir_all(&dir)?;
         let download = || {
             run(Command::new("apt-get")
-                .args(["download", "prometheus"])
+                .args(["download", tool.package])
                 .current_dir(&dir))
         };
         // A machine whose package lists were never fetched knows no package:
@@ -228,10 +271,12 @@ pub fn ensure_promtool() -> anyhow::Result<PathBuf> {
                 run(Command::new("apt-get").arg("update"))?;
                 download()
             })
-            .context(
-                "downloading Debian's prometheus package for promtool (or install promtool \
-                 from prometheus.io and put it on PATH or in PROMTOOL)",
-            )?;
+            .with_context(|| {
+                format!(
+                    "downloading Debian's {} package for {} (or {} and put it on PATH or in {})",
+                    tool.package, tool.binary, tool.elsewhere, tool.variable
+                )
+            })?;
         let deb = std::fs::read_dir(&dir)?
             .filter_map(Result::ok)
             .map(|entry| entry.path())
@@ -243,7 +288,7 @@ pub fn ensure_promtool() -> anyhow::Result<PathBuf> {
             .arg(dir.join("root")))?;
     }
     if !runs(&binary) {
-        bail!("{} does not run; set PROMTOOL", binary.display());
+        bail!("{} does not run; set {}", binary.display(), tool.variable);
     }
     Ok(binary)
 }

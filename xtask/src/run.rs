@@ -63,6 +63,7 @@ pub fn test(cargo_test_args: &[String]) -> anyhow::Result<()> {
     let python_path = prereqs::ensure_python_deps()?;
     let promtool = prereqs::ensure_promtool()?;
     let crd_validators = prereqs::ensure_crd_validators()?;
+    let umoci = prereqs::ensure_umoci()?;
     let wasm = build_wasm()?;
     let floor_wasm = build_floor_wasm()?;
     let wall_clock_shim = build_wall_clock_shim()?;
@@ -76,6 +77,7 @@ pub fn test(cargo_test_args: &[String]) -> anyhow::Result<()> {
         .env("ENVOY_BIN", &found.envoy)
         .env("PROMTOOL", &promtool)
         .env("CRD_VALIDATORS", &crd_validators)
+        .env("UMOCI", &umoci)
         .env("WALL_CLOCK_SHIM", &wall_clock_shim);
     if let Some(dir) = &python_path {
         native_tests.env("PYTHONPATH", dir);

@@ -438,26 +438,105 @@ fn openai_sdk_prompt_cache_key_separates_tenants_and_stream_flag_does_not() {
     assert!(instances.len() >= 2, "12 tenants all went to {instances:?}");
 }
 
+/// Three vllm-sim instances (`vllm-sim`'s server, in process), named
+/// `vllm-1`..`vllm-3`, answering ten times faster than the modelled GPU.
+struct SimFleet {
+    runtime: Option<tokio::runtime::Runtime>,
+    servers: Vec<prefix_router_tools::sim::SimServer>,
+}
+
+impl SimFleet {
+    fn start() -> Self {
+        use prefix_router_tools::sim::{SimConfig, SimServer};
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let servers = (1..=3)
+            .map(|i| {
+                let cfg = SimConfig {
+                    name: format!("vllm-{i}"),
+                    model: "Qwen/Qwen2.5-0.5B-Instruct".to_string(),
+                    time_scale: 10.0,
+                    ..SimConfig::default()
+                };
+                runtime
+                    .block_on(SimServer::start(cfg, "127.0.0.1:0".parse().unwrap()))
+                    .unwrap()
+            })
+            .collect();
+        SimFleet {
+            runtime: Some(runtime),
+            servers,
+        }
+    }
+
+    fn addrs(&self) -> Vec<SocketAddr> {
+        self.servers.iter().map(|s| s.addr()).collect()
+    }
+
+    /// Requests the instances answered, all together.
+    fn served(&self) -> u64 {
+        self.servers
+            .iter()
+            .map(|s| s.engine().snapshot().request_success)
+            .sum()
+    }
+}
+
+impl Drop for SimFleet {
+    fn drop(&mut self) {
+        self.servers.clear();
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+/// The instance a decision header names (`...; instance=ip:port; ...`).
+fn decided_instance(decision: &str) -> Option<&str> {
+    decision
+        .split(';')
+        .find_map(|part| part.trim().strip_prefix("instance="))
+}
+
+/// The client examples, run as documented, against vllm-sim through Envoy
+/// with the docker-compose configuration: each prints the instance its
+/// `decision_header` names, the same for a conversation's two turns and for
+/// one tenant's repeated invoke; `/invocations` is answered as vLLM answers
+/// the OpenAI completions body there; the invalid tenant gets OpenAI's error
+/// shape and reaches no instance.
 #[test]
-fn client_examples_run_as_documented() {
-    let (fleet, envoy) = openai_setup();
+fn client_examples_run_against_vllm_sim_through_the_compose_envoy() {
+    let fleet = SimFleet::start();
+    let instances: BTreeSet<String> = fleet.addrs().iter().map(|a| a.to_string()).collect();
+    let compose = compose::file();
+    let envoy = Envoy::builder()
+        .config_file(root().join(compose::envoy_config_source(&compose)))
+        .upstreams(fleet.addrs())
+        .start()
+        .unwrap_or_else(|e| panic!("{e}"));
+
     let out = run_python(
         "examples/clients/openai_chat.py",
         "",
         &[("OPENAI_BASE_URL", format!("{}/v1", envoy.base_url()))],
     );
-    let served: Vec<&str> = out
+    let served: Vec<String> = out
         .lines()
         .filter_map(|l| l.strip_prefix("served by "))
+        .map(|rest| {
+            let first = rest.split_whitespace().next().unwrap_or("");
+            first.trim_end_matches(':').to_string()
+        })
         .collect();
     assert_eq!(served.len(), 2, "{out}");
-    let instance = |line: &str| line.split([' ', ':']).next().unwrap_or("").to_string();
     assert_eq!(
-        instance(served[0]),
-        instance(served[1]),
+        served[0], served[1],
         "the example's two turns went to two instances:\n{out}"
     );
-    assert!(fleet.names.contains(&instance(served[0])), "{out}");
+    assert!(instances.contains(&served[0]), "{out}");
 
     let output = Command::new("bash")
         .arg(root().join("examples/clients/invoke.sh"))
@@ -471,28 +550,36 @@ fn client_examples_run_as_documented() {
         String::from_utf8_lossy(&output.stderr)
     );
     let lines: Vec<&str> = stdout.lines().collect();
-    assert!(
-        lines[0].starts_with("tenant tenant-a: HTTP 200, served by instance-"),
-        "{stdout}"
-    );
+    let mut routed = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        let Some(summary) = line.strip_prefix("tenant ") else {
+            continue;
+        };
+        let (_, decision) = summary
+            .split_once(": HTTP 200, routed: ")
+            .unwrap_or_else(|| panic!("not answered 200 with a decision:\n{stdout}"));
+        routed.push(decided_instance(decision).unwrap_or("").to_string());
+        let answer: serde_json::Value = serde_json::from_str(lines[i - 1])
+            .unwrap_or_else(|e| panic!("{e}: the answer before {line:?}:\n{stdout}"));
+        assert_eq!(
+            answer["object"], "text_completion",
+            "/invocations did not serve the body as a completion:\n{stdout}"
+        );
+    }
+    assert_eq!(routed.len(), 3, "{stdout}");
+    assert!(instances.contains(&routed[0]), "{stdout}");
     assert_eq!(
-        lines[0].replace("tenant-a", ""),
-        lines[1].replace("tenant-a", ""),
+        routed[0], routed[1],
         "same tenant, same body, another instance:\n{stdout}"
     );
-    assert!(
-        stdout.contains("\"invalid_tenant_header\"") && stdout.contains(TENANT_HEADER),
-        "{stdout}"
-    );
-    assert!(stdout.trim_end().ends_with("HTTP 400"), "{stdout}");
-    let invokes = fleet
-        .received()
-        .iter()
-        .filter(|(_, p)| p == "/invocations")
-        .count();
+    assert_eq!(lines.last(), Some(&"HTTP 400"), "{stdout}");
+    let error: serde_json::Value = serde_json::from_str(lines[lines.len() - 2]).unwrap();
+    assert_eq!(error["error"]["code"], "invalid_tenant_header", "{stdout}");
+    assert_eq!(error["error"]["param"], TENANT_HEADER, "{stdout}");
     assert_eq!(
-        invokes, 3,
-        "the rejected request must not reach an instance"
+        fleet.served(),
+        5,
+        "two chat turns and three invokes; the rejected request must not reach an instance"
     );
 }
 
@@ -501,27 +588,9 @@ fn client_examples_run_as_documented() {
 /// included. vllm-sim does not echo the key, so this checks instances only.
 #[test]
 fn openai_sdk_through_envoy_to_vllm_sim() {
-    use prefix_router_tools::sim::{SimConfig, SimServer};
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let servers: Vec<SimServer> = (1..=3)
-        .map(|i| {
-            let cfg = SimConfig {
-                name: format!("vllm-{i}"),
-                model: "Qwen/Qwen2.5-0.5B-Instruct".to_string(),
-                time_scale: 10.0,
-                ..SimConfig::default()
-            };
-            runtime
-                .block_on(SimServer::start(cfg, "127.0.0.1:0".parse().unwrap()))
-                .unwrap()
-        })
-        .collect();
+    let fleet = SimFleet::start();
     let envoy = Envoy::builder()
-        .upstreams(servers.iter().map(SimServer::addr))
+        .upstreams(fleet.addrs())
         .start()
         .unwrap_or_else(|e| panic!("{e}"));
     let conversation = long_conversation(2);
@@ -591,7 +660,4 @@ fn openai_sdk_through_envoy_to_vllm_sim() {
     assert_eq!(served["completion-0"], served["completion-1"]);
     let tenants: BTreeSet<&String> = (0..12).map(|i| &served[&format!("tenant-{i}")]).collect();
     assert!(tenants.len() >= 2, "12 tenants all went to {tenants:?}");
-    drop(envoy);
-    drop(servers);
-    runtime.shutdown_background();
 }

@@ -363,17 +363,30 @@ pub mod compose {
 /// configuration text, leaving the rest byte for byte: a deployment whose
 /// endpoints are DNS names or come from EDS lists no fleet there.
 pub fn remove_configured_fleet(config: &mut Value) {
-    /// `…,<ws>"instances": [ … ]…` → `……`: from the comma before the field
-    /// to the end of its list.
-    fn strip(text: &str) -> String {
-        let Some(field) = text.find("\"instances\"") else {
+    remove_plugin_field(config, "instances", ']');
+}
+
+/// Removes the plugin configuration's debug `"decision_header"` (a
+/// deployment may name the serving instance to its clients: the compose
+/// one does, for the client examples) the same way.
+pub fn remove_decision_header(config: &mut Value) {
+    remove_plugin_field(config, "decision_header", '\n');
+}
+
+/// `…,<ws>"field": … end…` → `……`: from the comma before `field` to the
+/// first `end` after it (kept if a line break), in every wasm filter's
+/// configuration text.
+fn remove_plugin_field(config: &mut Value, field: &str, end: char) {
+    fn strip(text: &str, field: &str, end: char) -> String {
+        let Some(at) = text.find(&format!("\"{field}\"")) else {
             return text.to_string();
         };
-        let comma = text[..field].rfind(',');
-        let close = text[field..].find(']');
+        let comma = text[..at].rfind(',');
+        let close = text[at..].find(end);
         match (comma, close) {
             (Some(comma), Some(close)) => {
-                format!("{}{}", &text[..comma], &text[field + close + 1..])
+                let kept = if end == '\n' { close } else { close + 1 };
+                format!("{}{}", &text[..comma], &text[at + kept..])
             }
             _ => text.to_string(),
         }
@@ -382,20 +395,20 @@ pub fn remove_configured_fleet(config: &mut Value) {
         Value::Mapping(map) => {
             for (key, child) in map.iter_mut() {
                 match child {
-                    Value::String(text) if key.as_str() == Some("value") => *text = strip(text),
-                    _ => remove_configured_fleet(child),
+                    Value::String(text) if key.as_str() == Some("value") => {
+                        *text = strip(text, field, end);
+                    }
+                    _ => remove_plugin_field(child, field, end),
                 }
             }
         }
-        Value::Sequence(items) => items.iter_mut().for_each(remove_configured_fleet),
+        Value::Sequence(items) => items
+            .iter_mut()
+            .for_each(|item| remove_plugin_field(item, field, end)),
         _ => {}
     }
 }
 
-/// The Envoy configuration at `rel` (for containers or a cluster: DNS-named,
-/// health-checked instances) is `envoy/envoy.yaml` but for the admin address,
-/// the `.wasm` path and the clusters' endpoints (the `instances` the plugin
-/// configuration lists among them).
 /// `envoy/envoy.yaml` ships the `engine_metrics` cluster (ORIGINAL_DST, no
 /// endpoints) that `engine_load` polls through; the deployment copies carry
 /// it commented out. Removes it, failing unless there is exactly one.
@@ -410,6 +423,10 @@ pub fn remove_engine_metrics_cluster(config: &mut Value) {
     );
 }
 
+/// The Envoy configuration at `rel` (for containers or a cluster: DNS-named,
+/// health-checked instances) is `envoy/envoy.yaml` but for the admin address,
+/// the `.wasm` path and the clusters' endpoints (the `instances` the plugin
+/// configuration lists among them), and may add the `decision_header`.
 pub fn assert_only_deployment_differs(rel: &str) {
     assert_config_only_deployment_differs(yaml(rel), rel);
 }
@@ -418,6 +435,7 @@ pub fn assert_only_deployment_differs(rel: &str) {
 /// trimmed of what else its deployment declares different).
 pub fn assert_config_only_deployment_differs(mut copy: Value, rel: &str) {
     let mut shipped = yaml("envoy/envoy.yaml");
+    remove_decision_header(&mut copy);
     remove_configured_fleet(&mut shipped);
     remove_engine_metrics_cluster(&mut shipped);
     for config in [&mut copy, &mut shipped] {

@@ -9,8 +9,11 @@
 //!   media token.
 //! - OpenAI completions (`.../completions`): `prompt` as a string, a
 //!   one-string array, or an array of token ids.
-//! - Native invoke (any other POST, e.g. `/invocations`): the raw body bytes
-//!   are the prompt, whatever they are. If the body is JSON, `stream`,
+//! - `/invocations` (any other POST), as vLLM's: a JSON object with
+//!   `messages` is a chat request, one with `prompt` a completions request,
+//!   each answered in its API's shape. Any other body is a native invoke
+//!   (vLLM answers it 400; the benchmarks' invoke workloads send one): the raw
+//!   body bytes are the prompt, whatever they are. If the body is JSON, `stream`,
 //!   `max_tokens`, `max_new_tokens` or `parameters.max_new_tokens` are honoured.
 //!   Responses: `{"generated_text": ..., "usage": {...}}`; streamed as SSE
 //!   events `{"text": "..."}` and a last `{"text": "", "finish_reason":
@@ -103,6 +106,9 @@ pub fn parse(
     if api == ApiKind::Invoke {
         let json: Option<Value> = serde_json::from_slice(body).ok();
         let json = json.as_ref();
+        if let Some(shape) = json.and_then(openai_shape) {
+            return parse(shape, body, served_model, default_max_tokens);
+        }
         return Ok(ParsedRequest {
             api,
             model: served_model.to_string(),
@@ -153,6 +159,18 @@ pub fn parse(
             .and_then(Value::as_str)
             .map(str::to_string),
     })
+}
+
+/// The OpenAI API whose body `v` is, as vLLM's `/invocations` tells them
+/// apart (it tries a chat request first).
+fn openai_shape(v: &Value) -> Option<ApiKind> {
+    if v.get("messages").is_some() {
+        Some(ApiKind::Chat)
+    } else if v.get("prompt").is_some() {
+        Some(ApiKind::Completions)
+    } else {
+        None
+    }
 }
 
 /// Llama 3 chat template, rendered to tokens, ending with the assistant header.
@@ -386,16 +404,41 @@ mod tests {
     }
 
     #[test]
-    fn invoke_takes_any_body() {
+    fn invoke_takes_any_other_body_as_its_raw_bytes() {
         let raw = parse(ApiKind::Invoke, b"\xff\xfe not json", "m", 12).unwrap();
         assert_eq!(raw.max_tokens, 12);
         assert!(!raw.stream);
         assert_eq!(raw.prompt, tokenizer::tokenize(b"\xff\xfe not json"));
         let body = br#"{"inputs":"abc","parameters":{"max_new_tokens":3},"stream":true}"#;
         let j = parse(ApiKind::Invoke, body, "m", 12).unwrap();
+        assert_eq!(j.api, ApiKind::Invoke);
         assert_eq!(j.max_tokens, 3);
         assert!(j.stream);
         assert_eq!(j.prompt, tokenizer::tokenize(body));
+    }
+
+    #[test]
+    fn invocations_answers_an_openai_body_in_its_apis_shape() {
+        let chat = br#"{"model":"m1","messages":[{"role":"user","content":"hello there"}],"max_tokens":7}"#;
+        let on_invoke = parse(ApiKind::Invoke, chat, "m", 12).unwrap();
+        let on_chat = parse(ApiKind::Chat, chat, "m", 12).unwrap();
+        assert_eq!(on_invoke.api, ApiKind::Chat);
+        assert_eq!(
+            (on_invoke.prompt, on_invoke.model, on_invoke.max_tokens),
+            (on_chat.prompt, on_chat.model, on_chat.max_tokens)
+        );
+        let completion = br#"{"prompt":"Once upon a time","max_tokens":5}"#;
+        let on_invoke = parse(ApiKind::Invoke, completion, "m", 12).unwrap();
+        assert_eq!(on_invoke.api, ApiKind::Completions);
+        assert_eq!(
+            on_invoke.prompt,
+            parse(ApiKind::Completions, completion, "m", 12)
+                .unwrap()
+                .prompt
+        );
+        assert_eq!(on_invoke.max_tokens, 5);
+        // An OpenAI-shaped body that is not valid for its API is a 400, as in vLLM.
+        assert!(parse(ApiKind::Invoke, br#"{"prompt":{}}"#, "m", 1).is_err());
     }
 
     #[test]
