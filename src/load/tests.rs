@@ -1272,3 +1272,62 @@ fn a_decision_over_a_large_fleet_reads_a_bounded_number_of_expired_engine_sample
         "the copies of 102 hold samples of 100, lapsed at 2100"
     );
 }
+
+/// An instance whose connection failed is no candidate, on any worker, and
+/// no key's target, until it answers; past `FAILED_RETRY_MS` one request
+/// may try it again, and that request keeps the others away until it
+/// answers.
+#[test]
+fn a_failed_instance_is_skipped_until_it_answers() {
+    use super::instances::FAILED_RETRY_MS;
+    let store = Rc::new(MemoryStore::new());
+    let listed = vec![A.to_string(), B.to_string()];
+    let mut w1 = configured(&store, 1, &listed);
+    let mut w2 = configured(&store, 2, &listed);
+    serve(&mut w1, start(A, Some("on-a")), 1);
+    serve(&mut w1, start(B, Some("on-b")), 1);
+    let addresses = |w: &mut LoadTracker<Rc<MemoryStore>>, now| {
+        let mut all: Vec<String> = w
+            .candidates(now)
+            .into_iter()
+            .map(|c| c.instance.address.to_string())
+            .collect();
+        all.sort();
+        all
+    };
+    assert_eq!(addresses(&mut w2, 2), [A, B]);
+    assert!(w2.target_of("on-b", 2).is_some());
+
+    // A request to B started (counted there, B seen) and its connection failed.
+    let ticket = w1.upstream_started(start(B, None), 10);
+    assert!(w1.connection_failed(B, 10), "newly failed");
+    if let Some(ticket) = ticket {
+        w1.release(ticket, 10);
+    }
+    assert!(!w1.connection_failed(B, 11), "already failed");
+    let later = 10 + RECORD_CACHE_MS;
+    assert_eq!(addresses(&mut w1, 11), [A]);
+    assert_eq!(addresses(&mut w2, later), [A], "on every worker");
+    assert!(w2.target_of("on-b", later).is_none(), "no key's target");
+    let on_a = instance(&mut w2, "on-a", later);
+    assert!(w2.least_busy_other(&on_a, 0, later).is_none());
+    // A request sent there before the mark (or by Envoy's own choice)
+    // starting does not clear it: only an answer does.
+    serve(&mut w2, start(B, None), later + 1);
+    assert_eq!(addresses(&mut w2, later + 1 + RECORD_CACHE_MS), [A]);
+
+    // Past the back-off: a candidate again, until one request goes there.
+    let due = 10 + FAILED_RETRY_MS;
+    assert_eq!(addresses(&mut w1, due - 1), [A]);
+    assert_eq!(addresses(&mut w1, due), [A, B], "tried again");
+    serve(&mut w1, start(B, None), due);
+    assert_eq!(addresses(&mut w1, due), [A], "one request tries it");
+    assert_eq!(addresses(&mut w2, due + RECORD_CACHE_MS), [A]);
+    // It answers: back on every worker at once.
+    w1.answered(B, due + 20);
+    assert_eq!(addresses(&mut w1, due + 20), [A, B]);
+    assert_eq!(addresses(&mut w2, due + 20 + RECORD_CACHE_MS), [A, B]);
+    assert!(w2.target_of("on-b", due + 20 + RECORD_CACHE_MS).is_some());
+    // Failing again later is a new failure.
+    assert!(w2.connection_failed(B, due + 100));
+}
