@@ -292,8 +292,8 @@ impl<S: SharedStore> LoadTracker<S> {
 
     /// An attempt's connection to `address` failed (refused, or reset before
     /// the request went out): it is no candidate until it answers
-    /// ([`Self::answered`]), or [`crate::load::FAILED_RETRY_MS`] have passed and one
-    /// request tries it again. True if it was not marked failed before.
+    /// ([`Self::answered`]), or [`crate::load::FAILED_RETRY_MS`] have passed
+    /// and one request tries it again. True if it was not marked before.
     pub fn connection_failed(&mut self, address: &str, now_ms: u64) -> bool {
         let (tables, columns) = (&self.tables, &mut self.columns);
         self.registry
