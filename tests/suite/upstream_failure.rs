@@ -15,7 +15,7 @@ use harness::load::{
     HOST_HEADER,
 };
 use harness::relay::Relay;
-use harness::{Harness, Outgoing, KEY_HEADER};
+use harness::{wait_until, Harness, Outgoing, KEY_HEADER};
 use prefix_router::load::FAILED_RETRY_MS;
 use prefix_router_tools::envoy::{Envoy, EnvoyBuilder};
 use prefix_router_tools::upstream::UpstreamFleet;
@@ -116,6 +116,16 @@ async fn an_instance_that_dies_loses_no_request_and_is_chosen_again_once_back() 
 
     relay.stop();
     let dead = relay.addr();
+    // Envoy has seen its pooled connections there close (a request written
+    // on one before that fails, as the instance may have read it: never
+    // retried).
+    wait_until(
+        "Envoy closed its connections to the dead instance",
+        Duration::from_secs(10),
+        || host_counter(&harness.envoy, dead, "cx_active"),
+        |active| *active == 0,
+    )
+    .await;
     let died = Instant::now();
     // The same prompts again (some held by the dead instance) and new ones.
     let mut after = requests(1);
