@@ -135,10 +135,16 @@ pub enum Counter {
     /// `engine_load`: a response carried an ORCA load report the filter
     /// could not read (ignored; the poll's figure stands).
     OrcaReportUnreadable,
+    /// An upstream attempt whose connection failed (refused, or reset
+    /// before the request went out); Envoy retries it elsewhere.
+    ConnectionFailed,
+    /// An instance marked failed by a connection failure (it was not
+    /// already): no candidate until it answers.
+    InstanceFailed,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 11] = [
+    pub const ALL: [Counter; 13] = [
         Counter::KeyedInvoke,
         Counter::KeyedChatCompletions,
         Counter::KeyedCompletions,
@@ -150,6 +156,8 @@ impl Counter {
         Counter::UpstreamFilterMissing,
         Counter::OrcaReportUsed,
         Counter::OrcaReportUnreadable,
+        Counter::ConnectionFailed,
+        Counter::InstanceFailed,
     ];
 
     pub fn name(self) -> &'static str {
@@ -165,6 +173,8 @@ impl Counter {
             Counter::UpstreamFilterMissing => "prefix_router.upstream_filter_missing",
             Counter::OrcaReportUsed => "prefix_router.engine.orca_reports",
             Counter::OrcaReportUnreadable => "prefix_router.engine.orca_reports_unreadable",
+            Counter::ConnectionFailed => "prefix_router.upstream.connection_failures",
+            Counter::InstanceFailed => "prefix_router.upstream.instances_failed",
         }
     }
 

@@ -7,7 +7,7 @@
 use super::codec::{Reader, Writer};
 use super::table::Record;
 
-const RECORD_VERSION: u8 = 2;
+const RECORD_VERSION: u8 = 3;
 
 /// How long an instance Envoy did not use when it was nominated stays out of
 /// the candidates. Then it is nominated again as any other: back in the
@@ -16,6 +16,11 @@ const RECORD_VERSION: u8 = 2;
 /// lost) and it is suspect again. Without the retry, an instance of a listed
 /// fleet that was briefly out of the cluster would never be nominated again.
 pub const SUSPECT_MS: u64 = 10_000;
+
+/// How long an instance whose connection failed stays out of the candidates
+/// before one request may try it again: short, as a restarted engine should
+/// be back in use within seconds, and each try of a still dead one costs a retry.
+pub const FAILED_RETRY_MS: u64 = 3_000;
 
 /// The longest address tracked (`ip:port` is far shorter; longer is refused).
 pub(crate) const MAX_ADDRESS_LEN: usize = 255;
@@ -35,6 +40,10 @@ pub(crate) struct InstanceRecord {
     /// When Envoy did not use this instance where it was nominated: probably
     /// gone, for [`SUSPECT_MS`]. Cleared the next time it is seen serving.
     pub(crate) suspect_since_ms: Option<u64>,
+    /// When a connection to it failed (or, past [`FAILED_RETRY_MS`], when a
+    /// request last went to try it again). Cleared only when it answers:
+    /// a request merely sent there does not clear it, unlike `last_seen_ms`.
+    pub(crate) failed_since_ms: Option<u64>,
     pub(crate) cells: Vec<CountCell>,
 }
 
@@ -44,6 +53,7 @@ impl InstanceRecord {
             address: address.to_string(),
             last_seen_ms: now_ms,
             suspect_since_ms: None,
+            failed_since_ms: None,
             cells: Vec::new(),
         }
     }
@@ -52,10 +62,11 @@ impl InstanceRecord {
         self.address.is_empty()
     }
 
-    /// Seen serving within `ttl_ms`, and not suspected gone.
+    /// Seen serving within `ttl_ms`, and neither suspected gone nor failing.
     pub(crate) fn is_fresh(&self, now_ms: u64, ttl_ms: u64) -> bool {
         !self.is_free()
             && !self.is_suspect(now_ms)
+            && !self.is_failed(now_ms)
             && now_ms.saturating_sub(self.last_seen_ms) <= ttl_ms
     }
 
@@ -63,6 +74,19 @@ impl InstanceRecord {
     pub(crate) fn is_suspect(&self, now_ms: u64) -> bool {
         self.suspect_since_ms
             .is_some_and(|since| now_ms.saturating_sub(since) < SUSPECT_MS)
+    }
+
+    /// A connection to it failed within the last [`FAILED_RETRY_MS`] and it
+    /// has not answered since.
+    pub(crate) fn is_failed(&self, now_ms: u64) -> bool {
+        self.failed_since_ms
+            .is_some_and(|since| now_ms.saturating_sub(since) < FAILED_RETRY_MS)
+    }
+
+    /// Marked failed, but [`FAILED_RETRY_MS`] ago or more: the next request
+    /// sent there tries it again (and marks it again, so the others wait).
+    pub(crate) fn is_due_for_retry(&self, now_ms: u64) -> bool {
+        self.failed_since_ms.is_some() && !self.is_failed(now_ms)
     }
 
     /// Seen serving at `now_ms`.
@@ -99,10 +123,12 @@ impl Record for InstanceRecord {
         let address = self.address.as_bytes();
         let address = address.get(..MAX_ADDRESS_LEN).unwrap_or(address);
         let cells = self.cells.get(..255).unwrap_or(&self.cells);
-        let mut w = Writer::with_capacity(20 + address.len() + 12 * cells.len());
+        let mut w = Writer::with_capacity(29 + address.len() + 12 * cells.len());
         w.u8(RECORD_VERSION)
             .u8(u8::from(self.suspect_since_ms.is_some()))
             .u64(self.suspect_since_ms.unwrap_or_default())
+            .u8(u8::from(self.failed_since_ms.is_some()))
+            .u64(self.failed_since_ms.unwrap_or_default())
             // Both lengths are capped at 255 just above.
             .u8(address.len() as u8)
             .bytes(address)
@@ -120,13 +146,8 @@ impl Record for InstanceRecord {
         if r.u8()? != RECORD_VERSION {
             return None;
         }
-        let suspect = r.u8()?;
-        let since = r.u64()?;
-        let suspect_since_ms = match suspect {
-            0 => None,
-            1 => Some(since),
-            _ => return None,
-        };
+        let suspect_since_ms = optional_time(&mut r)?;
+        let failed_since_ms = optional_time(&mut r)?;
         let address_len = usize::from(r.u8()?);
         let address = std::str::from_utf8(r.bytes(address_len)?).ok()?.to_string();
         let last_seen_ms = r.u64()?;
@@ -142,8 +163,21 @@ impl Record for InstanceRecord {
             address,
             last_seen_ms,
             suspect_since_ms,
+            failed_since_ms,
             cells,
         })
+    }
+}
+
+/// A flag byte (0 or 1) and a time: the time if the flag is set; None (the
+/// record is undecodable) for any other flag.
+fn optional_time(r: &mut Reader<'_>) -> Option<Option<u64>> {
+    let flag = r.u8()?;
+    let time = r.u64()?;
+    match flag {
+        0 => Some(None),
+        1 => Some(Some(time)),
+        _ => None,
     }
 }
 
@@ -244,5 +278,23 @@ mod tests {
         assert_eq!(rec.last_seen_ms, 1_200, "time never goes back");
         assert!(InstanceRecord::default().is_free());
         assert!(!InstanceRecord::default().is_fresh(0, u64::MAX));
+    }
+
+    #[test]
+    fn a_failed_mark_lapses_into_a_retry_and_round_trips() {
+        let mut rec = InstanceRecord::new("a:1", 1_000);
+        rec.failed_since_ms = Some(1_000);
+        assert!(rec.is_failed(1_000 + FAILED_RETRY_MS - 1));
+        assert!(!rec.is_fresh(1_100, 5_000));
+        assert!(!rec.is_due_for_retry(1_000 + FAILED_RETRY_MS - 1));
+        assert!(rec.is_due_for_retry(1_000 + FAILED_RETRY_MS));
+        assert!(rec.is_fresh(1_000 + FAILED_RETRY_MS, 5_000));
+        assert_eq!(InstanceRecord::decode(&rec.encode()), Some(rec.clone()));
+        rec.seen(1_200);
+        assert_eq!(
+            rec.failed_since_ms,
+            Some(1_000),
+            "a request sent is no answer"
+        );
     }
 }

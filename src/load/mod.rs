@@ -43,7 +43,7 @@ pub use tracker::{LoadTracker, RECORD_CACHE_MS, RECORD_READS_PER_DECISION, RESPO
 use crate::headers::PENDING_MARK;
 
 pub use engine::{EngineBounds, EngineLoad, EngineView};
-pub use instances::SUSPECT_MS;
+pub use instances::{FAILED_RETRY_MS, SUSPECT_MS};
 pub use prefix_index::Remembered;
 pub(crate) use prefix_index::SPAN_BLOCKS;
 pub use recent::{RecentChoices, RECENT_WINDOW};

@@ -13,7 +13,7 @@ use crate::counting_check::{AtResponse, MISSING_UPSTREAM_FILTER_WARNING};
 use crate::engine_load::orca;
 use crate::headers::{COUNTED_HEADER, INTERNAL_REQUEST_HEADERS};
 use crate::host::{HeaderMap, Host};
-use crate::load::{EngineView, Ticket, UpstreamStart};
+use crate::load::{EngineView, Ticket, UpstreamStart, FAILED_RETRY_MS};
 use crate::metrics::Counter;
 use crate::request::{
     BodyKind, BodyVerdict, HeadersVerdict, KeyDerivation, LocalReply, RequestHead, RequestReader,
@@ -29,8 +29,11 @@ pub struct Stream {
     policy: Rc<Policy>,
     reader: RequestReader,
     metrics: Rc<MetricIds>,
-    /// Runs as the cluster's upstream filter (counts, does not decide).
-    upstream: bool,
+    /// Runs as the cluster's upstream filter (counts, does not decide):
+    /// the instance this attempt went to.
+    upstream: Option<String>,
+    /// Upstream role: the instance answered (response headers came).
+    answered: bool,
     /// The in-flight count this stream holds; released once, in `on_done`.
     ticket: Option<Ticket>,
     /// The routing decision's kind and matched bytes, for the debug
@@ -50,7 +53,8 @@ impl Stream {
             config,
             policy,
             metrics,
-            upstream: false,
+            upstream: None,
+            answered: false,
             ticket: None,
             decided: None,
             listener_count: None,
@@ -68,8 +72,9 @@ impl Stream {
         // check is a host call saved).
         if self.config.counting == Counting::UpstreamFilter {
             if let Some(address) = upstream_address(vm.host()) {
-                self.upstream = true;
-                return self.start_upstream(vm, &address);
+                let flow = self.start_upstream(vm, &address);
+                self.upstream = Some(address);
+                return flow;
             }
         }
         let read = read_request_headers(vm.host());
@@ -108,7 +113,7 @@ impl Stream {
         body_size: usize,
         end_of_stream: bool,
     ) -> Flow {
-        if self.upstream {
+        if self.upstream.is_some() {
             return Flow::Continue;
         }
         let host = vm.host();
@@ -128,7 +133,7 @@ impl Stream {
 
     /// `on_http_request_trailers`.
     pub fn on_request_trailers<H: Host + Clone>(&mut self, vm: &mut Vm<H>) -> Flow {
-        if self.upstream {
+        if self.upstream.is_some() {
             return Flow::Continue;
         }
         let verdict = self.reader.on_request_trailers();
@@ -137,9 +142,15 @@ impl Stream {
 
     /// `on_http_response_headers`: with `counting: LISTENER`, counts the
     /// request where it went if its decision calls for it; writes the debug
-    /// decision header if configured.
+    /// decision header if configured. Upstream role: the instance answered,
+    /// so it is not failed (if it was).
     pub fn on_response_headers<H: Host + Clone>(&mut self, vm: &mut Vm<H>) -> Flow {
-        if self.upstream {
+        if let Some(address) = &self.upstream {
+            if !self.answered {
+                self.answered = true;
+                let now = vm.now_ms();
+                vm.with_tracker(&self.config, |t| t.answered(address, now));
+            }
             return Flow::Continue;
         }
         let mut count = self.listener_count.take();
@@ -242,10 +253,32 @@ impl Stream {
 
     /// `on_done`: every stream end (completed, aborted, reset, timed out,
     /// local reply) comes here once, so the count is given back exactly once.
+    /// Upstream role: an attempt that ended unanswered because its
+    /// connection failed marks its instance failed.
     pub fn on_done<H: Host + Clone>(&mut self, vm: &mut Vm<H>) {
         if let Some(ticket) = self.ticket.take() {
             let now = vm.now_ms();
             vm.with_tracker(&self.config, |t| t.release(ticket, now));
+        }
+        if let Some(address) = self.upstream.as_deref().filter(|_| !self.answered) {
+            if let Some(reason) = transport_failure(vm.host()) {
+                self.connection_failed(vm, address, &reason);
+            }
+        }
+    }
+
+    /// The attempt to `address` found no connection (`reason`, Envoy's):
+    /// counted, and the instance marked failed (said once per failure).
+    fn connection_failed<H: Host + Clone>(&self, vm: &mut Vm<H>, address: &str, reason: &str) {
+        self.metrics.increment(vm, Counter::ConnectionFailed);
+        let now = vm.now_ms();
+        if vm.with_tracker(&self.config, |t| t.connection_failed(address, now)) {
+            self.metrics.increment(vm, Counter::InstanceFailed);
+            log::warn!(
+                "prefix-router: no connection to {address} ({reason}): not chosen until it answers, tried again every {} ms (stat {})",
+                FAILED_RETRY_MS,
+                Counter::InstanceFailed.name()
+            );
         }
     }
 
@@ -395,6 +428,21 @@ fn upstream_address(host: &impl Host) -> Option<String> {
         Ok(_) => None,
         Err(status) => {
             log::debug!("prefix-router: upstream.address unavailable: {status}");
+            None
+        }
+    }
+}
+
+/// `upstream.transport_failure_reason`, if set: the attempt's connection
+/// failed (seen in Envoy 1.40 at the upstream filter's end of an attempt to
+/// a closed port: "delayed connect error: Connection refused"). Empty or
+/// absent for an attempt that connected, however it ended.
+fn transport_failure(host: &impl Host) -> Option<String> {
+    match host.property(&["upstream", "transport_failure_reason"]) {
+        Ok(Some(bytes)) if !bytes.is_empty() => Some(String::from_utf8_lossy(&bytes).into_owned()),
+        Ok(_) => None,
+        Err(status) => {
+            log::debug!("prefix-router: upstream.transport_failure_reason unavailable: {status}");
             None
         }
     }

@@ -433,9 +433,57 @@ fn the_upstream_role_counts_where_envoy_sent_the_request_and_strips_the_internal
     let size = host.arrive(b"body");
     assert_eq!(stream.on_request_body(&mut vm, size, true), Flow::Continue);
     assert_eq!(stream.on_response_headers(&mut vm), Flow::Continue);
-    assert_eq!(host.take_calls(), Vec::<String>::new());
+    // The answer is looked for a failed mark to clear, in the copy of A's
+    // record the count just read.
+    assert_eq!(host.take_calls(), vec!["now_ms"]);
     stream.on_done(&mut vm);
     assert_eq!(in_flight(&mut vm, &host, A), Some(0), "released on done");
+}
+
+/// An upstream attempt that ends unanswered with a transport failure (its
+/// connection was refused) marks its instance failed and counts it; the
+/// instance's next answer clears the mark.
+#[test]
+fn an_attempt_whose_connection_failed_marks_its_instance_until_it_answers() {
+    let (host, mut vm, root) = configured(&format!(r#"{{"instances": ["{A}", "{B}"]}}"#));
+    let candidates = |vm: &mut TestVm, host: &MemoryHost| {
+        let now = host.now_ms().unwrap_or_default();
+        let config = crate::config::Config::default();
+        let mut all: Vec<String> = vm
+            .with_tracker(&config, |t| crate::load::LoadView::candidates(t, now))
+            .into_iter()
+            .map(|c| c.instance.address.to_string())
+            .collect();
+        all.sort();
+        all
+    };
+    // An attempt that connected and ended without an answer (the client
+    // went away) marks nothing.
+    let mut served = upstream(&host, &mut vm, &root, &[(":path", "/x")], B);
+    host.set_property("upstream.transport_failure_reason", Some(""));
+    served.on_done(&mut vm);
+    assert_eq!(candidates(&mut vm, &host), [A, B]);
+
+    let reason = "delayed connect error: Connection refused";
+    for _ in 0..2 {
+        let mut refused = upstream(&host, &mut vm, &root, &[(":path", "/x")], B);
+        host.set_property("upstream.transport_failure_reason", Some(reason));
+        refused.on_done(&mut vm);
+    }
+    vm.flush_metrics();
+    assert_eq!(host.counter(Counter::ConnectionFailed.name()), 2);
+    assert_eq!(
+        host.counter(Counter::InstanceFailed.name()),
+        1,
+        "newly failed once"
+    );
+    assert_eq!(candidates(&mut vm, &host), [A]);
+
+    let mut answering = upstream(&host, &mut vm, &root, &[(":path", "/x")], B);
+    host.set_property("upstream.transport_failure_reason", Some(""));
+    assert_eq!(answering.on_response_headers(&mut vm), Flow::Continue);
+    answering.on_done(&mut vm);
+    assert_eq!(candidates(&mut vm, &host), [A, B], "back once it answered");
 }
 
 /// A downstream request's host calls: the role check, one header read,

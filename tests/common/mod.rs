@@ -9,6 +9,7 @@
 pub mod bodies;
 pub mod client;
 pub mod load;
+pub mod relay;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;

@@ -238,6 +238,8 @@ impl<S: SharedStore> LoadTracker<S> {
     /// Without an upstream filter, the glue may call this from the downstream
     /// `on_http_response_headers` instead (counting then starts late).
     pub fn upstream_started(&mut self, start: UpstreamStart<'_>, now_ms: u64) -> Option<Ticket> {
+        // Before counting, from the copy the count's slot lookup reads anyway.
+        self.retry_if_due(start.address, now_ms);
         let ticket = self.count_upstream(start, now_ms);
         // Counted (or not countable) now: no longer pending. Counting first
         // means there is no instant where the request is neither.
@@ -285,6 +287,63 @@ impl<S: SharedStore> LoadTracker<S> {
         match counted {
             Claim::Claimed(ticket) => Some(ticket),
             _ => None,
+        }
+    }
+
+    /// An attempt's connection to `address` failed (refused, or reset before
+    /// the request went out): it is no candidate until it answers
+    /// ([`Self::answered`]), or [`crate::load::FAILED_RETRY_MS`] have passed
+    /// and one request tries it again. True if it was not marked before.
+    pub fn connection_failed(&mut self, address: &str, now_ms: u64) -> bool {
+        let (tables, columns) = (&self.tables, &mut self.columns);
+        self.registry
+            .change_record(tables, columns, address, now_ms, |record| {
+                if record.is_failed(now_ms) {
+                    return Change::Keep(false);
+                }
+                let newly = record.failed_since_ms.is_none();
+                record.failed_since_ms = Some(now_ms);
+                Change::Write(newly)
+            })
+    }
+
+    /// `address` answered a request: no longer failed. Writes only if this
+    /// VM's copy of its record ([`RECORD_CACHE_MS`]) shows it marked.
+    pub fn answered(&mut self, address: &str, now_ms: u64) {
+        let marked = self
+            .registry
+            .copy_of(&self.tables, address, now_ms)
+            .is_some_and(|record| record.failed_since_ms.is_some());
+        if marked {
+            let (tables, columns) = (&self.tables, &mut self.columns);
+            self.registry
+                .change_record(tables, columns, address, now_ms, |record| {
+                    if record.failed_since_ms.take().is_none() {
+                        return Change::Keep(false);
+                    }
+                    Change::Write(true)
+                });
+        }
+    }
+
+    /// A request is going to `address`: if its failed mark lapsed, this
+    /// request tries it again and renews the mark, so the others keep away
+    /// until it answers.
+    fn retry_if_due(&mut self, address: &str, now_ms: u64) {
+        let due = self
+            .registry
+            .copy_of(&self.tables, address, now_ms)
+            .is_some_and(|record| record.is_due_for_retry(now_ms));
+        if due {
+            let (tables, columns) = (&self.tables, &mut self.columns);
+            self.registry
+                .change_record(tables, columns, address, now_ms, |record| {
+                    if !record.is_due_for_retry(now_ms) {
+                        return Change::Keep(false);
+                    }
+                    record.failed_since_ms = Some(now_ms);
+                    Change::Write(false)
+                });
         }
     }
 

@@ -76,9 +76,10 @@ struct RecentRead {
 }
 
 /// Seen serving within `instance_ttl_ms`, or `listed` among the configured
-/// instances; and not suspected gone.
+/// instances; and neither suspected gone nor failing (`is_failed`).
 fn is_fresh(listed: bool, instance_ttl_ms: u64, record: &InstanceRecord, now_ms: u64) -> bool {
-    (listed && !record.is_suspect(now_ms)) || record.is_fresh(now_ms, instance_ttl_ms)
+    (listed && !record.is_suspect(now_ms) && !record.is_failed(now_ms))
+        || record.is_fresh(now_ms, instance_ttl_ms)
 }
 
 /// This VM's copy of one instance record.
@@ -451,7 +452,8 @@ impl Registry {
             })
     }
 
-    /// Free, or its instance is forgotten and nothing is in flight there.
+    /// Free, or its instance is forgotten (not merely failing: its mark is
+    /// kept) and nothing is in flight there.
     fn is_reusable<S: SharedStore>(
         &self,
         tables: &Tables<S>,
@@ -461,7 +463,9 @@ impl Registry {
         now_ms: u64,
     ) -> bool {
         record.is_free()
-            || (!self.is_fresh(record, now_ms) && columns.total(tables, slot, record, now_ms) == 0)
+            || (!self.is_fresh(record, now_ms)
+                && !record.is_failed(now_ms)
+                && columns.total(tables, slot, record, now_ms) == 0)
     }
 
     fn remember_slot(&mut self, address: &str, slot: u16) {
@@ -544,6 +548,48 @@ impl Registry {
         if marked == Updated::Written(()) {
             self.forget_copy(slot);
         }
+    }
+
+    /// Changes `address`'s record by `change` (which writes or keeps, its
+    /// record's address already checked); true if written. An address not
+    /// registered has no record to change.
+    pub(super) fn change_record<S: SharedStore>(
+        &mut self,
+        tables: &Tables<S>,
+        columns: &mut Columns,
+        address: &str,
+        now_ms: u64,
+        mut change: impl FnMut(&mut InstanceRecord) -> Change<bool>,
+    ) -> bool {
+        let Some(slot) = self.find_slot(tables, columns, address, now_ms, Lookup::Only) else {
+            return false;
+        };
+        let changed = tables.update(
+            &instance_key(tables, slot),
+            |record: &mut InstanceRecord| -> Change<bool> {
+                if record.address != address {
+                    return Change::Keep(false);
+                }
+                change(record)
+            },
+        );
+        if matches!(changed, Updated::Written(_)) {
+            self.forget_copy(slot);
+        }
+        matches!(changed, Updated::Written(true))
+    }
+
+    /// This VM's copy of `address`'s record (read again if older than
+    /// [`RECORD_CACHE_MS`]), if the address is registered.
+    pub(super) fn copy_of<S: SharedStore>(
+        &mut self,
+        tables: &Tables<S>,
+        address: &str,
+        now_ms: u64,
+    ) -> Option<&InstanceRecord> {
+        let slot = *self.slot_of.get(address)?;
+        self.keep_copy(tables, slot, now_ms)
+            .filter(|record| record.address == address)
     }
 
     /// The registry epoch.
