@@ -798,7 +798,20 @@ fn in_range(field: &str, value: i128, (lo, hi): (u64, u64)) -> Result<u64, Confi
     u64::try_from(value)
         .ok()
         .filter(|v| (lo..=hi).contains(v))
-        .ok_or_else(|| error(field, format!("{value} is out of range {lo}..={hi}")))
+        .ok_or_else(|| {
+            let value = integer_text(value);
+            error(field, format!("{value} is out of range {lo}..={hi}"))
+        })
+}
+
+/// An integer read from JSON (an `i64` or a `u64`), formatted as the one it
+/// fits: the .wasm then carries no `i128` formatting for this one message.
+fn integer_text(value: i128) -> String {
+    match (i64::try_from(value), u64::try_from(value)) {
+        (Ok(v), _) => v.to_string(),
+        (_, Ok(v)) => v.to_string(),
+        (Err(_), Err(_)) => "an integer beyond 64 bits".to_string(),
+    }
 }
 
 /// The ranges above fit in 32 bits, so these never saturate in practice.
@@ -1511,6 +1524,18 @@ mod tests {
         assert_eq!(
             err(r#"{"prefix_length":-5}"#),
             "prefix_length: -5 is out of range 1024..=65536"
+        );
+        assert_eq!(
+            err(r#"{"prefix_length":18446744073709551615}"#),
+            "prefix_length: 18446744073709551615 is out of range 1024..=65536"
+        );
+        assert_eq!(
+            err(r#"{"engine_load":{"cluster":"c","max_requests":-9223372036854775808}}"#),
+            "engine_load.max_requests: -9223372036854775808 is out of range 1..=1000000"
+        );
+        assert_eq!(
+            integer_text(i128::from(u64::MAX) + 1),
+            "an integer beyond 64 bits"
         );
         assert_eq!(
             err(r#"{"concurrency_threshold":0}"#),
