@@ -18,7 +18,7 @@ use super::SimConfig;
 
 /// The command-line arguments that make `vllm-sim` run `cfg` on an ephemeral port.
 pub fn sim_args(cfg: &SimConfig) -> Vec<String> {
-    [
+    let mut args: Vec<String> = [
         ("--port", "0".to_string()),
         ("--name", cfg.name.clone()),
         ("--model", cfg.model.clone()),
@@ -44,7 +44,24 @@ pub fn sim_args(cfg: &SimConfig) -> Vec<String> {
     ]
     .into_iter()
     .flat_map(|(k, v)| [k.to_string(), v])
-    .collect()
+    .collect();
+    if cfg.max_loras > 0 {
+        args.extend([
+            "--max-loras".to_string(),
+            cfg.max_loras.to_string(),
+            "--lora-load-ms".to_string(),
+            cfg.lora_load_ms.to_string(),
+        ]);
+        if !cfg.lora_modules.is_empty() {
+            args.push("--lora-modules".to_string());
+            args.extend(
+                cfg.lora_modules
+                    .iter()
+                    .map(|(name, path)| format!("{name}={path}")),
+            );
+        }
+    }
+    args
 }
 
 /// A `vllm-sim` child process.

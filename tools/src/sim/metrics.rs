@@ -77,6 +77,35 @@ pub struct MetricsSnapshot {
     pub kv_cache_usage: f64,
     /// Time to first token in simulated seconds.
     pub ttft: Histogram,
+    /// LoRA state, when the instance has adapter slots.
+    pub lora: Option<LoraMetrics>,
+}
+
+/// What `/metrics` shows of the LoRA adapters.
+#[derive(Debug, Clone)]
+pub struct LoraMetrics {
+    /// `--max-loras`.
+    pub max_lora: usize,
+    /// Every (running adapters, waiting adapters) state seen, each with the
+    /// unix time it was last seen: `vllm:lora_requests_info`'s series.
+    pub states: Vec<(String, String, f64)>,
+    /// Adapters made resident since the start.
+    pub loads: u64,
+}
+
+/// A float as Python's `prometheus_client` writes it (`floatToGoString`):
+/// Python's shortest form, in exponent form from 10^7 up, as Go does.
+fn go_float(v: f64) -> String {
+    let s = format!("{v:?}");
+    match s.find('.') {
+        Some(dot) if v > 0.0 && dot > 6 && !s.contains('e') => {
+            let digits = format!("{}{}", &s[1..dot], &s[dot + 1..]);
+            let mantissa = format!("{}.{digits}", &s[..1]);
+            let mantissa = mantissa.trim_end_matches('0').trim_end_matches('.');
+            format!("{mantissa}e+0{}", dot - 1)
+        }
+        _ => s,
+    }
 }
 
 impl MetricsSnapshot {
@@ -149,6 +178,28 @@ impl MetricsSnapshot {
         );
         let _ = writeln!(out, "# TYPE {name} histogram");
         self.ttft.render(&mut out, name, &labels);
+        if let Some(lora) = &self.lora {
+            // vLLM's labels, in its order, and no engine or model label.
+            let name = "vllm:lora_requests_info";
+            let _ = writeln!(out, "# HELP {name} Running stats on lora requests.");
+            let _ = writeln!(out, "# TYPE {name} gauge");
+            for (running, waiting, at) in &lora.states {
+                let _ = writeln!(
+                    out,
+                    "{name}{{max_lora=\"{}\",waiting_lora_adapters=\"{}\",running_lora_adapters=\"{}\"}} {}",
+                    lora.max_lora,
+                    escape_label(waiting),
+                    escape_label(running),
+                    go_float(*at)
+                );
+            }
+            counter(
+                &mut out,
+                "vllm_sim:lora_loads",
+                "Adapters made resident in a LoRA slot (simulator only).",
+                lora.loads,
+            );
+        }
         out
     }
 }
@@ -236,6 +287,7 @@ mod tests {
             num_requests_waiting: waiting,
             kv_cache_usage,
             ttft: Histogram::new(&TTFT_BUCKETS),
+            lora: None,
         }
     }
 
@@ -276,6 +328,7 @@ mod tests {
             num_requests_waiting: 4,
             kv_cache_usage: 0.5,
             ttft,
+            lora: None,
         };
         let text = snap.render("llama\"3");
         assert!(text.contains("model_name=\"llama\\\"3\""));
@@ -297,5 +350,30 @@ mod tests {
         assert!(text.contains("le=\"2.5\"} 1\n"));
         assert!(text.contains("le=\"5\"} 2\n"));
         assert_eq!(parse_sample(&text, "vllm:prefix_cache"), None);
+        assert!(!text.contains("lora"));
+    }
+
+    #[test]
+    fn lora_requests_info_reads_like_vllms() {
+        let mut snap = snapshot(0, 0.0);
+        snap.lora = Some(LoraMetrics {
+            max_lora: 4,
+            states: vec![
+                ("a0".into(), String::new(), 1_733_450_000.25),
+                ("a0,a1".into(), "a2".into(), 1_733_450_001.0),
+            ],
+            loads: 3,
+        });
+        let text = snap.render("m");
+        assert!(text.contains("# TYPE vllm:lora_requests_info gauge\n"));
+        assert!(text.contains(
+            "vllm:lora_requests_info{max_lora=\"4\",waiting_lora_adapters=\"\",running_lora_adapters=\"a0\"} 1.73345000025e+09\n"
+        ), "{text}");
+        assert!(text.contains(
+            "vllm:lora_requests_info{max_lora=\"4\",waiting_lora_adapters=\"a2\",running_lora_adapters=\"a0,a1\"} 1.733450001e+09\n"
+        ), "{text}");
+        assert_eq!(parse_sample(&text, "vllm_sim:lora_loads_total"), Some(3.0));
+        assert_eq!(go_float(0.5), "0.5");
+        assert_eq!(go_float(2.0), "2.0");
     }
 }
