@@ -190,7 +190,7 @@ struct InvokeParameters {
 pub fn request_body(api: Api, planned: &PlannedRequest, opts: &RunOptions) -> Bytes {
     let json = match api {
         Api::Chat => serde_json::to_vec(&ChatBody {
-            model: &opts.model,
+            model: planned.model.as_deref().unwrap_or(&opts.model),
             messages: &planned.messages,
             max_tokens: planned.output_tokens,
             stream: opts.stream,
@@ -565,6 +565,7 @@ mod tests {
             output_tokens: 1,
             group: None,
             conversation,
+            model: None,
         }
     }
 
