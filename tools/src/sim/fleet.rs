@@ -214,3 +214,10 @@ pub async fn scrape_cache_counters(addr: SocketAddr) -> anyhow::Result<CacheCoun
         hits: read("vllm:prefix_cache_hits_total")?,
     })
 }
+
+/// Adapters the instance at `addr` has made resident since it started
+/// (`vllm_sim:lora_loads_total`; 0 without LoRA slots).
+pub async fn scrape_lora_loads(addr: SocketAddr) -> anyhow::Result<f64> {
+    let (_, text) = call(hyper::Method::GET, addr, "/metrics").await?;
+    Ok(parse_sample(&text, "vllm_sim:lora_loads_total").unwrap_or(0.0))
+}
