@@ -151,17 +151,9 @@ async fn route(shared: &Shared, req: Request<Incoming>) -> Response<Body> {
         (Method::POST, "/v1/load_lora_adapter" | "/v1/unload_lora_adapter")
             if cfg.max_loras > 0 =>
         {
-            let body = match Limited::new(req.into_body(), MAX_BODY_BYTES)
-                .collect()
-                .await
-            {
-                Ok(b) => b.to_bytes(),
-                Err(e) => {
-                    return json_response(
-                        StatusCode::BAD_REQUEST,
-                        &api::error_body(&format!("could not read the request body: {e}"), 400),
-                    )
-                }
+            let body = match read_body(req).await {
+                Ok(body) => body,
+                Err(response) => return response,
             };
             let (status, answer) = adapter_request(&shared.engine, &path, &body);
             match answer {
@@ -197,17 +189,9 @@ async fn route(shared: &Shared, req: Request<Incoming>) -> Response<Body> {
                 .get(ORCA_FORMAT_HEADER)
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_string);
-            let body = match Limited::new(req.into_body(), MAX_BODY_BYTES)
-                .collect()
-                .await
-            {
-                Ok(b) => b.to_bytes(),
-                Err(e) => {
-                    return json_response(
-                        StatusCode::BAD_REQUEST,
-                        &api::error_body(&format!("could not read the request body: {e}"), 400),
-                    )
-                }
+            let body = match read_body(req).await {
+                Ok(body) => body,
+                Err(response) => return response,
             };
             let kind = ApiKind::from_path(&path);
             match api::parse(kind, &body, &cfg.model, cfg.default_max_tokens) {
@@ -303,6 +287,20 @@ fn adapter_request(
                 "Success: LoRA adapter '{name}' removed successfully."
             )),
         )
+    }
+}
+
+/// The whole request body, or the 400 to answer when it cannot be read.
+async fn read_body(req: Request<Incoming>) -> Result<Bytes, Response<Body>> {
+    match Limited::new(req.into_body(), MAX_BODY_BYTES)
+        .collect()
+        .await
+    {
+        Ok(b) => Ok(b.to_bytes()),
+        Err(e) => Err(json_response(
+            StatusCode::BAD_REQUEST,
+            &api::error_body(&format!("could not read the request body: {e}"), 400),
+        )),
     }
 }
 
