@@ -415,12 +415,17 @@ impl Engine {
             num_requests_waiting: state.waiting.len(),
             kv_cache_usage: used.min(capacity) as f64 / capacity as f64,
             ttft: state.ttft.clone(),
-            lora: (self.cfg.max_loras > 0).then(|| LoraMetrics {
-                max_lora: self.cfg.max_loras,
-                states: state.lora_states.clone(),
-                loads: state.lora.loads(),
-            }),
         }
+    }
+
+    /// The LoRA state `/metrics` shows; `None` without adapter slots.
+    pub fn lora_metrics(&self) -> Option<LoraMetrics> {
+        let state = self.lock();
+        (self.cfg.max_loras > 0).then(|| LoraMetrics {
+            max_lora: self.cfg.max_loras,
+            states: state.lora_states.clone(),
+            loads: state.lora.loads(),
+        })
     }
 }
 
@@ -619,7 +624,7 @@ mod tests {
             is_admitted(&mut d).is_some(),
             "the base model needs no slot"
         );
-        let lora = engine.snapshot().lora.unwrap();
+        let lora = engine.lora_metrics().unwrap();
         assert_eq!(lora.loads, 1);
         let (running, waiting, _) = lora.states.last().unwrap();
         assert_eq!((running.as_str(), waiting.as_str()), ("x", "y"));
@@ -627,7 +632,7 @@ mod tests {
         assert!(is_admitted(&mut b).is_none(), "x still runs c");
         c.finish(&[1]);
         assert!(is_admitted(&mut b).is_some(), "x is idle and evicted");
-        let lora = engine.snapshot().lora.unwrap();
+        let lora = engine.lora_metrics().unwrap();
         assert_eq!(lora.loads, 2);
         let (running, waiting, _) = lora.states.last().unwrap();
         assert_eq!((running.as_str(), waiting.as_str()), ("y", ""));
@@ -636,7 +641,7 @@ mod tests {
         assert!(engine.reset_prefix_cache());
         let mut e = engine.submit(adapter_job(5, Some("y"))).unwrap();
         assert!(is_admitted(&mut e).is_some());
-        assert_eq!(engine.snapshot().lora.unwrap().loads, 3);
+        assert_eq!(engine.lora_metrics().unwrap().loads, 3);
     }
 
     #[tokio::test]
@@ -659,7 +664,7 @@ mod tests {
         let tb = is_admitted(&mut b).unwrap().first_token_at;
         assert!(tb - ta < load);
         // Without slots there is no LoRA state at all.
-        assert!(Engine::new(cfg(8, 1000)).snapshot().lora.is_none());
+        assert!(Engine::new(cfg(8, 1000)).lora_metrics().is_none());
     }
 
     #[test]

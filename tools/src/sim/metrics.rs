@@ -77,8 +77,6 @@ pub struct MetricsSnapshot {
     pub kv_cache_usage: f64,
     /// Time to first token in simulated seconds.
     pub ttft: Histogram,
-    /// LoRA state, when the instance has adapter slots.
-    pub lora: Option<LoraMetrics>,
 }
 
 /// What `/metrics` shows of the LoRA adapters.
@@ -91,6 +89,40 @@ pub struct LoraMetrics {
     pub states: Vec<(String, String, f64)>,
     /// Adapters made resident since the start.
     pub loads: u64,
+}
+
+impl LoraMetrics {
+    /// Prometheus text: `vllm:lora_requests_info` with vLLM's labels in its
+    /// order (no engine or model label), then `vllm_sim:lora_loads_total`.
+    pub fn render(&self, model: &str) -> String {
+        let mut out = String::new();
+        let name = "vllm:lora_requests_info";
+        let _ = writeln!(out, "# HELP {name} Running stats on lora requests.");
+        let _ = writeln!(out, "# TYPE {name} gauge");
+        for (running, waiting, at) in &self.states {
+            let _ = writeln!(
+                out,
+                "{name}{{max_lora=\"{}\",waiting_lora_adapters=\"{}\",running_lora_adapters=\"{}\"}} {}",
+                self.max_lora,
+                escape_label(waiting),
+                escape_label(running),
+                go_float(*at)
+            );
+        }
+        let name = "vllm_sim:lora_loads_total";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Adapters made resident in a LoRA slot (simulator only)."
+        );
+        let _ = writeln!(out, "# TYPE {name} counter");
+        let _ = writeln!(
+            out,
+            "{name}{{engine=\"0\",model_name=\"{}\"}} {}",
+            escape_label(model),
+            self.loads
+        );
+        out
+    }
 }
 
 /// A float as Python's `prometheus_client` writes it (`floatToGoString`):
@@ -178,28 +210,6 @@ impl MetricsSnapshot {
         );
         let _ = writeln!(out, "# TYPE {name} histogram");
         self.ttft.render(&mut out, name, &labels);
-        if let Some(lora) = &self.lora {
-            // vLLM's labels, in its order, and no engine or model label.
-            let name = "vllm:lora_requests_info";
-            let _ = writeln!(out, "# HELP {name} Running stats on lora requests.");
-            let _ = writeln!(out, "# TYPE {name} gauge");
-            for (running, waiting, at) in &lora.states {
-                let _ = writeln!(
-                    out,
-                    "{name}{{max_lora=\"{}\",waiting_lora_adapters=\"{}\",running_lora_adapters=\"{}\"}} {}",
-                    lora.max_lora,
-                    escape_label(waiting),
-                    escape_label(running),
-                    go_float(*at)
-                );
-            }
-            counter(
-                &mut out,
-                "vllm_sim:lora_loads",
-                "Adapters made resident in a LoRA slot (simulator only).",
-                lora.loads,
-            );
-        }
         out
     }
 }
@@ -287,7 +297,6 @@ mod tests {
             num_requests_waiting: waiting,
             kv_cache_usage,
             ttft: Histogram::new(&TTFT_BUCKETS),
-            lora: None,
         }
     }
 
@@ -328,7 +337,6 @@ mod tests {
             num_requests_waiting: 4,
             kv_cache_usage: 0.5,
             ttft,
-            lora: None,
         };
         let text = snap.render("llama\"3");
         assert!(text.contains("model_name=\"llama\\\"3\""));
@@ -350,21 +358,19 @@ mod tests {
         assert!(text.contains("le=\"2.5\"} 1\n"));
         assert!(text.contains("le=\"5\"} 2\n"));
         assert_eq!(parse_sample(&text, "vllm:prefix_cache"), None);
-        assert!(!text.contains("lora"));
     }
 
     #[test]
     fn lora_requests_info_reads_like_vllms() {
-        let mut snap = snapshot(0, 0.0);
-        snap.lora = Some(LoraMetrics {
+        let lora = LoraMetrics {
             max_lora: 4,
             states: vec![
                 ("a0".into(), String::new(), 1_733_450_000.25),
                 ("a0,a1".into(), "a2".into(), 1_733_450_001.0),
             ],
             loads: 3,
-        });
-        let text = snap.render("m");
+        };
+        let text = lora.render("m");
         assert!(text.contains("# TYPE vllm:lora_requests_info gauge\n"));
         assert!(text.contains(
             "vllm:lora_requests_info{max_lora=\"4\",waiting_lora_adapters=\"\",running_lora_adapters=\"a0\"} 1.73345000025e+09\n"

@@ -138,7 +138,13 @@ async fn route(shared: &Shared, req: Request<Incoming>) -> Response<Body> {
         (Method::GET, "/metrics") => full(
             StatusCode::OK,
             "text/plain; version=0.0.4; charset=utf-8",
-            Bytes::from(shared.engine.snapshot().render(&cfg.model)),
+            Bytes::from({
+                let mut text = shared.engine.snapshot().render(&cfg.model);
+                if let Some(lora) = shared.engine.lora_metrics() {
+                    text.push_str(&lora.render(&cfg.model));
+                }
+                text
+            }),
         ),
         (Method::GET, "/v1/models") => {
             let mut data =
