@@ -245,8 +245,8 @@ pub struct RoutingOptions {
 
 impl RoutingOptions {
     /// The synthetic workloads (about 11 minutes a repetition on 2 cores) and
-    /// the real-data ones (about 20 minutes a repetition with every peer),
-    /// 3 repetitions.
+    /// the real-data ones (about 20 minutes a repetition with every peer,
+    /// before `lora`'s arms), 3 repetitions.
     pub fn full() -> anyhow::Result<Self> {
         Ok(RoutingOptions {
             quick: false,
@@ -280,8 +280,9 @@ impl RoutingOptions {
         })
     }
 
-    /// Under 3 minutes for the synthetic workloads, under 10 for the
-    /// real-data ones with every peer: fewer requests, a faster clock, one run.
+    /// Under 3 minutes for the synthetic workloads, under 10 for sharegpt,
+    /// sharegpt-system and rag with every peer, about half a minute per arm
+    /// for lora: fewer requests, a faster clock, one run.
     pub fn quick() -> anyhow::Result<Self> {
         Ok(RoutingOptions {
             quick: true,
@@ -517,22 +518,7 @@ fn run_plan(
 ) -> anyhow::Result<WorkloadResult> {
     let reused = reused_tokens_with(&plan.workload, corpus);
     let kv_blocks = kv_blocks_over(reused, opts.instances);
-    let (max_loras, lora_modules) = match plan.workload {
-        Workload::Lora { adapters, .. } => (
-            LORA_SLOTS,
-            (0..adapters)
-                .map(|a| (adapter_name(a), format!("/adapters/{}", adapter_name(a))))
-                .collect(),
-        ),
-        _ => (0, Vec::new()),
-    };
-    let template = SimConfig {
-        kv_blocks,
-        time_scale: opts.time_scale,
-        max_loras,
-        lora_modules,
-        ..SimConfig::default()
-    };
+    let template = sim_template(&plan.workload, kv_blocks, opts.time_scale);
     let instance_tokens = (kv_blocks * template.block_size) as f64;
     let arrivals = if plan.workload.is_conversation_replay() {
         "conversations"
@@ -615,6 +601,27 @@ fn run_plan(
         oracle_hit_rate,
         strategies,
     })
+}
+
+/// The instances' configuration for `workload`: with [`LORA_SLOTS`] slots
+/// and every adapter served for `lora`, the base model alone otherwise.
+fn sim_template(workload: &Workload, kv_blocks: usize, time_scale: f64) -> SimConfig {
+    let (max_loras, lora_modules) = match *workload {
+        Workload::Lora { adapters, .. } => (
+            LORA_SLOTS,
+            (0..adapters)
+                .map(|a| (adapter_name(a), format!("/adapters/{}", adapter_name(a))))
+                .collect(),
+        ),
+        _ => (0, Vec::new()),
+    };
+    SimConfig {
+        kv_blocks,
+        time_scale,
+        max_loras,
+        lora_modules,
+        ..SimConfig::default()
+    }
 }
 
 /// The median of each figure over the runs; the maps from the run whose hit
@@ -1119,6 +1126,19 @@ mod tests {
             adapter_load_lines(&[result(Peer::Oracle, 0.5, 1.0, "")]),
             ""
         );
+    }
+
+    #[test]
+    fn lora_instances_have_four_slots_and_serve_every_adapter() {
+        let lora = Workload::by_name("lora").unwrap();
+        let cfg = sim_template(&lora, 100, 8.0);
+        assert_eq!(cfg.max_loras, 4);
+        assert_eq!(cfg.lora_modules.len(), 40);
+        assert_eq!(cfg.lora_modules[39].0, "adapter-39");
+        assert_eq!(cfg.validate(), Ok(()));
+        let plain = sim_template(&Workload::by_name("sharegpt").unwrap(), 100, 8.0);
+        assert_eq!((plain.max_loras, plain.lora_modules.len()), (0, 0));
+        assert_eq!(plain.kv_blocks, 100);
     }
 
     #[test]

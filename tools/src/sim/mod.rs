@@ -188,3 +188,35 @@ impl SimConfig {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lora_settings_that_cannot_work_are_refused() {
+        let with = |max_loras: usize, names: &[&str]| SimConfig {
+            max_loras,
+            lora_modules: names
+                .iter()
+                .map(|n| (n.to_string(), format!("/p/{n}")))
+                .collect(),
+            ..SimConfig::default()
+        };
+        assert_eq!(with(2, &["a", "b"]).validate(), Ok(()));
+        assert_eq!(with(2, &[]).validate(), Ok(()));
+        assert!(with(0, &["a"])
+            .validate()
+            .unwrap_err()
+            .contains("--max-loras"));
+        assert!(with(2, &["a", "a"]).validate().is_err());
+        assert!(with(2, &[""]).validate().is_err());
+        let base = SimConfig::default().model;
+        assert!(with(2, &[base.as_str()]).validate().is_err());
+        let negative = SimConfig {
+            lora_load_ms: -1.0,
+            ..with(1, &[])
+        };
+        assert!(negative.validate().unwrap_err().contains("lora-load-ms"));
+    }
+}
