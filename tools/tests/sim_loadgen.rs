@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use prefix_router_tools::loadgen::{run_workload, Api, Arrival, RunOptions, Workload};
 use prefix_router_tools::sim::metrics::parse_sample;
-use prefix_router_tools::sim::SimConfig;
+use prefix_router_tools::sim::{SimConfig, SimServer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 mod common;
@@ -445,4 +445,106 @@ async fn sglang_router_registration_endpoints_name_the_model_and_no_path() {
             "{path}: {body}"
         );
     }
+}
+
+/// A non-streaming chat request naming `model`; returns (status line, body as JSON).
+async fn chat(addr: SocketAddr, model: &str, text: &str) -> (String, serde_json::Value) {
+    let body = serde_json::json!({
+        "model": model, "max_tokens": 2,
+        "messages": [{"role": "user", "content": text}],
+    });
+    let (head, body) = post(addr, "/v1/chat/completions", "", &body.to_string()).await;
+    let status = head.lines().next().unwrap_or_default().to_string();
+    (status, serde_json::from_str(&body).unwrap_or_default())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lora_adapters_are_served_listed_loaded_and_cached_apart() {
+    let base = SimConfig::default().model;
+    let server = SimServer::start(
+        SimConfig {
+            time_scale: TIME_SCALE,
+            kv_blocks: 20_000,
+            max_loras: 1,
+            lora_modules: vec![("a0".into(), "/adapters/a0".into())],
+            ..SimConfig::default()
+        },
+        "127.0.0.1:0".parse().unwrap(),
+    )
+    .await
+    .unwrap();
+    let addr = server.addr();
+    let (_, models) = get(addr, "/v1/models").await;
+    let models: serde_json::Value = serde_json::from_str(&models).unwrap();
+    assert_eq!(models["data"][0]["id"], base.as_str());
+    assert_eq!(models["data"][1]["id"], "a0");
+    assert_eq!(models["data"][1]["parent"], base.as_str());
+    assert_eq!(models["data"][1]["root"], "/adapters/a0");
+
+    // vLLM's answers to load and unload.
+    let load = |body: &'static str| post(addr, "/v1/load_lora_adapter", "", body);
+    let (head, body) = load(r#"{"lora_name":"a1","lora_path":"/adapters/a1"}"#).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert_eq!(body, "Success: LoRA adapter 'a1' added successfully.");
+    let (head, body) = load(r#"{"lora_name":"a1","lora_path":"/adapters/a1"}"#).await;
+    assert!(head.starts_with("HTTP/1.1 400"), "{head}");
+    assert!(body.contains("The lora adapter 'a1' has already been loaded."));
+    assert!(body.contains("InvalidUserInput"));
+    let (head, body) = load(r#"{"lora_name":"a2"}"#).await;
+    assert!(head.starts_with("HTTP/1.1 400"), "{head}");
+    assert!(body.contains("Both 'lora_name' and 'lora_path' must be provided."));
+    let (head, body) = post(addr, "/v1/unload_lora_adapter", "", r#"{"lora_name":"a9"}"#).await;
+    assert!(head.starts_with("HTTP/1.1 404"), "{head}");
+    assert!(body.contains("The lora adapter 'a9' cannot be found."));
+    let (_, models) = get(addr, "/v1/models").await;
+    assert!(models.contains("\"a1\""));
+
+    // An unknown model is vLLM's 404.
+    let (status, error) = chat(addr, "nope", "hello").await;
+    assert!(status.contains(" 404 "), "{status}");
+    assert_eq!(error["message"], "The model `nope` does not exist.");
+    assert_eq!(error["type"], "NotFoundError");
+    assert_eq!(error["param"], "model");
+
+    // One cache per adapter: the same text hits under the same adapter only.
+    let text = "the same long text under every adapter ".repeat(20);
+    let cached = |v: &serde_json::Value| {
+        v["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+    };
+    let (status, first) = chat(addr, "a0", &text).await;
+    assert!(status.contains(" 200 "), "{status}");
+    assert_eq!(cached(&first), 0);
+    assert!(cached(&chat(addr, "a0", &text).await.1) > 0);
+    assert_eq!(cached(&chat(addr, &base, &text).await.1), 0);
+    assert_eq!(cached(&chat(addr, "a1", &text).await.1), 0);
+    // a0, then a1 evicting it from the only slot, then a0 again.
+    chat(addr, "a0", &text).await;
+    let (_, metrics) = get(addr, "/metrics").await;
+    assert_eq!(
+        parse_sample(&metrics, "vllm_sim:lora_loads_total"),
+        Some(3.0)
+    );
+    assert!(metrics.contains(
+        "vllm:lora_requests_info{max_lora=\"1\",waiting_lora_adapters=\"\",running_lora_adapters=\"a0\"} "
+    ), "{metrics}");
+    assert!(metrics.contains(
+        "vllm:lora_requests_info{max_lora=\"1\",waiting_lora_adapters=\"\",running_lora_adapters=\"\"} "
+    ));
+
+    let (head, body) = post(addr, "/v1/unload_lora_adapter", "", r#"{"lora_name":"a1"}"#).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert_eq!(body, "Success: LoRA adapter 'a1' removed successfully.");
+    assert!(chat(addr, "a1", "x").await.0.contains(" 404 "));
+
+    // Without slots any model is served and nothing about LoRA shows.
+    let plain = sim("plain").await;
+    assert!(chat(plain.addr(), "anything", "x")
+        .await
+        .0
+        .contains(" 200 "));
+    let (_, models) = get(plain.addr(), "/v1/models").await;
+    assert!(!models.contains("parent"));
+    assert!(!get(plain.addr(), "/metrics").await.1.contains("lora"));
 }

@@ -56,7 +56,8 @@ impl OverheadArgs {
 #[derive(Debug, Clone, PartialEq, Eq, Args)]
 pub struct RoutingArgs {
     /// A shorter run with the same fields (one run; under 3 minutes for the
-    /// synthetic workloads, under 10 for sharegpt, sharegpt-system and rag).
+    /// synthetic workloads, under 10 for sharegpt, sharegpt-system and rag,
+    /// about half a minute per arm for lora).
     #[arg(long)]
     pub quick: bool,
     /// Only these workloads (names as in the report, e.g. long-shared-prefix

@@ -14,7 +14,9 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::envoy::Envoy;
-use crate::sim::fleet::{reset_prefix_cache, scrape_cache_counters, CacheCounters, SimProcess};
+use crate::sim::fleet::{
+    reset_prefix_cache, scrape_cache_counters, scrape_lora_loads, CacheCounters, SimProcess,
+};
 use crate::sim::SimConfig;
 
 /// The filter's key header (the route's `hash_policy` in `envoy/envoy.yaml`).
@@ -128,6 +130,15 @@ impl SimFleet {
             }
         }
         Ok(())
+    }
+
+    /// Adapter loads summed over the instances (0 without LoRA slots).
+    pub async fn lora_loads(&self) -> anyhow::Result<f64> {
+        let mut total = 0.0;
+        for addr in self.addrs() {
+            total += scrape_lora_loads(addr).await?;
+        }
+        Ok(total)
     }
 
     /// Every instance's prefix-cache counters, in instance order.

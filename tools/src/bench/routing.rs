@@ -16,6 +16,11 @@
 //! throughput, shares and turn affinity from the load generator; the
 //! filter's decision counts and engine polls from Envoy's `/stats` (deltas
 //! over the measured run).
+//!
+//! The `lora` workload runs on instances with [`LORA_SLOTS`] adapter slots;
+//! each arm also reports adapter loads per 1,000 requests (the instances'
+//! `vllm_sim:lora_loads_total`, delta over the measured run) beside
+//! [`adapter_loads_limit`] of the same requests.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -33,12 +38,60 @@ use super::load_average;
 use super::peers::{Peer, SglangRouter, DATA_PEERS, SYNTHETIC_PEERS};
 use crate::envoy::ENVOY_VERSION;
 use crate::loadgen::replay::ReplayGen;
-use crate::loadgen::workload::DEFAULT_SHARED_SEED;
+use crate::loadgen::workload::{adapter_name, DEFAULT_SHARED_SEED};
 use crate::loadgen::{run_workload, sharegpt, Api, Arrival, Corpus, Report, RunOptions, Workload};
+use crate::sim::lora::LoraSlots;
 use crate::sim::SimConfig;
 
 /// Simulated instances.
 pub const INSTANCES: usize = 7;
+
+/// LoRA adapter slots per instance (`--max-loras`) for the `lora` workload.
+pub const LORA_SLOTS: usize = 4;
+
+/// Adapter loads of a placement that knows every adapter's popularity in
+/// advance, for `adapters` (each request's adapter, in the order sent) over
+/// `instances` instances of `slots` LRU slots each. Each adapter is placed,
+/// hottest first, on the ceil(share × instances) least loaded instances (as
+/// few as its share needs, so no instance is past its share from it) and
+/// sends its requests to them in turn; each instance's slots are then
+/// replayed on the requests it gets. Requests are taken one at a time (none
+/// waits for a slot), so this is the loads of placement alone.
+pub fn adapter_loads_limit(adapters: &[usize], instances: usize, slots: usize) -> u64 {
+    let instances = instances.max(1);
+    let mut counts: std::collections::BTreeMap<usize, usize> = Default::default();
+    for &a in adapters {
+        *counts.entry(a).or_default() += 1;
+    }
+    let total = adapters.len().max(1) as f64;
+    let mut hottest_first: Vec<(usize, usize)> = counts.into_iter().collect();
+    hottest_first.sort_by(|x, y| y.1.cmp(&x.1).then(x.0.cmp(&y.0)));
+    let mut load = vec![0.0f64; instances];
+    let mut placement: std::collections::BTreeMap<usize, Vec<usize>> = Default::default();
+    for (adapter, count) in hottest_first {
+        let copies =
+            ((count as f64 / total * instances as f64).ceil() as usize).clamp(1, instances);
+        let mut order: Vec<usize> = (0..instances).collect();
+        order.sort_by(|&x, &y| load[x].total_cmp(&load[y]).then(x.cmp(&y)));
+        order.truncate(copies);
+        for &i in &order {
+            load[i] += count as f64 / copies as f64;
+        }
+        placement.insert(adapter, order);
+    }
+    let mut lru: Vec<LoraSlots> = (0..instances).map(|_| LoraSlots::new(slots)).collect();
+    let mut turn: std::collections::BTreeMap<usize, usize> = Default::default();
+    for &a in adapters {
+        let targets = &placement[&a];
+        let next = turn.entry(a).or_default();
+        let instance = targets[*next % targets.len()];
+        *next += 1;
+        let name = a.to_string();
+        lru[instance].acquire(&name);
+        lru[instance].release(&name);
+    }
+    lru.iter().map(LoraSlots::loads).sum()
+}
 
 /// Shared prefixes are sized to this fraction of the fleet's KV cache.
 pub const SHARED_FRACTION_OF_FLEET_CACHE: f64 = 0.65;
@@ -192,8 +245,8 @@ pub struct RoutingOptions {
 
 impl RoutingOptions {
     /// The synthetic workloads (about 11 minutes a repetition on 2 cores) and
-    /// the real-data ones (about 20 minutes a repetition with every peer),
-    /// 3 repetitions.
+    /// the real-data ones (about 20 minutes a repetition with every peer,
+    /// before `lora`'s arms), 3 repetitions.
     pub fn full() -> anyhow::Result<Self> {
         Ok(RoutingOptions {
             quick: false,
@@ -214,6 +267,7 @@ impl RoutingOptions {
                         *documents = 100;
                     }
                 }),
+                WorkloadPlan::new("lora", Api::Chat, 2.0, 0, 2000)?,
             ],
             peers: None,
             runs: 3,
@@ -226,8 +280,9 @@ impl RoutingOptions {
         })
     }
 
-    /// Under 3 minutes for the synthetic workloads, under 10 for the
-    /// real-data ones with every peer: fewer requests, a faster clock, one run.
+    /// Under 3 minutes for the synthetic workloads, under 10 for sharegpt,
+    /// sharegpt-system and rag with every peer, about half a minute per arm
+    /// for lora: fewer requests, a faster clock, one run.
     pub fn quick() -> anyhow::Result<Self> {
         Ok(RoutingOptions {
             quick: true,
@@ -253,6 +308,8 @@ impl RoutingOptions {
                         *documents = 40;
                     }
                 }),
+                WorkloadPlan::new("lora", Api::Chat, 2.0, 0, 1000)?
+                    .with_workload(|w| set_conversations(w, 100)),
             ],
             runs: 1,
             max_run: Duration::from_secs(60),
@@ -262,7 +319,9 @@ impl RoutingOptions {
 }
 
 fn set_conversations(workload: &mut Workload, count: usize) {
-    if let Workload::ShareGpt { conversations, .. } = workload {
+    if let Workload::ShareGpt { conversations, .. } | Workload::Lora { conversations, .. } =
+        workload
+    {
         *conversations = count;
     }
 }
@@ -289,6 +348,10 @@ pub struct StrategyResult {
     pub ttft_p99_ms: f64,
     /// Each run's `ttft_p90_ms`.
     pub ttft_p90_runs: Vec<f64>,
+    /// LoRA adapters made resident per 1,000 requests (workloads with adapters).
+    pub adapter_loads_per_1000: Option<f64>,
+    /// [`adapter_loads_limit`] of the same requests, per 1,000.
+    pub adapter_loads_limit_per_1000: Option<f64>,
     /// Successful requests per simulated second.
     pub rps: f64,
     pub output_tokens_per_s: f64,
@@ -455,11 +518,7 @@ fn run_plan(
 ) -> anyhow::Result<WorkloadResult> {
     let reused = reused_tokens_with(&plan.workload, corpus);
     let kv_blocks = kv_blocks_over(reused, opts.instances);
-    let template = SimConfig {
-        kv_blocks,
-        time_scale: opts.time_scale,
-        ..SimConfig::default()
-    };
+    let template = sim_template(&plan.workload, kv_blocks, opts.time_scale);
     let instance_tokens = (kv_blocks * template.block_size) as f64;
     let arrivals = if plan.workload.is_conversation_replay() {
         "conversations"
@@ -489,7 +548,7 @@ fn run_plan(
             let result = run_peer(runtime, opts, plan, &fleet, peer, run as u64, corpus)
                 .with_context(|| format!("{} (run {})", peer.name(), run + 1))?;
             progress(&format!(
-                "  {:<34} hit {:>5.1}%  TTFT p50 {:>6.0} p90 {:>6.0} ms  {:.2} req/s  share {:.1}-{:.1}%{}  failures {}  ({:.0} s)",
+                "  {:<34} hit {:>5.1}%  TTFT p50 {:>6.0} p90 {:>6.0} ms  {:.2} req/s  share {:.1}-{:.1}%{}{}  failures {}  ({:.0} s)",
                 peer.name(),
                 result.hit_rate * 100.0,
                 result.ttft_p50_ms,
@@ -500,6 +559,11 @@ fn run_plan(
                 result
                     .turns_on_previous_instance
                     .map(|t| format!("  same instance as previous turn {:.0}%", t * 100.0))
+                    .unwrap_or_default(),
+                result
+                    .adapter_loads_per_1000
+                    .zip(result.adapter_loads_limit_per_1000)
+                    .map(|(l, limit)| format!("  adapter loads {l:.1} per 1,000 (limit {limit:.1})"))
                     .unwrap_or_default(),
                 result.failures,
                 result.wall_s
@@ -539,6 +603,27 @@ fn run_plan(
     })
 }
 
+/// The instances' configuration for `workload`: with [`LORA_SLOTS`] slots
+/// and every adapter served for `lora`, the base model alone otherwise.
+fn sim_template(workload: &Workload, kv_blocks: usize, time_scale: f64) -> SimConfig {
+    let (max_loras, lora_modules) = match *workload {
+        Workload::Lora { adapters, .. } => (
+            LORA_SLOTS,
+            (0..adapters)
+                .map(|a| (adapter_name(a), format!("/adapters/{}", adapter_name(a))))
+                .collect(),
+        ),
+        _ => (0, Vec::new()),
+    };
+    SimConfig {
+        kv_blocks,
+        time_scale,
+        max_loras,
+        lora_modules,
+        ..SimConfig::default()
+    }
+}
+
 /// The median of each figure over the runs; the maps from the run whose hit
 /// rate is the median.
 fn median_result(mut runs: Vec<StrategyResult>) -> StrategyResult {
@@ -557,6 +642,8 @@ fn median_result(mut runs: Vec<StrategyResult>) -> StrategyResult {
         ttft_p90_ms: median(&|r| r.ttft_p90_ms),
         ttft_p99_ms: median(&|r| r.ttft_p99_ms),
         ttft_p90_runs: runs.iter().map(|r| r.ttft_p90_ms).collect(),
+        adapter_loads_per_1000: optional_median(&|r| r.adapter_loads_per_1000),
+        adapter_loads_limit_per_1000: optional_median(&|r| r.adapter_loads_limit_per_1000),
         rps: median(&|r| r.rps),
         output_tokens_per_s: median(&|r| r.output_tokens_per_s),
         share_min: median(&|r| r.share_min),
@@ -693,13 +780,33 @@ fn run_peer(
     };
     let decisions_before = decisions(sent);
     let polls_before = polls();
+    let with_adapters = matches!(plan.workload, Workload::Lora { .. });
     let before = runtime.block_on(fleet.cache_counters())?;
+    let loads_before = runtime.block_on(fleet.lora_loads())?;
     let report: Report = runtime.block_on(run_workload(
         &url,
         &plan.workload,
-        &run_options(MEASURED_SEED + run, plan.requests),
+        &RunOptions {
+            keep_records: with_adapters,
+            ..run_options(MEASURED_SEED + run, plan.requests)
+        },
     ))?;
     let after = runtime.block_on(fleet.cache_counters())?;
+    let loads = runtime.block_on(fleet.lora_loads())? - loads_before;
+    let (adapter_loads_per_1000, adapter_loads_limit_per_1000) = if with_adapters {
+        let mut sent_in_order: Vec<_> = report.records.iter().filter(|r| r.ok).collect();
+        sent_in_order.sort_by(|a, b| a.start_ms.total_cmp(&b.start_ms));
+        let adapters: Vec<usize> = sent_in_order.iter().filter_map(|r| r.group).collect();
+        let per_1000 = |n: f64| n * 1000.0 / adapters.len().max(1) as f64;
+        (
+            Some(per_1000(loads)),
+            Some(per_1000(
+                adapter_loads_limit(&adapters, opts.instances, LORA_SLOTS) as f64,
+            )),
+        )
+    } else {
+        (None, None)
+    };
     sent += report.requests;
     let decisions = counts_between(&decisions_before, &decisions(sent));
     let engine_polls = counts_between(&polls_before, &polls());
@@ -722,6 +829,8 @@ fn run_peer(
         ttft_p90_ms: report.ttft_p90_ms,
         ttft_p99_ms: report.ttft_p99_ms,
         ttft_p90_runs: vec![report.ttft_p90_ms],
+        adapter_loads_per_1000,
+        adapter_loads_limit_per_1000,
         rps: report.rps,
         output_tokens_per_s: report.output_tokens_per_s,
         share_min: report.share_min,
@@ -792,6 +901,7 @@ pub fn markdown(report: &RoutingReport) -> String {
         } else {
             out.push_str(&strategy_table(&workload.strategies));
         }
+        out.push_str(&adapter_load_lines(&workload.strategies));
         out.push_str(&decision_lines(&workload.strategies));
         out.push_str(&engine_poll_lines(&workload.strategies));
         out.push_str(&replica_lines(&workload.strategies));
@@ -910,6 +1020,31 @@ pub fn decision_lines(strategies: &[StrategyResult]) -> String {
     out
 }
 
+/// Adapter loads per arm, beside the limit of its requests and its shares.
+pub fn adapter_load_lines(strategies: &[StrategyResult]) -> String {
+    let mut out = String::new();
+    for s in strategies {
+        let (Some(loads), Some(limit)) = (s.adapter_loads_per_1000, s.adapter_loads_limit_per_1000)
+        else {
+            continue;
+        };
+        if out.is_empty() {
+            out.push_str("\nAdapter loads per 1,000 requests (limit: the same requests placed by known popularity):\n\n");
+        }
+        let shares: Vec<String> = s
+            .shares
+            .iter()
+            .map(|(name, share)| format!("{name} {:.1}%", share * 100.0))
+            .collect();
+        out.push_str(&format!(
+            "- {}: {loads:.1} (limit {limit:.1}); shares {}\n",
+            s.strategy.name(),
+            shares.join(", ")
+        ));
+    }
+    out
+}
+
 /// The table of one workload's arms with the oracle ratio and turn affinity.
 pub fn peer_table(strategies: &[StrategyResult]) -> String {
     let mut out = String::new();
@@ -974,6 +1109,72 @@ mod tests {
     use super::*;
 
     #[test]
+    fn adapter_loads_are_listed_for_the_arms_that_have_them() {
+        let mut lora = result(Peer::Filter(Strategy::Random), 0.5, 100.0, "");
+        lora.adapter_loads_per_1000 = Some(120.0);
+        lora.adapter_loads_limit_per_1000 = Some(30.5);
+        let lines = adapter_load_lines(&[
+            lora,
+            result(Peer::Filter(Strategy::PrefixAware), 0.5, 100.0, ""),
+        ]);
+        assert!(
+            lines.contains("- RANDOM: 120.0 (limit 30.5); shares "),
+            "{lines}"
+        );
+        assert!(!lines.contains("PREFIX_AWARE"), "{lines}");
+        assert_eq!(
+            adapter_load_lines(&[result(Peer::Oracle, 0.5, 1.0, "")]),
+            ""
+        );
+    }
+
+    #[test]
+    fn lora_instances_have_four_slots_and_serve_every_adapter() {
+        let lora = Workload::by_name("lora").unwrap();
+        let cfg = sim_template(&lora, 100, 8.0);
+        assert_eq!(cfg.max_loras, 4);
+        assert_eq!(cfg.lora_modules.len(), 40);
+        assert_eq!(cfg.lora_modules[39].0, "adapter-39");
+        assert_eq!(cfg.validate(), Ok(()));
+        let plain = sim_template(&Workload::by_name("sharegpt").unwrap(), 100, 8.0);
+        assert_eq!((plain.max_loras, plain.lora_modules.len()), (0, 0));
+        assert_eq!(plain.kv_blocks, 100);
+    }
+
+    #[test]
+    fn one_instance_is_plain_lru() {
+        // a b c a d with 2 slots: a, b; c evicts a; a evicts b; d evicts c.
+        assert_eq!(adapter_loads_limit(&[0, 1, 2, 0, 3], 1, 2), 5);
+        assert_eq!(adapter_loads_limit(&[0, 1, 0, 1, 0], 1, 2), 2);
+        assert_eq!(adapter_loads_limit(&[], 3, 2), 0);
+    }
+
+    #[test]
+    fn adapters_of_equal_share_each_get_one_instance_and_load_once() {
+        // 4 adapters over 2 instances: 2 each, they fit in 2 slots.
+        let requests: Vec<usize> = (0..100).map(|i| i % 4).collect();
+        assert_eq!(adapter_loads_limit(&requests, 2, 2), 4);
+        // One slot each: the two adapters of an instance alternate.
+        assert_eq!(adapter_loads_limit(&requests, 2, 1), 100);
+    }
+
+    #[test]
+    fn the_hottest_adapter_is_spread_over_as_many_instances_as_its_share_needs() {
+        // Adapter 0 has 60% of 3 instances' requests: 2 copies; adapters 1
+        // and 2 (20% each) go to the least loaded instances.
+        let mut requests = Vec::new();
+        for _ in 0..20 {
+            requests.extend([0, 0, 0, 1, 2]);
+        }
+        // Placement: 0 on instances 0 and 1 (30% each), 1 on 2, 2 on 2
+        // (the least loaded): with one slot, instances 0 and 1 load 0 once
+        // and instance 2 alternates between 1 and 2 on every request.
+        assert_eq!(adapter_loads_limit(&requests, 3, 1), 2 + 40);
+        // Two slots hold both of instance 2's adapters.
+        assert_eq!(adapter_loads_limit(&requests, 3, 2), 4);
+    }
+
+    #[test]
     fn caches_are_sized_to_65_percent_and_over_4_instances() {
         for name in crate::loadgen::WORKLOAD_NAMES {
             let workload = Workload::by_name(name).unwrap();
@@ -1001,6 +1202,8 @@ mod tests {
             hit_rate_of_oracle: Some(hit_rate / 0.8),
             hit_rate_runs: vec![hit_rate],
             hit_rate_client: hit_rate,
+            adapter_loads_per_1000: None,
+            adapter_loads_limit_per_1000: None,
             ttft_p50_ms,
             ttft_p90_ms: ttft_p50_ms * 2.0,
             ttft_p99_ms: ttft_p50_ms * 3.0,

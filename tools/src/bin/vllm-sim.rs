@@ -55,6 +55,15 @@ struct Cli {
     /// Output tokens when a request does not set max_tokens.
     #[arg(long, default_value_t = SimConfig::default().default_max_tokens)]
     default_max_tokens: usize,
+    /// LoRA adapter slots (as vLLM's --max-loras); 0 serves the base model only.
+    #[arg(long, default_value_t = 0)]
+    max_loras: usize,
+    /// Adapters served from the start: NAME=PATH, or NAME alone (the path is then the name).
+    #[arg(long, num_args = 1..)]
+    lora_modules: Vec<String>,
+    /// Simulated ms to make a non-resident adapter resident.
+    #[arg(long, default_value_t = SimConfig::default().lora_load_ms)]
+    lora_load_ms: f64,
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -73,6 +82,16 @@ async fn main() -> anyhow::Result<()> {
         decode_ms_per_seq: cli.decode_ms_per_seq,
         min_chunk_interval_ms: cli.min_chunk_interval_ms,
         default_max_tokens: cli.default_max_tokens,
+        max_loras: cli.max_loras,
+        lora_modules: cli
+            .lora_modules
+            .iter()
+            .map(|m| match m.split_once('=') {
+                Some((name, path)) => (name.to_string(), path.to_string()),
+                None => (m.clone(), m.clone()),
+            })
+            .collect(),
+        lora_load_ms: cli.lora_load_ms,
     };
     let server = SimServer::start(cfg, SocketAddr::new(cli.host, cli.port)).await?;
     let mut stdout = std::io::stdout();

@@ -190,7 +190,7 @@ struct InvokeParameters {
 pub fn request_body(api: Api, planned: &PlannedRequest, opts: &RunOptions) -> Bytes {
     let json = match api {
         Api::Chat => serde_json::to_vec(&ChatBody {
-            model: &opts.model,
+            model: planned.model.as_deref().unwrap_or(&opts.model),
             messages: &planned.messages,
             max_tokens: planned.output_tokens,
             stream: opts.stream,
@@ -549,6 +549,16 @@ mod tests {
         );
         assert_eq!(chat["stream_options"]["include_usage"], true);
         assert_eq!(chat["max_tokens"], 26);
+        assert_eq!(chat["model"], RunOptions::default().model.as_str());
+        // A request's own model (a LoRA adapter) replaces the run's.
+        let adapter = PlannedRequest {
+            model: Some("adapter-07".into()),
+            ..planned
+        };
+        let chat: serde_json::Value =
+            serde_json::from_slice(&request_body(Api::Chat, &adapter, &RunOptions::default()))
+                .unwrap();
+        assert_eq!(chat["model"], "adapter-07");
     }
 
     /// Turn `turn` (from 0) of `conversation`: its history and the next question.
@@ -565,6 +575,7 @@ mod tests {
             output_tokens: 1,
             group: None,
             conversation,
+            model: None,
         }
     }
 

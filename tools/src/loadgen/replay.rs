@@ -21,6 +21,10 @@
 //!   assistant, ~1,500 tokens at a real tokenizer's ~4 characters per token
 //!   (~2,000 under the simulator's tokenizer, which charges short words and
 //!   punctuation a token each).
+//! - `lora`: the `sharegpt` replay where each conversation draws an adapter
+//!   from the Zipf popularity with the run's seed, names it as `model` and
+//!   starts with its system prompt (text seeded by the shared seed and the
+//!   adapter); the adapter is the request's group.
 //! - `rag`: the run's documents are the first `documents` of the corpus's
 //!   documents shuffled by the shared seed (warm-up and measured run share
 //!   them); every (document, question) pair is sent once, in an order
@@ -35,7 +39,10 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
 use super::sharegpt::{truncate_chars, Corpus};
-use super::workload::{Message, PlannedRequest, Workload};
+use super::text::seeded_text;
+use super::workload::{
+    adapter_name, sub_seed, zipf_cdf, Message, PlannedRequest, Workload, ADAPTER_SYSTEM,
+};
 use crate::sim::tokenizer::count_tokens;
 
 /// Characters a replayed message is cut to.
@@ -92,6 +99,8 @@ enum Kind {
         max_output_tokens: usize,
         system_prompt: bool,
         think_time_ms: f64,
+        /// For `lora`: the adapters' popularity and system prompts.
+        adapters: Option<Adapters>,
         /// Turns of started conversations not yet handed out by `next_request`.
         queued: VecDeque<PlannedRequest>,
     },
@@ -103,6 +112,44 @@ enum Kind {
         questions: usize,
         output_tokens: usize,
     },
+}
+
+/// The `lora` workload's adapters.
+struct Adapters {
+    /// Cumulative popularity of adapters 0.. (Zipf).
+    cdf: Vec<f64>,
+    /// Each adapter's system prompt.
+    system_prompts: Vec<String>,
+}
+
+impl Kind {
+    /// The conversations of a run: `conversations` of the corpus in an order
+    /// shuffled by `rng`; `limits` are (turns, message characters, output tokens).
+    fn conversations(
+        corpus: &Corpus,
+        rng: &mut StdRng,
+        conversations: usize,
+        limits: (usize, usize, usize),
+        system_prompt: bool,
+        think_time_ms: f64,
+        adapters: Option<Adapters>,
+    ) -> Kind {
+        let (max_turns, max_message_chars, max_output_tokens) = limits;
+        let mut order: Vec<usize> = (0..corpus.conversations.len()).collect();
+        order.shuffle(rng);
+        order.truncate(conversations);
+        Kind::Conversations {
+            order,
+            next: 0,
+            max_turns: max_turns.max(1),
+            max_message_chars,
+            max_output_tokens: max_output_tokens.max(1),
+            system_prompt,
+            think_time_ms,
+            adapters,
+            queued: VecDeque::new(),
+        }
+    }
 }
 
 impl ReplayGen {
@@ -122,21 +169,41 @@ impl ReplayGen {
                 max_output_tokens,
                 system_prompt,
                 think_time_ms,
-            } => {
-                let mut order: Vec<usize> = (0..corpus.conversations.len()).collect();
-                order.shuffle(&mut rng);
-                order.truncate(conversations);
-                Kind::Conversations {
-                    order,
-                    next: 0,
-                    max_turns: max_turns.max(1),
-                    max_message_chars,
-                    max_output_tokens: max_output_tokens.max(1),
-                    system_prompt,
-                    think_time_ms,
-                    queued: VecDeque::new(),
-                }
-            }
+            } => Kind::conversations(
+                &corpus,
+                &mut rng,
+                conversations,
+                (max_turns, max_message_chars, max_output_tokens),
+                system_prompt,
+                think_time_ms,
+                None,
+            ),
+            Workload::Lora {
+                adapters,
+                zipf_alpha,
+                system_tokens,
+                conversations,
+                max_turns,
+                max_message_chars,
+                max_output_tokens,
+                think_time_ms,
+            } => Kind::conversations(
+                &corpus,
+                &mut rng,
+                conversations,
+                (max_turns, max_message_chars, max_output_tokens),
+                false,
+                think_time_ms,
+                Some(Adapters {
+                    cdf: zipf_cdf(adapters, zipf_alpha),
+                    system_prompts: (0..adapters.max(1))
+                        .map(|a| {
+                            let seed = sub_seed(shared_seed, ADAPTER_SYSTEM, a as u64, 0);
+                            seeded_text(seed, system_tokens)
+                        })
+                        .collect(),
+                }),
+            ),
             Workload::Rag {
                 documents,
                 questions,
@@ -173,6 +240,7 @@ impl ReplayGen {
             max_output_tokens,
             system_prompt,
             think_time_ms,
+            adapters,
             ..
         } = &mut self.kind
         else {
@@ -187,6 +255,16 @@ impl ReplayGen {
         if *system_prompt {
             history.push(Message::new("system", SYSTEM_PROMPT.to_string()));
         }
+        let adapter = adapters.as_ref().map(|adapters| {
+            let u: f64 = self.rng.gen();
+            let a = adapters
+                .cdf
+                .iter()
+                .position(|&c| u < c)
+                .unwrap_or(adapters.cdf.len() - 1);
+            history.push(Message::new("system", adapters.system_prompts[a].clone()));
+            a
+        });
         let mut turns = Vec::new();
         let mut think_ms = Vec::new();
         for turn in recorded.iter().take(*max_turns) {
@@ -196,8 +274,9 @@ impl ReplayGen {
             turns.push(PlannedRequest {
                 messages: history.clone(),
                 output_tokens,
-                group: None,
+                group: adapter,
                 conversation: Some(id),
+                model: adapter.map(adapter_name),
             });
             history.push(Message::new("assistant", answer));
             let u: f64 = self.rng.gen_range(f64::MIN_POSITIVE..1.0);
@@ -254,6 +333,7 @@ impl ReplayGen {
             output_tokens: *output_tokens,
             group: Some(group),
             conversation: None,
+            model: None,
         })
     }
 
@@ -267,6 +347,7 @@ impl ReplayGen {
                 max_turns,
                 max_message_chars,
                 system_prompt,
+                adapters,
                 ..
             } => {
                 let system = if *system_prompt {
@@ -274,6 +355,13 @@ impl ReplayGen {
                 } else {
                     0
                 };
+                let system = system
+                    + adapters.as_ref().map_or(0, |a| {
+                        a.system_prompts
+                            .iter()
+                            .map(|p| count_tokens(p.as_bytes()))
+                            .sum()
+                    });
                 let histories: usize = order
                     .iter()
                     .map(|&i| {
@@ -405,6 +493,43 @@ mod tests {
         // simulator's counts short words and punctuation dearer.
         let tokens = system_prompt_tokens();
         assert!((1_800..=2_200).contains(&tokens), "{tokens}");
+    }
+
+    #[test]
+    fn lora_conversations_keep_one_adapter_with_its_own_system_prompt() {
+        let w = Workload::Lora {
+            adapters: 3,
+            zipf_alpha: 1.0,
+            system_tokens: 20,
+            // As `sharegpt(false)`'s, to compare their reused tokens.
+            conversations: 8,
+            max_turns: 3,
+            max_message_chars: 14,
+            max_output_tokens: 4,
+            think_time_ms: 1000.0,
+        };
+        let mut gen = ReplayGen::new(&w, corpus(), 1, 1).unwrap();
+        let mut prompts = std::collections::BTreeMap::new();
+        while let Some(c) = gen.next_conversation() {
+            let adapter = c.turns[0].group.unwrap();
+            assert!(adapter < 3);
+            for turn in &c.turns {
+                assert_eq!(turn.group, Some(adapter));
+                assert_eq!(turn.model.as_deref(), Some(adapter_name(adapter).as_str()));
+                assert_eq!(turn.messages[0].role, "system");
+                assert_eq!(count_tokens(turn.messages[0].content.as_bytes()), 20);
+                let prompt = prompts
+                    .entry(adapter)
+                    .or_insert_with(|| turn.messages[0].content.clone());
+                assert_eq!(*prompt, turn.messages[0].content, "adapter {adapter}");
+            }
+        }
+        assert!(prompts.len() > 1, "{prompts:?}");
+        let distinct: std::collections::BTreeSet<&String> = prompts.values().collect();
+        assert_eq!(distinct.len(), prompts.len());
+        // The system prompts count once each in the reused tokens.
+        let plain = ReplayGen::new(&sharegpt(false), corpus(), 1, 1).unwrap();
+        assert_eq!(gen.reused_tokens(), plain.reused_tokens() + 3 * 20);
     }
 
     #[test]

@@ -24,6 +24,10 @@
 //!   conversations replayed turn by turn (with one shared ~1,500-token system
 //!   prompt for `sharegpt-system`), and pasted documents each asked several
 //!   questions. They need the data: [`WorkloadGen::with_corpus`].
+//! - `lora`: the `sharegpt` replay where each conversation is with one of 40
+//!   LoRA adapters (the request's `model` names it, [`adapter_name`]),
+//!   chosen by Zipf(1) popularity; each adapter has its own 1,000-token
+//!   system prompt before the conversation.
 //!
 //! `scaled(f)` multiplies every token length by `f` (at least 1 token) for
 //! quick runs; group and conversation counts are fields to set directly.
@@ -91,6 +95,21 @@ pub enum Workload {
         /// turn, simulated milliseconds.
         think_time_ms: f64,
     },
+    /// ShareGPT conversations, each with a LoRA adapter of Zipf popularity
+    /// and that adapter's own system prompt.
+    Lora {
+        /// Adapters (`adapter-00` ...), most popular first.
+        adapters: usize,
+        /// Zipf exponent of adapter popularity.
+        zipf_alpha: f64,
+        /// Tokens of each adapter's system prompt.
+        system_tokens: usize,
+        conversations: usize,
+        max_turns: usize,
+        max_message_chars: usize,
+        max_output_tokens: usize,
+        think_time_ms: f64,
+    },
     /// Real documents, each asked several questions; a request is one user
     /// message: the document, a blank line, the question.
     Rag {
@@ -113,7 +132,12 @@ pub const WORKLOAD_NAMES: [&str; 5] = [
 
 /// Names of the workloads on real data, also accepted by [`Workload::by_name`]
 /// (their generators need [`WorkloadGen::with_corpus`]).
-pub const DATA_WORKLOAD_NAMES: [&str; 3] = ["sharegpt", "sharegpt-system", "rag"];
+pub const DATA_WORKLOAD_NAMES: [&str; 4] = ["sharegpt", "sharegpt-system", "rag", "lora"];
+
+/// The name of LoRA adapter `index` in the `lora` workload.
+pub fn adapter_name(index: usize) -> String {
+    format!("adapter-{index:02}")
+}
 
 impl Workload {
     /// The benchmark's parameters for a workload name (see [`WORKLOAD_NAMES`]).
@@ -155,6 +179,16 @@ impl Workload {
                 system_prompt: name == "sharegpt-system",
                 think_time_ms: super::replay::THINK_TIME_MS,
             },
+            "lora" => Workload::Lora {
+                adapters: 40,
+                zipf_alpha: 1.0,
+                system_tokens: 1000,
+                conversations: 200,
+                max_turns: 8,
+                max_message_chars: super::replay::MAX_MESSAGE_CHARS,
+                max_output_tokens: super::replay::MAX_OUTPUT_TOKENS,
+                think_time_ms: super::replay::THINK_TIME_MS,
+            },
             "rag" => Workload::Rag {
                 documents: 60,
                 questions: 5,
@@ -179,6 +213,7 @@ impl Workload {
                 ..
             } => "sharegpt",
             Workload::ShareGpt { .. } => "sharegpt-system",
+            Workload::Lora { .. } => "lora",
             Workload::Rag { .. } => "rag",
         }
     }
@@ -186,12 +221,15 @@ impl Workload {
     /// Whether requests come in conversations that wait for each answer
     /// (arrivals then start conversations, not requests).
     pub fn is_conversation_replay(&self) -> bool {
-        matches!(self, Workload::ShareGpt { .. })
+        matches!(self, Workload::ShareGpt { .. } | Workload::Lora { .. })
     }
 
     /// Whether the generator needs [`WorkloadGen::with_corpus`].
     pub fn needs_corpus(&self) -> bool {
-        matches!(self, Workload::ShareGpt { .. } | Workload::Rag { .. })
+        matches!(
+            self,
+            Workload::ShareGpt { .. } | Workload::Lora { .. } | Workload::Rag { .. }
+        )
     }
 
     /// The same workload with every token length multiplied by `factor`.
@@ -261,6 +299,25 @@ impl Workload {
                 system_prompt,
                 think_time_ms,
             },
+            Workload::Lora {
+                adapters,
+                zipf_alpha,
+                system_tokens,
+                conversations,
+                max_turns,
+                max_message_chars,
+                max_output_tokens,
+                think_time_ms,
+            } => Workload::Lora {
+                adapters,
+                zipf_alpha,
+                system_tokens: s(system_tokens),
+                conversations,
+                max_turns,
+                max_message_chars: s(max_message_chars),
+                max_output_tokens: s(max_output_tokens),
+                think_time_ms,
+            },
             Workload::Rag {
                 documents,
                 questions,
@@ -296,6 +353,11 @@ impl Workload {
                     0
                 }
             }
+            Workload::Lora {
+                adapters,
+                system_tokens,
+                ..
+            } => adapters * system_tokens,
             // The documents depend on the data: see `ReplayGen::reused_tokens`.
             Workload::Rag { .. } => 0,
         }
@@ -331,6 +393,8 @@ pub struct PlannedRequest {
     pub group: Option<usize>,
     /// The conversation, for multi-turn (pass it back to [`WorkloadGen::complete`]).
     pub conversation: Option<u64>,
+    /// The `model` to send instead of the run's (a LoRA adapter).
+    pub model: Option<String>,
 }
 
 impl PlannedRequest {
@@ -341,6 +405,7 @@ impl PlannedRequest {
             output_tokens,
             group: Some(group),
             conversation: None,
+            model: None,
         }
     }
 
@@ -383,7 +448,7 @@ pub struct WorkloadGen {
 
 /// Distinct seeds for distinct kinds of text, so that e.g. group 3's prefix
 /// and conversation 3's first message differ.
-fn sub_seed(seed: u64, kind: u64, a: u64, b: u64) -> u64 {
+pub(super) fn sub_seed(seed: u64, kind: u64, a: u64, b: u64) -> u64 {
     let mut buf = [0u8; 32];
     buf[..8].copy_from_slice(&seed.to_le_bytes());
     buf[8..16].copy_from_slice(&kind.to_le_bytes());
@@ -400,6 +465,8 @@ const QUESTION: u64 = 2;
 const SYSTEM: u64 = 3;
 const USER_TURN: u64 = 4;
 const CONVERSATION: u64 = 5;
+/// The kind of text of a `lora` adapter's system prompt.
+pub(super) const ADAPTER_SYSTEM: u64 = 6;
 
 impl WorkloadGen {
     /// A generator for `workload` whose traffic is seeded by `seed`; its
@@ -491,6 +558,7 @@ impl WorkloadGen {
                 output_tokens,
                 group: None,
                 conversation: None,
+                model: None,
             },
             Workload::LongSharedPrefix {
                 groups,
@@ -549,9 +617,10 @@ impl WorkloadGen {
                     output_tokens,
                     group: None,
                     conversation: Some(id),
+                    model: None,
                 }
             }
-            Workload::ShareGpt { .. } | Workload::Rag { .. } => self
+            Workload::ShareGpt { .. } | Workload::Lora { .. } | Workload::Rag { .. } => self
                 .replay
                 .as_mut()
                 .and_then(ReplayGen::next_request)
@@ -562,6 +631,7 @@ impl WorkloadGen {
                     output_tokens: 1,
                     group: None,
                     conversation: None,
+                    model: None,
                 }),
         }
     }
@@ -609,7 +679,7 @@ impl WorkloadGen {
 }
 
 /// Cumulative probabilities of ranks 1..=n under Zipf(alpha).
-fn zipf_cdf(n: usize, alpha: f64) -> Vec<f64> {
+pub(super) fn zipf_cdf(n: usize, alpha: f64) -> Vec<f64> {
     let weights: Vec<f64> = (1..=n.max(1))
         .map(|k| 1.0 / (k as f64).powf(alpha))
         .collect();

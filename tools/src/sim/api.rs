@@ -75,11 +75,16 @@ pub struct BadRequest(pub String);
 
 /// vLLM's error body.
 pub fn error_body(message: &str, code: u16) -> Value {
+    typed_error_body(message, "BadRequestError", None, code)
+}
+
+/// vLLM's error body with its error type and the field at fault.
+pub fn typed_error_body(message: &str, err_type: &str, param: Option<&str>, code: u16) -> Value {
     json!({
         "object": "error",
         "message": message,
-        "type": "BadRequestError",
-        "param": null,
+        "type": err_type,
+        "param": param,
         "code": code,
     })
 }

@@ -13,6 +13,11 @@
 //! it is why cache hits, by shrinking everyone's prefill, shorten the queue
 //! for all. A request's first token also waits at least one decode step (a
 //! forward pass reads all weights however few tokens it computes).
+//!
+//! With LoRA slots ([`LoraSlots`]), a waiting request whose adapter cannot
+//! get a slot is passed over for later ones (vLLM's scheduler skips it the
+//! same way); an adapter made resident delays that request's prefill, and
+//! every later one, by `lora_load_ms`.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -21,6 +26,8 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
+use super::lora::{Acquired, LoraSlots};
+use super::metrics::LoraMetrics;
 use super::metrics::{Histogram, MetricsSnapshot, TTFT_BUCKETS};
 use super::prefix_cache::{block_hashes, AllocError, Allocation, BlockPool};
 use super::tokenizer::TokenId;
@@ -35,6 +42,8 @@ pub struct Job {
     pub max_tokens: usize,
     /// Extra keys of block 0 (model, cache salt).
     pub first_extra: Vec<u8>,
+    /// The LoRA adapter the request runs with; `None` for the base model.
+    pub adapter: Option<String>,
 }
 
 /// What a request learns when it is admitted.
@@ -79,12 +88,18 @@ struct Waiting {
     total_tokens: usize,
     arrived: Instant,
     reply: oneshot::Sender<Admission>,
+    adapter: Option<String>,
+}
+
+struct Running {
+    allocation: Allocation,
+    adapter: Option<String>,
 }
 
 struct State {
     pool: BlockPool,
     waiting: VecDeque<Waiting>,
-    running: HashMap<u64, Allocation>,
+    running: HashMap<u64, Running>,
     prefill_free_at: Instant,
     next_id: u64,
     prefix_cache_queries: u64,
@@ -96,6 +111,12 @@ struct State {
     /// Most requests running + waiting at once since the last
     /// [`Engine::take_peak_requests`].
     peak_requests: usize,
+    lora: LoraSlots,
+    /// Adapters the API serves, as (name, path), in the order they were added.
+    adapters: Vec<(String, String)>,
+    /// `vllm:lora_requests_info`'s series: (running adapters, waiting
+    /// adapters, unix time the state was last seen).
+    lora_states: Vec<(String, String, f64)>,
 }
 
 /// The engine of one simulated instance.
@@ -122,6 +143,9 @@ impl Engine {
                 request_success: 0,
                 ttft: Histogram::new(&TTFT_BUCKETS),
                 peak_requests: 0,
+                lora: LoraSlots::new(cfg.max_loras),
+                adapters: cfg.lora_modules.clone(),
+                lora_states: Vec::new(),
             }),
             cfg,
         })
@@ -180,10 +204,12 @@ impl Engine {
             total_tokens,
             arrived: Instant::now(),
             reply: tx,
+            adapter: job.adapter.clone(),
         });
         let requests = state.waiting.len() + state.running.len();
         state.peak_requests = state.peak_requests.max(requests);
         self.schedule(&mut state);
+        self.note_lora_state(&mut state);
         drop(state);
         Ok(Ticket {
             engine: Arc::clone(self),
@@ -193,12 +219,20 @@ impl Engine {
         })
     }
 
-    /// Admits waiting requests in order while a slot and their blocks are free.
+    /// Admits waiting requests in order while a slot and their blocks are
+    /// free, passing over those whose adapter cannot get a LoRA slot.
     fn schedule(&self, state: &mut State) {
+        let mut next = 0;
         while state.running.len() < self.cfg.max_num_seqs {
-            let Some(head) = state.waiting.front() else {
+            let Some(head) = state.waiting.get(next) else {
                 break;
             };
+            if let Some(adapter) = &head.adapter {
+                if !state.lora.can_acquire(adapter) {
+                    next += 1;
+                    continue;
+                }
+            }
             let allocation =
                 match state
                     .pool
@@ -208,13 +242,22 @@ impl Engine {
                     // Checked in submit against the fixed capacity; wait either way.
                     Err(AllocError::NotNow) | Err(AllocError::TooLarge { .. }) => break,
                 };
-            let Some(head) = state.waiting.pop_front() else {
+            let Some(head) = state.waiting.remove(next) else {
                 break;
+            };
+            let loaded = match &head.adapter {
+                Some(adapter) => state.lora.acquire(adapter) == Some(Acquired::Loaded),
+                None => false,
+            };
+            let load = if loaded {
+                self.real(self.cfg.lora_load_ms / 1000.0)
+            } else {
+                Duration::ZERO
             };
             let now = Instant::now();
             let hit = allocation.hit_tokens;
             let prefill = self.prefill_seconds(hit, head.num_tokens - hit);
-            let start = state.prefill_free_at.max(now);
+            let start = state.prefill_free_at.max(now) + load;
             let prefill_done = start + self.real(prefill);
             state.prefill_free_at = prefill_done;
             let running_after = state.running.len() + 1;
@@ -231,9 +274,18 @@ impl Engine {
             let ttft = (first_token_at - head.arrived).as_secs_f64() * self.cfg.time_scale;
             state.ttft.observe(ttft);
             if head.reply.send(admission).is_ok() {
-                state.running.insert(head.id, allocation);
+                state.running.insert(
+                    head.id,
+                    Running {
+                        allocation,
+                        adapter: head.adapter,
+                    },
+                );
             } else {
                 state.pool.free(allocation);
+                if let Some(adapter) = &head.adapter {
+                    state.lora.release(adapter);
+                }
             }
         }
     }
@@ -242,11 +294,19 @@ impl Engine {
         let mut state = self.lock();
         if let Some(pos) = state.waiting.iter().position(|w| w.id == id) {
             state.waiting.remove(pos);
+            self.note_lora_state(&mut state);
             return;
         }
-        let Some(mut allocation) = state.running.remove(&id) else {
+        let Some(Running {
+            mut allocation,
+            adapter,
+        }) = state.running.remove(&id)
+        else {
             return;
         };
+        if let Some(adapter) = &adapter {
+            state.lora.release(adapter);
+        }
         if let Some(outputs) = outputs {
             let mut all = job.prompt.clone();
             all.extend_from_slice(outputs);
@@ -257,13 +317,78 @@ impl Engine {
         }
         state.pool.free(allocation);
         self.schedule(&mut state);
+        self.note_lora_state(&mut state);
+    }
+
+    /// Records the adapters running and waiting now as the latest
+    /// `vllm:lora_requests_info` state (vLLM sets the gauge of the current
+    /// label values to the current time at every step).
+    fn note_lora_state(&self, state: &mut State) {
+        if self.cfg.max_loras == 0 {
+            return;
+        }
+        let names = |adapters: &mut dyn Iterator<Item = &Option<String>>| {
+            let set: std::collections::BTreeSet<&str> =
+                adapters.filter_map(|a| a.as_deref()).collect();
+            set.into_iter().collect::<Vec<_>>().join(",")
+        };
+        let running = names(&mut state.running.values().map(|r| &r.adapter));
+        let waiting = names(&mut state.waiting.iter().map(|w| &w.adapter));
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0);
+        match state
+            .lora_states
+            .iter_mut()
+            .find(|(r, w, _)| *r == running && *w == waiting)
+        {
+            Some(series) => series.2 = now,
+            None => state.lora_states.push((running, waiting, now)),
+        }
+    }
+
+    /// Whether a request may name `model`: the base model, or with LoRA
+    /// slots an adapter the API serves. Without slots any name is accepted.
+    pub fn serves_model(&self, model: &str) -> bool {
+        self.cfg.max_loras == 0
+            || model == self.cfg.model
+            || self.lock().adapters.iter().any(|(name, _)| name == model)
+    }
+
+    /// Adds an adapter to those served; false if its name is taken.
+    pub fn add_adapter(&self, name: &str, path: &str) -> bool {
+        let mut state = self.lock();
+        if name == self.cfg.model || state.adapters.iter().any(|(n, _)| n == name) {
+            return false;
+        }
+        state.adapters.push((name.to_string(), path.to_string()));
+        true
+    }
+
+    /// Stops serving an adapter (like vLLM, a resident copy stays until
+    /// evicted); false if it was not served.
+    pub fn remove_adapter(&self, name: &str) -> bool {
+        let mut state = self.lock();
+        let before = state.adapters.len();
+        state.adapters.retain(|(n, _)| n != name);
+        state.adapters.len() < before
+    }
+
+    /// The adapters served, as (name, path).
+    pub fn adapters(&self) -> Vec<(String, String)> {
+        self.lock().adapters.clone()
     }
 
     /// Empties the prefix cache (between benchmark phases); false while
     /// requests are running or waiting. Counters are kept, as in vLLM.
     pub fn reset_prefix_cache(&self) -> bool {
         let mut state = self.lock();
-        state.waiting.is_empty() && state.running.is_empty() && state.pool.reset_prefix_cache()
+        let idle = state.waiting.is_empty() && state.running.is_empty();
+        if idle {
+            state.lora.evict_idle();
+        }
+        idle && state.pool.reset_prefix_cache()
     }
 
     /// The most requests running + waiting at once since the last call (or
@@ -279,7 +404,7 @@ impl Engine {
     pub fn snapshot(&self) -> MetricsSnapshot {
         let state = self.lock();
         let capacity = state.pool.capacity().max(1);
-        let used: usize = state.running.values().map(|a| a.len()).sum();
+        let used: usize = state.running.values().map(|r| r.allocation.len()).sum();
         MetricsSnapshot {
             prefix_cache_queries: state.prefix_cache_queries,
             prefix_cache_hits: state.prefix_cache_hits,
@@ -291,6 +416,16 @@ impl Engine {
             kv_cache_usage: used.min(capacity) as f64 / capacity as f64,
             ttft: state.ttft.clone(),
         }
+    }
+
+    /// The LoRA state `/metrics` shows; `None` without adapter slots.
+    pub fn lora_metrics(&self) -> Option<LoraMetrics> {
+        let state = self.lock();
+        (self.cfg.max_loras > 0).then(|| LoraMetrics {
+            max_lora: self.cfg.max_loras,
+            states: state.lora_states.clone(),
+            loads: state.lora.loads(),
+        })
     }
 }
 
@@ -352,6 +487,7 @@ mod tests {
             prompt: (0..n as u32).map(|i| seed * 1_000_000 + i).collect(),
             max_tokens: 4,
             first_extra: vec![],
+            adapter: None,
         }
     }
 
@@ -462,6 +598,73 @@ mod tests {
         let ac = is_admitted(&mut c).unwrap();
         assert_eq!(ac.hit_tokens, 7984);
         assert!(ac.first_token_at - tb < Duration::from_millis(100));
+    }
+
+    fn adapter_job(seed: u32, adapter: Option<&str>) -> Job {
+        Job {
+            adapter: adapter.map(str::to_string),
+            ..job(seed, 100)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_request_whose_adapter_has_no_slot_waits_and_later_ones_pass_it() {
+        let engine = Engine::new(SimConfig {
+            max_loras: 1,
+            ..cfg(8, 1000)
+        });
+        let mut a = engine.submit(adapter_job(1, Some("x"))).unwrap();
+        let mut b = engine.submit(adapter_job(2, Some("y"))).unwrap();
+        let mut c = engine.submit(adapter_job(3, Some("x"))).unwrap();
+        let mut d = engine.submit(adapter_job(4, None)).unwrap();
+        assert!(is_admitted(&mut a).is_some());
+        assert!(is_admitted(&mut b).is_none(), "x holds the only slot");
+        assert!(is_admitted(&mut c).is_some(), "x is resident");
+        assert!(
+            is_admitted(&mut d).is_some(),
+            "the base model needs no slot"
+        );
+        let lora = engine.lora_metrics().unwrap();
+        assert_eq!(lora.loads, 1);
+        let (running, waiting, _) = lora.states.last().unwrap();
+        assert_eq!((running.as_str(), waiting.as_str()), ("x", "y"));
+        a.finish(&[1]);
+        assert!(is_admitted(&mut b).is_none(), "x still runs c");
+        c.finish(&[1]);
+        assert!(is_admitted(&mut b).is_some(), "x is idle and evicted");
+        let lora = engine.lora_metrics().unwrap();
+        assert_eq!(lora.loads, 2);
+        let (running, waiting, _) = lora.states.last().unwrap();
+        assert_eq!((running.as_str(), waiting.as_str()), ("y", ""));
+        // Resetting the cache evicts the idle adapters: y loads again.
+        drop((b, d));
+        assert!(engine.reset_prefix_cache());
+        let mut e = engine.submit(adapter_job(5, Some("y"))).unwrap();
+        assert!(is_admitted(&mut e).is_some());
+        assert_eq!(engine.lora_metrics().unwrap().loads, 3);
+    }
+
+    #[tokio::test]
+    async fn loading_an_adapter_delays_the_first_token_by_the_load_time() {
+        let engine = Engine::new(SimConfig {
+            max_loras: 2,
+            lora_load_ms: 2_000.0,
+            time_scale: 1.0,
+            ..SimConfig::default()
+        });
+        let load = Duration::from_secs(2);
+        let submitted = Instant::now();
+        let mut a = engine.submit(adapter_job(1, Some("x"))).unwrap();
+        let ta = is_admitted(&mut a).unwrap().first_token_at;
+        assert!(ta - submitted >= load);
+        a.finish(&[1]);
+        // Resident now: the next request of x queues behind a's prefill
+        // but pays no load of its own.
+        let mut b = engine.submit(adapter_job(2, Some("x"))).unwrap();
+        let tb = is_admitted(&mut b).unwrap().first_token_at;
+        assert!(tb - ta < load);
+        // Without slots there is no LoRA state at all.
+        assert!(Engine::new(cfg(8, 1000)).lora_metrics().is_none());
     }
 
     #[test]

@@ -18,7 +18,7 @@ use super::SimConfig;
 
 /// The command-line arguments that make `vllm-sim` run `cfg` on an ephemeral port.
 pub fn sim_args(cfg: &SimConfig) -> Vec<String> {
-    [
+    let mut args: Vec<String> = [
         ("--port", "0".to_string()),
         ("--name", cfg.name.clone()),
         ("--model", cfg.model.clone()),
@@ -44,7 +44,24 @@ pub fn sim_args(cfg: &SimConfig) -> Vec<String> {
     ]
     .into_iter()
     .flat_map(|(k, v)| [k.to_string(), v])
-    .collect()
+    .collect();
+    if cfg.max_loras > 0 {
+        args.extend([
+            "--max-loras".to_string(),
+            cfg.max_loras.to_string(),
+            "--lora-load-ms".to_string(),
+            cfg.lora_load_ms.to_string(),
+        ]);
+        if !cfg.lora_modules.is_empty() {
+            args.push("--lora-modules".to_string());
+            args.extend(
+                cfg.lora_modules
+                    .iter()
+                    .map(|(name, path)| format!("{name}={path}")),
+            );
+        }
+    }
+    args
 }
 
 /// A `vllm-sim` child process.
@@ -196,4 +213,11 @@ pub async fn scrape_cache_counters(addr: SocketAddr) -> anyhow::Result<CacheCoun
         queries: read("vllm:prefix_cache_queries_total")?,
         hits: read("vllm:prefix_cache_hits_total")?,
     })
+}
+
+/// Adapters the instance at `addr` has made resident since it started
+/// (`vllm_sim:lora_loads_total`; 0 without LoRA slots).
+pub async fn scrape_lora_loads(addr: SocketAddr) -> anyhow::Result<f64> {
+    let (_, text) = call(hyper::Method::GET, addr, "/metrics").await?;
+    Ok(parse_sample(&text, "vllm_sim:lora_loads_total").unwrap_or(0.0))
 }

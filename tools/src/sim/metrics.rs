@@ -79,6 +79,67 @@ pub struct MetricsSnapshot {
     pub ttft: Histogram,
 }
 
+/// What `/metrics` shows of the LoRA adapters.
+#[derive(Debug, Clone)]
+pub struct LoraMetrics {
+    /// `--max-loras`.
+    pub max_lora: usize,
+    /// Every (running adapters, waiting adapters) state seen, each with the
+    /// unix time it was last seen: `vllm:lora_requests_info`'s series.
+    pub states: Vec<(String, String, f64)>,
+    /// Adapters made resident since the start.
+    pub loads: u64,
+}
+
+impl LoraMetrics {
+    /// Prometheus text: `vllm:lora_requests_info` with vLLM's labels in its
+    /// order (no engine or model label), then `vllm_sim:lora_loads_total`.
+    pub fn render(&self, model: &str) -> String {
+        let mut out = String::new();
+        let name = "vllm:lora_requests_info";
+        let _ = writeln!(out, "# HELP {name} Running stats on lora requests.");
+        let _ = writeln!(out, "# TYPE {name} gauge");
+        for (running, waiting, at) in &self.states {
+            let _ = writeln!(
+                out,
+                "{name}{{max_lora=\"{}\",waiting_lora_adapters=\"{}\",running_lora_adapters=\"{}\"}} {}",
+                self.max_lora,
+                escape_label(waiting),
+                escape_label(running),
+                go_float(*at)
+            );
+        }
+        let name = "vllm_sim:lora_loads_total";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Adapters made resident in a LoRA slot (simulator only)."
+        );
+        let _ = writeln!(out, "# TYPE {name} counter");
+        let _ = writeln!(
+            out,
+            "{name}{{engine=\"0\",model_name=\"{}\"}} {}",
+            escape_label(model),
+            self.loads
+        );
+        out
+    }
+}
+
+/// A float as Python's `prometheus_client` writes it (`floatToGoString`):
+/// Python's shortest form, in exponent form from 10^7 up, as Go does.
+fn go_float(v: f64) -> String {
+    let s = format!("{v:?}");
+    match s.find('.') {
+        Some(dot) if v > 0.0 && dot > 6 && !s.contains('e') => {
+            let digits = format!("{}{}", &s[1..dot], &s[dot + 1..]);
+            let mantissa = format!("{}.{digits}", &s[..1]);
+            let mantissa = mantissa.trim_end_matches('0').trim_end_matches('.');
+            format!("{mantissa}e+0{}", dot - 1)
+        }
+        _ => s,
+    }
+}
+
 impl MetricsSnapshot {
     /// Prometheus text exposition (format 0.0.4), labelled like vLLM.
     pub fn render(&self, model: &str) -> String {
@@ -297,5 +358,28 @@ mod tests {
         assert!(text.contains("le=\"2.5\"} 1\n"));
         assert!(text.contains("le=\"5\"} 2\n"));
         assert_eq!(parse_sample(&text, "vllm:prefix_cache"), None);
+    }
+
+    #[test]
+    fn lora_requests_info_reads_like_vllms() {
+        let lora = LoraMetrics {
+            max_lora: 4,
+            states: vec![
+                ("a0".into(), String::new(), 1_733_450_000.25),
+                ("a0,a1".into(), "a2".into(), 1_733_450_001.0),
+            ],
+            loads: 3,
+        };
+        let text = lora.render("m");
+        assert!(text.contains("# TYPE vllm:lora_requests_info gauge\n"));
+        assert!(text.contains(
+            "vllm:lora_requests_info{max_lora=\"4\",waiting_lora_adapters=\"\",running_lora_adapters=\"a0\"} 1.73345000025e+09\n"
+        ), "{text}");
+        assert!(text.contains(
+            "vllm:lora_requests_info{max_lora=\"4\",waiting_lora_adapters=\"a2\",running_lora_adapters=\"a0,a1\"} 1.733450001e+09\n"
+        ), "{text}");
+        assert_eq!(parse_sample(&text, "vllm_sim:lora_loads_total"), Some(3.0));
+        assert_eq!(go_float(0.5), "0.5");
+        assert_eq!(go_float(2.0), "2.0");
     }
 }

@@ -8,6 +8,8 @@
 //! - [`prefix_cache`]: vLLM v1's block pool and block-hash chain, eviction order included.
 //! - [`engine`]: FCFS admission under `max_num_seqs` and KV capacity, a FIFO
 //!   prefill resource, per-token decode.
+//! - [`lora`]: LoRA adapter slots (`--max-loras`), LRU eviction, requests
+//!   waiting for a slot; a load charges `lora_load_ms` to the prefill resource.
 //! - [`api`] and [`server`]: the HTTP surface, `x-served-by` on every response.
 //! - [`fleet`]: starting `vllm-sim` processes and reading their cache counters.
 //!
@@ -26,6 +28,14 @@
 //!   `endpoint-load-metrics-format: TEXT` (or `JSON`) gets vLLM's ORCA
 //!   `endpoint-load-metrics` response header (`kv_cache_usage_perc`,
 //!   `num_requests_waiting`, as the response leaves).
+//! - With `--max-loras N`: `POST /v1/load_lora_adapter {"lora_name",
+//!   "lora_path"}` and `POST /v1/unload_lora_adapter {"lora_name"}` with
+//!   vLLM's answers; `/v1/models` lists each adapter with `"parent"`; a
+//!   request naming neither the base model nor an adapter gets vLLM's 404;
+//!   `/metrics` adds `vllm:lora_requests_info` and the sim-only counter
+//!   `vllm_sim:lora_loads_total`. `/reset_prefix_cache` also evicts every
+//!   adapter (all idle then), so a benchmark arm starts cold. Without
+//!   `--max-loras` any `model` is accepted, as before.
 //! - Every response has `x-served-by: <name>`.
 //!
 //! # Calibration (defaults of [`SimConfig`]), Llama 3.1 70B on one 8-GPU instance
@@ -67,6 +77,7 @@
 pub mod api;
 pub mod engine;
 pub mod fleet;
+pub mod lora;
 pub mod metrics;
 pub mod prefix_cache;
 pub mod server;
@@ -101,6 +112,12 @@ pub struct SimConfig {
     pub min_chunk_interval_ms: f64,
     /// Output tokens when a request does not say.
     pub default_max_tokens: usize,
+    /// LoRA adapter slots (vLLM's `--max-loras`); 0 serves the base model only.
+    pub max_loras: usize,
+    /// Adapters served from the start, as (name, path) (vLLM's `--lora-modules`).
+    pub lora_modules: Vec<(String, String)>,
+    /// Time to make a non-resident adapter resident, ms (simulated).
+    pub lora_load_ms: f64,
 }
 
 impl Default for SimConfig {
@@ -118,6 +135,11 @@ impl Default for SimConfig {
             decode_ms_per_seq: 0.1,
             min_chunk_interval_ms: 25.0,
             default_max_tokens: 128,
+            max_loras: 0,
+            lora_modules: Vec::new(),
+            // A modelling choice: copying a few hundred MB of adapter weights
+            // host to device, plus the engine step it stalls.
+            lora_load_ms: 50.0,
         }
     }
 }
@@ -146,11 +168,55 @@ impl SimConfig {
             ("decode-ms-per-token", self.decode_ms_per_token),
             ("decode-ms-per-seq", self.decode_ms_per_seq),
             ("min-chunk-interval-ms", self.min_chunk_interval_ms),
+            ("lora-load-ms", self.lora_load_ms),
         ] {
             if !(v.is_finite() && v >= 0.0) {
                 return Err(format!("{name} must be a non-negative number, got {v}"));
             }
         }
+        if self.max_loras == 0 && !self.lora_modules.is_empty() {
+            return Err("--lora-modules needs --max-loras of at least 1".into());
+        }
+        let mut names = std::collections::HashSet::new();
+        for (name, _) in &self.lora_modules {
+            if name.is_empty() || *name == self.model || !names.insert(name) {
+                return Err(format!(
+                    "LoRA adapter name {name:?} is empty, the base model's or given twice"
+                ));
+            }
+        }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lora_settings_that_cannot_work_are_refused() {
+        let with = |max_loras: usize, names: &[&str]| SimConfig {
+            max_loras,
+            lora_modules: names
+                .iter()
+                .map(|n| (n.to_string(), format!("/p/{n}")))
+                .collect(),
+            ..SimConfig::default()
+        };
+        assert_eq!(with(2, &["a", "b"]).validate(), Ok(()));
+        assert_eq!(with(2, &[]).validate(), Ok(()));
+        assert!(with(0, &["a"])
+            .validate()
+            .unwrap_err()
+            .contains("--max-loras"));
+        assert!(with(2, &["a", "a"]).validate().is_err());
+        assert!(with(2, &[""]).validate().is_err());
+        let base = SimConfig::default().model;
+        assert!(with(2, &[base.as_str()]).validate().is_err());
+        let negative = SimConfig {
+            lora_load_ms: -1.0,
+            ..with(1, &[])
+        };
+        assert!(negative.validate().unwrap_err().contains("lora-load-ms"));
     }
 }

@@ -138,12 +138,35 @@ async fn route(shared: &Shared, req: Request<Incoming>) -> Response<Body> {
         (Method::GET, "/metrics") => full(
             StatusCode::OK,
             "text/plain; version=0.0.4; charset=utf-8",
-            Bytes::from(shared.engine.snapshot().render(&cfg.model)),
+            Bytes::from({
+                let mut text = shared.engine.snapshot().render(&cfg.model);
+                if let Some(lora) = shared.engine.lora_metrics() {
+                    text.push_str(&lora.render(&cfg.model));
+                }
+                text
+            }),
         ),
-        (Method::GET, "/v1/models") => json_response(
-            StatusCode::OK,
-            &json!({"object": "list", "data": [{"id": cfg.model, "object": "model", "owned_by": "vllm-sim"}]}),
-        ),
+        (Method::GET, "/v1/models") => {
+            let mut data =
+                vec![json!({"id": cfg.model, "object": "model", "owned_by": "vllm-sim"})];
+            data.extend(shared.engine.adapters().into_iter().map(|(name, path)| {
+                json!({"id": name, "object": "model", "owned_by": "vllm-sim", "root": path, "parent": cfg.model})
+            }));
+            json_response(StatusCode::OK, &json!({"object": "list", "data": data}))
+        }
+        (Method::POST, "/v1/load_lora_adapter" | "/v1/unload_lora_adapter")
+            if cfg.max_loras > 0 =>
+        {
+            let body = match read_body(req).await {
+                Ok(body) => body,
+                Err(response) => return response,
+            };
+            let (status, answer) = adapter_request(&shared.engine, &path, &body);
+            match answer {
+                Ok(text) => full(status, "text/plain; charset=utf-8", Bytes::from(text)),
+                Err(error) => json_response(status, &error),
+            }
+        }
         // What SGLang's router asks each worker at registration. Neither names
         // a model or tokenizer path: the router would try to download it.
         (Method::GET, "/server_info" | "/get_server_info") => {
@@ -172,20 +195,21 @@ async fn route(shared: &Shared, req: Request<Incoming>) -> Response<Body> {
                 .get(ORCA_FORMAT_HEADER)
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_string);
-            let body = match Limited::new(req.into_body(), MAX_BODY_BYTES)
-                .collect()
-                .await
-            {
-                Ok(b) => b.to_bytes(),
-                Err(e) => {
-                    return json_response(
-                        StatusCode::BAD_REQUEST,
-                        &api::error_body(&format!("could not read the request body: {e}"), 400),
-                    )
-                }
+            let body = match read_body(req).await {
+                Ok(body) => body,
+                Err(response) => return response,
             };
             let kind = ApiKind::from_path(&path);
             match api::parse(kind, &body, &cfg.model, cfg.default_max_tokens) {
+                Ok(parsed) if !shared.engine.serves_model(&parsed.model) => json_response(
+                    StatusCode::NOT_FOUND,
+                    &api::typed_error_body(
+                        &format!("The model `{}` does not exist.", parsed.model),
+                        "NotFoundError",
+                        Some("model"),
+                        404,
+                    ),
+                ),
                 Ok(parsed) => generate(shared, parsed, orca_format).await,
                 Err(api::BadRequest(msg)) => {
                     json_response(StatusCode::BAD_REQUEST, &api::error_body(&msg, 400))
@@ -201,6 +225,88 @@ async fn route(shared: &Shared, req: Request<Incoming>) -> Response<Body> {
             &api::error_body("method not allowed", 405),
         ),
         _ => json_response(StatusCode::NOT_FOUND, &api::error_body("not found", 404)),
+    }
+}
+
+/// `POST /v1/load_lora_adapter` or `/v1/unload_lora_adapter`: vLLM's
+/// checks, messages and codes; the answer is plain text on success.
+fn adapter_request(
+    engine: &Engine,
+    path: &str,
+    body: &[u8],
+) -> (StatusCode, Result<String, Value>) {
+    let invalid = |message: &str| {
+        (
+            StatusCode::BAD_REQUEST,
+            Err(api::typed_error_body(
+                message,
+                "InvalidUserInput",
+                None,
+                400,
+            )),
+        )
+    };
+    let Ok(v) = serde_json::from_slice::<Value>(body) else {
+        return invalid("request body is not valid JSON");
+    };
+    let field = |k: &str| {
+        v.get(k)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string()
+    };
+    let name = field("lora_name");
+    if path == "/v1/load_lora_adapter" {
+        let lora_path = field("lora_path");
+        if name.is_empty() || lora_path.is_empty() {
+            return invalid("Both 'lora_name' and 'lora_path' must be provided.");
+        }
+        if !engine.add_adapter(&name, &lora_path) {
+            return invalid(&format!(
+                "The lora adapter '{name}' has already been loaded. If you want to load the adapter in place, set 'load_inplace' to True."
+            ));
+        }
+        (
+            StatusCode::OK,
+            Ok(format!(
+                "Success: LoRA adapter '{name}' added successfully."
+            )),
+        )
+    } else {
+        if name.is_empty() {
+            return invalid("'lora_name' needs to be provided to unload a LoRA adapter.");
+        }
+        if !engine.remove_adapter(&name) {
+            return (
+                StatusCode::NOT_FOUND,
+                Err(api::typed_error_body(
+                    &format!("The lora adapter '{name}' cannot be found."),
+                    "NotFoundError",
+                    None,
+                    404,
+                )),
+            );
+        }
+        (
+            StatusCode::OK,
+            Ok(format!(
+                "Success: LoRA adapter '{name}' removed successfully."
+            )),
+        )
+    }
+}
+
+/// The whole request body, or the 400 to answer when it cannot be read.
+async fn read_body(req: Request<Incoming>) -> Result<Bytes, Response<Body>> {
+    match Limited::new(req.into_body(), MAX_BODY_BYTES)
+        .collect()
+        .await
+    {
+        Ok(b) => Ok(b.to_bytes()),
+        Err(e) => Err(json_response(
+            StatusCode::BAD_REQUEST,
+            &api::error_body(&format!("could not read the request body: {e}"), 400),
+        )),
     }
 }
 
@@ -250,6 +356,7 @@ async fn generate(
         prompt: parsed.prompt.clone(),
         max_tokens: parsed.max_tokens,
         first_extra: first_block_extra(&parsed.model, parsed.cache_salt.as_deref()),
+        adapter: (cfg.max_loras > 0 && parsed.model != cfg.model).then(|| parsed.model.clone()),
     };
     let mut ticket = match engine.submit(job) {
         Ok(t) => t,
