@@ -19,7 +19,7 @@
 //! [`crate::vllm::ensure_vllm`]; the model converted to bf16), each bound to
 //! one core, 1 GiB of KV cache each (46,592 tokens). Workload: 16 groups of
 //! chat requests sharing a ~3,000-token system prompt (48,000 tokens in all:
-//! more than one instance holds, a third of the fleet's cache), 4 requests per
+//! more than one instance holds, a third of the fleet's cache), 3 requests per
 //! group in a fixed shuffle, 3 clients, 8 output tokens. Arms, each from cold
 //! caches (`POST /reset_prefix_cache` on every instance): RANDOM,
 //! LEAST_OUTSTANDING_REQUESTS, PREFIX_AWARE with FIXED_PREFIX, PREFIX_AWARE at
@@ -566,10 +566,10 @@ fn rows_json(rows: &[Row]) -> serde_json::Value {
 
 /// The vLLM run's size: 16 groups whose ~3,000-token prefixes (48,000 tokens)
 /// fit in the fleet's KV cache (3 x 46,592) only if each stays on one instance;
-/// four requests per group, so three of four can hit.
+/// three requests per group, so two of three can hit.
 const VLLM_SHAPE: Shape = Shape {
     groups: 16,
-    requests: 64,
+    requests: 48,
     shared_words: 2500,
     question_words: 60,
     include_usage: true,

