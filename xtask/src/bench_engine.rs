@@ -417,9 +417,8 @@ fn one_request(url: &str, served_by: &str, job: &Job) -> anyhow::Result<Sample> 
         .map_err(|e| anyhow!("request failed: {e}"))?;
     let served_by = response
         .header(DECISION_HEADER)
-        .and_then(|d| d.split("instance=").nth(1))
+        .and_then(decided_instance)
         .unwrap_or(served_by)
-        .trim()
         .to_string();
     let mut ttft = None;
     let mut cached_tokens = None;
@@ -453,6 +452,14 @@ fn one_request(url: &str, served_by: &str, job: &Job) -> anyhow::Result<Sample> 
         served_by,
         cached_tokens,
     })
+}
+
+/// The instance in the filter's decision header: `<decision>; instance=<ip:port>`,
+/// with `; matched=<bytes>` after it under LONGEST_PREFIX.
+fn decided_instance(decision: &str) -> Option<&str> {
+    decision
+        .split(';')
+        .find_map(|field| field.trim().strip_prefix("instance="))
 }
 
 struct Row {
@@ -836,6 +843,19 @@ impl VllmRow {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reads_the_instance_from_every_form_of_the_decision_header() {
+        assert_eq!(
+            decided_instance("prefix; instance=10.0.0.1:8000"),
+            Some("10.0.0.1:8000")
+        );
+        assert_eq!(
+            decided_instance("matched; instance=10.0.0.2:8000; matched=1536"),
+            Some("10.0.0.2:8000")
+        );
+        assert_eq!(decided_instance("overflow"), None);
+    }
 
     #[test]
     fn parses_llama_cpp_prefix_match_lines() {
