@@ -577,7 +577,7 @@ fn rows_json(rows: &[Row]) -> serde_json::Value {
 const VLLM_SHAPE: Shape = Shape {
     groups: 16,
     requests: 48,
-    shared_words: 2500,
+    shared_words: 2850,
     question_words: 60,
     include_usage: true,
 };
