@@ -414,7 +414,14 @@ fn one_request(url: &str, served_by: &str, job: &Job) -> anyhow::Result<Sample> 
         .timeout(Duration::from_secs(300))
         .set("content-type", "application/json")
         .send_string(&job.body)
-        .map_err(|e| anyhow!("request failed: {e}"))?;
+        .map_err(|e| match e {
+            // Envoy's 503 says why in its body.
+            ureq::Error::Status(status, response) => anyhow!(
+                "request failed: {url}: status {status}: {}",
+                response.into_string().unwrap_or_default()
+            ),
+            other => anyhow!("request failed: {other}"),
+        })?;
     let served_by = response
         .header(DECISION_HEADER)
         .and_then(decided_instance)

@@ -356,6 +356,9 @@ impl VllmFleet {
                 .env("VLLM_CPU_OMP_THREADS_BIND", core.to_string())
                 // `POST /reset_prefix_cache` is served only in dev mode.
                 .env("VLLM_SERVER_DEV_MODE", "1")
+                // uvicorn closes a connection idle for 5 s by default, racing Envoy
+                // reusing it (a 503 to the client): Envoy's idle timeout is an hour.
+                .env("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", "3600")
                 // The log shows each line as it is written, for a failed start.
                 .env("PYTHONUNBUFFERED", "1")
                 .stdin(Stdio::null())
