@@ -59,6 +59,8 @@ pub(crate) struct MemoryHost {
     request_headers: RefCell<Vec<(String, Vec<u8>)>>,
     response_headers: RefCell<Vec<(String, Vec<u8>)>>,
     body: RefCell<Vec<u8>>,
+    /// The response body chunk being delivered.
+    response_chunk: RefCell<Vec<u8>>,
     configuration: RefCell<Vec<u8>>,
     properties: RefCell<HashMap<String, Vec<u8>>>,
     now_ms: Cell<u64>,
@@ -108,6 +110,7 @@ impl MemoryHost {
             .collect();
         self.response_headers.borrow_mut().clear();
         self.body.borrow_mut().clear();
+        self.response_chunk.borrow_mut().clear();
         self.properties.borrow_mut().clear();
     }
 
@@ -125,6 +128,13 @@ impl MemoryHost {
 
     pub(crate) fn response_header(&self, name: &str) -> Option<String> {
         header(&self.response_headers.borrow(), name)
+    }
+
+    /// The response body chunk the next `on_response_body` reads; returns
+    /// its size.
+    pub(crate) fn deliver_response_chunk(&self, bytes: &[u8]) -> usize {
+        *self.response_chunk.borrow_mut() = bytes.to_vec();
+        bytes.len()
     }
 
     /// Appends to the buffered request body; returns its size now.
@@ -319,6 +329,14 @@ impl Host for MemoryHost {
         let body = self.body.borrow();
         let end = start.saturating_add(len).min(body.len());
         Ok(body.get(start..end).map(<[u8]>::to_vec))
+    }
+
+    fn response_body(&self, start: usize, len: usize) -> Result<Option<Vec<u8>>, HostStatus> {
+        self.log("response_body".into());
+        self.fails("response_body")?;
+        let chunk = self.response_chunk.borrow();
+        let end = start.saturating_add(len).min(chunk.len());
+        Ok(chunk.get(start..end).map(<[u8]>::to_vec))
     }
 
     fn plugin_configuration(&self, size: usize) -> Result<Option<Vec<u8>>, HostStatus> {
