@@ -159,25 +159,25 @@ impl UsageCounter {
         self as usize
     }
 
-    /// What one response adds to each counter: `(counter, amount)`, the
-    /// zero amounts left out. `usage` is what the body reported,
-    /// `matched_bytes` the decision's prediction.
-    pub fn amounts(usage: Option<Usage>, matched_bytes: Option<u64>) -> Vec<(UsageCounter, u64)> {
-        let mut amounts = vec![(UsageCounter::Responses, 1)];
-        if let Some(usage) = usage {
-            amounts.push((UsageCounter::Reported, 1));
-            amounts.push((UsageCounter::PromptTokens, usage.prompt_tokens));
-            if let Some(cached) = usage.cached_tokens {
-                amounts.push((UsageCounter::ReportedCached, 1));
-                amounts.push((UsageCounter::CachedTokens, cached));
-                amounts.push((
-                    UsageCounter::MatchedBytes,
-                    matched_bytes.unwrap_or_default(),
-                ));
-            }
-        }
-        amounts.retain(|(_, amount)| *amount > 0);
-        amounts
+    /// What one response adds to each counter, in [`UsageCounter::ALL`]'s
+    /// order: `usage` is what its body reported, `matched_bytes` the
+    /// decision's prediction.
+    pub fn amounts(
+        usage: Option<Usage>,
+        matched_bytes: Option<u64>,
+    ) -> [(UsageCounter, u64); UsageCounter::ALL.len()] {
+        let reported = usage.map(|u| u.prompt_tokens);
+        let cached = usage.and_then(|u| u.cached_tokens);
+        let predicted = cached.map(|_| matched_bytes.unwrap_or_default());
+        let one_if = |known: bool| u64::from(known);
+        [
+            (UsageCounter::Responses, 1),
+            (UsageCounter::Reported, one_if(reported.is_some())),
+            (UsageCounter::ReportedCached, one_if(cached.is_some())),
+            (UsageCounter::PromptTokens, reported.unwrap_or_default()),
+            (UsageCounter::CachedTokens, cached.unwrap_or_default()),
+            (UsageCounter::MatchedBytes, predicted.unwrap_or_default()),
+        ]
     }
 }
 
@@ -353,14 +353,31 @@ mod tests {
             "prefix_router.usage.cached_tokens.endpoint.10.0.0.1:80"
         );
         use UsageCounter::*;
-        assert_eq!(UsageCounter::amounts(None, Some(512)), vec![(Responses, 1)]);
+        assert_eq!(
+            UsageCounter::amounts(None, Some(512)),
+            [
+                (Responses, 1),
+                (Reported, 0),
+                (ReportedCached, 0),
+                (PromptTokens, 0),
+                (CachedTokens, 0),
+                (MatchedBytes, 0)
+            ]
+        );
         let no_cached = Usage {
             prompt_tokens: 40,
             cached_tokens: None,
         };
         assert_eq!(
             UsageCounter::amounts(Some(no_cached), Some(512)),
-            vec![(Responses, 1), (Reported, 1), (PromptTokens, 40)]
+            [
+                (Responses, 1),
+                (Reported, 1),
+                (ReportedCached, 0),
+                (PromptTokens, 40),
+                (CachedTokens, 0),
+                (MatchedBytes, 0)
+            ]
         );
         let cached = Usage {
             prompt_tokens: 40,
@@ -368,15 +385,18 @@ mod tests {
         };
         assert_eq!(
             UsageCounter::amounts(Some(cached), Some(128)),
-            vec![
+            [
                 (Responses, 1),
                 (Reported, 1),
-                (PromptTokens, 40),
                 (ReportedCached, 1),
+                (PromptTokens, 40),
                 (CachedTokens, 32),
                 (MatchedBytes, 128)
             ]
         );
+        for (i, (counter, _)) in UsageCounter::amounts(None, None).iter().enumerate() {
+            assert_eq!(counter.index(), i);
+        }
     }
 
     #[test]

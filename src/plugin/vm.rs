@@ -250,7 +250,8 @@ impl<H: Host + Clone> Vm<H> {
     }
 
     /// Adds `amount` to `counter` of `address` (named for `fleet`), handed
-    /// to Envoy on the tick (nothing past [`MAX_GAUGES`] instances).
+    /// to Envoy on the tick (nothing past [`MAX_GAUGES`] instances). A zero
+    /// defines the stat, so an instance's usage series all appear at once.
     pub fn count_usage(
         &mut self,
         fleet: Option<&str>,
@@ -263,7 +264,7 @@ impl<H: Host + Clone> Vm<H> {
         };
         let name = |address: &str| crate::metrics::instance_stat_name(counter.prefix(), address);
         let id = instance_stat_id(&self.host, ids, fleet, MetricKind::Counter, name, address);
-        if let Some(id) = id {
+        if let (Some(id), true) = (id, amount > 0) {
             self.add_later(id, amount);
         }
     }
