@@ -431,48 +431,55 @@ impl UsageScanner {
 
     fn feed_events(&mut self, chunk: &[u8]) {
         let mut i = 0;
-        while let Some(&byte) = chunk.get(i) {
-            if byte == b'\n' || byte == b'\r' {
-                let crlf = byte == b'\n' && self.after_cr;
-                self.after_cr = byte == b'\r';
-                if !crlf {
-                    self.end_line();
-                }
-                i += 1;
-                continue;
+        while let Some(rest) = chunk.get(i..).filter(|rest| !rest.is_empty()) {
+            let at_event_start =
+                self.line == (Line::Field { matched: 0 }) && !self.event_has_data && !self.after_cr;
+            let skipped = if at_event_start {
+                events_without_usage(rest)
+            } else {
+                0
+            };
+            i += match rest.get(skipped..) {
+                Some(rest) if !rest.is_empty() => skipped + self.step(rest),
+                _ => skipped.max(1).min(rest.len()),
+            };
+        }
+    }
+
+    /// Consumes the start of `rest` (not empty): one byte, or a run a
+    /// memchr finds; returns how many bytes.
+    fn step(&mut self, rest: &[u8]) -> usize {
+        let Some(&byte) = rest.first() else {
+            return 0;
+        };
+        if byte == b'\n' || byte == b'\r' {
+            let crlf = byte == b'\n' && self.after_cr;
+            self.after_cr = byte == b'\r';
+            if !crlf {
+                self.end_line();
             }
-            self.after_cr = false;
-            match self.line {
-                Line::Field { matched } => {
-                    let at = usize::from(matched);
-                    if b"data:".get(at) == Some(&byte) {
-                        self.line = if at + 1 == 5 {
-                            Line::DataStart
-                        } else {
-                            Line::Field {
-                                matched: matched + 1,
-                            }
-                        };
-                    } else {
-                        self.line = Line::Skip;
-                    }
-                    i += 1;
-                }
-                Line::DataStart => {
-                    self.line = Line::Data;
-                    self.event_has_data = true;
-                    if byte == b' ' {
-                        i += 1;
-                    }
-                }
-                Line::Data => {
-                    i += self.value.feed(chunk.get(i..).unwrap_or_default(), true);
-                }
-                Line::Skip => {
-                    i += memchr::memchr2(b'\n', b'\r', chunk.get(i..).unwrap_or_default())
-                        .unwrap_or(chunk.len() - i);
-                }
+            return 1;
+        }
+        self.after_cr = false;
+        match self.line {
+            Line::Field { matched } => {
+                let at = usize::from(matched);
+                self.line = match b"data:".get(at) {
+                    Some(&expected) if expected == byte && at + 1 == 5 => Line::DataStart,
+                    Some(&expected) if expected == byte => Line::Field {
+                        matched: matched + 1,
+                    },
+                    _ => Line::Skip,
+                };
+                1
             }
+            Line::DataStart => {
+                self.line = Line::Data;
+                self.event_has_data = true;
+                usize::from(byte == b' ')
+            }
+            Line::Data => self.value.feed(rest, true),
+            Line::Skip => memchr::memchr2(b'\n', b'\r', rest).unwrap_or(rest.len()),
         }
     }
 
@@ -499,6 +506,40 @@ impl UsageScanner {
         self.event_has_data = false;
         self.value = ValueScan::new();
     }
+}
+
+/// How many bytes at the start of `events` (at an event's start) are whole
+/// events, each ended by a blank line, before the first `"usage"` that may
+/// open an object: events that report nothing, whatever their chunking.
+fn events_without_usage(events: &[u8]) -> usize {
+    let mut until = events.len();
+    for at in memchr::memmem::find_iter(events, b"\"usage\"") {
+        let after = events.get(at + 7..).unwrap_or_default();
+        let mut value = after.iter().filter(|b| !b.is_ascii_whitespace());
+        // Certainly not a usage object: a string value ends there, or the
+        // key's value starts as no object does (`null` above all). Anything
+        // else, a line break into another data line included, may be one.
+        let certainly_not = match (value.next(), value.next()) {
+            (Some(b',' | b'}' | b']'), _) => true,
+            (Some(b':'), Some(second)) => {
+                matches!(
+                    second,
+                    b'n' | b'"' | b'[' | b't' | b'f' | b'-' | b'0'..=b'9'
+                )
+            }
+            _ => false,
+        };
+        let object = !certainly_not;
+        if object {
+            until = at;
+            break;
+        }
+    }
+    let head = events.get(..until).unwrap_or_default();
+    // The last blank line: `\n\n`, or `\n\r\n` with CRLF line ends.
+    let lf = memchr::memmem::rfind(head, b"\n\n").map(|at| at + 2);
+    let crlf = memchr::memmem::rfind(head, b"\n\r\n").map(|at| at + 3);
+    lf.max(crlf).unwrap_or(0)
 }
 
 /// The usage in a whole body, for tests and fuzzing.

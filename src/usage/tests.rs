@@ -261,3 +261,19 @@ fn the_framing_follows_the_content_type() {
         None
     );
 }
+
+#[test]
+fn events_skipped_whole_report_what_a_scan_of_every_byte_does() {
+    // Events before the first possible usage object are skipped in one
+    // step when a chunk holds them whole; byte by byte they are scanned.
+    let body = concat!(
+        "data: {\"usage\":null,\"k\":\"usage\",\"n\":[\"usage\"]}\r\n\r\n",
+        ": comment \"usage\":{\n\n",
+        "data: {\"usage\" : \n",
+        "data: {\"prompt_tokens\":8}}\n\n",
+        "data: {\"usage\":{\"prompt_tokens\":9}}\n\n",
+        "data: {\"usage\":null}\n\n",
+    );
+    assert_eq!(events(body), usage(9, None));
+    assert_eq!(events(&body[..body.len() - 52]), usage(8, None));
+}
