@@ -187,7 +187,10 @@ impl ValueScan {
             }
             let rest = bytes.get(i..).unwrap_or_default();
             let found = if stop_at_newline {
-                memchr::memchr3(b'"', b'\\', b'\n', rest)
+                // A raw line end (`\n` or `\r`) ends the event's line.
+                let stop = memchr::memchr3(b'"', b'\\', b'\n', rest);
+                let run = rest.get(..stop.unwrap_or(rest.len())).unwrap_or_default();
+                memchr::memchr(b'\r', run).or(stop)
             } else {
                 memchr::memchr2(b'"', b'\\', rest)
             };

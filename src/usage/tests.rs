@@ -277,3 +277,13 @@ fn events_skipped_whole_report_what_a_scan_of_every_byte_does() {
     assert_eq!(events(body), usage(9, None));
     assert_eq!(events(&body[..body.len() - 52]), usage(8, None));
 }
+
+#[test]
+fn a_carriage_return_inside_an_event_string_ends_its_line_at_any_split() {
+    // Found by fuzzing: a chunk starting at the `\r` read it as a line end,
+    // one piece as string content.
+    let body = "data: {\"usage\":{\"prompt_tokens\":301,\"pr\r\0\0ens\":1}}\n\n";
+    assert_eq!(events(body), None);
+    let after = "data: {\"usage\":{\"prompt_tokens\":5}}\n\n";
+    assert_eq!(events(&format!("{body}{after}")), usage(5, None));
+}
