@@ -166,6 +166,16 @@ impl ValueScan {
         i
     }
 
+    /// An event stream's data line ended: whitespace between tokens, but
+    /// inside a string the value is malformed.
+    fn line_break(&mut self) {
+        if self.in_string {
+            self.progress = Progress::Failed;
+        } else {
+            self.feed(b" ", true);
+        }
+    }
+
     /// Inside a string: consumes up to and including its closing quote, or
     /// all of `bytes`; stops before a raw line end in an event stream (the
     /// value is then malformed).
@@ -492,9 +502,7 @@ impl UsageScanner {
             Line::Field { matched: 0 } => self.end_event(),
             Line::DataStart => self.event_has_data = true,
             // Data lines of one event join with a line feed: JSON whitespace.
-            Line::Data => {
-                self.value.feed(b" ", true);
-            }
+            Line::Data => self.value.line_break(),
             Line::Field { .. } | Line::Skip => {}
         }
         self.line = Line::Field { matched: 0 };

@@ -287,3 +287,11 @@ fn a_carriage_return_inside_an_event_string_ends_its_line_at_any_split() {
     let after = "data: {\"usage\":{\"prompt_tokens\":5}}\n\n";
     assert_eq!(events(&format!("{body}{after}")), usage(5, None));
 }
+
+#[test]
+fn a_data_line_ending_inside_a_string_spoils_its_event_at_any_split() {
+    // Found by fuzzing: a chunk starting at the line end joined the next
+    // data line into the string; one piece failed the event.
+    let body = "data: {\"usage\":{\"prompt_tokens\":301,\"pr\ndata: x\":1}}\n\n";
+    assert_eq!(events(body), None);
+}
