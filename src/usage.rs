@@ -367,12 +367,13 @@ impl ValueScan {
                     self.progress = Progress::Complete;
                 }
             }
-            b'0'..=b'9' => match self.pending.take() {
-                Some(target @ (Target::PromptTokens | Target::CachedTokens)) => {
+            b'0'..=b'9' => {
+                if let Some(target @ (Target::PromptTokens | Target::CachedTokens)) =
+                    self.pending.take()
+                {
                     self.number = Some((target, Some(u64::from(byte - b'0'))));
                 }
-                _ => {}
-            },
+            }
             _ if byte.is_ascii_whitespace() => {}
             // The rest of a number or literal (`null`: no value).
             _ => self.pending = None,
