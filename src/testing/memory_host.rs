@@ -326,17 +326,13 @@ impl Host for MemoryHost {
     fn request_body(&self, start: usize, len: usize) -> Result<Option<Vec<u8>>, HostStatus> {
         self.log("request_body".into());
         self.fails("request_body")?;
-        let body = self.body.borrow();
-        let end = start.saturating_add(len).min(body.len());
-        Ok(body.get(start..end).map(<[u8]>::to_vec))
+        Ok(window(&self.body.borrow(), start, len))
     }
 
     fn response_body(&self, start: usize, len: usize) -> Result<Option<Vec<u8>>, HostStatus> {
         self.log("response_body".into());
         self.fails("response_body")?;
-        let chunk = self.response_chunk.borrow();
-        let end = start.saturating_add(len).min(chunk.len());
-        Ok(chunk.get(start..end).map(<[u8]>::to_vec))
+        Ok(window(&self.response_chunk.borrow(), start, len))
     }
 
     fn plugin_configuration(&self, size: usize) -> Result<Option<Vec<u8>>, HostStatus> {
@@ -460,11 +456,17 @@ impl Host for MemoryHost {
     ) -> Result<Option<Vec<u8>>, HostStatus> {
         self.log("http_call_response_body".into());
         let answer = self.http_call_answer.borrow();
-        Ok(answer.as_ref().and_then(|(_, body)| {
-            let end = start.saturating_add(len).min(body.len());
-            body.get(start..end).map(<[u8]>::to_vec)
-        }))
+        Ok(answer
+            .as_ref()
+            .and_then(|(_, body)| window(body, start, len)))
     }
+}
+
+/// Up to `len` bytes of `buffer` from `start`, as a host hands a buffer's
+/// slice over (`None` past its end).
+fn window(buffer: &[u8], start: usize, len: usize) -> Option<Vec<u8>> {
+    let end = start.saturating_add(len).min(buffer.len());
+    buffer.get(start..end).map(<[u8]>::to_vec)
 }
 
 impl SharedStore for MemoryHost {
