@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use prefix_router_tools::loadgen::{run_workload, Api, Arrival, RunOptions, Workload};
 use prefix_router_tools::sim::metrics::parse_sample;
-use prefix_router_tools::sim::SimConfig;
+use prefix_router_tools::sim::{SimConfig, SimServer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 mod common;
@@ -444,5 +444,40 @@ async fn sglang_router_registration_endpoints_name_the_model_and_no_path() {
             info.get("model_path").is_none() && info.get("tokenizer_path").is_none(),
             "{path}: {body}"
         );
+    }
+}
+
+/// As vLLM: a non-streaming response always carries usage with its cached
+/// tokens; a streamed one ends with a usage event only when the request sets
+/// `stream_options.include_usage`, or the server forces it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streamed_usage_only_when_asked_or_forced() {
+    let plain = sim("plain").await;
+    let forced = SimServer::start(
+        SimConfig {
+            name: "forced".into(),
+            time_scale: TIME_SCALE,
+            force_include_usage: true,
+            ..SimConfig::default()
+        },
+        "127.0.0.1:0".parse().unwrap(),
+    )
+    .await
+    .expect("start simulator");
+    let chat = |stream: &str| {
+        format!(r#"{{"messages":[{{"role":"user","content":"hi"}}],"max_tokens":3{stream}}}"#)
+    };
+    let unasked = chat(r#","stream":true"#);
+    let asked = chat(r#","stream":true,"stream_options":{"include_usage":true}"#);
+    let whole = chat("");
+    let has_usage = |body: &str| body.contains(r#""usage":{"#) && body.contains("cached_tokens");
+    for (server, body, expected) in [
+        (&plain, &whole, true),
+        (&plain, &unasked, false),
+        (&plain, &asked, true),
+        (&forced, &unasked, true),
+    ] {
+        let (_, answer) = post(server.addr(), "/v1/chat/completions", "", body).await;
+        assert_eq!(has_usage(&answer), expected, "{body}: {answer}");
     }
 }

@@ -55,6 +55,10 @@ struct Cli {
     /// Output tokens when a request does not set max_tokens.
     #[arg(long, default_value_t = SimConfig::default().default_max_tokens)]
     default_max_tokens: usize,
+    /// End every streamed response with a usage event, asked for or not
+    /// (vLLM's flag of the same name).
+    #[arg(long)]
+    enable_force_include_usage: bool,
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -73,6 +77,7 @@ async fn main() -> anyhow::Result<()> {
         decode_ms_per_seq: cli.decode_ms_per_seq,
         min_chunk_interval_ms: cli.min_chunk_interval_ms,
         default_max_tokens: cli.default_max_tokens,
+        force_include_usage: cli.enable_force_include_usage,
     };
     let server = SimServer::start(cfg, SocketAddr::new(cli.host, cli.port)).await?;
     let mut stdout = std::io::stdout();

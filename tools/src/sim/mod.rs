@@ -101,6 +101,10 @@ pub struct SimConfig {
     pub min_chunk_interval_ms: f64,
     /// Output tokens when a request does not say.
     pub default_max_tokens: usize,
+    /// Every streamed response ends with a usage event, as vLLM's
+    /// `--enable-force-include-usage` makes it (else only when the request
+    /// sets `stream_options.include_usage`).
+    pub force_include_usage: bool,
 }
 
 impl Default for SimConfig {
@@ -118,6 +122,7 @@ impl Default for SimConfig {
             decode_ms_per_seq: 0.1,
             min_chunk_interval_ms: 25.0,
             default_max_tokens: 128,
+            force_include_usage: false,
         }
     }
 }

@@ -186,7 +186,11 @@ async fn route(shared: &Shared, req: Request<Incoming>) -> Response<Body> {
             };
             let kind = ApiKind::from_path(&path);
             match api::parse(kind, &body, &cfg.model, cfg.default_max_tokens) {
-                Ok(parsed) => generate(shared, parsed, orca_format).await,
+                Ok(mut parsed) => {
+                    // vLLM's --enable-force-include-usage: usage whether asked or not.
+                    parsed.include_usage |= cfg.force_include_usage;
+                    generate(shared, parsed, orca_format).await
+                }
                 Err(api::BadRequest(msg)) => {
                     json_response(StatusCode::BAD_REQUEST, &api::error_body(&msg, 400))
                 }
