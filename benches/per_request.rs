@@ -7,6 +7,7 @@
 //! ```sh
 //! cargo bench --bench per_request                          # native
 //! cargo bench --bench per_request --target wasm32-wasip1   # under Node's V8
+//! cargo bench --bench per_request -- usage                 # the usage scanner's lines only
 //! ```
 //!
 //! Each line is the best of 7 timed runs after a warm-up (the machine is
@@ -30,6 +31,7 @@ use prefix_router::request::{
 use prefix_router::shared::MemoryStore;
 use prefix_router::steering;
 use prefix_router::strategy::RoutingPolicy;
+use prefix_router::usage::{Framing, UsageScanner};
 
 /// Envoy's body callbacks deliver up to this much at once here.
 const CHUNK: usize = 16 * 1024;
@@ -298,6 +300,52 @@ fn route_prompts_over(
     (route, store)
 }
 
+/// A 64 KiB response of `framing` as vLLM writes it, its usage at the end:
+/// one chat completion, or chunks of a few words each.
+fn response_body(framing: Framing) -> Vec<u8> {
+    let usage = r#""usage":{"prompt_tokens":1536,"total_tokens":2560,"completion_tokens":1024,"prompt_tokens_details":{"cached_tokens":1408}}"#;
+    let body = match framing {
+        Framing::Json => format!(
+            r#"{{"id":"chatcmpl-1","object":"chat.completion","choices":[{{"index":0,"message":{{"role":"assistant","content":"{}"}},"finish_reason":"length"}}],{usage}}}"#,
+            prose(64 << 10)
+        ),
+        Framing::EventStream => {
+            let mut events = String::new();
+            let words = prose(64 << 10);
+            let mut words = words.split(' ');
+            while events.len() < 64 << 10 {
+                let piece: Vec<&str> = words.by_ref().take(3).collect();
+                events.push_str(&format!(
+                    r#"data: {{"id":"chatcmpl-1","object":"chat.completion.chunk","choices":[{{"index":0,"delta":{{"content":"{} "}},"finish_reason":null}}],"usage":null}}"#,
+                    piece.join(" ")
+                ));
+                events.push_str("\n\n");
+            }
+            format!("{events}data: {{\"choices\":[],{usage}}}\n\ndata: [DONE]\n\n")
+        }
+    };
+    body.into_bytes()
+}
+
+/// The usage scanner over 64 KiB responses in Envoy-sized chunks.
+fn scan_responses() {
+    for (name, framing) in [
+        ("scan usage JSON 64 KiB", Framing::Json),
+        ("scan usage stream 64 KiB", Framing::EventStream),
+    ] {
+        let body = response_body(framing);
+        let us = best_of_7(1000, || {
+            let mut scanner = UsageScanner::new(framing);
+            for chunk in body.chunks(CHUNK) {
+                scanner.feed(black_box(chunk));
+            }
+            assert!(black_box(scanner.finish()).is_some());
+        });
+        let per_kib = us / (body.len() as f64 / 1024.0);
+        println!("  {name:<28} {us:8.2}   {per_kib:.3} µs per KiB");
+    }
+}
+
 fn main() {
     let target = if cfg!(target_arch = "wasm32") {
         "wasm32 under Node's V8"
@@ -305,6 +353,10 @@ fn main() {
         "native"
     };
     println!("per request, {target} (best of 7 runs, µs):");
+    if std::env::args().skip(1).any(|arg| arg == "usage") {
+        scan_responses();
+        return;
+    }
     // Every body type keyed on its first 4,096 bytes or characters, at the
     // default match (LONGEST_PREFIX).
     let prefix_4096 = config(r#"{"prefix_length":4096}"#);
@@ -408,4 +460,5 @@ fn main() {
             (store.successful_sets() - writes) as f64 / 10.0
         );
     }
+    scan_responses();
 }

@@ -67,6 +67,9 @@ pub trait Host: SharedStore {
     /// Up to `len` bytes of the buffered request body from `start`; `None`
     /// if there is no body buffer.
     fn request_body(&self, start: usize, len: usize) -> Result<Option<Vec<u8>>, HostStatus>;
+    /// Up to `len` bytes of the response body chunk being delivered, from
+    /// `start`; `None` if there is no body buffer.
+    fn response_body(&self, start: usize, len: usize) -> Result<Option<Vec<u8>>, HostStatus>;
     /// The plugin configuration (`size` bytes, as `on_configure` announced).
     fn plugin_configuration(&self, size: usize) -> Result<Option<Vec<u8>>, HostStatus>;
     /// Answers the request locally; `details` names the reason in Envoy's
@@ -133,6 +136,9 @@ impl<T: Host + ?Sized> Host for std::rc::Rc<T> {
     }
     fn request_body(&self, start: usize, len: usize) -> Result<Option<Vec<u8>>, HostStatus> {
         (**self).request_body(start, len)
+    }
+    fn response_body(&self, start: usize, len: usize) -> Result<Option<Vec<u8>>, HostStatus> {
+        (**self).response_body(start, len)
     }
     fn plugin_configuration(&self, size: usize) -> Result<Option<Vec<u8>>, HostStatus> {
         (**self).plugin_configuration(size)
@@ -298,6 +304,7 @@ mod abi {
     const MAP_HTTP_RESPONSE_HEADERS: u32 = 2;
     const MAP_HTTP_CALL_RESPONSE_HEADERS: u32 = 6;
     const BUFFER_HTTP_REQUEST_BODY: u32 = 0;
+    const BUFFER_HTTP_RESPONSE_BODY: u32 = 1;
     const BUFFER_HTTP_CALL_RESPONSE_BODY: u32 = 4;
     const BUFFER_PLUGIN_CONFIGURATION: u32 = 7;
 
@@ -619,6 +626,9 @@ mod abi {
         }
         fn request_body(&self, start: usize, len: usize) -> Result<Option<Vec<u8>>, HostStatus> {
             get_buffer(BUFFER_HTTP_REQUEST_BODY, start, len)
+        }
+        fn response_body(&self, start: usize, len: usize) -> Result<Option<Vec<u8>>, HostStatus> {
+            get_buffer(BUFFER_HTTP_RESPONSE_BODY, start, len)
         }
         fn plugin_configuration(&self, size: usize) -> Result<Option<Vec<u8>>, HostStatus> {
             get_buffer(BUFFER_PLUGIN_CONFIGURATION, 0, size)

@@ -25,6 +25,8 @@
 //! - [`tenant`]: validation of the tenant header.
 //! - [`key`]: the framed xxh3 routing key.
 //! - [`request`]: the per-request state machine that ties them together.
+//! - [`usage`]: what the engine reports it found cached, read from the
+//!   response body.
 //! - [`headers`]: the names of the headers the filter defines.
 //! - [`metrics`]: the names of the stats the filter exports.
 //! - [`shared`]: the proxy-wasm shared-data contract, with an in-memory store.
@@ -76,6 +78,7 @@ pub mod strategy;
 pub mod tenant;
 #[cfg(test)]
 mod testing;
+pub mod usage;
 
 #[cfg(all(target_arch = "wasm32", not(test)))]
 mod wasm;

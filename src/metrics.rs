@@ -24,6 +24,7 @@
 use crate::classify::ApiKind;
 use crate::request::KeyDerivation;
 use crate::strategy::DecisionKind;
+use crate::usage::Usage;
 
 /// Every routing decision kind, in a fixed order (one counter each).
 pub const DECISION_KINDS: [DecisionKind; 9] = [
@@ -109,6 +110,75 @@ pub fn in_flight_gauge_name(address: &str) -> String {
 /// routing added there, what `cold_placement: BALANCED` evens out.
 pub fn placed_bytes_counter_name(address: &str) -> String {
     instance_stat_name("prefix_router.placed_bytes", address)
+}
+
+/// Per-instance counters of what engines report in their responses' usage
+/// ([`crate::usage`]), for 2xx responses to prefix-aware decisions:
+/// `<prefix>.endpoint.<address>`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UsageCounter {
+    /// Responses watched for a usage.
+    Responses,
+    /// Of those, responses whose usage gave `prompt_tokens`.
+    Reported,
+    /// Of those, responses whose usage also gave `cached_tokens`.
+    ReportedCached,
+    /// `prompt_tokens` reported.
+    PromptTokens,
+    /// `cached_tokens` reported.
+    CachedTokens,
+    /// The decision's predicted matched bytes, for the responses that
+    /// reported `cached_tokens` (LONGEST_PREFIX).
+    MatchedBytes,
+}
+
+impl UsageCounter {
+    pub const ALL: [UsageCounter; 6] = [
+        UsageCounter::Responses,
+        UsageCounter::Reported,
+        UsageCounter::ReportedCached,
+        UsageCounter::PromptTokens,
+        UsageCounter::CachedTokens,
+        UsageCounter::MatchedBytes,
+    ];
+
+    /// The name before `.endpoint.<address>`.
+    pub fn prefix(self) -> &'static str {
+        match self {
+            UsageCounter::Responses => "prefix_router.usage.responses",
+            UsageCounter::Reported => "prefix_router.usage.reported",
+            UsageCounter::ReportedCached => "prefix_router.usage.reported_cached",
+            UsageCounter::PromptTokens => "prefix_router.usage.prompt_tokens",
+            UsageCounter::CachedTokens => "prefix_router.usage.cached_tokens",
+            UsageCounter::MatchedBytes => "prefix_router.usage.matched_bytes",
+        }
+    }
+
+    /// Position in [`UsageCounter::ALL`], for id tables.
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// What one response adds to each counter, in [`UsageCounter::ALL`]'s
+    /// order: `usage` is what its body reported, `matched_bytes` the
+    /// decision's prediction.
+    pub fn amounts(
+        usage: Option<Usage>,
+        matched_bytes: Option<u64>,
+    ) -> [(UsageCounter, u64); UsageCounter::ALL.len()] {
+        let reported = usage.map(|u| u.prompt_tokens);
+        let cached = usage.and_then(|u| u.cached_tokens);
+        let predicted = cached.map(|_| matched_bytes.unwrap_or_default());
+        let one_if = |known: bool| u64::from(known);
+        [
+            (UsageCounter::Responses, 1),
+            (UsageCounter::Reported, one_if(reported.is_some())),
+            (UsageCounter::ReportedCached, one_if(cached.is_some())),
+            (UsageCounter::PromptTokens, reported.unwrap_or_default()),
+            (UsageCounter::CachedTokens, cached.unwrap_or_default()),
+            (UsageCounter::MatchedBytes, predicted.unwrap_or_default()),
+        ]
+    }
 }
 
 /// The counters, one Envoy stat each.
@@ -278,6 +348,64 @@ mod tests {
                 "{name}"
             );
             assert!(!name.contains("_rq_"), "{name}");
+        }
+    }
+
+    #[test]
+    fn usage_counters_are_per_instance_and_count_only_what_was_reported() {
+        for (i, counter) in UsageCounter::ALL.iter().enumerate() {
+            assert_eq!(counter.index(), i);
+            assert!(counter.prefix().starts_with("prefix_router.usage."));
+            assert!(!counter.prefix().contains("_rq_"));
+        }
+        assert_eq!(
+            instance_stat_name(UsageCounter::CachedTokens.prefix(), "10.0.0.1:80"),
+            "prefix_router.usage.cached_tokens.endpoint.10.0.0.1:80"
+        );
+        use UsageCounter::*;
+        assert_eq!(
+            UsageCounter::amounts(None, Some(512)),
+            [
+                (Responses, 1),
+                (Reported, 0),
+                (ReportedCached, 0),
+                (PromptTokens, 0),
+                (CachedTokens, 0),
+                (MatchedBytes, 0)
+            ]
+        );
+        let no_cached = Usage {
+            prompt_tokens: 40,
+            cached_tokens: None,
+        };
+        assert_eq!(
+            UsageCounter::amounts(Some(no_cached), Some(512)),
+            [
+                (Responses, 1),
+                (Reported, 1),
+                (ReportedCached, 0),
+                (PromptTokens, 40),
+                (CachedTokens, 0),
+                (MatchedBytes, 0)
+            ]
+        );
+        let cached = Usage {
+            prompt_tokens: 40,
+            cached_tokens: Some(32),
+        };
+        assert_eq!(
+            UsageCounter::amounts(Some(cached), Some(128)),
+            [
+                (Responses, 1),
+                (Reported, 1),
+                (ReportedCached, 1),
+                (PromptTokens, 40),
+                (CachedTokens, 32),
+                (MatchedBytes, 128)
+            ]
+        );
+        for (i, (counter, _)) in UsageCounter::amounts(None, None).iter().enumerate() {
+            assert_eq!(counter.index(), i);
         }
     }
 

@@ -112,4 +112,10 @@ impl HttpContext for StreamGlue {
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
         action(with_vm(Flow::Continue, |vm| self.0.on_response_headers(vm)))
     }
+
+    fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        action(with_vm(Flow::Continue, |vm| {
+            self.0.on_response_body(vm, body_size, end_of_stream)
+        }))
+    }
 }

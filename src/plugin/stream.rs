@@ -14,12 +14,13 @@ use crate::engine_load::orca;
 use crate::headers::{COUNTED_HEADER, INTERNAL_REQUEST_HEADERS};
 use crate::host::{HeaderMap, Host};
 use crate::load::{EngineView, Ticket, UpstreamStart, FAILED_RETRY_MS};
-use crate::metrics::Counter;
+use crate::metrics::{Counter, UsageCounter};
 use crate::request::{
     BodyKind, BodyVerdict, HeadersVerdict, KeyDerivation, LocalReply, RequestHead, RequestReader,
 };
 use crate::steering::{self, ListenerCount};
 use crate::strategy::{DecisionKind, Policy};
+use crate::usage::{Framing, UsageScanner};
 
 /// See the module documentation.
 #[derive(Debug)]
@@ -44,6 +45,18 @@ pub struct Stream {
     /// LONGEST_PREFIX, a prompt Envoy placed (Maglev on its opening): its
     /// chain, recorded in the index once the response names the instance.
     placed_by_envoy: Option<Vec<u64>>,
+    /// A response to a prefix-aware decision, read for the usage its
+    /// engine reports.
+    usage_watch: Option<UsageWatch>,
+}
+
+/// See [`Stream::watch_usage`].
+#[derive(Debug)]
+struct UsageWatch {
+    /// `None` once a chunk could not be read: the usage is then unknown.
+    scanner: Option<UsageScanner>,
+    address: String,
+    matched_bytes: Option<u64>,
 }
 
 impl Stream {
@@ -59,6 +72,7 @@ impl Stream {
             decided: None,
             listener_count: None,
             placed_by_envoy: None,
+            usage_watch: None,
         }
     }
 
@@ -170,7 +184,9 @@ impl Stream {
             .engine_load
             .as_ref()
             .and_then(|_| orca_report(vm.host()));
+        let predicted = self.decided.filter(|(kind, _)| predicts(*kind));
         let wanted = check
+            || predicted.is_some()
             || self.config.decision_header.is_some()
             || placed_by_envoy.is_some()
             || report.is_some();
@@ -193,6 +209,9 @@ impl Stream {
         if let (Some(report), Some(address)) = (&report, &instance) {
             self.use_orca_report(vm, report, address);
         }
+        if let (Some((_, matched_bytes)), Some(address)) = (predicted, &instance) {
+            self.watch_usage(vm, address, matched_bytes);
+        }
         if let (Some(header), Some((kind, matched))) = (&self.config.decision_header, self.decided)
         {
             let value = steering::decision_header_value(kind, instance.as_deref(), matched);
@@ -203,6 +222,82 @@ impl Stream {
             );
         }
         Flow::Continue
+    }
+
+    /// `on_http_response_body`: a watched response's chunk goes through the
+    /// usage scanner; the body is never held or changed.
+    pub fn on_response_body<H: Host + Clone>(
+        &mut self,
+        vm: &mut Vm<H>,
+        body_size: usize,
+        end_of_stream: bool,
+    ) -> Flow {
+        let Some(watch) = self.usage_watch.as_mut() else {
+            return Flow::Continue;
+        };
+        if body_size > 0 && watch.scanner.is_some() {
+            match vm.host().response_body(0, body_size) {
+                Ok(Some(chunk)) => {
+                    if let Some(scanner) = watch.scanner.as_mut() {
+                        scanner.feed(&chunk);
+                    }
+                }
+                Ok(None) => {}
+                Err(status) => {
+                    log::debug!("prefix-router: cannot read a response body chunk: {status}");
+                    watch.scanner = None;
+                }
+            }
+        }
+        if end_of_stream {
+            self.count_usage(vm);
+        }
+        Flow::Continue
+    }
+
+    /// A 2xx response from `address` to a prefix-aware decision, not
+    /// content-encoded: its body is scanned for the engine's usage.
+    fn watch_usage<H: Host + Clone>(
+        &mut self,
+        vm: &mut Vm<H>,
+        address: &str,
+        matched_bytes: Option<u64>,
+    ) {
+        let header = |name: &str| match vm.host().response_header_value(name) {
+            Ok(value) => value,
+            Err(status) => {
+                log::debug!("prefix-router: cannot read response header {name}: {status}");
+                None
+            }
+        };
+        let success = header(":status").is_some_and(|status| status.first() == Some(&b'2'));
+        if !success {
+            return;
+        }
+        // Compressed bodies are not decoded: no usage, and not counted.
+        let encoded = header("content-encoding")
+            .is_some_and(|encoding| !encoding.eq_ignore_ascii_case(b"identity"));
+        if encoded {
+            return;
+        }
+        let framing = Framing::of_content_type(header("content-type").as_deref());
+        self.usage_watch = Some(UsageWatch {
+            scanner: Some(UsageScanner::new(framing)),
+            address: address.to_string(),
+            matched_bytes,
+        });
+    }
+
+    /// Counts a watched response and what its usage reported, once.
+    fn count_usage<H: Host + Clone>(&mut self, vm: &mut Vm<H>) {
+        let Some(watch) = self.usage_watch.take() else {
+            return;
+        };
+        let usage = watch.scanner.and_then(UsageScanner::finish);
+        let fleet = self.config.fleet.as_deref();
+        for (counter, amount) in UsageCounter::amounts(usage, watch.matched_bytes) {
+            vm.count_usage(fleet, counter, &watch.address, amount);
+        }
     }
 
     /// `engine_load`: a response's ORCA load report from the instance at
@@ -256,6 +351,8 @@ impl Stream {
     /// Upstream role: an attempt that ended unanswered because its
     /// connection failed marks its instance failed.
     pub fn on_done<H: Host + Clone>(&mut self, vm: &mut Vm<H>) {
+        // A response cut short: counted with what arrived of it.
+        self.count_usage(vm);
         if let Some(ticket) = self.ticket.take() {
             let now = vm.now_ms();
             vm.with_tracker(&self.config, |t| t.release(ticket, now));
@@ -418,6 +515,15 @@ impl Stream {
         remove_request_headers(vm.host(), INTERNAL_REQUEST_HEADERS, read.as_ref());
         Flow::Continue
     }
+}
+
+/// Whether a decision of `kind` predicted where the prompt's prefix is
+/// cached (a prefix-aware decision with a key).
+fn predicts(kind: DecisionKind) -> bool {
+    !matches!(
+        kind,
+        DecisionKind::LeastOutstanding | DecisionKind::Random | DecisionKind::NoKey
+    )
 }
 
 /// `upstream.address` (`ip:port`): readable in the upstream filter from the

@@ -8,8 +8,8 @@ use crate::headers::{COUNTED_HEADER, PENDING_MARK, ROUTE_HEADER};
 use crate::host::{Host, MetricKind};
 use crate::load::InstanceLoad;
 use crate::metrics::{
-    fleet_stat_name, in_flight_gauge_name, placed_bytes_counter_name, Counter, BYTES_INSPECTED,
-    DECISION_KINDS,
+    fleet_stat_name, in_flight_gauge_name, placed_bytes_counter_name, Counter, UsageCounter,
+    BYTES_INSPECTED, DECISION_KINDS,
 };
 use crate::testing::memory_host::MemoryHost;
 
@@ -19,6 +19,10 @@ const KEY_HEADER: &str = "x-prefix-route-key";
 const HOST_HEADER: &str = "x-prefix-route-host";
 const A: &str = "10.0.0.1:8000";
 const B: &str = "10.0.0.2:8000";
+
+/// What a response to a prefix-aware decision is read for: where it came
+/// from and whether its body is scanned for the usage.
+const USAGE_WATCH_CALLS: [&str; 2] = ["property upstream.address", "response_header_value :status"];
 
 /// [`configured_as`] with `match: FIXED_PREFIX` unless `json` names a
 /// match: most of these tests pin the mechanics of Maglev keys.
@@ -407,8 +411,8 @@ fn the_decision_header_names_the_kind_and_the_instance() {
     stream.on_response_headers(&mut vm);
     assert_eq!(
         host.take_calls(),
-        Vec::<String>::new(),
-        "no decision header, counted upstream: the response is not touched"
+        USAGE_WATCH_CALLS,
+        "no decision header, counted upstream: only read for its usage"
     );
     stream.on_done(&mut vm);
 }
@@ -565,8 +569,8 @@ fn counting_at_the_response_acts_only_when_it_should() {
     second.on_response_headers(&mut vm);
     assert_eq!(
         host.take_calls(),
-        Vec::<String>::new(),
-        "claimed on the target, check not due: nothing read"
+        USAGE_WATCH_CALLS,
+        "claimed on the target, check not due: only read for its usage"
     );
     assert_eq!(in_flight(&mut vm, &host, A), Some(2), "not counted twice");
     for mut stream in [first, second] {
@@ -844,4 +848,136 @@ fn without_a_listed_fleet_a_cold_prompt_goes_by_maglev_and_is_indexed_at_its_res
         Some("matched; instance=10.0.0.1:8000; matched=2000")
     );
     second.on_done(&mut vm);
+}
+
+/// Delivers a response from `address` with `headers` and `chunks` to
+/// `stream`, every callback answering Continue, then ends the stream.
+fn respond_with_body(
+    host: &MemoryHost,
+    vm: &mut TestVm,
+    stream: &mut Stream,
+    address: &str,
+    headers: &[(&str, &str)],
+    chunks: &[&[u8]],
+) {
+    host.set_property("upstream.address", Some(address));
+    for (name, value) in headers {
+        host.replace_response_header(name, value.as_bytes())
+            .unwrap();
+    }
+    // Only the callbacks' own host calls remain to be taken.
+    host.take_calls();
+    assert_eq!(stream.on_response_headers(vm), Flow::Continue);
+    for (i, chunk) in chunks.iter().enumerate() {
+        let size = host.deliver_response_chunk(chunk);
+        let end = i + 1 == chunks.len();
+        assert_eq!(stream.on_response_body(vm, size, end), Flow::Continue);
+    }
+    stream.on_done(vm);
+}
+
+fn usage_count(host: &MemoryHost, counter: UsageCounter, address: &str) -> i64 {
+    host.counter(&crate::metrics::instance_stat_name(
+        counter.prefix(),
+        address,
+    ))
+}
+
+const JSON_OK: [(&str, &str); 2] = [(":status", "200"), ("content-type", "application/json")];
+
+#[test]
+fn a_prefix_aware_response_counts_the_usage_its_engine_reported() {
+    let (host, mut vm, root) = configured("{}");
+    let body = br#"{"id":"x","choices":[{"text":"\"usage\":{\"prompt_tokens\":1}"}],"usage":{"prompt_tokens":1536,"prompt_tokens_details":{"cached_tokens":1408}}}"#;
+    let (head, tail) = body.split_at(70);
+    let mut stream = invoke(&host, &mut vm, &root, 1);
+    respond_with_body(&host, &mut vm, &mut stream, A, &JSON_OK, &[head, tail, b""]);
+    let calls = host.take_calls();
+    assert!(
+        !calls.iter().any(|c| c.starts_with("replace_response")),
+        "the response is not changed: {calls:?}"
+    );
+    assert_eq!(calls.iter().filter(|c| *c == "response_body").count(), 2);
+    // A response with no usage, and one streamed with a usage chunk.
+    let mut bare = invoke(&host, &mut vm, &root, 2);
+    respond_with_body(&host, &mut vm, &mut bare, A, &JSON_OK, &[b"{}"]);
+    let mut streamed = invoke(&host, &mut vm, &root, 3);
+    let events = [(":status", "200"), ("content-type", "text/event-stream")];
+    let chunks: [&[u8]; 2] = [
+        b"data: {\"usage\":null}\n\ndata: {\"usage\":{\"prompt_tok",
+        b"ens\":20}}\n\ndata: [DONE]\n\n",
+    ];
+    respond_with_body(&host, &mut vm, &mut streamed, B, &events, &chunks);
+    root.tick(&mut vm);
+    for (counter, at_a, at_b) in [
+        (UsageCounter::Responses, 2, 1),
+        (UsageCounter::Reported, 1, 1),
+        (UsageCounter::ReportedCached, 1, 0),
+        (UsageCounter::PromptTokens, 1536, 20),
+        (UsageCounter::CachedTokens, 1408, 0),
+    ] {
+        assert_eq!(usage_count(&host, counter, A), at_a, "{counter:?}");
+        assert_eq!(usage_count(&host, counter, B), at_b, "{counter:?}");
+    }
+}
+
+#[test]
+fn failed_encoded_or_unpredicted_responses_are_not_read_for_usage() {
+    let usage = br#"{"usage":{"prompt_tokens":5}}"#;
+    let (host, mut vm, root) = configured("{}");
+    let cases: [&[(&str, &str)]; 3] = [
+        &[(":status", "503"), ("content-type", "application/json")],
+        &[(":status", "200"), ("content-encoding", "gzip")],
+        &[],
+    ];
+    for headers in cases {
+        let mut stream = invoke(&host, &mut vm, &root, 1);
+        respond_with_body(&host, &mut vm, &mut stream, A, headers, &[usage]);
+        let calls = host.take_calls();
+        assert!(!calls.contains(&"response_body".to_string()), "{calls:?}");
+    }
+    // No key: no prediction to compare with.
+    let (mut no_key, _) = request(&host, &mut vm, &root, &[(":path", "/v1/models")], None);
+    respond_with_body(&host, &mut vm, &mut no_key, A, &JSON_OK, &[usage]);
+    let (lor_host, mut lor_vm, lor_root) =
+        configured(r#"{"strategy": "LEAST_OUTSTANDING_REQUESTS"}"#);
+    let mut least = invoke(&lor_host, &mut lor_vm, &lor_root, 1);
+    respond_with_body(&lor_host, &mut lor_vm, &mut least, A, &JSON_OK, &[usage]);
+    root.tick(&mut vm);
+    lor_root.tick(&mut lor_vm);
+    assert_eq!(usage_count(&host, UsageCounter::Responses, A), 0);
+    assert_eq!(usage_count(&lor_host, UsageCounter::Responses, A), 0);
+}
+
+#[test]
+fn a_response_cut_short_counts_once_with_what_arrived() {
+    let (host, mut vm, root) = configured("{}");
+    let mut stream = invoke(&host, &mut vm, &root, 1);
+    host.set_property("upstream.address", Some(A));
+    for (name, value) in JSON_OK {
+        host.replace_response_header(name, value.as_bytes())
+            .unwrap();
+    }
+    stream.on_response_headers(&mut vm);
+    let size = host.deliver_response_chunk(br#"{"usage":{"prompt_tokens":5}"#);
+    assert_eq!(
+        stream.on_response_body(&mut vm, size, false),
+        Flow::Continue
+    );
+    stream.on_done(&mut vm);
+    stream.on_done(&mut vm);
+    // A chunk the host cannot hand over leaves the usage unknown.
+    let mut unread = invoke(&host, &mut vm, &root, 2);
+    host.set_failing("response_body", true);
+    respond_with_body(
+        &host,
+        &mut vm,
+        &mut unread,
+        A,
+        &JSON_OK,
+        &[br#"{"usage":{"prompt_tokens":5}}"#],
+    );
+    root.tick(&mut vm);
+    assert_eq!(usage_count(&host, UsageCounter::Responses, A), 2);
+    assert_eq!(usage_count(&host, UsageCounter::Reported, A), 0);
 }

@@ -14,7 +14,9 @@ use crate::config::Config;
 use crate::counting_check::{AtResponse, UpstreamFilterCheck};
 use crate::host::{Host, MetricKind};
 use crate::load::{InstanceLoad, LoadTracker};
-use crate::metrics::{fleet_stat_name, in_flight_gauge_name, placed_bytes_counter_name, FleetIds};
+use crate::metrics::{
+    fleet_stat_name, in_flight_gauge_name, placed_bytes_counter_name, FleetIds, UsageCounter,
+};
 use crate::steering;
 
 /// Most instances one VM defines a per-instance stat for, of each kind (the
@@ -38,6 +40,8 @@ pub struct Vm<H: Host + Clone> {
     gauges: FleetIds<HashMap<String, u32>>,
     /// Placed-bytes counter ids by instance address.
     placed_counters: FleetIds<HashMap<String, u32>>,
+    /// Usage counter ids by instance address, one table per counter.
+    usage_counters: [FleetIds<HashMap<String, u32>>; UsageCounter::ALL.len()],
     /// The `fleet` of the root configured last (`None` before any): the
     /// VM's roots share the per-instance stats, so they should agree.
     configured_fleet: Option<Option<String>>,
@@ -70,6 +74,7 @@ impl<H: Host + Clone> Vm<H> {
             last_tick_ms: 0,
             gauges: FleetIds::default(),
             placed_counters: FleetIds::default(),
+            usage_counters: Default::default(),
             configured_fleet: None,
             pending_counts: Vec::new(),
             pending_samples: Vec::new(),
@@ -244,6 +249,26 @@ impl<H: Host + Clone> Vm<H> {
         }
     }
 
+    /// Adds `amount` to `counter` of `address` (named for `fleet`), handed
+    /// to Envoy on the tick (nothing past [`MAX_GAUGES`] instances). A zero
+    /// defines the stat, so an instance's usage series all appear at once.
+    pub fn count_usage(
+        &mut self,
+        fleet: Option<&str>,
+        counter: UsageCounter,
+        address: &str,
+        amount: u64,
+    ) {
+        let Some(ids) = self.usage_counters.get_mut(counter.index()) else {
+            return;
+        };
+        let name = |address: &str| crate::metrics::instance_stat_name(counter.prefix(), address);
+        let id = instance_stat_id(&self.host, ids, fleet, MetricKind::Counter, name, address);
+        if let (Some(id), true) = (id, amount > 0) {
+            self.add_later(id, amount);
+        }
+    }
+
     /// Holds a sample of histogram `id` for the tick (recorded at once if
     /// [`MAX_PENDING_SAMPLES`] are held already).
     pub fn record_later(&mut self, id: u32, value: u64) {
@@ -325,7 +350,7 @@ fn instance_stat_id(
     ids: &mut FleetIds<HashMap<String, u32>>,
     fleet: Option<&str>,
     kind: MetricKind,
-    name: fn(&str) -> String,
+    name: impl Fn(&str) -> String,
     address: &str,
 ) -> Option<u32> {
     let ids = ids.of(fleet);

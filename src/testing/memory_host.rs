@@ -59,6 +59,8 @@ pub(crate) struct MemoryHost {
     request_headers: RefCell<Vec<(String, Vec<u8>)>>,
     response_headers: RefCell<Vec<(String, Vec<u8>)>>,
     body: RefCell<Vec<u8>>,
+    /// The response body chunk being delivered.
+    response_chunk: RefCell<Vec<u8>>,
     configuration: RefCell<Vec<u8>>,
     properties: RefCell<HashMap<String, Vec<u8>>>,
     now_ms: Cell<u64>,
@@ -108,6 +110,7 @@ impl MemoryHost {
             .collect();
         self.response_headers.borrow_mut().clear();
         self.body.borrow_mut().clear();
+        self.response_chunk.borrow_mut().clear();
         self.properties.borrow_mut().clear();
     }
 
@@ -125,6 +128,13 @@ impl MemoryHost {
 
     pub(crate) fn response_header(&self, name: &str) -> Option<String> {
         header(&self.response_headers.borrow(), name)
+    }
+
+    /// The response body chunk the next `on_response_body` reads; returns
+    /// its size.
+    pub(crate) fn deliver_response_chunk(&self, bytes: &[u8]) -> usize {
+        *self.response_chunk.borrow_mut() = bytes.to_vec();
+        bytes.len()
     }
 
     /// Appends to the buffered request body; returns its size now.
@@ -316,9 +326,13 @@ impl Host for MemoryHost {
     fn request_body(&self, start: usize, len: usize) -> Result<Option<Vec<u8>>, HostStatus> {
         self.log("request_body".into());
         self.fails("request_body")?;
-        let body = self.body.borrow();
-        let end = start.saturating_add(len).min(body.len());
-        Ok(body.get(start..end).map(<[u8]>::to_vec))
+        Ok(window(&self.body.borrow(), start, len))
+    }
+
+    fn response_body(&self, start: usize, len: usize) -> Result<Option<Vec<u8>>, HostStatus> {
+        self.log("response_body".into());
+        self.fails("response_body")?;
+        Ok(window(&self.response_chunk.borrow(), start, len))
     }
 
     fn plugin_configuration(&self, size: usize) -> Result<Option<Vec<u8>>, HostStatus> {
@@ -442,11 +456,17 @@ impl Host for MemoryHost {
     ) -> Result<Option<Vec<u8>>, HostStatus> {
         self.log("http_call_response_body".into());
         let answer = self.http_call_answer.borrow();
-        Ok(answer.as_ref().and_then(|(_, body)| {
-            let end = start.saturating_add(len).min(body.len());
-            body.get(start..end).map(<[u8]>::to_vec)
-        }))
+        Ok(answer
+            .as_ref()
+            .and_then(|(_, body)| window(body, start, len)))
     }
+}
+
+/// Up to `len` bytes of `buffer` from `start`, as a host hands a buffer's
+/// slice over (`None` past its end).
+fn window(buffer: &[u8], start: usize, len: usize) -> Option<Vec<u8>> {
+    let end = start.saturating_add(len).min(buffer.len());
+    buffer.get(start..end).map(<[u8]>::to_vec)
 }
 
 impl SharedStore for MemoryHost {

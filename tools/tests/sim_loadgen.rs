@@ -548,3 +548,38 @@ async fn lora_adapters_are_served_listed_loaded_and_cached_apart() {
     assert!(!models.contains("parent"));
     assert!(!get(plain.addr(), "/metrics").await.1.contains("lora"));
 }
+
+/// As vLLM: a non-streaming response always carries usage with its cached
+/// tokens; a streamed one ends with a usage event only when the request sets
+/// `stream_options.include_usage`, or the server forces it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streamed_usage_only_when_asked_or_forced() {
+    let plain = sim("plain").await;
+    let forced = SimServer::start(
+        SimConfig {
+            name: "forced".into(),
+            time_scale: TIME_SCALE,
+            force_include_usage: true,
+            ..SimConfig::default()
+        },
+        "127.0.0.1:0".parse().unwrap(),
+    )
+    .await
+    .expect("start simulator");
+    let chat = |stream: &str| {
+        format!(r#"{{"messages":[{{"role":"user","content":"hi"}}],"max_tokens":3{stream}}}"#)
+    };
+    let unasked = chat(r#","stream":true"#);
+    let asked = chat(r#","stream":true,"stream_options":{"include_usage":true}"#);
+    let whole = chat("");
+    let has_usage = |body: &str| body.contains(r#""usage":{"#) && body.contains("cached_tokens");
+    for (server, body, expected) in [
+        (&plain, &whole, true),
+        (&plain, &unasked, false),
+        (&plain, &asked, true),
+        (&forced, &unasked, true),
+    ] {
+        let (_, answer) = post(server.addr(), "/v1/chat/completions", "", body).await;
+        assert_eq!(has_usage(&answer), expected, "{body}: {answer}");
+    }
+}

@@ -31,6 +31,12 @@ fn metrics_doc_names_every_stat_the_filter_defines() {
     ] {
         defined.push(name_of("<ip>:<port>"));
     }
+    for counter in prefix_router::metrics::UsageCounter::ALL {
+        defined.push(prefix_router::metrics::instance_stat_name(
+            counter.prefix(),
+            "<ip>:<port>",
+        ));
+    }
     // Decision counters are documented once, as `prefix_router.decision.<kind>`
     // with every kind listed.
     for kind in prefix_router::metrics::DECISION_KINDS {

@@ -64,6 +64,10 @@ struct Cli {
     /// Simulated ms to make a non-resident adapter resident.
     #[arg(long, default_value_t = SimConfig::default().lora_load_ms)]
     lora_load_ms: f64,
+    /// End every streamed response with a usage event, asked for or not
+    /// (vLLM's flag of the same name).
+    #[arg(long)]
+    enable_force_include_usage: bool,
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -92,6 +96,7 @@ async fn main() -> anyhow::Result<()> {
             })
             .collect(),
         lora_load_ms: cli.lora_load_ms,
+        force_include_usage: cli.enable_force_include_usage,
     };
     let server = SimServer::start(cfg, SocketAddr::new(cli.host, cli.port)).await?;
     let mut stdout = std::io::stdout();

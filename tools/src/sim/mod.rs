@@ -118,6 +118,10 @@ pub struct SimConfig {
     pub lora_modules: Vec<(String, String)>,
     /// Time to make a non-resident adapter resident, ms (simulated).
     pub lora_load_ms: f64,
+    /// Every streamed response ends with a usage event, as vLLM's
+    /// `--enable-force-include-usage` makes it (else only when the request
+    /// sets `stream_options.include_usage`).
+    pub force_include_usage: bool,
 }
 
 impl Default for SimConfig {
@@ -140,6 +144,7 @@ impl Default for SimConfig {
             // A modelling choice: copying a few hundred MB of adapter weights
             // host to device, plus the engine step it stalls.
             lora_load_ms: 50.0,
+            force_include_usage: false,
         }
     }
 }

@@ -210,7 +210,11 @@ async fn route(shared: &Shared, req: Request<Incoming>) -> Response<Body> {
                         404,
                     ),
                 ),
-                Ok(parsed) => generate(shared, parsed, orca_format).await,
+                Ok(mut parsed) => {
+                    // vLLM's --enable-force-include-usage: usage whether asked or not.
+                    parsed.include_usage |= cfg.force_include_usage;
+                    generate(shared, parsed, orca_format).await
+                }
                 Err(api::BadRequest(msg)) => {
                     json_response(StatusCode::BAD_REQUEST, &api::error_body(&msg, 400))
                 }
