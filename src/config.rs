@@ -367,10 +367,8 @@ impl EngineLoadConfig {
 pub const ENGINE_INTERVAL_MS_DEFAULT: u64 = 500;
 pub const ENGINE_INTERVAL_MS_RANGE: (u64, u64) = (50, 60_000);
 /// Polls a second past which `engine_load` is warned about at configure:
-/// some 3 to 5 % of a core, at 0.12 to 0.2 ms of one worker a poll (vLLM's
-/// `/metrics` of 45 KB polled over 64 instances every 50 and 500 ms:
-/// docs/benchmarks.md, "Engine load"); 64 instances every 500 ms poll 128
-/// times a second.
+/// where polling one worker costs a few percent of a core (docs/benchmarks.md,
+/// "Engine load"), above what 64 instances polled every 500 ms make.
 pub const ENGINE_POLLS_PER_SECOND_WARN: u64 = 250;
 /// Each poll is due `interval_ms` +- this share of it after the last one,
 /// so that many proxies started together do not poll in step.
