@@ -5,8 +5,8 @@
 //! never share a chain. `chain[i]` names the whole prefix through block `i`:
 //! two prompts share `chain[i]` exactly when their first `i + 1` blocks agree.
 //!
-//! Also what cold placement and the matching rule need of the prompt's
-//! structure (canonical text only; raw bytes have none):
+//! Also what the decision needs of the prompt's structure (canonical text
+//! only; raw bytes have none):
 //! - the **opening**: the prompt through its first message that is not a
 //!   system (or developer, or `/responses` instructions) message, at most
 //!   [`OWN_OPENING_BYTES`] of that message, capped at the prefix. A
@@ -14,13 +14,10 @@
 //!   the document (whatever the question after it, so replicas that each
 //!   see another question first still agree); a cold prompt is placed by
 //!   its hash. Raw bytes: the first [`RAW_OPENING_BYTES`].
-//! - the **conversation's start**: where that first own message begins. A
-//!   match that ends in the system messages before it (a system prompt,
-//!   shared by many conversations or by one group's requests) does not
-//!   attract the request by itself: the matched blocks must reach one block
-//!   past it (or cover the whole prefix, when the system messages fill it).
-//!   Whether a system-only match still prefers its holders is the policy's
-//!   call, by their recent shares (`load::recent`).
+//! - the **conversation's start**: where that first own message begins,
+//!   after the system messages (a system prompt, shared by many
+//!   conversations or by one group's requests), which the fleet may hold
+//!   everywhere.
 //! - the **history**: the bytes before the prompt's last message, when that
 //!   message follows the first own one (a conversation's later turn). Its
 //!   earlier turns, answers included, are what the instance that served
@@ -82,8 +79,6 @@ pub struct PromptBlocks {
     pub padding: (usize, usize),
     /// Hash of the opening (cold placement ranks instances by it).
     pub opening: u64,
-    /// The fewest matched blocks that attract the request to their holder.
-    pub attracting_blocks: usize,
     /// Bytes before the last message, when it follows the first own one (a
     /// conversation's later turn); 0 otherwise and for raw bytes.
     pub history_bytes: usize,
@@ -149,7 +144,6 @@ impl PromptBlocks {
             }
         }
         let opening = xxh3_64_with_seed(prefix.get(..opening_end).unwrap_or(prefix), seed);
-        let attracting_blocks = (system_blocks + padding + 1).min(chain.len());
         PromptBlocks {
             chain,
             block_bytes,
@@ -157,7 +151,6 @@ impl PromptBlocks {
             cuts,
             padding: (system_blocks, padding),
             opening,
-            attracting_blocks,
             history_bytes,
             previous_prompt_bytes,
         }
@@ -188,12 +181,6 @@ impl PromptBlocks {
         self.prefix_bytes
     }
 
-    /// True if a match of `blocks` blocks attracts the request (see the
-    /// module documentation).
-    pub fn attracts(&self, blocks: usize) -> bool {
-        blocks > 0 && blocks >= self.attracting_blocks
-    }
-
     /// True unless this is a conversation's later turn and a match of
     /// `held_bytes` stops short of its previous turn's prompt: then another
     /// replica routed that turn, and this Envoy does not know whether it
@@ -204,7 +191,7 @@ impl PromptBlocks {
     }
 
     /// True if a match of `held_blocks` blocks leaves the request adding to
-    /// what its holder holds, for the share bound to weigh moving it: a
+    /// what its holder holds, for the `share` term to weigh moving it: a
     /// conversation's later turn whose previous turn the match reaches
     /// ([`PromptBlocks::previous_turn_held`]), or a single prompt with text
     /// past the match (a new question after a held document). A single
@@ -351,8 +338,6 @@ mod tests {
         assert_eq!(x.padding, (2, 2));
         assert_eq!(x.chain.len(), 5);
         assert_eq!(x.chain[..], y.chain[..5]);
-        assert!(x.attracts(5) && !x.attracts(4));
-        assert!(y.attracts(5), "the next turn matches into its own text");
         assert_eq!(y.bytes_of(1), 256);
         assert_eq!(y.bytes_of(2), system.len());
         assert_eq!(y.bytes_of(4), system.len(), "padding holds no bytes");
@@ -564,32 +549,6 @@ mod tests {
             PromptBlocks::new(&canonical(&other), 256).opening,
             a.opening
         );
-        // A match that covers only the system prompt does not attract; one
-        // block past the conversation's start does.
-        let start = system.len();
-        assert_eq!(b.attracting_blocks, start.div_ceil(256) + 1);
-        assert!(!b.attracts(start / 256));
-        assert!(b.attracts(start.div_ceil(256) + 1));
-    }
-
-    #[test]
-    fn without_a_system_prompt_any_matched_block_attracts() {
-        let doc = record("user", &format!("{}\n\nSummarise.", "d".repeat(2000)));
-        let blocks = PromptBlocks::new(&canonical(&doc), 256);
-        assert_eq!(blocks.attracting_blocks, 1);
-        assert!(!blocks.attracts(0));
-        assert!(blocks.attracts(1));
-    }
-
-    #[test]
-    fn a_system_prompt_that_fills_the_prefix_attracts_when_wholly_matched() {
-        let text = record("system", &"s".repeat(5000));
-        let cut = &text[..4096];
-        let blocks = PromptBlocks::new(&canonical(cut), 256);
-        assert_eq!(blocks.chain.len(), 16);
-        assert_eq!(blocks.attracting_blocks, 16);
-        assert!(blocks.attracts(16));
-        assert!(!blocks.attracts(15));
     }
 
     #[test]
@@ -703,18 +662,14 @@ mod tests {
             256,
         );
         assert_eq!(a.opening, b.opening);
-        assert_eq!(a.attracting_blocks, 1);
     }
 
     #[test]
     fn empty_and_short_prompts() {
         let empty = PromptBlocks::new(&canonical(""), 256);
         assert!(empty.chain.is_empty());
-        assert_eq!(empty.attracting_blocks, 0);
-        assert!(!empty.attracts(0));
         let short = PromptBlocks::new(&canonical("hi"), 256);
         assert_eq!(short.chain.len(), 1);
-        assert!(short.attracts(1));
     }
 
     #[test]

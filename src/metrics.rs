@@ -27,11 +27,10 @@ use crate::strategy::DecisionKind;
 use crate::usage::Usage;
 
 /// Every routing decision kind, in a fixed order (one counter each).
-pub const DECISION_KINDS: [DecisionKind; 9] = [
+pub const DECISION_KINDS: [DecisionKind; 8] = [
     DecisionKind::Matched,
     DecisionKind::Cold,
     DecisionKind::Moved,
-    DecisionKind::Rebalanced,
     DecisionKind::Prefix,
     DecisionKind::Overflow,
     DecisionKind::LeastOutstanding,
@@ -421,7 +420,6 @@ mod tests {
                 "prefix_router.decision.matched",
                 "prefix_router.decision.cold",
                 "prefix_router.decision.moved",
-                "prefix_router.decision.rebalanced",
                 "prefix_router.decision.prefix",
                 "prefix_router.decision.overflow",
                 "prefix_router.decision.least_outstanding",

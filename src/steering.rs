@@ -10,7 +10,8 @@ use crate::config::{Config, Counting, Matching, Strategy};
 use crate::headers::{COUNTED_HEADER, DEFAULT_HOST_HEADER, PENDING_MARK, ROUTE_HEADER};
 use crate::load::{LoadConfig, UpstreamStart};
 use crate::strategy::{
-    DecisionKind, LeastOutstanding, LongestPrefix, Policy, PrefixAware, RandomPolicy, RouteHeaders,
+    Cost, DecisionKind, Explained, LeastOutstanding, LongestPrefix, Policy, PrefixAware,
+    RandomPolicy, RouteHeaders,
 };
 
 /// The routing policy a configuration selects (rebuilt on every configure).
@@ -147,11 +148,15 @@ impl ListenerCount {
 
 /// Value of the debug `decision_header`: `<kind>; instance=<ip:port>`, or
 /// just the kind when no upstream host was chosen; LONGEST_PREFIX adds
-/// `; matched=<bytes>`, the prefix the chosen instance was known to hold.
+/// `; matched=<bytes>`, the prefix the chosen instance was known to hold,
+/// and the cost of the chosen instance and the runner-up, term by term in
+/// KiB of prompt computed: `; cost 4.5 = load 0 + prefill 4.5 + share 0;
+/// runner-up 10.0.0.3:8000 cost 18.0 = load 0 + prefill 18.0 + share 0`.
 pub fn decision_header_value(
     kind: DecisionKind,
     instance: Option<&str>,
     matched_bytes: Option<u64>,
+    explained: Option<&Explained>,
 ) -> String {
     let mut value = kind.as_str().to_string();
     if let Some(address) = instance {
@@ -161,7 +166,39 @@ pub fn decision_header_value(
     if let Some(bytes) = matched_bytes {
         value.push_str(&format!("; matched={bytes}"));
     }
+    if let Some(explained) = explained {
+        value.push_str("; ");
+        push_cost(&mut value, &explained.cost);
+        if let Some((address, cost)) = &explained.runner_up {
+            value.push_str("; runner-up ");
+            value.push_str(address);
+            value.push(' ');
+            push_cost(&mut value, cost);
+        }
+    }
     value
+}
+
+/// `cost <total> = load <l> + prefill <p> + share <s>`, in KiB.
+fn push_cost(value: &mut String, cost: &Cost) {
+    value.push_str(&format!(
+        "cost {} = load {} + prefill {} + share {}",
+        Kib(cost.total()),
+        Kib(cost.load),
+        Kib(cost.prefill),
+        Kib(cost.share)
+    ));
+}
+
+/// Bytes as KiB with one decimal, in integer arithmetic (no float
+/// formatting in the `.wasm`).
+struct Kib(u64);
+
+impl std::fmt::Display for Kib {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let tenths = self.0.saturating_mul(10).saturating_add(512) / 1024;
+        write!(f, "{}.{}", tenths / 10, tenths % 10)
+    }
 }
 
 #[cfg(test)]
@@ -545,16 +582,47 @@ mod tests {
     #[test]
     fn decision_header_names_kind_and_instance() {
         assert_eq!(
-            decision_header_value(DecisionKind::Overflow, Some("10.0.0.2:8000"), None),
+            decision_header_value(DecisionKind::Overflow, Some("10.0.0.2:8000"), None, None),
             "overflow; instance=10.0.0.2:8000"
         );
         assert_eq!(
-            decision_header_value(DecisionKind::NoKey, None, None),
+            decision_header_value(DecisionKind::NoKey, None, None, None),
             "no_key"
         );
         assert_eq!(
-            decision_header_value(DecisionKind::Matched, Some("10.0.0.2:8000"), Some(1536)),
+            decision_header_value(
+                DecisionKind::Matched,
+                Some("10.0.0.2:8000"),
+                Some(1536),
+                None
+            ),
             "matched; instance=10.0.0.2:8000; matched=1536"
+        );
+        let explained = Explained {
+            cost: Cost {
+                load: 3 * 1024,
+                prefill: 4608,
+                share: 0,
+            },
+            runner_up: Some((
+                "10.0.0.3:8000".into(),
+                Cost {
+                    load: 0,
+                    prefill: 18 * 1024 + 100,
+                    share: 512,
+                },
+            )),
+        };
+        assert_eq!(
+            decision_header_value(
+                DecisionKind::Moved,
+                Some("10.0.0.2:8000"),
+                Some(0),
+                Some(&explained)
+            ),
+            "moved; instance=10.0.0.2:8000; matched=0; \
+             cost 7.5 = load 3.0 + prefill 4.5 + share 0.0; \
+             runner-up 10.0.0.3:8000 cost 18.6 = load 0.0 + prefill 18.1 + share 0.5"
         );
     }
 }

@@ -1,35 +1,17 @@
 //! Where this worker VM sent its last [`RECENT_WINDOW`] decisions, per
-//! instance slot: the request shares that keep a prompt matched only in its
-//! system messages from piling onto the instances that hold them, and that
-//! move a conversation or document off a holder past its share while little
-//! of it is held there ([`RecentChoices::holder_share_bound`]). And the
-//! prompt bytes it placed on each instance, which `cold_placement:
-//! BALANCED` evens out.
-//!
-//! A system prompt that every conversation shares is held first by the
-//! instance of the first conversation; were it to attract every later one,
-//! that instance would serve them all (what SGLang's router does at light
-//! load). A group's own system prompt, among many, should attract its
-//! requests (it is the group's cache). Only popularity tells the two apart,
-//! so the holders of a system-only match take the request while their
-//! share of recent decisions, together, is within
-//! [`RecentChoices::share_bound`]; past it the request is placed as a cold
-//! one, by its opening over every instance. A prompt all conversations
-//! share soon has every instance as a holder and they spread by their
-//! openings, while a group's prompt stays on its holder.
+//! instance slot (the decision's `share` term), and the prompt bytes it
+//! placed on each instance (what `cold_placement: BALANCED` evens out).
 //! Kept per VM, with no host call: each worker sees a like sample of the
 //! traffic.
 //!
 //! Placed bytes: what each decision added to what the index says its
 //! instance holds (the prompt's bytes past the prefix it already held
-//! there). What fills an instance's KV cache is bytes, not requests: a
-//! 12,000-character document weighs as much as twenty short questions, and
-//! documents of 500 to 12,000 characters placed evenly by count still fill
-//! some caches twice as much as others. The counts are halved whenever
-//! their total passes [`PLACED_HORIZON_BYTES`], so they follow what the
-//! instances hold lately, and an instance that joins late (placed nothing)
-//! draws its second choices only until it has caught up with what the
-//! others kept of the last horizon.
+//! there). What fills an instance's KV cache is bytes, not requests: a long
+//! document weighs as much as many short questions. The counts are halved
+//! whenever their total passes [`PLACED_HORIZON_BYTES`], so they follow
+//! what the instances hold lately, and an instance that joins late (placed
+//! nothing) draws its second choices only until it has caught up with what
+//! the others kept of the last horizon.
 //!
 //! Both are kept per slot for the instance seated there: an instance that
 //! takes a departed one's slot starts from nothing, as the prefix index's
@@ -44,20 +26,6 @@ pub const RECENT_WINDOW: usize = 256;
 /// about 0.4 to 4 MB of text), so the counts forget only what the caches
 /// have long evicted.
 pub const PLACED_HORIZON_BYTES: u64 = 16 << 20;
-
-/// Decisions above its even share a holder may have had before a request
-/// moves off it, besides what it holds ([`RecentChoices::holder_share_bound`]).
-pub const SHARE_SLACK: u32 = 2;
-
-/// Bytes of a conversation's or document's own text a holder must hold for
-/// each decision above [`SHARE_SLACK`] it may have had before the request
-/// moves off it.
-pub const OWN_BYTES_PER_DECISION: usize = 256;
-
-/// Decisions per instance the window must hold before shares move a
-/// request: 56 of 256 over 7 instances; a fleet of more than 32 instances
-/// never fills it that far, and its requests move for load only.
-pub const SHARE_DECISIONS_PER_INSTANCE: u32 = 8;
 
 /// A ring entry whose decision belonged to an instance no longer seated.
 const UNSEATED: u16 = u16::MAX;
@@ -155,50 +123,6 @@ impl RecentChoices {
     pub fn placed_bytes(&self, slot: u16) -> u64 {
         self.placed.get(usize::from(slot)).copied().unwrap_or(0)
     }
-
-    /// The most of `total` recent decisions that `holders` of `instances`
-    /// may have had together and still take a system-only match: their even
-    /// share plus half of one instance's, plus two (so the first decisions,
-    /// whose shares are all uneven, spread a shared system prompt at once).
-    /// One holder may take half again its share; six of seven holders that
-    /// take every decision are past it, and the seventh instance gets its
-    /// share.
-    pub fn share_bound(total: u32, holders: usize, instances: usize) -> u32 {
-        let instances = instances.max(1) as u64;
-        let even = u64::from(total) * holders as u64 / instances;
-        let half_of_one = u64::from(total) / instances / 2;
-        u32::try_from(even + half_of_one + 2).unwrap_or(u32::MAX)
-    }
-
-    /// The most of `total` recent decisions that a holder of a
-    /// conversation's or document's own text (a match that attracts) may
-    /// have had among `instances` and still take the request: its even
-    /// share plus [`SHARE_SLACK`], plus one per [`OWN_BYTES_PER_DECISION`]
-    /// of `own_bytes`, what moving the request costs in prefill: the own
-    /// text it holds, and the system messages before it unless they are the
-    /// fleet's (the caller's to say). `None` while the window holds fewer
-    /// than [`SHARE_DECISIONS_PER_INSTANCE`] decisions per instance: too few
-    /// for shares to say anything (one conversation alone through a fresh
-    /// Envoy stays where it is).
-    pub fn holder_share_bound(total: u32, instances: usize, own_bytes: usize) -> Option<u32> {
-        let instances = u32::try_from(instances.max(1)).unwrap_or(u32::MAX);
-        if total < instances.saturating_mul(SHARE_DECISIONS_PER_INSTANCE) {
-            return None;
-        }
-        let cost = u32::try_from(own_bytes / OWN_BYTES_PER_DECISION).unwrap_or(u32::MAX);
-        Some(
-            (total / instances)
-                .saturating_add(SHARE_SLACK)
-                .saturating_add(cost),
-        )
-    }
-
-    /// Whether an instance with `recent` of `total` decisions among
-    /// `instances` is within its even share: where a request moved off a
-    /// holder past [`RecentChoices::holder_share_bound`] goes first.
-    pub fn within_even_share(recent: u32, total: u32, instances: usize) -> bool {
-        u64::from(recent) * instances as u64 <= u64::from(total)
-    }
 }
 
 #[cfg(test)]
@@ -291,39 +215,5 @@ mod tests {
         assert_eq!(recent.placed_bytes(3), 7);
         recent.note(5, 1);
         assert_eq!(recent.placed_bytes(3), 3);
-    }
-
-    #[test]
-    fn a_holders_share_bound_is_even_plus_the_slack_plus_what_it_holds() {
-        // 7 instances: none below 56 decisions.
-        assert_eq!(RecentChoices::holder_share_bound(55, 7, 0), None);
-        assert_eq!(RecentChoices::holder_share_bound(56, 7, 0), Some(8 + 2));
-        assert_eq!(RecentChoices::holder_share_bound(256, 7, 255), Some(36 + 2));
-        assert_eq!(
-            RecentChoices::holder_share_bound(256, 7, 256),
-            Some(36 + 2 + 1)
-        );
-        assert_eq!(
-            RecentChoices::holder_share_bound(256, 7, 12_000),
-            Some(36 + 2 + 46)
-        );
-        // More than 32 instances never have 8 decisions each in the window.
-        assert_eq!(RecentChoices::holder_share_bound(256, 32, 0), Some(8 + 2));
-        assert_eq!(RecentChoices::holder_share_bound(256, 33, 0), None);
-        assert!(RecentChoices::within_even_share(36, 256, 7));
-        assert!(!RecentChoices::within_even_share(37, 256, 7));
-        assert!(RecentChoices::within_even_share(10, 70, 7));
-        assert!(!RecentChoices::within_even_share(11, 70, 7));
-    }
-
-    #[test]
-    fn the_share_bound_is_half_an_instance_above_even_plus_two() {
-        assert_eq!(RecentChoices::share_bound(0, 1, 7), 2);
-        assert_eq!(RecentChoices::share_bound(7, 1, 7), 3);
-        assert_eq!(RecentChoices::share_bound(256, 1, 7), 36 + 18 + 2);
-        // Six holders of seven with every decision: past it.
-        assert_eq!(RecentChoices::share_bound(256, 6, 7), 219 + 18 + 2);
-        assert_eq!(RecentChoices::share_bound(256, 7, 7), 256 + 18 + 2);
-        assert_eq!(RecentChoices::share_bound(10, 1, 0), 17);
     }
 }

@@ -19,7 +19,7 @@ use crate::request::{
     BodyKind, BodyVerdict, HeadersVerdict, KeyDerivation, LocalReply, RequestHead, RequestReader,
 };
 use crate::steering::{self, ListenerCount};
-use crate::strategy::{DecisionKind, Policy};
+use crate::strategy::{DecisionKind, Explained, Policy};
 use crate::usage::{Framing, UsageScanner};
 
 /// See the module documentation.
@@ -40,6 +40,8 @@ pub struct Stream {
     /// The routing decision's kind and matched bytes, for the debug
     /// response header.
     decided: Option<(DecisionKind, Option<u64>)>,
+    /// LONGEST_PREFIX, with a `decision_header`: the costs it compared.
+    explained: Option<Explained>,
     /// `counting: LISTENER`: the decision's facts, for its response headers.
     listener_count: Option<ListenerCount>,
     /// LONGEST_PREFIX, a prompt Envoy placed (Maglev on its opening): its
@@ -70,6 +72,7 @@ impl Stream {
             answered: false,
             ticket: None,
             decided: None,
+            explained: None,
             listener_count: None,
             placed_by_envoy: None,
             usage_watch: None,
@@ -214,7 +217,12 @@ impl Stream {
         }
         if let (Some(header), Some((kind, matched))) = (&self.config.decision_header, self.decided)
         {
-            let value = steering::decision_header_value(kind, instance.as_deref(), matched);
+            let value = steering::decision_header_value(
+                kind,
+                instance.as_deref(),
+                matched,
+                self.explained.as_ref(),
+            );
             warn_on_error(
                 "write response header",
                 header,
@@ -431,6 +439,9 @@ impl Stream {
             }
         }
         self.decided = Some((routed.headers.kind, routed.headers.matched_bytes));
+        if self.config.decision_header.is_some() {
+            self.explained = routed.headers.explained.clone();
+        }
         if keep {
             let count = ListenerCount::of(&self.config, &routed.headers, check_due);
             self.listener_count = Some(count);

@@ -727,9 +727,15 @@ fn longest_prefix_names_the_instance_holding_the_prompt_and_fills_the_index() {
     assert!([A, B].contains(&chosen.as_str()), "{chosen}");
     host.set_property("upstream.address", Some(&chosen));
     first.on_response_headers(&mut vm);
+    // Nothing held: both cost the whole prompt, the opening's rank chose.
+    let other = if chosen == A { B } else { A };
     assert_eq!(
         host.response_header("x-decision"),
-        Some(format!("cold; instance={chosen}; matched=0"))
+        Some(format!(
+            "cold; instance={chosen}; matched=0; \
+             cost 2.0 = load 0.0 + prefill 2.0 + share 0.0; \
+             runner-up {other} cost 2.0 = load 0.0 + prefill 2.0 + share 0.0"
+        ))
     );
     first.on_done(&mut vm);
     // The same prompt, longer: matched where the first went, on every block
@@ -746,10 +752,9 @@ fn longest_prefix_names_the_instance_holding_the_prompt_and_fills_the_index() {
     assert_eq!(host.request_header(HOST_HEADER), Some(chosen.clone()));
     host.set_property("upstream.address", Some(&chosen));
     second.on_response_headers(&mut vm);
-    assert_eq!(
-        host.response_header("x-decision"),
-        Some(format!("matched; instance={chosen}; matched=1792"))
-    );
+    let decision = host.response_header("x-decision").unwrap();
+    let prefix = format!("matched; instance={chosen}; matched=1792; cost ");
+    assert!(decision.starts_with(&prefix), "{decision}");
     second.on_done(&mut vm);
     host.advance_ms(u64::from(TICK_PERIOD_MS));
     root.tick(&mut vm);
@@ -845,7 +850,10 @@ fn without_a_listed_fleet_a_cold_prompt_goes_by_maglev_and_is_indexed_at_its_res
     second.on_response_headers(&mut vm);
     assert_eq!(
         host.response_header("x-decision").as_deref(),
-        Some("matched; instance=10.0.0.1:8000; matched=2000")
+        Some(
+            "matched; instance=10.0.0.1:8000; matched=2000; \
+             cost 0.0 = load 0.0 + prefill 0.0 + share 0.0"
+        )
     );
     second.on_done(&mut vm);
 }

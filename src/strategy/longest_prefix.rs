@@ -1,55 +1,80 @@
-//! PREFIX_AWARE with `match: LONGEST_PREFIX` (the default): send a prompt to
-//! the instance that holds the longest prefix of it, unless that instance is
-//! loaded well above the others; place a cold prompt deterministically.
+//! PREFIX_AWARE with `match: LONGEST_PREFIX` (the default): where a request
+//! goes, and why. The whole decision is here; the tables it reads
+//! (`crate::load`) only count and remember.
 //!
-//! What an instance holds is the prefix index (`load::prefix_index`): the
-//! chained block hashes of every prompt this Envoy sent there. The choice,
-//! over the fresh instances with their in-flight counts:
-//! 1. The order of preference: the holders of the longest held prefix
-//!    first, if it attracts the request ([`PromptBlocks::attracts`]: it
-//!    reaches past the system messages into the conversation's own text),
-//!    or if it ends in the system messages and its holders' share of this
-//!    worker's recent decisions is within bounds (`load::recent`: a group's
-//!    system prompt keeps its requests, one that every conversation shares
-//!    soon has every instance as a holder); then every instance. A match
-//!    into a conversation's or document's own text that the request adds
-//!    to ([`PromptBlocks::extends_held`]) puts a holder past its share of
-//!    recent decisions (by more the more of that text it holds) after the
-//!    instances within their even share, the fewest decisions first
-//!    ([`Tier`]): conversations and documents placed by their openings are
-//!    independent draws of uneven lengths, and this evens their requests.
-//!    Within
-//!    each group, rendezvous hashing of the prompt's opening (highest
-//!    `xxh3(address, seed = opening)` first): replicas with the same
-//!    instances rank them alike, with no shared state, and the openings of
-//!    many conversations spread evenly. With `cold_placement: BALANCED`
-//!    the first instance outside the holders gives way to the second for a
-//!    first prompt of at least [`BALANCED_MIN_BYTES`] when this worker
-//!    placed more prompt bytes on it ([`LongestPrefix::second_choice`]).
-//! 2. The first instance in that order whose in-flight count is at most
-//!    twice the least loaded instance's plus `load_margin` (a holder: plus
-//!    one per KiB it holds, [`LongestPrefix::holder_bound`]) takes the
-//!    request, if its atomic claim under `concurrency_threshold` (and that
-//!    same bound) succeeds: a hot prefix never piles up on its holder; the
-//!    next instance takes it and its cache warms. The opening's first
-//!    choice is bound as the holder of a later turn's history
-//!    ([`PromptBlocks::history_bytes`]), held here or not: that is where
-//!    the earlier turns went, through this Envoy or another replica,
-//!    unless one of them was moved.
-//! 3. If every instance is at the cap, the least loaded takes it anyway
-//!    (counted), as FIXED_PREFIX does when every instance is as busy.
+//! Every fresh instance gets a cost, in bytes of prompt computed:
 //!
-//! The chosen instance is named in the host-override header (Envoy's
-//! `override_host`); the key header carries the opening's hash, so should
-//! Envoy not know that host it falls back to Maglev on the opening, as every
-//! replica would. The index then records that the instance holds every block.
+//! ```text
+//! cost = load + prefill + share
+//! ```
+//!
+//! - **prefill**: the prompt bytes the instance would compute, all but the
+//!   prefix the prefix index says it holds. The opening's first choice is
+//!   presumed to hold a later turn's history, unless the index knows another
+//!   holder of the conversation: the earlier turns went there, through this
+//!   Envoy or a replica whose index this one does not see. A
+//!   prefix that sets no instance apart counts as held everywhere: one that
+//!   more than half the fleet holds, or system messages whose holders took
+//!   more than their share of recent decisions (a prompt every conversation
+//!   shares, not one group's), so that it spreads instead of piling up.
+//! - **load**: its requests in flight past the load bound, twice the least
+//!   loaded instance's plus `load_margin`, [`REQUEST_BYTES`] each.
+//! - **share**: only for a request that adds to text this Envoy placed (a
+//!   conversation's next turn, a new question about a held document): this
+//!   worker's recent decisions for the instance past its even share plus
+//!   [`SHARE_SLACK`], [`DECISION_BYTES`] each.
+//!
+//! Filter: an instance over a fleet-wide engine bound is left out while
+//! another is within the bounds. Picker: the lowest cost; ties go to the
+//! highest rendezvous rank of the prompt's opening, so replicas that see the
+//! same instances agree with no shared state (where `share` counts, first to
+//! the instance this worker chose least, which evens the shares). With `cold_placement:
+//! BALANCED`, a first prompt of at least [`BALANCED_MIN_BYTES`] goes to the
+//! second of two tied instances if this worker placed fewer bytes there.
+//! The choice is claimed under `concurrency_threshold` and the load at which
+//! it would stop being the cheapest; a refused claim goes to the next in
+//! order; with every instance full, the least loaded takes it, counted past
+//! the cap.
+//!
+//! A fleet that is not listed (`instances`) is learned from traffic: a
+//! prompt whose prefix sets no known instance apart goes by Maglev on its
+//! opening, over every host Envoy has, and the index learns where it went
+//! from the response.
+//!
+//! The chosen instance is named in the host-override header; the key header
+//! carries the opening's hash, so Envoy falls back to Maglev on it, as every
+//! replica would. The index then records that the instance holds the prompt.
+
+use std::rc::Rc;
 
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use super::{salted_key, DecisionKind, RouteHeaders, Routed};
 use crate::blocks::PromptBlocks;
 use crate::config::ColdPlacement;
-use crate::load::{Candidate, Claim, LoadView, RecentChoices, Ticket};
+use crate::load::{Candidate, Claim, LoadView, Ticket};
+
+/// A request in flight past the load bound weighs as much as this much
+/// prompt to compute: a request more mostly decodes beside the others, while
+/// moving costs the prefill of all the instance holds.
+pub const REQUEST_BYTES: u64 = 1024;
+
+/// A recent decision past an instance's even share weighs this much prompt:
+/// a conversation moves off an instance past its share while little of it is
+/// held there, which evens the requests of conversations of uneven lengths.
+pub const DECISION_BYTES: u64 = 256;
+
+/// Decisions past its even share an instance may have before `share` counts.
+pub const SHARE_SLACK: u32 = 2;
+
+/// The even share, in decisions, is at least this: with fewer decisions made
+/// shares say little (one conversation through a fresh Envoy stays).
+pub const SHARE_MIN_DECISIONS: u32 = 8;
+
+/// The fewest prompt bytes a first prompt needs for `BALANCED` to weigh its
+/// two choices: documents and pasted text fill caches unevenly, short
+/// openings and later turns keep the choice every replica agrees on.
+pub const BALANCED_MIN_BYTES: usize = 2048;
 
 /// See the module documentation.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,83 +82,191 @@ pub struct LongestPrefix {
     /// Requests in flight from this Envoy at which an instance takes no more
     /// (1..=1024): the same exact, atomic cap as FIXED_PREFIX's.
     pub concurrency_threshold: u32,
-    /// In-flight requests above the least loaded instance at which an
-    /// instance is passed over.
+    /// The load bound's slack above twice the least loaded instance.
     pub load_margin: u32,
-    /// The configuration lists the fleet (`instances`): the candidates are
-    /// every instance. Otherwise they are only those learned from traffic,
-    /// so a cold prompt goes by Maglev on its opening (over every host Envoy
-    /// has) and the index learns where it went from the response.
+    /// The configuration lists the fleet (`instances`).
     pub fleet_listed: bool,
-    /// How a prompt placed by its opening is placed: `BALANCED` a first
-    /// prompt of at least [`BALANCED_MIN_BYTES`] on the second instance of
-    /// its order when more prompt bytes were placed on the first
-    /// ([`LongestPrefix::second_choice`]);
-    /// `CONSISTENT` (the default) always on the first, so that replicas
-    /// place alike whatever traffic each saw.
+    /// How a prompt no instance holds is placed among tied instances.
     pub cold_placement: ColdPlacement,
 }
 
-/// The fewest bytes of prefix a cold prompt needs for `cold_placement:
-/// BALANCED` to weigh its two choices: the prompts that fill caches unevenly
-/// are documents and pasted text (`rag`'s run from 500 to 12,000
-/// characters), while most conversations open short (ShareGPT's median
-/// opening: 144 characters; 80 % under 1,024). A shorter prompt, or a later
-/// turn (whose history another replica may have placed), keeps its first
-/// choice, which every replica agrees on. Measured side by side with
-/// weighing every cold prompt: `rag` at full size 100, 101, 100 % of the
-/// oracle per fleet against 100, 101, 98 %; `sharegpt` through two Envoys
-/// with turns alternating 96 % of the oracle's hits against 75 %. At 4 KiB
-/// the model of the caches in `tools/models/cold_placement_model.py` gives
-/// `rag`'s 40 documents 98 % of the oracle in the median and 87 % on the
-/// worst of 40 fleets, against 102 % and 92 % at 2 KiB.
-pub const BALANCED_MIN_BYTES: usize = 2048;
-
-/// Bytes an instance must hold of a prompt for each request above
-/// [`LongestPrefix::load_bound`] it may have before the prompt moves on.
-pub const HELD_BYTES_PER_REQUEST: usize = 1024;
-
-/// A candidate's place in the order of preference, before its rendezvous
-/// rank. Without a share bound (a match in the system messages only, a cold
-/// prompt, a prompt held whole, raw bytes, or too few recent decisions)
-/// holders come first, then every other instance. A request matched into
-/// its own text that adds to it ([`PromptBlocks::extends_held`]: a
-/// conversation's later turn, a new question after a held document) has
-/// its holders bound by [`RecentChoices::holder_share_bound`]: a holder
-/// past it comes after the instances within their even share, the fewest
-/// recent decisions first, which take the request and hold the
-/// conversation or document from then on. Consistent placement spreads 200
-/// conversations of 1 to 8 turns as independent draws, so some instances
-/// serve 18 % of the requests and others 10 % (the same conversations
-/// pinned evenly by count still give 11 to 17 %); moving a few
-/// conversations early, while the text they hold is short, evens the
-/// requests for little prefill (`tools/models/share_move_model.py`). Not
-/// for a turn whose previous turn this Envoy did not route
-/// ([`PromptBlocks::previous_turn_held`]): another replica routed it, and
-/// may have kept the conversation where this one would move it, or moved it
-/// where this one would keep it; each replica counts its own decisions, and
-/// through replicas that alternate a conversation's turns the moves split
-/// conversations (weighing every turn, two Envoys kept 87 to 97 % of one
-/// Envoy's hits on `sharegpt`; 98 % without moves).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-enum Tier {
-    Holder,
-    WithinShare,
-    HolderPastShare,
-    Other,
+/// One instance's cost, term by term, in bytes of prompt computed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Cost {
+    pub load: u64,
+    pub prefill: u64,
+    pub share: u64,
 }
 
-/// Whether a system prompt held by `holders` of `instances` is the fleet's
-/// rather than a group's: held by more than half of it. Its prompts are
-/// placed as cold ones, and moving a turn off one of its holders costs no
-/// prefill of it.
-fn the_fleets(holders: usize, instances: usize) -> bool {
-    holders.saturating_mul(2) > instances
+impl Cost {
+    pub fn total(&self) -> u64 {
+        self.load
+            .saturating_add(self.prefill)
+            .saturating_add(self.share)
+    }
+}
+
+/// Why the request went where it went: the chosen instance's cost and the
+/// runner-up's, for the `decision_header`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Explained {
+    pub cost: Cost,
+    pub runner_up: Option<(Rc<str>, Cost)>,
+}
+
+/// What the decision reads of one candidate besides its load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Held {
+    /// Prompt bytes the instance holds (or is presumed to hold).
+    pub bytes: usize,
+    /// It holds the longest prefix any instance holds.
+    pub longest: bool,
+}
+
+/// A candidate scored: its cost and its rendezvous rank for ties.
+#[derive(Debug, Clone, Copy)]
+pub struct Scored<'a> {
+    pub candidate: &'a Candidate,
+    pub held: Held,
+    pub cost: Cost,
+    pub rank: u64,
+}
+
+/// The prompt as the cost sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Prompt {
+    pub bytes: usize,
+    pub opening: u64,
+    /// `share` counts: the request adds to text this Envoy placed.
+    pub extends_placed: bool,
+    /// `BALANCED` may weigh the two best-ranked tied instances.
+    pub balances: bool,
 }
 
 /// Rendezvous score of `address` for a prompt opening.
-fn rank(opening: u64, address: &str) -> u64 {
+pub fn rank(opening: u64, address: &str) -> u64 {
     xxh3_64_with_seed(address.as_bytes(), opening)
+}
+
+/// The load bound: twice the least loaded instance's load plus `margin`, so
+/// the ordinary spread of in-flight counts under heavy load (which grows
+/// with them) does not move prompts off the instances that hold them.
+pub fn load_bound(least: u32, margin: u32) -> u32 {
+    least.saturating_mul(2).saturating_add(margin)
+}
+
+/// Whether system messages held by `holders` of `instances` set no
+/// instance apart: more than half of them hold them, or their holders took
+/// `holders_recent` of `total` recent decisions, past their even share plus
+/// half an instance's plus [`SHARE_SLACK`].
+fn common(holders: usize, instances: usize, holders_recent: u32, total: u32) -> bool {
+    let instances = instances.max(1);
+    let share = u64::from(total) * holders as u64 / instances as u64
+        + u64::from(total) / instances as u64 / 2
+        + u64::from(SHARE_SLACK);
+    holders.saturating_mul(2) > instances || u64::from(holders_recent) > share
+}
+
+/// The least load among the instances within the fleet-wide engine bounds
+/// (all of them when none is).
+fn least_load(candidates: &[Candidate]) -> u32 {
+    let some_within = candidates.iter().any(|c| !c.over_bounds);
+    candidates
+        .iter()
+        .filter(|c| !c.over_bounds || !some_within)
+        .map(|c| c.load)
+        .min()
+        .unwrap_or(0)
+}
+
+/// Decisions past its even share plus [`SHARE_SLACK`], for an instance with
+/// `recent` of `total` recent decisions among `instances`.
+pub fn past_share(recent: u32, total: u32, instances: usize) -> u32 {
+    let instances = u32::try_from(instances.max(1)).unwrap_or(u32::MAX);
+    let even = (total / instances).max(SHARE_MIN_DECISIONS);
+    recent.saturating_sub(even.saturating_add(SHARE_SLACK))
+}
+
+/// The eligible candidates scored, the cheapest first, and the load bound.
+#[derive(Debug, Clone)]
+pub struct Ranking<'a> {
+    pub order: Vec<Scored<'a>>,
+    pub bound: u32,
+}
+
+/// Scores every eligible candidate and orders them, the cheapest first.
+/// `held[i]` is what `candidates[i]` holds of the prompt.
+pub fn score<'a>(
+    candidates: &'a [Candidate],
+    held: &[Held],
+    prompt: &Prompt,
+    load_margin: u32,
+) -> Ranking<'a> {
+    // Over a fleet-wide engine bound: out while another is within them.
+    let some_within = candidates.iter().any(|c| !c.over_bounds);
+    let eligible = |c: &Candidate| !c.over_bounds || !some_within;
+    let bound = load_bound(least_load(candidates), load_margin);
+    let total_recent: u32 = candidates.iter().map(|c| c.recent).sum();
+    let mut scored: Vec<Scored<'a>> = candidates
+        .iter()
+        .zip(held)
+        .filter(|(c, _)| eligible(c))
+        .map(|(c, &held)| {
+            let share = if prompt.extends_placed {
+                past_share(c.recent, total_recent, candidates.len())
+            } else {
+                0
+            };
+            let cost = Cost {
+                load: u64::from(c.load.saturating_sub(bound)).saturating_mul(REQUEST_BYTES),
+                prefill: u64::try_from(prompt.bytes.saturating_sub(held.bytes)).unwrap_or(u64::MAX),
+                share: u64::from(share).saturating_mul(DECISION_BYTES),
+            };
+            Scored {
+                candidate: c,
+                held,
+                cost,
+                rank: rank(prompt.opening, &c.instance.address),
+            }
+        })
+        .collect();
+    // Where `share` counts, of equals the one this worker chose least: a
+    // request that moves evens the shares. Elsewhere the rank alone, as
+    // every replica ranks.
+    scored.sort_unstable_by_key(|s| {
+        let recent = if prompt.extends_placed {
+            s.candidate.recent
+        } else {
+            0
+        };
+        (s.cost.total(), recent, std::cmp::Reverse(s.rank))
+    });
+    // BALANCED: of two tied best, the one this worker placed fewer bytes on.
+    if prompt.balances {
+        if let [first, second, ..] = scored.as_mut_slice() {
+            if first.cost == second.cost
+                && first.candidate.placed_bytes > second.candidate.placed_bytes
+            {
+                std::mem::swap(first, second);
+            }
+        }
+    }
+    Ranking {
+        order: scored,
+        bound,
+    }
+}
+
+/// The in-flight count below which `chosen` stays no costlier than
+/// `runner_up` (its load term grows a request at a time past the bound).
+fn claim_bound(chosen: &Scored<'_>, runner_up: Option<&Scored<'_>>, bound: u32) -> Option<u32> {
+    let runner_up = runner_up?;
+    let lead = runner_up
+        .cost
+        .total()
+        .saturating_sub(chosen.cost.prefill.saturating_add(chosen.cost.share));
+    let requests = u32::try_from(lead / REQUEST_BYTES).unwrap_or(u32::MAX);
+    Some(bound.saturating_add(requests).saturating_add(1))
 }
 
 impl LongestPrefix {
@@ -151,58 +284,6 @@ impl LongestPrefix {
         }
     }
 
-    /// The most requests in flight an instance may have and still take a
-    /// request, when the least loaded instance has `least`: twice `least`
-    /// plus `load_margin`, so that under heavy load the ordinary spread of
-    /// in-flight counts (which grows with them) does not move prompts off
-    /// the instances that hold them (long-shared-prefix kept 75 % hits with
-    /// this bound, 70 % with 1.5 x least, 60 % with least + margin).
-    pub fn load_bound(&self, least: u32) -> u32 {
-        least.saturating_add(self.load_margin).saturating_add(least)
-    }
-
-    /// The bound for an instance holding `held_bytes` of the prompt: one
-    /// request more per [`HELD_BYTES_PER_REQUEST`] held, since moving the
-    /// request costs the prefill of all it holds, while a request more in
-    /// flight there mostly decodes beside it (long-shared-prefix, 8 KiB
-    /// held: 78 % hits and TTFT p90 451 ms with the flat bound, 81 % and
-    /// 287 ms with 12 more).
-    pub fn holder_bound(&self, least: u32, held_bytes: usize) -> u32 {
-        let extra = u32::try_from(held_bytes / HELD_BYTES_PER_REQUEST).unwrap_or(u32::MAX);
-        self.load_bound(least).saturating_add(extra)
-    }
-
-    /// `cold_placement: BALANCED`: the slot of the first instance in
-    /// `order` outside the holders if the second one is to take the prompt
-    /// instead, because this worker placed fewer prompt bytes there
-    /// ([`Candidate::placed_bytes`]). Two choices, each a rendezvous rank of
-    /// the opening (the power of two choices): the bytes placed on the
-    /// instances even out, so no instance's KV cache holds far more than
-    /// its share, and however the replicas' placements differ, a prompt is
-    /// placed on one of two instances. Bytes rather than requests, because
-    /// prompts differ in size: `rag` at full size (100 documents of 500 to
-    /// 12,000 characters, the same 3 fleets) kept 93 % of the oracle's hits
-    /// (92-97 % per fleet) evening request counts and 101 % (99-101 %)
-    /// evening bytes (docs/design.md, "Cold placement: two choices"). The
-    /// price, through two Envoys with a conversation's turns alternating
-    /// between them, is in docs/configuration.md. Only for prompts that
-    /// [`LongestPrefix::balances`].
-    fn second_choice(order: &[&Candidate], is_holder: &dyn Fn(&Candidate) -> bool) -> Option<u16> {
-        let mut others = order.iter().filter(|c| !is_holder(c));
-        let first = others.next()?;
-        let second = others.next()?;
-        (first.placed_bytes > second.placed_bytes).then_some(first.instance.slot)
-    }
-
-    /// Whether `cold_placement` lets the opening's second choice take this
-    /// prompt: with `BALANCED`, a first turn or single prompt of at least
-    /// [`BALANCED_MIN_BYTES`].
-    fn balances(&self, blocks: &PromptBlocks) -> bool {
-        self.cold_placement == ColdPlacement::Balanced
-            && blocks.history_bytes == 0
-            && blocks.prefix_bytes >= BALANCED_MIN_BYTES
-    }
-
     /// Maglev on `key`, counted where it lands by the upstream filter; the
     /// index learns the instance from the response.
     fn by_maglev(kind: DecisionKind, key: String) -> Routed {
@@ -213,8 +294,10 @@ impl LongestPrefix {
         })
     }
 
-    /// Decides for a prompt cut into `blocks`; `random` salts the opening
-    /// when an unlisted fleet's known instances are all full.
+    /// Decides for a prompt cut into `blocks`: reads the candidates and what
+    /// each holds, scores them ([`score`]), claims once, records once.
+    /// `random` salts the opening when an unlisted fleet's known instances
+    /// are all full.
     pub fn decide(
         &self,
         blocks: &PromptBlocks,
@@ -224,193 +307,145 @@ impl LongestPrefix {
     ) -> Routed {
         let opening_key = blocks.opening_key();
         let candidates = load.candidates(now_ms);
-        if candidates.is_empty() {
-            return Self::by_maglev(DecisionKind::Cold, opening_key);
-        }
         let held = load.longest_held(&blocks.chain, &candidates, now_ms);
-        let attracted = blocks.attracts(held.blocks);
-        // A match within the system messages prefers its holders while
-        // their recent shares are within bounds (see `load::recent`) and
-        // they are at most half the fleet: a system prompt most instances
-        // hold is the fleet's, and its prompts are placed as cold ones, by
-        // their openings, as every replica and every later turn places them.
-        let system_only =
-            !attracted && held.blocks > 0 && !the_fleets(held.holders.len(), candidates.len());
-        // The fleet-wide engine bounds pass an instance over only while
-        // another is within them; Maglev knows nothing of them, so while one
-        // is over, an unlisted fleet's cold prompt is placed among the
-        // instances it knows, as a listed fleet's always is.
-        let some_within_bounds = candidates.iter().any(|c| !c.over_bounds);
         let some_over_bounds = candidates.iter().any(|c| c.over_bounds);
-        if !attracted && !system_only && !self.fleet_listed && !some_over_bounds {
+        // Maglev knows nothing of engine bounds: while one is over, an
+        // unlisted fleet's cold prompt is placed among the known instances.
+        if candidates.is_empty() || (held.blocks == 0 && !self.fleet_listed && !some_over_bounds) {
             return Self::by_maglev(DecisionKind::Cold, opening_key);
         }
-        let holds = |c: &Candidate| held.holders.contains(&c.instance.slot);
+        let longest_bytes = blocks.bytes_of(held.blocks);
         let total_recent: u32 = candidates.iter().map(|c| c.recent).sum();
-        let within_share = system_only && {
-            let of_holders: u32 = candidates
-                .iter()
-                .filter(|c| holds(c))
-                .map(|c| c.recent)
-                .sum();
-            of_holders
-                <= RecentChoices::share_bound(total_recent, held.holders.len(), candidates.len())
+        let holders_recent: u32 = candidates
+            .iter()
+            .filter(|c| held.holders.contains(&c.instance.slot))
+            .map(|c| c.recent)
+            .sum();
+        let longest_common = held.blocks > 0
+            && longest_bytes <= blocks.cuts[0]
+            && common(
+                held.holders.len(),
+                candidates.len(),
+                holders_recent,
+                total_recent,
+            );
+        // Maglev knows nothing of engine bounds: while one is over, an
+        // unlisted fleet's cold prompt is placed among the known instances.
+        if longest_common && !self.fleet_listed && !some_over_bounds {
+            return Self::by_maglev(DecisionKind::Cold, opening_key);
+        }
+        let holds_longest =
+            |c: &Candidate| longest_common || held.holders.contains(&c.instance.slot);
+        let prompt = Prompt {
+            bytes: blocks.prefix_bytes,
+            opening: blocks.opening,
+            extends_placed: held.blocks > 0 && !longest_common && blocks.extends_held(held.blocks),
+            balances: self.cold_placement == ColdPlacement::Balanced
+                && blocks.history_bytes == 0
+                && blocks.prefix_bytes >= BALANCED_MIN_BYTES,
         };
-        let is_holder = |c: &Candidate| holds(c) && (attracted || within_share);
-        let held_bytes = blocks.bytes_of(held.blocks);
-        // A conversation's or document's holder past its share of recent
-        // decisions (by more the more of their own text it holds) gives the
-        // request to an instance within its even share: see `Tier`. Only a
-        // request that adds to what is held (a prompt sent again stays with
-        // what it matched), and for a later turn only where this Envoy
-        // routed the previous turn: a turn whose previous one another
-        // replica routed stays where the replicas agree it is.
-        let holder_share = if attracted && blocks.extends_held(held.blocks) {
-            let bound_for = |cost: usize| {
-                RecentChoices::holder_share_bound(total_recent, candidates.len(), cost)
+        // The opening's first choice holds the history where this index
+        // knows no other instance that holds the conversation's own text.
+        let first_choice = candidates
+            .iter()
+            .max_by_key(|c| rank(blocks.opening, &c.instance.address))
+            .map(|c| c.instance.slot);
+        let holds_history = |c: &Candidate| {
+            first_choice == Some(c.instance.slot)
+                && (longest_common || longest_bytes <= blocks.cuts[0] || holds_longest(c))
+        };
+        // Whether more than half the fleet holds the system messages (then
+        // they set no instance apart either): read only when `share` may
+        // move the request off a holder of more than them.
+        let system_bytes = blocks.cuts[0].min(longest_bytes);
+        let system_common = prompt.extends_placed
+            && system_bytes > 0
+            && system_bytes < longest_bytes
+            && candidates.iter().any(|c| {
+                holds_longest(c) && past_share(c.recent, total_recent, candidates.len()) > 0
+            })
+            && {
+                let system = blocks.chain.get(..blocks.padding.0).unwrap_or_default();
+                let of_system = load.longest_held(system, &candidates, now_ms);
+                of_system.blocks == system.len()
+                    && common(of_system.holders.len(), candidates.len(), 0, u32::MAX)
             };
-            // The system messages cost nothing to move off when they
-            // are the fleet's (`the_fleets`: wherever the turn goes,
-            // they are most likely held); a group's own system prompt,
-            // held by a few, is the group's cache and costs its
-            // prefill. Looked up only when a holder is past the bound
-            // without them.
-            let system_bytes = blocks.cuts[0].min(held_bytes);
-            match bound_for(held_bytes - system_bytes) {
-                Some(bound)
-                    if system_bytes > 0
-                        && candidates.iter().any(|c| holds(c) && c.recent > bound) =>
-                {
-                    let system = blocks.chain.get(..blocks.padding.0).unwrap_or_default();
-                    let of_system = load.longest_held(system, &candidates, now_ms);
-                    if of_system.blocks == system.len()
-                        && the_fleets(of_system.holders.len(), candidates.len())
-                    {
-                        Some(bound)
-                    } else {
-                        bound_for(held_bytes)
-                    }
+        let held_by: Vec<Held> = candidates
+            .iter()
+            .map(|c| {
+                let longest = holds_longest(c);
+                let mut bytes = if longest { longest_bytes } else { 0 };
+                if system_common {
+                    bytes = bytes.max(system_bytes);
                 }
-                bound => bound,
-            }
-        } else {
-            None
-        };
-        let tier = |c: &Candidate| match (is_holder(c), holder_share) {
-            (true, None) => Tier::Holder,
-            (false, None) => Tier::Other,
-            (true, Some(bound)) if c.recent <= bound => Tier::Holder,
-            (true, Some(_)) => Tier::HolderPastShare,
-            (false, Some(_))
-                if RecentChoices::within_even_share(c.recent, total_recent, candidates.len()) =>
-            {
-                Tier::WithinShare
-            }
-            (false, Some(_)) => Tier::Other,
-        };
-        // Each candidate's place in the order, computed once (over hundreds of
-        // instances, asking is_holder in every comparison of the sort cost
-        // more than the rest of the decision).
-        let mut ranked: Vec<(Tier, u64, &Candidate)> = candidates
-            .iter()
-            .map(|c| (tier(c), rank(blocks.opening, &c.instance.address), c))
+                if holds_history(c) {
+                    bytes = bytes.max(blocks.history_bytes);
+                }
+                Held { bytes, longest }
+            })
             .collect();
-        // The opening's first choice over every instance (see `bound_of`).
-        let first_choice = ranked
-            .iter()
-            .max_by_key(|(_, rank, _)| *rank)
-            .map(|(_, _, c)| c.instance.slot);
-        // Within their even share, the fewest recent decisions first.
-        ranked.sort_unstable_by_key(|&(tier, rank, c)| {
-            let recent = if tier == Tier::WithinShare {
-                c.recent
-            } else {
-                0
-            };
-            (tier, recent, std::cmp::Reverse(rank))
-        });
-        // A holder past its share comes after the instances within theirs:
-        // the request leaves it to even the shares (`Rebalanced`).
-        let holder_past_share = ranked
-            .iter()
-            .any(|(tier, _, _)| *tier == Tier::HolderPastShare);
-        let order: Vec<&Candidate> = ranked.into_iter().map(|(_, _, c)| c).collect();
-        // The least loaded of those that may take the request: an instance
-        // over a bound by its KV usage may carry few requests, and the load
-        // bound of the others is not theirs to set.
-        let least = candidates
-            .iter()
-            .filter(|c| !c.over_bounds || !some_within_bounds)
-            .map(|c| c.load)
-            .min()
-            .unwrap_or(0);
-        // A holder may be busier the more it holds; the first choice, by the
-        // history it is presumed to hold: the earlier turns went there unless
-        // one was moved, through this Envoy or a replica whose index this one
-        // does not see, so a turn moves off it no more readily than one whose
-        // every turn this Envoy routed. Holding nothing, the flat bound.
-        let bound_of = |c: &Candidate| {
-            let held = if is_holder(c) { held_bytes } else { 0 };
-            let presumed = if first_choice == Some(c.instance.slot) {
-                blocks.history_bytes
-            } else {
-                0
-            };
-            self.holder_bound(least, held.max(presumed))
-        };
-        let second_choice = self
-            .balances(blocks)
-            .then(|| Self::second_choice(&order, &is_holder))
-            .flatten();
-        let mut passed_over = false;
-        let mut full = false;
-        let mut chosen: Option<(&Candidate, Option<Ticket>)> = None;
-        // Every instance at a fleet-wide bound: no claim fits the engines'
+        let Ranking { order, bound } = score(&candidates, &held_by, &prompt, self.load_margin);
+        let mut chosen: Option<(usize, Option<Ticket>)> = None;
+        // Every instance over a fleet-wide bound: no claim fits the engines'
         // room, so the least loaded takes the request (below).
-        let walk = if some_within_bounds { &order[..] } else { &[] };
-        for &candidate in walk {
-            let bound = bound_of(candidate);
-            if candidate.load > bound || (candidate.over_bounds && some_within_bounds) {
-                passed_over = true;
-                continue;
-            }
-            if second_choice == Some(candidate.instance.slot) {
-                continue;
-            }
-            // Claimed only below the cap, the margin and the engine's room,
-            // so workers deciding at the same moment do not all pile onto
-            // one instance.
-            let cap = self
-                .concurrency_threshold
-                .min(candidate.local_cap(bound.saturating_add(1)))
+        let some_within = candidates.iter().any(|c| !c.over_bounds);
+        let walk = if some_within { &order[..] } else { &[] };
+        for (at, scored) in walk.iter().enumerate() {
+            let cap = claim_bound(scored, order.get(at + 1), bound)
+                .map_or(self.concurrency_threshold, |b| {
+                    self.concurrency_threshold
+                        .min(scored.candidate.local_cap(b))
+                })
                 .max(1);
-            match load.claim(&candidate.instance, None, Some(cap), now_ms) {
+            match load.claim(&scored.candidate.instance, None, Some(cap), now_ms) {
                 Claim::Claimed(ticket) => {
-                    chosen = Some((candidate, Some(ticket)));
+                    chosen = Some((at, Some(ticket)));
                     break;
                 }
                 // Left to the upstream filter to count.
                 Claim::Contended => {
-                    chosen = Some((candidate, None));
+                    chosen = Some((at, None));
                     break;
                 }
-                Claim::Full { .. } | Claim::Gone => full = true,
+                Claim::Full { .. } | Claim::Gone => {}
             }
         }
-        let (candidate, ticket) = match chosen {
-            Some(found) => found,
+        let (candidate, kind, ticket, explained) = match chosen {
+            Some((at, ticket)) => {
+                let Some(scored) = order.get(at) else {
+                    return Routed::untracked(RouteHeaders::bare(DecisionKind::Cold));
+                };
+                let kind = if held.blocks == 0 || longest_common {
+                    DecisionKind::Cold
+                } else if scored.held.longest {
+                    DecisionKind::Matched
+                } else {
+                    DecisionKind::Moved
+                };
+                let runner_up = order
+                    .iter()
+                    .enumerate()
+                    .find(|(i, _)| *i != at)
+                    .map(|(_, s)| (s.candidate.instance.address.clone(), s.cost));
+                let explained = Explained {
+                    cost: scored.cost,
+                    runner_up,
+                };
+                (scored.candidate, kind, ticket, Some(explained))
+            }
             // Instances not learned yet may have room: Maglev on a salted
-            // opening explores them.
-            None if !self.fleet_listed && some_within_bounds => {
-                // 1..=8, as FIXED_PREFIX's salts.
+            // opening explores them (salts 1..=8, as FIXED_PREFIX's).
+            None if !self.fleet_listed && some_within => {
                 let salt = u8::try_from(random % 8).unwrap_or_default() + 1;
                 return Self::by_maglev(DecisionKind::Overflow, salted_key(&opening_key, salt));
             }
+            // Every instance full: the least loaded (of equals, the
+            // cheapest), counted past the cap.
             None => {
-                // Every instance at the cap (or over the margin, or at a
-                // fleet-wide bound): the least loaded, counted past the cap.
-                full = true;
-                let Some(&least_loaded) = order.iter().min_by_key(|c| (c.over_bounds, c.load))
+                let Some(least_loaded) = order
+                    .iter()
+                    .map(|s| s.candidate)
+                    .min_by_key(|c| (c.over_bounds, c.load))
                 else {
                     return Routed::untracked(RouteHeaders::bare(DecisionKind::Cold));
                 };
@@ -418,22 +453,10 @@ impl LongestPrefix {
                     Claim::Claimed(ticket) => Some(ticket),
                     _ => None,
                 };
-                (least_loaded, ticket)
+                (least_loaded, DecisionKind::Overflow, ticket, None)
             }
         };
-        // Why the request left its holders: past their share of recent
-        // decisions (a conversation's or document's holder past its bound,
-        // the holders of a system-only match past theirs), else the load
-        // bound.
-        let past_share = holder_past_share || (system_only && !within_share);
-        let kind = match (attracted || system_only, holds(candidate)) {
-            (true, true) => DecisionKind::Matched,
-            _ if full => DecisionKind::Overflow,
-            _ if past_share => DecisionKind::Rebalanced,
-            _ if attracted || passed_over => DecisionKind::Moved,
-            _ => DecisionKind::Cold,
-        };
-        let known = if holds(candidate) {
+        let known = if held.holders.contains(&candidate.instance.slot) {
             held.blocks
         } else {
             // A shorter prefix it may hold (moved or overflowed here).
@@ -457,6 +480,7 @@ impl LongestPrefix {
                 host_override: Some(address.clone()),
                 counted: ticket.as_ref().map(|_| address),
                 matched_bytes: Some(u64::try_from(matched_bytes).unwrap_or(u64::MAX)),
+                explained,
                 ..RouteHeaders::bare(kind)
             },
             ticket,
@@ -464,1030 +488,5 @@ impl LongestPrefix {
         }
     }
 }
-
 #[cfg(test)]
-mod tests {
-    use std::collections::HashMap;
-
-    use super::*;
-    use crate::extract::PrefixSource;
-    use crate::key::KeyMaterial;
-    use crate::load::{HeldPrefix, InstanceRef, Target};
-
-    /// A fleet as the policy sees it: in-flight counts, an exact prefix
-    /// index (block hash -> slots), claims that respect the cap.
-    #[derive(Default)]
-    struct Fleet {
-        in_flight: Vec<u32>,
-        held: HashMap<u64, Vec<u16>>,
-        contended: bool,
-        /// Requests stay in flight after `route` (else each one completes).
-        hold: bool,
-        /// Requests other proxies have on each instance, as its engine
-        /// reports them (None: no engine sample).
-        engine: Vec<Option<u32>>,
-        /// The fleet-wide bound of running + waiting.
-        max_requests: Option<u32>,
-        /// Instances over the fleet-wide bound of KV-cache usage.
-        kv_full: Vec<u16>,
-        recent: RecentChoices,
-    }
-
-    impl Fleet {
-        fn new(instances: usize) -> Self {
-            Fleet {
-                in_flight: vec![0; instances],
-                ..Fleet::default()
-            }
-        }
-        fn instance(slot: u16) -> InstanceRef {
-            InstanceRef {
-                slot,
-                address: format!("10.0.0.{slot}:8000").into(),
-            }
-        }
-        fn route(&mut self, policy: &LongestPrefix, blocks: &PromptBlocks) -> (DecisionKind, u16) {
-            let routed = policy.decide(blocks, self, 0, 0);
-            let host = routed
-                .headers
-                .host_override
-                .clone()
-                .expect("names the instance");
-            let slot = (0..self.in_flight.len() as u16)
-                .find(|s| *Fleet::instance(*s).address == *host)
-                .unwrap();
-            assert_eq!(routed.headers.key.as_deref(), Some(&*blocks.opening_key()));
-            if let Some(ticket) = routed.ticket {
-                assert_eq!(ticket.slot(), slot);
-                assert_eq!(routed.headers.counted.as_deref(), Some(&*host));
-                if !self.hold {
-                    self.in_flight[usize::from(slot)] -= 1;
-                }
-                drop(ticket);
-            }
-            (routed.headers.kind, slot)
-        }
-    }
-
-    impl LoadView for Fleet {
-        fn target_of(&mut self, _: &str, _: u64) -> Option<Target> {
-            None
-        }
-        fn in_flight(&mut self, i: &InstanceRef, _: u64) -> Option<u32> {
-            self.in_flight.get(usize::from(i.slot)).copied()
-        }
-        fn route_blind(&mut self, _: &str, _: u64) -> Option<Target> {
-            None
-        }
-        fn claim(&mut self, i: &InstanceRef, _: Option<&str>, cap: Option<u32>, _: u64) -> Claim {
-            if self.contended {
-                return Claim::Contended;
-            }
-            let count = &mut self.in_flight[usize::from(i.slot)];
-            if cap.is_some_and(|cap| *count >= cap) {
-                return Claim::Full { in_flight: *count };
-            }
-            *count += 1;
-            Claim::Claimed(Ticket {
-                slot: i.slot,
-                addr_hash: 0,
-                owner: 0,
-            })
-        }
-        fn least_busy_other(&mut self, _: &InstanceRef, _: u64, _: u64) -> Option<Candidate> {
-            None
-        }
-        fn candidates(&mut self, _: u64) -> Vec<Candidate> {
-            (0..self.in_flight.len() as u16)
-                .map(|slot| {
-                    let in_flight = self.in_flight[usize::from(slot)];
-                    let mut candidate = Candidate::local(Fleet::instance(slot), in_flight);
-                    candidate.recent = self.recent.count(slot);
-                    candidate.placed_bytes = self.recent.placed_bytes(slot);
-                    if let Some(engine) = self.engine.get(usize::from(slot)).copied().flatten() {
-                        candidate.load = (engine + in_flight).max(in_flight);
-                        candidate.engine_room = self
-                            .max_requests
-                            .map(|max| max.saturating_sub(candidate.load));
-                        candidate.over_bounds = candidate.engine_room == Some(0);
-                    }
-                    candidate.over_bounds |= self.kv_full.contains(&slot);
-                    candidate
-                })
-                .collect()
-        }
-        fn longest_held(&mut self, chain: &[u64], among: &[Candidate], _: u64) -> HeldPrefix {
-            for blocks in (1..=chain.len()).rev() {
-                let holders: Vec<u16> = self
-                    .held
-                    .get(&chain[blocks - 1])
-                    .into_iter()
-                    .flatten()
-                    .copied()
-                    .filter(|slot| among.iter().any(|c| c.instance.slot == *slot))
-                    .collect();
-                if !holders.is_empty() {
-                    return HeldPrefix { blocks, holders };
-                }
-            }
-            HeldPrefix::default()
-        }
-        fn note_chosen(&mut self, instance: &InstanceRef, placed_bytes: u64) {
-            self.recent.note(instance.slot, placed_bytes);
-        }
-        fn remember_held(
-            &mut self,
-            chain: &[u64],
-            known: usize,
-            i: &InstanceRef,
-            _: &[Candidate],
-            _: u64,
-        ) {
-            for hash in chain.iter().skip(known.min(chain.len())) {
-                let holders = self.held.entry(*hash).or_default();
-                if !holders.contains(&i.slot) {
-                    holders.push(i.slot);
-                }
-            }
-        }
-    }
-
-    fn record(role: &str, text: &str) -> String {
-        format!("role={role}\u{1f}text={text}\u{1f}\u{1e}")
-    }
-
-    fn prompt(text: &str) -> PromptBlocks {
-        PromptBlocks::new(
-            &KeyMaterial {
-                tenant: None,
-                model: Some(b"m"),
-                source: PrefixSource::CanonicalText,
-                prefix: text.as_bytes(),
-            },
-            256,
-        )
-    }
-
-    fn conversation(system: &str, id: usize, turns: usize) -> Vec<PromptBlocks> {
-        let mut text = system.to_string();
-        let mut out = Vec::new();
-        for turn in 0..turns {
-            text.push_str(&record(
-                "user",
-                &format!("conversation {id} question {turn} {}", "q".repeat(300)),
-            ));
-            out.push(prompt(&text));
-            text.push_str(&record("assistant", &"answer ".repeat(60)));
-        }
-        out
-    }
-
-    #[test]
-    fn a_conversation_stays_on_the_instance_of_its_first_turn() {
-        let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent);
-        let mut fleet = Fleet::new(7);
-        let turns = conversation("", 1, 5);
-        let (kind, first) = fleet.route(&policy, &turns[0]);
-        assert_eq!(kind, DecisionKind::Cold);
-        for turn in &turns[1..] {
-            assert_eq!(fleet.route(&policy, turn), (DecisionKind::Matched, first));
-        }
-    }
-
-    /// Slots of `blocks`' opening's two top rendezvous ranks over `fleet`.
-    fn top_two(blocks: &PromptBlocks, instances: u16) -> [u16; 2] {
-        let mut slots: Vec<u16> = (0..instances).collect();
-        slots
-            .sort_by_key(|&s| std::cmp::Reverse(rank(blocks.opening, &Fleet::instance(s).address)));
-        [slots[0], slots[1]]
-    }
-
-    /// A document of its own, long enough for BALANCED to weigh it.
-    fn distinct_prompt(id: usize) -> PromptBlocks {
-        let blocks = prompt(&record(
-            "user",
-            &format!("document {id} {}", "d".repeat(BALANCED_MIN_BYTES)),
-        ));
-        assert!(blocks.prefix_bytes >= BALANCED_MIN_BYTES);
-        blocks
-    }
-
-    #[test]
-    fn a_later_turn_this_index_lacks_keeps_its_openings_first_choice_as_a_holder_would() {
-        let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent);
-        let question = record("user", &format!("conversation 7 {}", "q".repeat(300)));
-        let first_turn = prompt(&question);
-        let history = question + &record("assistant", &"a".repeat(4000));
-        let later = prompt(&(history.clone() + &record("user", "and then?")));
-        assert_eq!(later.opening, first_turn.opening);
-        assert_eq!(later.history_bytes, history.len());
-        let [first, _] = top_two(&later, 7);
-        // Neither is held in this index; the others have nothing in flight,
-        // so the bound is 2, and 2 + 4 (one per KiB of history) for the
-        // later turn on its first choice.
-        let place = |blocks: &PromptBlocks, first_in_flight: u32| {
-            let mut fleet = Fleet::new(7);
-            fleet.hold = true;
-            fleet.in_flight[usize::from(first)] = first_in_flight;
-            fleet.route(&policy, blocks)
-        };
-        assert_eq!(place(&later, 6), (DecisionKind::Cold, first));
-        let (kind, slot) = place(&later, 7);
-        assert_eq!(kind, DecisionKind::Moved);
-        assert_ne!(slot, first);
-        let (kind, slot) = place(&first_turn, 3);
-        assert_eq!(kind, DecisionKind::Moved, "a first turn has no history");
-        assert_ne!(slot, first);
-        // Held here only as far as its first turn (the others went through
-        // other replicas), its bound is still that of its history.
-        let mut fleet = Fleet::new(7);
-        fleet.hold = true;
-        assert_eq!(
-            fleet.route(&policy, &first_turn),
-            (DecisionKind::Cold, first)
-        );
-        fleet.in_flight[usize::from(first)] = 6;
-        assert_eq!(fleet.route(&policy, &later), (DecisionKind::Matched, first));
-    }
-
-    #[test]
-    fn balanced_cold_placement_evens_the_shares_consistent_is_a_binomial() {
-        let spread = |placement: ColdPlacement| {
-            let policy = LongestPrefix::new(10, 1000, true, placement);
-            let mut fleet = Fleet::new(7);
-            let mut shares = [0usize; 7];
-            for id in 0..1400 {
-                let blocks = distinct_prompt(id);
-                let (kind, slot) = fleet.route(&policy, &blocks);
-                assert_eq!(kind, DecisionKind::Cold);
-                assert!(top_two(&blocks, 7).contains(&slot));
-                shares[usize::from(slot)] += 1;
-            }
-            shares
-        };
-        // Within a few of the even 200: the prompts are all but equal in
-        // size, so evening the bytes placed evens the requests.
-        let balanced = spread(ColdPlacement::Balanced);
-        assert!(
-            balanced.iter().all(|n| (192..=208).contains(n)),
-            "{balanced:?}"
-        );
-        // These 1,400 openings by their first choice alone, a binomial
-        // (standard deviation 13): 179 to 212.
-        let consistent = spread(ColdPlacement::Consistent);
-        assert!(
-            !consistent.iter().all(|n| (192..=208).contains(n)),
-            "{consistent:?}"
-        );
-    }
-
-    #[test]
-    fn balanced_cold_placement_evens_the_bytes_placed_not_the_request_counts() {
-        // Documents whose opening ranks instance 0 first are 8,000 bytes
-        // long, the others 2,100 (their first 512 bytes, the opening, alike).
-        let document = |id: usize, long: bool| {
-            let body = "d".repeat(if long { 8000 } else { 2100 });
-            prompt(&record("user", &format!("document {id} {body}")))
-        };
-        let placed = |placement: ColdPlacement| {
-            let policy = LongestPrefix::new(10, 1000, true, placement);
-            let mut fleet = Fleet::new(7);
-            let mut bytes = [0usize; 7];
-            let mut requests = [0usize; 7];
-            for id in 0..700 {
-                let short = document(id, false);
-                let long = top_two(&short, 7)[0] == 0;
-                let blocks = document(id, long);
-                assert_eq!(blocks.opening, short.opening);
-                let (kind, slot) = fleet.route(&policy, &blocks);
-                assert_eq!(kind, DecisionKind::Cold);
-                bytes[usize::from(slot)] += blocks.prefix_bytes;
-                requests[usize::from(slot)] += 1;
-            }
-            (bytes, requests)
-        };
-        let (bytes, requests) = placed(ColdPlacement::Balanced);
-        let (most, least) = (bytes.iter().max().unwrap(), bytes.iter().min().unwrap());
-        // Within a fifth of each other (by request counts, evened as the
-        // count rule would, instance 0 alone would hold three times as much).
-        assert!(most * 5 <= least * 6, "{bytes:?} ({requests:?} requests)");
-        // Many of instance 0's long first choices went to their second
-        // choices: under three quarters of its even share of requests
-        // (evening request counts leaves it at about its even 100).
-        assert!(requests[0] < 75, "{requests:?}");
-        let (bytes, _) = placed(ColdPlacement::Consistent);
-        let least = bytes.iter().min().unwrap();
-        assert!(bytes[0] > 3 * least, "{bytes:?}");
-    }
-
-    #[test]
-    fn balanced_keeps_short_prompts_and_later_turns_on_their_first_choice() {
-        let policy = LongestPrefix::new(10, 1000, true, ColdPlacement::Balanced);
-        let mut fleet = Fleet::new(7);
-        // Placing a long document on every instance but one.
-        let spare = top_two(&distinct_prompt(0), 7)[0];
-        let mut id = 1;
-        while (0..7u16).any(|s| s != spare && fleet.recent.placed_bytes(s) == 0) {
-            let blocks = distinct_prompt(id);
-            if top_two(&blocks, 7)[0] != spare {
-                fleet.route(&policy, &blocks);
-            }
-            id += 1;
-        }
-        assert_eq!(fleet.recent.placed_bytes(spare), 0);
-        // A short prompt whose first choice holds more bytes than its second
-        // stays there; as long as BALANCED_MIN_BYTES, it goes to the second.
-        let ranked = |text: &str| {
-            let blocks = prompt(&record("user", text));
-            let [first, second] = top_two(&blocks, 7);
-            (blocks, first, second)
-        };
-        let (short, first, _) = (0..)
-            .map(|n| ranked(&format!("question {n}")))
-            .find(|(_, first, second)| *first != spare && *second == spare)
-            .unwrap();
-        assert!(short.prefix_bytes < BALANCED_MIN_BYTES);
-        assert_eq!(fleet.route(&policy, &short), (DecisionKind::Cold, first));
-        let (long, first, second_of_long) = (0..)
-            .map(|n| ranked(&format!("question {n} {}", "q".repeat(BALANCED_MIN_BYTES))))
-            .find(|(_, first, second)| *first != spare && *second == spare)
-            .unwrap();
-        assert_eq!(
-            fleet.route(&policy, &long),
-            (DecisionKind::Cold, second_of_long)
-        );
-        assert_ne!(first, second_of_long);
-        // A later turn this index lacks (another replica saw the earlier
-        // ones) stays on its opening's first choice however long, though
-        // its second holds fewer bytes.
-        let later_turn = |n: usize| {
-            let history = record("user", &format!("conversation {n}"))
-                + &record("assistant", &"a".repeat(BALANCED_MIN_BYTES));
-            prompt(&(history + &record("user", "and then?")))
-        };
-        let later = (0..)
-            .map(later_turn)
-            .find(|blocks| {
-                let [first, second] = top_two(blocks, 7);
-                first != spare && second == spare
-            })
-            .unwrap();
-        assert!(later.history_bytes > 0 && later.prefix_bytes >= BALANCED_MIN_BYTES);
-        let [first_of_later, _] = top_two(&later, 7);
-        assert_eq!(
-            fleet.route(&policy, &later),
-            (DecisionKind::Cold, first_of_later)
-        );
-    }
-
-    #[test]
-    fn replicas_that_saw_different_traffic_place_a_cold_prompt_on_one_of_two() {
-        for placement in [ColdPlacement::Balanced, ColdPlacement::Consistent] {
-            let balanced = placement == ColdPlacement::Balanced;
-            let policy = LongestPrefix::new(10, 1000, true, placement);
-            let (mut a, mut b) = (Fleet::new(7), Fleet::new(7));
-            // Each replica saw other prompts first, and the same ones
-            // unevenly: the bytes each placed per instance differ.
-            for id in 0..300 {
-                a.route(&policy, &distinct_prompt(1000 + id));
-                b.route(&policy, &distinct_prompt(2000 + id % 7));
-            }
-            let mut apart = 0;
-            for id in 0..200 {
-                let blocks = distinct_prompt(id);
-                let (_, on_a) = a.route(&policy, &blocks);
-                let (_, on_b) = b.route(&policy, &blocks);
-                let [first, second] = top_two(&blocks, 7);
-                if balanced {
-                    assert!([first, second].contains(&on_a), "prompt {id}");
-                    assert!([first, second].contains(&on_b), "prompt {id}");
-                } else {
-                    assert_eq!((on_a, on_b), (first, first), "prompt {id}");
-                }
-                apart += usize::from(on_a != on_b);
-            }
-            // BALANCED trades exact agreement for even placement.
-            assert_eq!(apart > 0, balanced, "{apart} of 200 apart");
-        }
-    }
-
-    #[test]
-    fn cold_placement_is_the_same_on_every_replica_and_spreads() {
-        let policy = LongestPrefix::new(10, 1000, true, ColdPlacement::Consistent);
-        let system = record("system", &"shared system prompt ".repeat(300));
-        let mut shares = [0usize; 7];
-        for id in 0..700 {
-            let first_turn = &conversation(&system, id, 1)[0];
-            // Two replicas, each with its own (empty) index.
-            let (mut a, mut b) = (Fleet::new(7), Fleet::new(7));
-            let (_, on_a) = a.route(&policy, first_turn);
-            let (_, on_b) = b.route(&policy, first_turn);
-            assert_eq!(on_a, on_b);
-            shares[usize::from(on_a)] += 1;
-        }
-        for share in shares {
-            assert!((70..=130).contains(&share), "{shares:?}");
-        }
-    }
-
-    #[test]
-    fn a_system_prompt_every_conversation_shares_spreads_them_over_every_instance() {
-        let policy = LongestPrefix::new(10, 1000, true, ColdPlacement::Consistent);
-        let system = record("system", &"shared system prompt ".repeat(300));
-        let mut fleet = Fleet::new(7);
-        let mut shares = [0usize; 7];
-        let mut kinds = HashMap::new();
-        for id in 0..700 {
-            let (kind, slot) = fleet.route(&policy, &conversation(&system, id, 1)[0]);
-            shares[usize::from(slot)] += 1;
-            *kinds.entry(kind).or_insert(0) += 1;
-        }
-        for share in shares {
-            assert!((70..=130).contains(&share), "{shares:?}");
-        }
-        // Its first holders took a few (matched, or rebalanced past their
-        // share: no load moves at this margin); once more than half the
-        // fleet holds it, it is the fleet's and every first turn is placed
-        // by its opening.
-        assert!(kinds[&DecisionKind::Cold] >= 690, "{kinds:?}");
-        assert!(kinds.get(&DecisionKind::Rebalanced) > Some(&0), "{kinds:?}");
-        assert!(!kinds.contains_key(&DecisionKind::Moved), "{kinds:?}");
-        // Its second turn is matched where the first went.
-        let turns = conversation(&system, 9999, 2);
-        let (_, first) = fleet.route(&policy, &turns[0]);
-        assert_eq!(
-            fleet.route(&policy, &turns[1]),
-            (DecisionKind::Matched, first)
-        );
-    }
-
-    #[test]
-    fn a_groups_own_system_prompt_attracts_its_new_questions() {
-        let policy = LongestPrefix::new(10, 1000, true, ColdPlacement::Consistent);
-        let mut fleet = Fleet::new(7);
-        let mut instances_of: HashMap<usize, Vec<u16>> = HashMap::new();
-        let mut matched = 0;
-        for request in 0..1400 {
-            let group = request % 28;
-            let system = record("system", &format!("group {group} ").repeat(300));
-            let question = record("user", &format!("question {request} {}", "q".repeat(200)));
-            let (kind, slot) = fleet.route(&policy, &prompt(&(system + &question)));
-            matched += usize::from(kind == DecisionKind::Matched);
-            let on = instances_of.entry(group).or_default();
-            if !on.contains(&slot) {
-                on.push(slot);
-            }
-        }
-        // Without the share bound each group's questions would go where
-        // their openings rank first: every group on all 7 instances.
-        let spread: Vec<usize> = instances_of.values().map(Vec::len).collect();
-        assert!(spread.iter().all(|&n| n <= 4), "{spread:?}");
-        assert!(spread.iter().sum::<usize>() <= 28 * 2, "{spread:?}");
-        assert!(matched >= 1300, "{matched}");
-    }
-
-    #[test]
-    fn questions_about_one_document_stay_together() {
-        let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent);
-        let mut fleet = Fleet::new(7);
-        let document = "a pasted document ".repeat(200);
-        let ask = |q: &str| prompt(&record("user", &format!("{document}\n\n{q}")));
-        let (_, first) = fleet.route(&policy, &ask("Summarise the text above."));
-        for q in ["List its key points.", "Who wrote it?", "Translate it."] {
-            assert_eq!(
-                fleet.route(&policy, &ask(q)),
-                (DecisionKind::Matched, first)
-            );
-        }
-    }
-
-    /// Notes `per_slot[s]` recent decisions for slot `s`.
-    fn note_recent(fleet: &mut Fleet, per_slot: &[u32]) {
-        for (slot, n) in per_slot.iter().enumerate() {
-            for _ in 0..*n {
-                fleet.recent.note(slot as u16, 0);
-            }
-        }
-    }
-
-    #[test]
-    fn a_holder_past_its_share_gives_a_conversation_to_an_instance_within_its_share() {
-        let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent);
-        let mut fleet = Fleet::new(7);
-        let turns = conversation("", 3, 4);
-        let (_, first) = fleet.route(&policy, &turns[0]);
-        // 78 decisions, 11.1 each is even: the first choice has had 17 and
-        // holds one block of the conversation's own text (bound 11 + 2 + 1);
-        // of the instances within their even share, one has had 6, the
-        // others 11.
-        let mut counts = [11u32; 7];
-        counts[usize::from(first)] = 16;
-        counts[usize::from((first + 1) % 7)] = 6;
-        note_recent(&mut fleet, &counts);
-        let (kind, moved_to) = fleet.route(&policy, &turns[1]);
-        assert_eq!(kind, DecisionKind::Rebalanced);
-        assert_eq!(moved_to, (first + 1) % 7);
-        // The conversation is held there from then on.
-        for turn in &turns[2..] {
-            assert_eq!(
-                fleet.route(&policy, turn),
-                (DecisionKind::Matched, moved_to)
-            );
-        }
-        // A new conversation's first turn is placed by its opening whatever
-        // the shares, as every replica places it.
-        let mut fleet = Fleet::new(7);
-        let other = conversation("", 4, 1);
-        let [opening_first, _] = top_two(&other[0], 7);
-        let mut counts = [9u32; 7];
-        counts[usize::from(opening_first)] = 40;
-        note_recent(&mut fleet, &counts);
-        assert_eq!(
-            fleet.route(&policy, &other[0]),
-            (DecisionKind::Cold, opening_first)
-        );
-    }
-
-    #[test]
-    fn a_holder_keeps_a_conversation_within_its_share_with_few_decisions_or_much_held() {
-        let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent);
-        let shares_past = |counts_first: u32, others: u32, turns: &[PromptBlocks]| {
-            let mut fleet = Fleet::new(7);
-            let (_, first) = fleet.route(&policy, &turns[0]);
-            let mut counts = [others; 7];
-            counts[usize::from(first)] = counts_first;
-            note_recent(&mut fleet, &counts);
-            let last = turns.len() - 1;
-            for turn in &turns[1..last] {
-                fleet.route(&policy, turn);
-            }
-            (fleet.route(&policy, &turns[last]), first)
-        };
-        let short = conversation("", 5, 2);
-        // 14 of 68 (past 9 + 2 + 1) moves it; 12 of 66 does not.
-        let ((kind, _), _) = shares_past(13, 9, &short);
-        assert_eq!(kind, DecisionKind::Rebalanced);
-        let ((kind, slot), first) = shares_past(11, 9, &short);
-        assert_eq!((kind, slot), (DecisionKind::Matched, first));
-        // Fewer than 8 decisions per instance in the window: shares say
-        // nothing yet (one conversation alone stays where it is).
-        let ((kind, slot), first) = shares_past(13, 6, &short);
-        assert_eq!((kind, slot), (DecisionKind::Matched, first));
-        // Holding some 3 KiB of the conversation's own text (at its fifth
-        // turn: one decision more per 256 bytes), 14 of 68 keeps it.
-        let long = conversation("", 5, 5);
-        let ((kind, slot), first) = shares_past(10, 9, &long);
-        assert_eq!((kind, slot), (DecisionKind::Matched, first));
-    }
-
-    #[test]
-    fn a_groups_system_prompt_counts_in_what_its_holder_holds_the_fleets_does_not() {
-        let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent);
-        let system = record("system", &"group prompt ".repeat(200));
-        // A conversation's second turn matches past the system prompt into
-        // its own text: the first question, one block of it.
-        let turns = conversation(&system, 8, 2);
-        let place = |system_holders: &[u16]| {
-            let mut fleet = Fleet::new(7);
-            let (_, first) = fleet.route(&policy, &turns[0]);
-            let blocks = turns[1].padding.0;
-            for &slot in system_holders {
-                for hash in &turns[1].chain[..blocks] {
-                    fleet.held.entry(*hash).or_default().push(slot);
-                }
-            }
-            let mut counts = [9u32; 7];
-            counts[usize::from(first)] = 20;
-            note_recent(&mut fleet, &counts);
-            (fleet.route(&policy, &turns[1]), first)
-        };
-        // Held by its holder alone, the 2.6 KB prompt is the group's cache:
-        // 21 of 75 stays within 10 + 2 + 11.
-        let ((kind, slot), first) = place(&[]);
-        assert_eq!((kind, slot), (DecisionKind::Matched, first));
-        // Held by more than half the fleet, it is the fleet's: only the
-        // first question counts (10 + 2 + 1), and the turn moves.
-        let ((kind, slot), first) = place(&[0, 1, 2, 3, 4, 5, 6]);
-        assert_eq!(kind, DecisionKind::Rebalanced);
-        assert_ne!(slot, first);
-    }
-
-    #[test]
-    fn a_single_prompt_sent_again_stays_with_its_holder_whatever_the_shares() {
-        let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent);
-        let mut fleet = Fleet::new(7);
-        let question = prompt(&record("user", &format!("question {}", "why ".repeat(40))));
-        let (_, first) = fleet.route(&policy, &question);
-        let mut counts = [9u32; 7];
-        counts[usize::from(first)] = 40;
-        note_recent(&mut fleet, &counts);
-        assert_eq!(
-            fleet.route(&policy, &question),
-            (DecisionKind::Matched, first)
-        );
-    }
-
-    #[test]
-    fn a_new_question_about_a_document_moves_off_a_holder_past_its_share() {
-        let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent);
-        let mut fleet = Fleet::new(7);
-        let document = "a short pasted note ".repeat(20);
-        let ask = |q: &str| prompt(&record("user", &format!("{document}\n\n{q}")));
-        let (_, first) = fleet.route(&policy, &ask("Summarise the text above."));
-        // 400 bytes held (bound 11 + 2 + 1): 16 of 78 is past it.
-        let mut counts = [11u32; 7];
-        counts[usize::from(first)] = 16;
-        counts[usize::from((first + 1) % 7)] = 6;
-        note_recent(&mut fleet, &counts);
-        // The same question again stays where it is held whole.
-        assert_eq!(
-            fleet.route(&policy, &ask("Summarise the text above.")),
-            (DecisionKind::Matched, first)
-        );
-        // A new one moves to the instance within its share with the fewest
-        // decisions, which holds the document from then on.
-        let (kind, moved_to) = fleet.route(&policy, &ask("Who wrote it?"));
-        assert_eq!(
-            (kind, moved_to),
-            (DecisionKind::Rebalanced, (first + 1) % 7)
-        );
-        assert_eq!(
-            fleet.route(&policy, &ask("Translate it.")),
-            (DecisionKind::Matched, moved_to)
-        );
-    }
-
-    #[test]
-    fn a_turn_whose_previous_turn_another_replica_routed_stays_past_the_share() {
-        let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent);
-        let turns = conversation("", 6, 3);
-        // Replica A routes the first turn, replica B the second (B's index
-        // lacks the conversation: the opening's first choice), A the third.
-        let (mut a, mut b) = (Fleet::new(7), Fleet::new(7));
-        let (_, first) = a.route(&policy, &turns[0]);
-        assert_eq!(b.route(&policy, &turns[1]), (DecisionKind::Cold, first));
-        // A has seen the first choice take far more than its share.
-        let mut counts = [9u32; 7];
-        counts[usize::from(first)] = 30;
-        note_recent(&mut a, &counts);
-        // A holds the first turn only: it keeps the third where B sent the
-        // second, rather than split the conversation.
-        assert_eq!(a.route(&policy, &turns[2]), (DecisionKind::Matched, first));
-        // Had A routed the second turn itself, it would have moved the third.
-        let mut c = Fleet::new(7);
-        c.route(&policy, &turns[0]);
-        c.route(&policy, &turns[1]);
-        note_recent(&mut c, &counts);
-        let (kind, slot) = c.route(&policy, &turns[2]);
-        assert_eq!(kind, DecisionKind::Rebalanced);
-        assert_ne!(slot, first);
-    }
-
-    #[test]
-    fn conversations_of_uneven_lengths_share_the_requests_evenly() {
-        // 200 conversations of 1 to 8 turns, started one at a time while
-        // earlier ones go on; each next step advances a conversation picked
-        // by a hash. Placed by their openings alone, the instances' request
-        // counts are a binomial of conversations times their lengths: here
-        // 106 to 154 of 886 requests (12.0 to 17.4 %); with the share bound
-        // 118 to 135 (13.3 to 15.2 %), moving 55.
-        let policy = LongestPrefix::new(64, 1000, true, ColdPlacement::Consistent);
-        let mut fleet = Fleet::new(7);
-        let mut served = [0usize; 7];
-        let mut rebalanced = 0;
-        let mut active: Vec<(Vec<PromptBlocks>, usize)> = Vec::new();
-        let mut started = 0;
-        let mut step = 0u64;
-        while started < 200 || !active.is_empty() {
-            step += 1;
-            let pick = xxh3_64_with_seed(b"step", step);
-            if started < 200 && (active.len() < 20 || pick % 3 == 0) {
-                let turns = 1 + (xxh3_64_with_seed(b"turns", started as u64) % 8) as usize;
-                active.push((conversation("", started, turns), 0));
-                started += 1;
-                continue;
-            }
-            let index = (pick as usize / 3) % active.len();
-            let (turns, next) = &mut active[index];
-            let (kind, slot) = fleet.route(&policy, &turns[*next]);
-            rebalanced += usize::from(kind == DecisionKind::Rebalanced);
-            served[usize::from(slot)] += 1;
-            *next += 1;
-            if *next == turns.len() {
-                active.swap_remove(index);
-            }
-        }
-        let total: usize = served.iter().sum();
-        assert!(
-            served
-                .iter()
-                .all(|&n| (13 * total..=16 * total).contains(&(n * 100))),
-            "{served:?} of {total}"
-        );
-        assert!(
-            rebalanced * 10 < total,
-            "{rebalanced} of {total} rebalanced"
-        );
-    }
-
-    #[test]
-    fn a_holder_loaded_past_the_margin_is_passed_over_and_the_cap_is_exact() {
-        // A cap above the bound, so that the bound alone moves it.
-        let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent);
-        let mut fleet = Fleet::new(4);
-        fleet.hold = true;
-        let turns = conversation("", 7, 2);
-        let (_, home) = fleet.route(&policy, &turns[0]);
-        fleet.in_flight = vec![0; 4];
-        // The holder at the margin plus a request per KiB it holds (of
-        // turn 0: one full block) above the least loaded: still matched.
-        assert_eq!(turns[0].prefix_bytes / 256, 1);
-        fleet.in_flight[usize::from(home)] = 2;
-        assert_eq!(
-            fleet.route(&policy, &turns[1]),
-            (DecisionKind::Matched, home)
-        );
-        // It now holds all of turn 1 (over a KiB): one more is within.
-        assert_eq!(turns[1].prefix_bytes / 1024, 1);
-        assert_eq!(
-            fleet.route(&policy, &turns[1]),
-            (DecisionKind::Matched, home)
-        );
-        // Four above: moved to a less loaded instance, which then holds
-        // the prompt as well.
-        let (kind, other) = fleet.route(&policy, &turns[1]);
-        assert_eq!(kind, DecisionKind::Moved);
-        assert_ne!(other, home);
-        // At the cap on every instance but one: that one, whatever holds.
-        let policy = LongestPrefix::new(3, 2, true, ColdPlacement::Consistent);
-        fleet.in_flight = vec![3; 4];
-        fleet.in_flight[3] = 2;
-        let (_, slot) = fleet.route(&policy, &turns[1]);
-        assert_eq!(slot, 3);
-        assert_eq!(fleet.in_flight, vec![3; 4]);
-        // Every instance at the cap: the least loaded takes it past the cap.
-        fleet.in_flight = vec![3, 4, 5, 6];
-        assert_eq!(fleet.route(&policy, &turns[1]), (DecisionKind::Overflow, 0));
-        assert_eq!(fleet.in_flight[0], 4);
-    }
-
-    #[test]
-    fn a_contended_claim_still_names_the_instance_uncounted() {
-        let policy = LongestPrefix::new(3, 2, true, ColdPlacement::Consistent);
-        let mut fleet = Fleet::new(3);
-        fleet.contended = true;
-        let blocks = prompt(&record("user", "hello"));
-        let routed = policy.decide(&blocks, &mut fleet, 0, 0);
-        assert!(routed.headers.host_override.is_some());
-        assert_eq!(routed.ticket, None);
-        assert_eq!(routed.headers.counted, None);
-    }
-
-    #[test]
-    fn with_no_instance_known_maglev_on_the_opening_decides() {
-        let policy = LongestPrefix::new(3, 2, true, ColdPlacement::Consistent);
-        let mut fleet = Fleet::new(0);
-        let blocks = prompt(&record("user", "hello"));
-        let routed = policy.decide(&blocks, &mut fleet, 0, 0);
-        assert_eq!(routed.headers.kind, DecisionKind::Cold);
-        assert_eq!(routed.headers.key, Some(blocks.opening_key()));
-        assert_eq!(routed.headers.host_override, None);
-        assert_eq!(routed.ticket, None);
-    }
-
-    #[test]
-    fn matched_and_placed_bytes_report_what_the_chosen_instance_held_and_gains() {
-        let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent);
-        let mut fleet = Fleet::new(3);
-        let turns = conversation("", 3, 2);
-        let first = policy.decide(&turns[0], &mut fleet, 0, 0);
-        assert_eq!(first.headers.matched_bytes, Some(0));
-        assert_eq!(first.placed_bytes, turns[0].prefix_bytes as u64);
-        drop(first);
-        let second = policy.decide(&turns[1], &mut fleet, 0, 0);
-        // Turn 0 is its opening (its first message, cut as a block of its
-        // own): all of it is a prefix of turn 1.
-        assert_eq!(turns[0].cuts[1], turns[0].prefix_bytes);
-        let opening = turns[0].prefix_bytes;
-        assert_eq!(second.headers.matched_bytes, Some(opening as u64));
-        assert_eq!(
-            second.placed_bytes,
-            (turns[1].prefix_bytes - opening) as u64
-        );
-        drop(second);
-        let again = policy.decide(&turns[1], &mut fleet, 0, 0);
-        assert_eq!(again.placed_bytes, 0, "a repeated prompt adds nothing");
-        drop(again);
-    }
-
-    #[test]
-    fn an_unlisted_fleet_leaves_cold_prompts_to_maglev_and_explores_when_full() {
-        let policy = LongestPrefix::new(3, 2, false, ColdPlacement::Consistent);
-        let mut fleet = Fleet::new(2);
-        fleet.hold = true;
-        let blocks = prompt(&record("user", "a cold question"));
-        let routed = policy.decide(&blocks, &mut fleet, 0, 0);
-        assert_eq!(routed.headers.kind, DecisionKind::Cold);
-        assert_eq!(routed.headers.key, Some(blocks.opening_key()));
-        assert_eq!(routed.headers.host_override, None);
-        assert_eq!(routed.ticket, None);
-        assert!(fleet.held.is_empty(), "learned from the response, not here");
-        // Held on slot 1 (as the response would record it): matched there.
-        fleet.remember_held(&blocks.chain, 0, &Fleet::instance(1), &[], 0);
-        assert_eq!(fleet.route(&policy, &blocks), (DecisionKind::Matched, 1));
-        // Every known instance full: a salted opening lets Maglev explore.
-        fleet.in_flight = vec![3, 3];
-        let routed = policy.decide(&blocks, &mut fleet, 5, 0);
-        assert_eq!(routed.headers.kind, DecisionKind::Overflow);
-        assert_eq!(routed.headers.host_override, None);
-        assert_eq!(
-            routed.headers.key,
-            Some(salted_key(&blocks.opening_key(), 6))
-        );
-        assert_eq!(fleet.in_flight, vec![3, 3], "nothing counted past the cap");
-    }
-
-    #[test]
-    fn a_moved_request_reports_and_extends_what_its_new_instance_held() {
-        let policy = LongestPrefix::new(10, 0, true, ColdPlacement::Consistent);
-        let mut fleet = Fleet::new(2);
-        let turns = conversation("", 5, 3);
-        let (_, home) = fleet.route(&policy, &turns[0]);
-        let other = 1 - home;
-        // Turn 1 moved to the other instance (home busy), turn 2 back home:
-        // the other instance holds turn 1's prefix, home only turn 0's.
-        fleet.in_flight[usize::from(home)] = 1;
-        assert_eq!(
-            fleet.route(&policy, &turns[1]),
-            (DecisionKind::Moved, other)
-        );
-        fleet.in_flight = vec![0, 0];
-        // Past its bound: turn 1's prefix (a KiB) allows it one request.
-        fleet.in_flight[usize::from(other)] = 2;
-        let routed = policy.decide(&turns[2], &mut fleet, 0, 0);
-        assert_eq!(routed.headers.kind, DecisionKind::Moved);
-        let turn0 = turns[0].prefix_bytes as u64;
-        assert_eq!(routed.headers.matched_bytes, Some(turn0));
-    }
-
-    #[test]
-    fn the_load_bound_grows_with_the_least_loaded_instance() {
-        let policy = LongestPrefix::new(10, 4, true, ColdPlacement::Consistent);
-        assert_eq!(policy.load_bound(0), 4);
-        assert_eq!(policy.load_bound(3), 10);
-        assert_eq!(policy.load_bound(u32::MAX), u32::MAX);
-    }
-
-    #[test]
-    fn a_holder_may_be_a_request_busier_per_kib_it_holds() {
-        let policy = LongestPrefix::new(10, 4, true, ColdPlacement::Consistent);
-        assert_eq!(
-            policy.holder_bound(3, 0),
-            policy.load_bound(3),
-            "holding nothing"
-        );
-        assert_eq!(policy.holder_bound(0, 1023), 4);
-        assert_eq!(policy.holder_bound(0, 1024), 5);
-        assert_eq!(policy.holder_bound(3, 16 * 1024), 26);
-        assert_eq!(policy.holder_bound(u32::MAX, usize::MAX), u32::MAX);
-    }
-
-    #[test]
-    fn a_long_held_prefix_stays_at_a_load_that_moves_a_short_one() {
-        let policy = LongestPrefix::new(64, 2, true, ColdPlacement::Consistent);
-        let long = prompt(&record("user", &"a document ".repeat(745)));
-        let short = prompt(&record("user", &"b question ".repeat(50)));
-        assert!(long.prefix_bytes >= 8 * 1024 && short.prefix_bytes < 1024);
-        for blocks in [&long, &short] {
-            let mut fleet = Fleet::new(4);
-            let (_, home) = fleet.route(&policy, blocks);
-            // Six busier than every other instance: past the flat bound (2).
-            fleet.in_flight[usize::from(home)] = 6;
-            let (kind, slot) = fleet.route(&policy, blocks);
-            if std::ptr::eq(blocks, &long) {
-                assert_eq!((kind, slot), (DecisionKind::Matched, home));
-            } else {
-                assert_eq!(kind, DecisionKind::Moved);
-                assert_ne!(slot, home);
-            }
-        }
-    }
-
-    #[test]
-    fn load_other_proxies_sent_moves_a_prompt_off_its_holder() {
-        let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent);
-        let mut fleet = Fleet::new(4);
-        let turns = conversation("", 3, 2);
-        let (_, home) = fleet.route(&policy, &turns[0]);
-        // This Envoy has nothing in flight anywhere; the engines report
-        // five requests on the holder (other proxies'), none elsewhere.
-        fleet.engine = vec![Some(0); 4];
-        fleet.engine[usize::from(home)] = Some(2);
-        assert_eq!(
-            fleet.route(&policy, &turns[1]),
-            (DecisionKind::Matched, home),
-            "two above the least loaded: within the margin"
-        );
-        fleet.engine[usize::from(home)] = Some(5);
-        let (kind, other) = fleet.route(&policy, &turns[1]);
-        assert_eq!(kind, DecisionKind::Moved);
-        assert_ne!(other, home);
-    }
-
-    #[test]
-    fn the_fleet_wide_bound_passes_an_instance_over_while_another_is_within_it() {
-        let policy = LongestPrefix::new(10, 1000, true, ColdPlacement::Consistent);
-        let mut fleet = Fleet::new(4);
-        fleet.max_requests = Some(3);
-        let turns = conversation("", 4, 2);
-        let (_, home) = fleet.route(&policy, &turns[0]);
-        fleet.engine = vec![Some(0); 4];
-        fleet.engine[usize::from(home)] = Some(3);
-        let (kind, other) = fleet.route(&policy, &turns[1]);
-        assert_eq!(kind, DecisionKind::Moved, "the margin alone would keep it");
-        assert_ne!(other, home);
-        // Every instance at the bound: a holder of the prompt (both hold it
-        // now), the least loaded (equal loads: the first in order of
-        // preference), counted.
-        fleet.engine = vec![Some(3); 4];
-        fleet.hold = true;
-        fleet.in_flight = vec![0; 4];
-        let (kind, slot) = fleet.route(&policy, &turns[1]);
-        assert_eq!(kind, DecisionKind::Matched);
-        assert!([home, other].contains(&slot), "{slot}");
-        assert_eq!(fleet.in_flight.iter().sum::<u32>(), 1);
-    }
-
-    /// An instance over the KV-usage bound with few requests does not set
-    /// the others' load bound: the prompt stays on the instance that holds it.
-    #[test]
-    fn an_instance_over_a_bound_does_not_set_the_load_bound() {
-        let policy = LongestPrefix::new(100, 4, true, ColdPlacement::Consistent);
-        let mut fleet = Fleet::new(3);
-        let turns = conversation("", 6, 2);
-        let (_, home) = fleet.route(&policy, &turns[0]);
-        let idle = (0..3u16).find(|s| *s != home).expect("another");
-        fleet.in_flight = vec![11; 3];
-        fleet.in_flight[usize::from(home)] = 12;
-        fleet.in_flight[usize::from(idle)] = 2;
-        fleet.kv_full = vec![idle];
-        assert_eq!(
-            fleet.route(&policy, &turns[1]),
-            (DecisionKind::Matched, home),
-            "within 2 x 11 + 4 of the least loaded instance that may take it"
-        );
-    }
-
-    /// Without `instances`, a cold prompt goes by Maglev only while no known
-    /// instance is over a fleet-wide bound: Maglev could pick that one.
-    #[test]
-    fn an_unlisted_fleet_places_cold_prompts_among_its_instances_while_one_is_over_a_bound() {
-        let policy = LongestPrefix::new(10, 4, false, ColdPlacement::Consistent);
-        let blocks = distinct_prompt(3);
-        let mut fleet = Fleet::new(4);
-        let routed = policy.decide(&blocks, &mut fleet, 0, 0);
-        assert_eq!(routed.headers.host_override, None, "left to Maglev");
-        let first = top_two(&blocks, 4)[0];
-        fleet.kv_full = vec![first];
-        let (kind, slot) = fleet.route(&policy, &blocks);
-        assert_eq!(kind, DecisionKind::Moved, "passed over its first choice");
-        assert_eq!(slot, top_two(&blocks, 4)[1], "the opening's next choice");
-    }
-
-    /// Every instance at the fleet-wide bound: the least loaded takes the
-    /// request, listed fleet or not, not the first where this Envoy happens
-    /// to have nothing in flight.
-    #[test]
-    fn at_the_bound_everywhere_the_least_loaded_takes_the_request() {
-        for listed in [true, false] {
-            let policy = LongestPrefix::new(10, 1000, listed, ColdPlacement::Consistent);
-            let mut fleet = Fleet::new(3);
-            fleet.max_requests = Some(3);
-            fleet.engine = vec![Some(9), Some(3), Some(5)];
-            fleet.in_flight = vec![0, 1, 1];
-            fleet.hold = true;
-            let (_, slot) = fleet.route(&policy, &conversation("", 7, 1)[0]);
-            assert_eq!(slot, 1, "listed: {listed}");
-        }
-    }
-
-    #[test]
-    fn claims_stay_within_the_room_the_engines_report() {
-        let policy = LongestPrefix::new(10, 1000, true, ColdPlacement::Consistent);
-        let mut fleet = Fleet::new(4);
-        fleet.hold = true;
-        fleet.max_requests = Some(4);
-        // Two requests of other proxies on every instance: room for two
-        // more each under the fleet-wide bound of four.
-        fleet.engine = vec![Some(2); 4];
-        let turns = conversation("", 5, 1);
-        for _ in 0..8 {
-            fleet.route(&policy, &turns[0]);
-        }
-        assert_eq!(fleet.in_flight, vec![2; 4]);
-        // The ninth finds every instance at the bound: the least loaded
-        // takes it all the same (no request is refused).
-        fleet.route(&policy, &turns[0]);
-        assert_eq!(fleet.in_flight.iter().sum::<u32>(), 9);
-    }
-}
+mod tests;

@@ -18,7 +18,7 @@ mod random;
 mod scenarios;
 
 pub use least_outstanding::LeastOutstanding;
-pub use longest_prefix::LongestPrefix;
+pub use longest_prefix::{Cost, Explained, LongestPrefix};
 pub use prefix_aware::{salted_key, PrefixAware};
 pub use random::RandomPolicy;
 
@@ -28,19 +28,15 @@ use crate::request::KeyDerivation;
 /// Why a request went where it went (one metric per kind).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DecisionKind {
-    /// LONGEST_PREFIX: to an instance holding the longest prefix.
+    /// LONGEST_PREFIX: to an instance holding the longest prefix any
+    /// instance holds.
     Matched,
-    /// LONGEST_PREFIX: no instance holds a prefix that attracts it: placed
-    /// by its opening.
+    /// LONGEST_PREFIX: no instance holds any of it.
     Cold,
-    /// LONGEST_PREFIX: passed over the instance it would have gone to, which
-    /// was loaded above the load bound (`load_margin`, a fleet-wide engine
-    /// bound).
+    /// LONGEST_PREFIX: to another instance than the holders of its longest
+    /// prefix (or, holding nothing, its opening's first choice), which cost
+    /// more: by load, share or a fleet-wide engine bound.
     Moved,
-    /// LONGEST_PREFIX: passed over the holders of its prefix, past their
-    /// share of recent decisions: a conversation's or document's holder
-    /// past its share bound, or a system prompt's holders past theirs.
-    Rebalanced,
     /// To the key's target (Maglev on the key).
     Prefix,
     /// The target was at the concurrency threshold: elsewhere.
@@ -60,7 +56,6 @@ impl DecisionKind {
             DecisionKind::Matched => "matched",
             DecisionKind::Cold => "cold",
             DecisionKind::Moved => "moved",
-            DecisionKind::Rebalanced => "rebalanced",
             DecisionKind::Prefix => "prefix",
             DecisionKind::Overflow => "overflow",
             DecisionKind::LeastOutstanding => "least_outstanding",
@@ -88,6 +83,8 @@ pub struct RouteHeaders {
     /// LONGEST_PREFIX: bytes of the prompt the chosen instance was known to
     /// hold (for the histogram and the debug header).
     pub matched_bytes: Option<u64>,
+    /// LONGEST_PREFIX: the chosen instance's cost and the runner-up's.
+    pub explained: Option<Explained>,
 }
 
 impl RouteHeaders {
@@ -100,6 +97,7 @@ impl RouteHeaders {
             route: None,
             counted: None,
             matched_bytes: None,
+            explained: None,
         }
     }
 }

@@ -86,6 +86,8 @@ struct Decision {
     instance: String,
     /// `matched=`: absent from the decisions of other modes.
     matched: Option<usize>,
+    /// The runner-up's `share` term, in KiB (`runner-up ... + share <s>`).
+    runner_up_share: Option<f64>,
 }
 
 /// Reads a 200 reply's decision; panics unless the header names the
@@ -116,10 +118,16 @@ fn decision_of(reply: &Reply, fleet: &UpstreamFleet, what: &str) -> Decision {
         named.is_some() && named == served,
         "{what}: {header:?} names {named:?}, served by {served:?}"
     );
+    let runner_up_share = header
+        .split("runner-up")
+        .nth(1)
+        .and_then(|runner_up| runner_up.rsplit("share ").next())
+        .and_then(|share| share.trim().parse::<f64>().ok());
     Decision {
         kind,
         instance: served.unwrap_or_default(),
         matched,
+        runner_up_share,
     }
 }
 
@@ -353,13 +361,12 @@ fn check_stays_matched(decisions: &[Vec<Decision>], growing: bool, what: &str) {
         );
         // A first request is cold, or, behind a system prompt another
         // group's first request left somewhere, matched there (its match
-        // ends in the system messages) or rebalanced while the holders had
-        // more than their share (or moved for load).
+        // ends in the system messages) or moved off it (past the holders'
+        // share, or for load).
         assert!(
             match kinds[0] {
-                "cold" => matched[0] == 0,
+                "cold" | "moved" => true,
                 "matched" => matched[0] > 0,
-                "moved" | "rebalanced" => true,
                 _ => false,
             },
             "{what} {group}: {list:?}"
@@ -531,7 +538,7 @@ async fn conversations_behind_one_system_prompt_spread_over_every_instance() {
     assert!(
         kinds
             .keys()
-            .all(|k| ["cold", "matched", "moved", "rebalanced"].contains(&k.as_str())),
+            .all(|k| ["cold", "matched", "moved"].contains(&k.as_str())),
         "{kinds:?}"
     );
     assert!(
@@ -655,8 +662,8 @@ const HOT_HOLD: Duration = Duration::from_secs(1);
 /// [`HOT_HOLD`]: no instance ever holds more than [`CAP`] at once (counted
 /// at the instances), so they spread over at least 4; all succeed; the
 /// holder's are `matched` and it serves some, unless it gave way past its
-/// share of recent decisions (`rebalanced`); the others' first is `moved`,
-/// `rebalanced` or `overflow` and the later ones may be `matched`.
+/// share of recent decisions (`moved`); the others' first is `moved` or
+/// `overflow` and the later ones may be `matched`.
 /// `harness` runs with `concurrency_threshold` [`CAP`].
 async fn check_cap_on_a_hot_conversation(harness: &Harness, seed: u64) {
     let mut rng = bodies::rng(seed);
@@ -721,14 +728,17 @@ async fn check_cap_on_a_hot_conversation(harness: &Harness, seed: u64) {
     // decisions: after traffic that fills the window (the flood's distinct
     // prompts, placed by their openings) one instance in several is past it,
     // and the conversation then moves to one within its share
-    // (`rebalanced`), after which the holder is one holder among several.
-    let gave_way = decisions.iter().any(|d| d.kind == "rebalanced");
+    // (`moved`, its cost's `share` term past 0), after which the holder is
+    // one holder among several.
+    let gave_way = decisions
+        .iter()
+        .any(|d| d.kind == "moved" && d.runner_up_share.is_some_and(|share| share > 0.0));
     // The holder's requests are matched; an instance the prefix was passed
     // on to (by the cap, `overflow`, by the load margin, `moved`, or by the
-    // share bound, `rebalanced`: whichever binds first) holds it from that
+    // `share` term, `moved`: whichever binds first) holds it from that
     // decision on, so its first is one of those and the later ones may be
     // `matched`: nothing else.
-    let passed_on: &[&str] = &["moved", "rebalanced", "overflow", "matched"];
+    let passed_on: &[&str] = &["moved", "overflow", "matched"];
     for d in &decisions {
         let expected: &[&str] = if d.instance == holder.instance && !gave_way {
             &["matched"]
@@ -747,8 +757,8 @@ async fn check_cap_on_a_hot_conversation(harness: &Harness, seed: u64) {
             decisions
                 .iter()
                 .any(|d| d.instance == *instance
-                    && matches!(d.kind.as_str(), "moved" | "rebalanced" | "overflow")),
-            "{instance} took the hot prefix without a `moved`, `rebalanced` or `overflow` decision: {decisions:?}"
+                    && matches!(d.kind.as_str(), "moved" | "overflow")),
+            "{instance} took the hot prefix without a `moved` or `overflow` decision: {decisions:?}"
         );
     }
     // Unless it gave way, the holder takes some of its hot prefix.
@@ -977,7 +987,7 @@ async fn two_envoys_place_cold_prompts_alike() {
             assert!(
                 [kinds.0, kinds.1]
                     .iter()
-                    .all(|k| ["matched", "moved", "rebalanced", "cold"].contains(k)),
+                    .all(|k| ["matched", "moved", "cold"].contains(k)),
                 "{what}: {kinds:?}"
             );
             warming.push(n);

@@ -11,7 +11,7 @@ const REQUESTS: usize = 12;
 /// Bytes of each request's body.
 const BODY_BYTES: usize = 8192;
 /// Every decision kind LONGEST_PREFIX makes for a keyed request.
-const DECISION_KINDS: [&str; 5] = ["matched", "cold", "moved", "rebalanced", "overflow"];
+const DECISION_KINDS: [&str; 4] = ["matched", "cold", "moved", "overflow"];
 
 /// The value of the Prometheus sample line whose series is exactly `series`
 /// (`name{labels}` as Envoy writes it, `{}` for none).

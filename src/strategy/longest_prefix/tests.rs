@@ -1,0 +1,1112 @@
+use std::collections::HashMap;
+
+use super::*;
+use crate::extract::PrefixSource;
+use crate::key::KeyMaterial;
+use crate::load::{HeldPrefix, InstanceRef, RecentChoices, Target};
+
+/// A fleet as the policy sees it: in-flight counts, an exact prefix
+/// index (block hash -> slots), claims that respect the cap.
+#[derive(Default)]
+struct Fleet {
+    in_flight: Vec<u32>,
+    held: HashMap<u64, Vec<u16>>,
+    contended: bool,
+    /// Requests stay in flight after `route` (else each one completes).
+    hold: bool,
+    /// Requests other proxies have on each instance, as its engine
+    /// reports them (None: no engine sample).
+    engine: Vec<Option<u32>>,
+    /// The fleet-wide bound of running + waiting.
+    max_requests: Option<u32>,
+    /// Instances over the fleet-wide bound of KV-cache usage.
+    kv_full: Vec<u16>,
+    recent: RecentChoices,
+}
+
+impl Fleet {
+    fn new(instances: usize) -> Self {
+        Fleet {
+            in_flight: vec![0; instances],
+            ..Fleet::default()
+        }
+    }
+    fn instance(slot: u16) -> InstanceRef {
+        InstanceRef {
+            slot,
+            address: format!("10.0.0.{slot}:8000").into(),
+        }
+    }
+    fn route(&mut self, policy: &LongestPrefix, blocks: &PromptBlocks) -> (DecisionKind, u16) {
+        let routed = policy.decide(blocks, self, 0, 0);
+        let host = routed
+            .headers
+            .host_override
+            .clone()
+            .expect("names the instance");
+        let slot = (0..self.in_flight.len() as u16)
+            .find(|s| *Fleet::instance(*s).address == *host)
+            .unwrap();
+        assert_eq!(routed.headers.key.as_deref(), Some(&*blocks.opening_key()));
+        if let Some(ticket) = routed.ticket {
+            assert_eq!(ticket.slot(), slot);
+            assert_eq!(routed.headers.counted.as_deref(), Some(&*host));
+            if !self.hold {
+                self.in_flight[usize::from(slot)] -= 1;
+            }
+            drop(ticket);
+        }
+        (routed.headers.kind, slot)
+    }
+}
+
+impl LoadView for Fleet {
+    fn target_of(&mut self, _: &str, _: u64) -> Option<Target> {
+        None
+    }
+    fn in_flight(&mut self, i: &InstanceRef, _: u64) -> Option<u32> {
+        self.in_flight.get(usize::from(i.slot)).copied()
+    }
+    fn route_blind(&mut self, _: &str, _: u64) -> Option<Target> {
+        None
+    }
+    fn claim(&mut self, i: &InstanceRef, _: Option<&str>, cap: Option<u32>, _: u64) -> Claim {
+        if self.contended {
+            return Claim::Contended;
+        }
+        let count = &mut self.in_flight[usize::from(i.slot)];
+        if cap.is_some_and(|cap| *count >= cap) {
+            return Claim::Full { in_flight: *count };
+        }
+        *count += 1;
+        Claim::Claimed(Ticket {
+            slot: i.slot,
+            addr_hash: 0,
+            owner: 0,
+        })
+    }
+    fn least_busy_other(&mut self, _: &InstanceRef, _: u64, _: u64) -> Option<Candidate> {
+        None
+    }
+    fn candidates(&mut self, _: u64) -> Vec<Candidate> {
+        (0..self.in_flight.len() as u16)
+            .map(|slot| {
+                let in_flight = self.in_flight[usize::from(slot)];
+                let mut candidate = Candidate::local(Fleet::instance(slot), in_flight);
+                candidate.recent = self.recent.count(slot);
+                candidate.placed_bytes = self.recent.placed_bytes(slot);
+                if let Some(engine) = self.engine.get(usize::from(slot)).copied().flatten() {
+                    candidate.load = (engine + in_flight).max(in_flight);
+                    candidate.engine_room = self
+                        .max_requests
+                        .map(|max| max.saturating_sub(candidate.load));
+                    candidate.over_bounds = candidate.engine_room == Some(0);
+                }
+                candidate.over_bounds |= self.kv_full.contains(&slot);
+                candidate
+            })
+            .collect()
+    }
+    fn longest_held(&mut self, chain: &[u64], among: &[Candidate], _: u64) -> HeldPrefix {
+        for blocks in (1..=chain.len()).rev() {
+            let holders: Vec<u16> = self
+                .held
+                .get(&chain[blocks - 1])
+                .into_iter()
+                .flatten()
+                .copied()
+                .filter(|slot| among.iter().any(|c| c.instance.slot == *slot))
+                .collect();
+            if !holders.is_empty() {
+                return HeldPrefix { blocks, holders };
+            }
+        }
+        HeldPrefix::default()
+    }
+    fn note_chosen(&mut self, instance: &InstanceRef, placed_bytes: u64) {
+        self.recent.note(instance.slot, placed_bytes);
+    }
+    fn remember_held(
+        &mut self,
+        chain: &[u64],
+        known: usize,
+        i: &InstanceRef,
+        _: &[Candidate],
+        _: u64,
+    ) {
+        for hash in chain.iter().skip(known.min(chain.len())) {
+            let holders = self.held.entry(*hash).or_default();
+            if !holders.contains(&i.slot) {
+                holders.push(i.slot);
+            }
+        }
+    }
+}
+
+fn record(role: &str, text: &str) -> String {
+    format!("role={role}\u{1f}text={text}\u{1f}\u{1e}")
+}
+
+fn prompt(text: &str) -> PromptBlocks {
+    PromptBlocks::new(
+        &KeyMaterial {
+            tenant: None,
+            model: Some(b"m"),
+            source: PrefixSource::CanonicalText,
+            prefix: text.as_bytes(),
+        },
+        256,
+    )
+}
+
+fn conversation(system: &str, id: usize, turns: usize) -> Vec<PromptBlocks> {
+    let mut text = system.to_string();
+    let mut out = Vec::new();
+    for turn in 0..turns {
+        text.push_str(&record(
+            "user",
+            &format!("conversation {id} question {turn} {}", "q".repeat(300)),
+        ));
+        out.push(prompt(&text));
+        text.push_str(&record("assistant", &"answer ".repeat(60)));
+    }
+    out
+}
+
+#[test]
+fn a_conversation_stays_on_the_instance_of_its_first_turn() {
+    let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent);
+    let mut fleet = Fleet::new(7);
+    let turns = conversation("", 1, 5);
+    let (kind, first) = fleet.route(&policy, &turns[0]);
+    assert_eq!(kind, DecisionKind::Cold);
+    for turn in &turns[1..] {
+        assert_eq!(fleet.route(&policy, turn), (DecisionKind::Matched, first));
+    }
+}
+
+/// Slots of `blocks`' opening's two top rendezvous ranks over `fleet`.
+fn top_two(blocks: &PromptBlocks, instances: u16) -> [u16; 2] {
+    let mut slots: Vec<u16> = (0..instances).collect();
+    slots.sort_by_key(|&s| std::cmp::Reverse(rank(blocks.opening, &Fleet::instance(s).address)));
+    [slots[0], slots[1]]
+}
+
+/// A document of its own, long enough for BALANCED to weigh it.
+fn distinct_prompt(id: usize) -> PromptBlocks {
+    let blocks = prompt(&record(
+        "user",
+        &format!("document {id} {}", "d".repeat(BALANCED_MIN_BYTES)),
+    ));
+    assert!(blocks.prefix_bytes >= BALANCED_MIN_BYTES);
+    blocks
+}
+
+#[test]
+fn a_later_turn_this_index_lacks_keeps_its_openings_first_choice_as_a_holder_would() {
+    let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent);
+    let question = record("user", &format!("conversation 7 {}", "q".repeat(300)));
+    let first_turn = prompt(&question);
+    let history = question + &record("assistant", &"a".repeat(4000));
+    let later = prompt(&(history.clone() + &record("user", "and then?")));
+    assert_eq!(later.opening, first_turn.opening);
+    assert_eq!(later.history_bytes, history.len());
+    let [first, _] = top_two(&later, 7);
+    // Neither is held in this index; the others have nothing in flight,
+    // so the bound is 2, and 2 + 4 (one per KiB of history) for the
+    // later turn on its first choice.
+    let place = |blocks: &PromptBlocks, first_in_flight: u32| {
+        let mut fleet = Fleet::new(7);
+        fleet.hold = true;
+        fleet.in_flight[usize::from(first)] = first_in_flight;
+        fleet.route(&policy, blocks)
+    };
+    assert_eq!(place(&later, 6), (DecisionKind::Cold, first));
+    let (kind, slot) = place(&later, 7);
+    assert_eq!(kind, DecisionKind::Cold);
+    assert_ne!(slot, first, "passed over");
+    let (kind, slot) = place(&first_turn, 3);
+    assert_eq!(kind, DecisionKind::Cold);
+    assert_ne!(slot, first, "a first turn has no history");
+    // Held here only as far as its first turn (the others went through
+    // other replicas), its bound is still that of its history.
+    let mut fleet = Fleet::new(7);
+    fleet.hold = true;
+    assert_eq!(
+        fleet.route(&policy, &first_turn),
+        (DecisionKind::Cold, first)
+    );
+    fleet.in_flight[usize::from(first)] = 6;
+    assert_eq!(fleet.route(&policy, &later), (DecisionKind::Matched, first));
+}
+
+#[test]
+fn balanced_cold_placement_evens_the_shares_consistent_is_a_binomial() {
+    let spread = |placement: ColdPlacement| {
+        let policy = LongestPrefix::new(10, 1000, true, placement);
+        let mut fleet = Fleet::new(7);
+        let mut shares = [0usize; 7];
+        for id in 0..1400 {
+            let blocks = distinct_prompt(id);
+            let (kind, slot) = fleet.route(&policy, &blocks);
+            assert_eq!(kind, DecisionKind::Cold);
+            assert!(top_two(&blocks, 7).contains(&slot));
+            shares[usize::from(slot)] += 1;
+        }
+        shares
+    };
+    // Within a few of the even 200: the prompts are all but equal in
+    // size, so evening the bytes placed evens the requests.
+    let balanced = spread(ColdPlacement::Balanced);
+    assert!(
+        balanced.iter().all(|n| (192..=208).contains(n)),
+        "{balanced:?}"
+    );
+    // These 1,400 openings by their first choice alone, a binomial
+    // (standard deviation 13): 179 to 212.
+    let consistent = spread(ColdPlacement::Consistent);
+    assert!(
+        !consistent.iter().all(|n| (192..=208).contains(n)),
+        "{consistent:?}"
+    );
+}
+
+#[test]
+fn balanced_cold_placement_evens_the_bytes_placed_not_the_request_counts() {
+    // Documents whose opening ranks instance 0 first are 8,000 bytes
+    // long, the others 2,100 (their first 512 bytes, the opening, alike).
+    let document = |id: usize, long: bool| {
+        let body = "d".repeat(if long { 8000 } else { 2100 });
+        prompt(&record("user", &format!("document {id} {body}")))
+    };
+    let placed = |placement: ColdPlacement| {
+        let policy = LongestPrefix::new(10, 1000, true, placement);
+        let mut fleet = Fleet::new(7);
+        let mut bytes = [0usize; 7];
+        let mut requests = [0usize; 7];
+        for id in 0..700 {
+            let short = document(id, false);
+            let long = top_two(&short, 7)[0] == 0;
+            let blocks = document(id, long);
+            assert_eq!(blocks.opening, short.opening);
+            let (kind, slot) = fleet.route(&policy, &blocks);
+            assert_eq!(kind, DecisionKind::Cold);
+            bytes[usize::from(slot)] += blocks.prefix_bytes;
+            requests[usize::from(slot)] += 1;
+        }
+        (bytes, requests)
+    };
+    let (bytes, requests) = placed(ColdPlacement::Balanced);
+    let (most, least) = (bytes.iter().max().unwrap(), bytes.iter().min().unwrap());
+    // Within a fifth of each other (by request counts, evened as the
+    // count rule would, instance 0 alone would hold three times as much).
+    assert!(most * 5 <= least * 6, "{bytes:?} ({requests:?} requests)");
+    // Many of instance 0's long first choices went to their second
+    // choices: under three quarters of its even share of requests
+    // (evening request counts leaves it at about its even 100).
+    assert!(requests[0] < 75, "{requests:?}");
+    let (bytes, _) = placed(ColdPlacement::Consistent);
+    let least = bytes.iter().min().unwrap();
+    assert!(bytes[0] > 3 * least, "{bytes:?}");
+}
+
+#[test]
+fn balanced_keeps_short_prompts_and_later_turns_on_their_first_choice() {
+    let policy = LongestPrefix::new(10, 1000, true, ColdPlacement::Balanced);
+    let mut fleet = Fleet::new(7);
+    // Placing a long document on every instance but one.
+    let spare = top_two(&distinct_prompt(0), 7)[0];
+    let mut id = 1;
+    while (0..7u16).any(|s| s != spare && fleet.recent.placed_bytes(s) == 0) {
+        let blocks = distinct_prompt(id);
+        if top_two(&blocks, 7)[0] != spare {
+            fleet.route(&policy, &blocks);
+        }
+        id += 1;
+    }
+    assert_eq!(fleet.recent.placed_bytes(spare), 0);
+    // A short prompt whose first choice holds more bytes than its second
+    // stays there; as long as BALANCED_MIN_BYTES, it goes to the second.
+    let ranked = |text: &str| {
+        let blocks = prompt(&record("user", text));
+        let [first, second] = top_two(&blocks, 7);
+        (blocks, first, second)
+    };
+    let (short, first, _) = (0..)
+        .map(|n| ranked(&format!("question {n}")))
+        .find(|(_, first, second)| *first != spare && *second == spare)
+        .unwrap();
+    assert!(short.prefix_bytes < BALANCED_MIN_BYTES);
+    assert_eq!(fleet.route(&policy, &short), (DecisionKind::Cold, first));
+    let (long, first, second_of_long) = (0..)
+        .map(|n| ranked(&format!("question {n} {}", "q".repeat(BALANCED_MIN_BYTES))))
+        .find(|(_, first, second)| *first != spare && *second == spare)
+        .unwrap();
+    assert_eq!(
+        fleet.route(&policy, &long),
+        (DecisionKind::Cold, second_of_long)
+    );
+    assert_ne!(first, second_of_long);
+    // A later turn this index lacks (another replica saw the earlier
+    // ones) stays on its opening's first choice however long, though
+    // its second holds fewer bytes.
+    let later_turn = |n: usize| {
+        let history = record("user", &format!("conversation {n}"))
+            + &record("assistant", &"a".repeat(BALANCED_MIN_BYTES));
+        prompt(&(history + &record("user", "and then?")))
+    };
+    let later = (0..)
+        .map(later_turn)
+        .find(|blocks| {
+            let [first, second] = top_two(blocks, 7);
+            first != spare && second == spare
+        })
+        .unwrap();
+    assert!(later.history_bytes > 0 && later.prefix_bytes >= BALANCED_MIN_BYTES);
+    let [first_of_later, _] = top_two(&later, 7);
+    assert_eq!(
+        fleet.route(&policy, &later),
+        (DecisionKind::Cold, first_of_later)
+    );
+}
+
+#[test]
+fn replicas_that_saw_different_traffic_place_a_cold_prompt_on_one_of_two() {
+    for placement in [ColdPlacement::Balanced, ColdPlacement::Consistent] {
+        let balanced = placement == ColdPlacement::Balanced;
+        let policy = LongestPrefix::new(10, 1000, true, placement);
+        let (mut a, mut b) = (Fleet::new(7), Fleet::new(7));
+        // Each replica saw other prompts first, and the same ones
+        // unevenly: the bytes each placed per instance differ.
+        for id in 0..300 {
+            a.route(&policy, &distinct_prompt(1000 + id));
+            b.route(&policy, &distinct_prompt(2000 + id % 7));
+        }
+        let mut apart = 0;
+        for id in 0..200 {
+            let blocks = distinct_prompt(id);
+            let (_, on_a) = a.route(&policy, &blocks);
+            let (_, on_b) = b.route(&policy, &blocks);
+            let [first, second] = top_two(&blocks, 7);
+            if balanced {
+                assert!([first, second].contains(&on_a), "prompt {id}");
+                assert!([first, second].contains(&on_b), "prompt {id}");
+            } else {
+                assert_eq!((on_a, on_b), (first, first), "prompt {id}");
+            }
+            apart += usize::from(on_a != on_b);
+        }
+        // BALANCED trades exact agreement for even placement.
+        assert_eq!(apart > 0, balanced, "{apart} of 200 apart");
+    }
+}
+
+#[test]
+fn cold_placement_is_the_same_on_every_replica_and_spreads() {
+    let policy = LongestPrefix::new(10, 1000, true, ColdPlacement::Consistent);
+    let system = record("system", &"shared system prompt ".repeat(300));
+    let mut shares = [0usize; 7];
+    for id in 0..700 {
+        let first_turn = &conversation(&system, id, 1)[0];
+        // Two replicas, each with its own (empty) index.
+        let (mut a, mut b) = (Fleet::new(7), Fleet::new(7));
+        let (_, on_a) = a.route(&policy, first_turn);
+        let (_, on_b) = b.route(&policy, first_turn);
+        assert_eq!(on_a, on_b);
+        shares[usize::from(on_a)] += 1;
+    }
+    for share in shares {
+        assert!((70..=130).contains(&share), "{shares:?}");
+    }
+}
+
+#[test]
+fn a_system_prompt_every_conversation_shares_spreads_them_over_every_instance() {
+    let policy = LongestPrefix::new(10, 1000, true, ColdPlacement::Consistent);
+    let system = record("system", &"shared system prompt ".repeat(300));
+    let mut fleet = Fleet::new(7);
+    let mut shares = [0usize; 7];
+    let mut later = [0usize; 7];
+    let mut kinds = HashMap::new();
+    for id in 0..700 {
+        let (kind, slot) = fleet.route(&policy, &conversation(&system, id, 1)[0]);
+        shares[usize::from(slot)] += 1;
+        if id >= 350 {
+            later[usize::from(slot)] += 1;
+        }
+        *kinds.entry(kind).or_insert(0) += 1;
+    }
+    // Its first holders take a few (matched), until past their share of
+    // recent decisions (no load moves at this margin) it sets no instance
+    // apart, and once more than half the fleet holds it neither does it:
+    // every first turn is placed by its opening.
+    for share in shares {
+        assert!((70..=130).contains(&share), "{shares:?}");
+    }
+    for share in later {
+        assert!((35..=65).contains(&share), "{later:?}");
+    }
+    assert!(kinds[&DecisionKind::Cold] >= 690, "{kinds:?}");
+    assert!(kinds.get(&DecisionKind::Matched) > Some(&0), "{kinds:?}");
+    assert!(!kinds.contains_key(&DecisionKind::Moved), "{kinds:?}");
+    // Its second turn is matched where the first went.
+    let turns = conversation(&system, 9999, 2);
+    let (_, first) = fleet.route(&policy, &turns[0]);
+    assert_eq!(
+        fleet.route(&policy, &turns[1]),
+        (DecisionKind::Matched, first)
+    );
+}
+
+#[test]
+fn a_groups_own_system_prompt_attracts_its_new_questions() {
+    let policy = LongestPrefix::new(10, 1000, true, ColdPlacement::Consistent);
+    let mut fleet = Fleet::new(7);
+    let mut instances_of: HashMap<usize, Vec<u16>> = HashMap::new();
+    let mut matched = 0;
+    for request in 0..1400 {
+        let group = request % 28;
+        let system = record("system", &format!("group {group} ").repeat(300));
+        let question = record("user", &format!("question {request} {}", "q".repeat(200)));
+        let (kind, slot) = fleet.route(&policy, &prompt(&(system + &question)));
+        matched += usize::from(kind == DecisionKind::Matched);
+        let on = instances_of.entry(group).or_default();
+        if !on.contains(&slot) {
+            on.push(slot);
+        }
+    }
+    // Without the share bound each group's questions would go where
+    // their openings rank first: every group on all 7 instances.
+    let spread: Vec<usize> = instances_of.values().map(Vec::len).collect();
+    assert!(spread.iter().all(|&n| n <= 4), "{spread:?}");
+    assert!(spread.iter().sum::<usize>() <= 28 * 2, "{spread:?}");
+    assert!(matched >= 1300, "{matched}");
+}
+
+#[test]
+fn questions_about_one_document_stay_together() {
+    let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent);
+    let mut fleet = Fleet::new(7);
+    let document = "a pasted document ".repeat(200);
+    let ask = |q: &str| prompt(&record("user", &format!("{document}\n\n{q}")));
+    let (_, first) = fleet.route(&policy, &ask("Summarise the text above."));
+    for q in ["List its key points.", "Who wrote it?", "Translate it."] {
+        assert_eq!(
+            fleet.route(&policy, &ask(q)),
+            (DecisionKind::Matched, first)
+        );
+    }
+}
+
+/// Notes `per_slot[s]` recent decisions for slot `s`.
+fn note_recent(fleet: &mut Fleet, per_slot: &[u32]) {
+    for (slot, n) in per_slot.iter().enumerate() {
+        for _ in 0..*n {
+            fleet.recent.note(slot as u16, 0);
+        }
+    }
+}
+
+#[test]
+fn a_holder_past_its_share_gives_a_conversation_to_an_instance_within_its_share() {
+    let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent);
+    let mut fleet = Fleet::new(7);
+    let turns = conversation("", 3, 4);
+    let (_, first) = fleet.route(&policy, &turns[0]);
+    // 78 decisions, 11 each is even: the first choice has had 17, 4 past
+    // its share and slack (a KiB), more than the history it holds; of the
+    // others, the one with the fewest decisions takes it.
+    let mut counts = [11u32; 7];
+    counts[usize::from(first)] = 16;
+    counts[usize::from((first + 1) % 7)] = 6;
+    note_recent(&mut fleet, &counts);
+    let (kind, moved_to) = fleet.route(&policy, &turns[1]);
+    assert_eq!(kind, DecisionKind::Moved);
+    assert_eq!(moved_to, (first + 1) % 7);
+    // The conversation is held there from then on.
+    for turn in &turns[2..] {
+        assert_eq!(
+            fleet.route(&policy, turn),
+            (DecisionKind::Matched, moved_to)
+        );
+    }
+    // A new conversation's first turn is placed by its opening whatever
+    // the shares, as every replica places it.
+    let mut fleet = Fleet::new(7);
+    let other = conversation("", 4, 1);
+    let [opening_first, _] = top_two(&other[0], 7);
+    let mut counts = [9u32; 7];
+    counts[usize::from(opening_first)] = 40;
+    note_recent(&mut fleet, &counts);
+    assert_eq!(
+        fleet.route(&policy, &other[0]),
+        (DecisionKind::Cold, opening_first)
+    );
+}
+
+#[test]
+fn a_holder_keeps_a_conversation_within_its_share_with_few_decisions_or_much_held() {
+    let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent);
+    let shares_past = |counts_first: u32, others: u32, turns: &[PromptBlocks]| {
+        let mut fleet = Fleet::new(7);
+        let (_, first) = fleet.route(&policy, &turns[0]);
+        let mut counts = [others; 7];
+        counts[usize::from(first)] = counts_first;
+        note_recent(&mut fleet, &counts);
+        let last = turns.len() - 1;
+        for turn in &turns[1..last] {
+            fleet.route(&policy, turn);
+        }
+        (fleet.route(&policy, &turns[last]), first)
+    };
+    let short = conversation("", 5, 2);
+    // 15 of 69 (4 past 9 + 2: a KiB) moves it, past the history its
+    // first choice holds; 12 of 66 does not.
+    let ((kind, _), _) = shares_past(14, 9, &short);
+    assert_eq!(kind, DecisionKind::Moved);
+    let ((kind, slot), first) = shares_past(11, 9, &short);
+    assert_eq!((kind, slot), (DecisionKind::Matched, first));
+    // Few decisions made: the even share is taken as 8, so 10 of 28 is
+    // within it (one conversation alone stays where it is).
+    let ((kind, slot), first) = shares_past(9, 3, &short);
+    assert_eq!((kind, slot), (DecisionKind::Matched, first));
+    // Holding some 3 KiB of the conversation's own text (at its fifth
+    // turn: one decision more per 256 bytes), 14 of 68 keeps it.
+    let long = conversation("", 5, 5);
+    let ((kind, slot), first) = shares_past(10, 9, &long);
+    assert_eq!((kind, slot), (DecisionKind::Matched, first));
+}
+
+#[test]
+fn a_groups_system_prompt_counts_in_what_its_holder_holds_the_fleets_does_not() {
+    let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent);
+    let system = record("system", &"group prompt ".repeat(200));
+    // A conversation's second turn matches past the system prompt into
+    // its own text: the first question, one block of it.
+    let turns = conversation(&system, 8, 2);
+    let place = |system_holders: &[u16]| {
+        let mut fleet = Fleet::new(7);
+        let (_, first) = fleet.route(&policy, &turns[0]);
+        let blocks = turns[1].padding.0;
+        for &slot in system_holders {
+            for hash in &turns[1].chain[..blocks] {
+                fleet.held.entry(*hash).or_default().push(slot);
+            }
+        }
+        let mut counts = [9u32; 7];
+        counts[usize::from(first)] = 20;
+        note_recent(&mut fleet, &counts);
+        (fleet.route(&policy, &turns[1]), first)
+    };
+    // Held by its holder alone, the 2.6 KB prompt is the group's cache:
+    // 21 of 75 stays within 10 + 2 + 11.
+    let ((kind, slot), first) = place(&[]);
+    assert_eq!((kind, slot), (DecisionKind::Matched, first));
+    // Held by more than half the fleet, it is the fleet's: only the
+    // first question counts (10 + 2 + 1), and the turn moves.
+    let ((kind, slot), first) = place(&[0, 1, 2, 3, 4, 5, 6]);
+    assert_eq!(kind, DecisionKind::Moved);
+    assert_ne!(slot, first);
+}
+
+#[test]
+fn a_single_prompt_sent_again_stays_with_its_holder_whatever_the_shares() {
+    let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent);
+    let mut fleet = Fleet::new(7);
+    let question = prompt(&record("user", &format!("question {}", "why ".repeat(40))));
+    let (_, first) = fleet.route(&policy, &question);
+    let mut counts = [9u32; 7];
+    counts[usize::from(first)] = 40;
+    note_recent(&mut fleet, &counts);
+    assert_eq!(
+        fleet.route(&policy, &question),
+        (DecisionKind::Matched, first)
+    );
+}
+
+#[test]
+fn a_new_question_about_a_document_moves_off_a_holder_past_its_share() {
+    let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent);
+    let mut fleet = Fleet::new(7);
+    let document = "a short pasted note ".repeat(20);
+    let ask = |q: &str| prompt(&record("user", &format!("{document}\n\n{q}")));
+    let (_, first) = fleet.route(&policy, &ask("Summarise the text above."));
+    // 400 bytes held (bound 11 + 2 + 1): 16 of 78 is past it.
+    let mut counts = [11u32; 7];
+    counts[usize::from(first)] = 16;
+    counts[usize::from((first + 1) % 7)] = 6;
+    note_recent(&mut fleet, &counts);
+    // The same question again stays where it is held whole.
+    assert_eq!(
+        fleet.route(&policy, &ask("Summarise the text above.")),
+        (DecisionKind::Matched, first)
+    );
+    // A new one moves to the instance with the fewest decisions, which
+    // holds the document from then on.
+    let (kind, moved_to) = fleet.route(&policy, &ask("Who wrote it?"));
+    assert_eq!((kind, moved_to), (DecisionKind::Moved, (first + 1) % 7));
+    assert_eq!(
+        fleet.route(&policy, &ask("Translate it.")),
+        (DecisionKind::Matched, moved_to)
+    );
+}
+
+#[test]
+fn a_turn_whose_previous_turn_another_replica_routed_stays_past_the_share() {
+    let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent);
+    let turns = conversation("", 6, 3);
+    // Replica A routes the first turn, replica B the second (B's index
+    // lacks the conversation: the opening's first choice), A the third.
+    let (mut a, mut b) = (Fleet::new(7), Fleet::new(7));
+    let (_, first) = a.route(&policy, &turns[0]);
+    assert_eq!(b.route(&policy, &turns[1]), (DecisionKind::Cold, first));
+    // A has seen the first choice take far more than its share.
+    let mut counts = [9u32; 7];
+    counts[usize::from(first)] = 30;
+    note_recent(&mut a, &counts);
+    // A holds the first turn only: it keeps the third where B sent the
+    // second, rather than split the conversation.
+    assert_eq!(a.route(&policy, &turns[2]), (DecisionKind::Matched, first));
+    // Had A routed the second turn itself, it would have moved the third.
+    let mut c = Fleet::new(7);
+    c.route(&policy, &turns[0]);
+    c.route(&policy, &turns[1]);
+    note_recent(&mut c, &counts);
+    let (kind, slot) = c.route(&policy, &turns[2]);
+    assert_eq!(kind, DecisionKind::Moved);
+    assert_ne!(slot, first);
+}
+
+#[test]
+fn conversations_of_uneven_lengths_share_the_requests_evenly() {
+    // 200 conversations of 1 to 8 turns, started one at a time while
+    // earlier ones go on; each next step advances a conversation picked
+    // by a hash. Placed by their openings alone, the instances' request
+    // counts are a binomial of conversations times their lengths, wider
+    // than the bounds below; `share` moves a few conversations early.
+    let policy = LongestPrefix::new(64, 1000, true, ColdPlacement::Consistent);
+    let mut fleet = Fleet::new(7);
+    let mut served = [0usize; 7];
+    let mut rebalanced = 0;
+    let mut active: Vec<(Vec<PromptBlocks>, usize)> = Vec::new();
+    let mut started = 0;
+    let mut step = 0u64;
+    while started < 200 || !active.is_empty() {
+        step += 1;
+        let pick = xxh3_64_with_seed(b"step", step);
+        if started < 200 && (active.len() < 20 || pick % 3 == 0) {
+            let turns = 1 + (xxh3_64_with_seed(b"turns", started as u64) % 8) as usize;
+            active.push((conversation("", started, turns), 0));
+            started += 1;
+            continue;
+        }
+        let index = (pick as usize / 3) % active.len();
+        let (turns, next) = &mut active[index];
+        let (kind, slot) = fleet.route(&policy, &turns[*next]);
+        rebalanced += usize::from(kind == DecisionKind::Moved);
+        served[usize::from(slot)] += 1;
+        *next += 1;
+        if *next == turns.len() {
+            active.swap_remove(index);
+        }
+    }
+    let total: usize = served.iter().sum();
+    assert!(
+        served
+            .iter()
+            .all(|&n| (125 * total..=165 * total).contains(&(n * 1000))),
+        "{served:?} of {total}"
+    );
+    assert!(
+        rebalanced * 10 < total,
+        "{rebalanced} of {total} rebalanced"
+    );
+}
+
+#[test]
+fn a_holder_loaded_past_the_margin_is_passed_over_and_the_cap_is_exact() {
+    // A cap above the bound, so that the bound alone moves it.
+    let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent);
+    let mut fleet = Fleet::new(4);
+    fleet.hold = true;
+    let turns = conversation("", 7, 2);
+    let (_, home) = fleet.route(&policy, &turns[0]);
+    fleet.in_flight = vec![0; 4];
+    // The holder at the margin plus a request per KiB it holds (of
+    // turn 0: one full block) above the least loaded: still matched.
+    assert_eq!(turns[0].prefix_bytes / 256, 1);
+    fleet.in_flight[usize::from(home)] = 2;
+    assert_eq!(
+        fleet.route(&policy, &turns[1]),
+        (DecisionKind::Matched, home)
+    );
+    // It now holds all of turn 1 (over a KiB): one more is within.
+    assert_eq!(turns[1].prefix_bytes / 1024, 1);
+    assert_eq!(
+        fleet.route(&policy, &turns[1]),
+        (DecisionKind::Matched, home)
+    );
+    // Four above: moved to a less loaded instance, which then holds
+    // the prompt as well.
+    let (kind, other) = fleet.route(&policy, &turns[1]);
+    assert_eq!(kind, DecisionKind::Moved);
+    assert_ne!(other, home);
+    // At the cap on every instance but one: that one, whatever holds.
+    let policy = LongestPrefix::new(3, 2, true, ColdPlacement::Consistent);
+    fleet.in_flight = vec![3; 4];
+    fleet.in_flight[3] = 2;
+    let (_, slot) = fleet.route(&policy, &turns[1]);
+    assert_eq!(slot, 3);
+    assert_eq!(fleet.in_flight, vec![3; 4]);
+    // Every instance at the cap: the least loaded takes it past the cap.
+    fleet.in_flight = vec![3, 4, 5, 6];
+    assert_eq!(fleet.route(&policy, &turns[1]), (DecisionKind::Overflow, 0));
+    assert_eq!(fleet.in_flight[0], 4);
+}
+
+#[test]
+fn a_contended_claim_still_names_the_instance_uncounted() {
+    let policy = LongestPrefix::new(3, 2, true, ColdPlacement::Consistent);
+    let mut fleet = Fleet::new(3);
+    fleet.contended = true;
+    let blocks = prompt(&record("user", "hello"));
+    let routed = policy.decide(&blocks, &mut fleet, 0, 0);
+    assert!(routed.headers.host_override.is_some());
+    assert_eq!(routed.ticket, None);
+    assert_eq!(routed.headers.counted, None);
+}
+
+#[test]
+fn with_no_instance_known_maglev_on_the_opening_decides() {
+    let policy = LongestPrefix::new(3, 2, true, ColdPlacement::Consistent);
+    let mut fleet = Fleet::new(0);
+    let blocks = prompt(&record("user", "hello"));
+    let routed = policy.decide(&blocks, &mut fleet, 0, 0);
+    assert_eq!(routed.headers.kind, DecisionKind::Cold);
+    assert_eq!(routed.headers.key, Some(blocks.opening_key()));
+    assert_eq!(routed.headers.host_override, None);
+    assert_eq!(routed.ticket, None);
+}
+
+#[test]
+fn matched_and_placed_bytes_report_what_the_chosen_instance_held_and_gains() {
+    let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent);
+    let mut fleet = Fleet::new(3);
+    let turns = conversation("", 3, 2);
+    let first = policy.decide(&turns[0], &mut fleet, 0, 0);
+    assert_eq!(first.headers.matched_bytes, Some(0));
+    assert_eq!(first.placed_bytes, turns[0].prefix_bytes as u64);
+    drop(first);
+    let second = policy.decide(&turns[1], &mut fleet, 0, 0);
+    // Turn 0 is its opening (its first message, cut as a block of its
+    // own): all of it is a prefix of turn 1.
+    assert_eq!(turns[0].cuts[1], turns[0].prefix_bytes);
+    let opening = turns[0].prefix_bytes;
+    assert_eq!(second.headers.matched_bytes, Some(opening as u64));
+    assert_eq!(
+        second.placed_bytes,
+        (turns[1].prefix_bytes - opening) as u64
+    );
+    drop(second);
+    let again = policy.decide(&turns[1], &mut fleet, 0, 0);
+    assert_eq!(again.placed_bytes, 0, "a repeated prompt adds nothing");
+    drop(again);
+}
+
+#[test]
+fn an_unlisted_fleet_leaves_cold_prompts_to_maglev_and_explores_when_full() {
+    let policy = LongestPrefix::new(3, 2, false, ColdPlacement::Consistent);
+    let mut fleet = Fleet::new(2);
+    fleet.hold = true;
+    let blocks = prompt(&record("user", "a cold question"));
+    let routed = policy.decide(&blocks, &mut fleet, 0, 0);
+    assert_eq!(routed.headers.kind, DecisionKind::Cold);
+    assert_eq!(routed.headers.key, Some(blocks.opening_key()));
+    assert_eq!(routed.headers.host_override, None);
+    assert_eq!(routed.ticket, None);
+    assert!(fleet.held.is_empty(), "learned from the response, not here");
+    // Held on slot 1 (as the response would record it): matched there.
+    fleet.remember_held(&blocks.chain, 0, &Fleet::instance(1), &[], 0);
+    assert_eq!(fleet.route(&policy, &blocks), (DecisionKind::Matched, 1));
+    // Every known instance full: a salted opening lets Maglev explore.
+    fleet.in_flight = vec![3, 3];
+    let routed = policy.decide(&blocks, &mut fleet, 5, 0);
+    assert_eq!(routed.headers.kind, DecisionKind::Overflow);
+    assert_eq!(routed.headers.host_override, None);
+    assert_eq!(
+        routed.headers.key,
+        Some(salted_key(&blocks.opening_key(), 6))
+    );
+    assert_eq!(fleet.in_flight, vec![3, 3], "nothing counted past the cap");
+}
+
+#[test]
+fn a_moved_request_reports_and_extends_what_its_new_instance_held() {
+    let policy = LongestPrefix::new(10, 0, true, ColdPlacement::Consistent);
+    let mut fleet = Fleet::new(2);
+    let turns = conversation("", 5, 3);
+    let (_, home) = fleet.route(&policy, &turns[0]);
+    let other = 1 - home;
+    // Turn 1 moved to the other instance (home busy), turn 2 back home:
+    // the other instance holds turn 1's prefix, home only turn 0's.
+    fleet.in_flight[usize::from(home)] = 1;
+    assert_eq!(
+        fleet.route(&policy, &turns[1]),
+        (DecisionKind::Moved, other)
+    );
+    fleet.in_flight = vec![0, 0];
+    // Past its bound: turn 1's prefix (a KiB) allows it one request.
+    fleet.in_flight[usize::from(other)] = 2;
+    let routed = policy.decide(&turns[2], &mut fleet, 0, 0);
+    assert_eq!(routed.headers.kind, DecisionKind::Moved);
+    let turn0 = turns[0].prefix_bytes as u64;
+    assert_eq!(routed.headers.matched_bytes, Some(turn0));
+}
+
+#[test]
+fn the_load_bound_grows_with_the_least_loaded_instance() {
+    assert_eq!(load_bound(0, 4), 4);
+    assert_eq!(load_bound(3, 4), 10);
+    assert_eq!(load_bound(u32::MAX, 4), u32::MAX);
+}
+
+#[test]
+fn a_holder_may_be_a_request_past_the_bound_per_kib_it_holds() {
+    // Instance 0 holds 4 KiB of a 5 KiB prompt; instance 1 nothing, idle:
+    // the bound is 2, and the holder stays the cheaper up to 4 past it.
+    let prompt = Prompt {
+        bytes: 5 * 1024,
+        opening: 7,
+        extends_placed: false,
+        balances: false,
+    };
+    let held = [
+        Held {
+            bytes: 4 * 1024,
+            longest: true,
+        },
+        Held {
+            bytes: 0,
+            longest: false,
+        },
+    ];
+    let first_at = |holder_load: u32| {
+        let candidates = [
+            Candidate::local(Fleet::instance(0), holder_load),
+            Candidate::local(Fleet::instance(1), 0),
+        ];
+        let ranking = score(&candidates, &held, &prompt, 2);
+        assert_eq!(ranking.bound, 2);
+        let first = ranking.order[0];
+        (first.candidate.instance.slot, first.cost)
+    };
+    assert_eq!(
+        first_at(5),
+        (
+            0,
+            Cost {
+                load: 3 * 1024,
+                prefill: 1024,
+                share: 0
+            }
+        )
+    );
+    assert_eq!(first_at(7).0, 1);
+    assert_eq!(
+        first_at(7).1,
+        Cost {
+            load: 0,
+            prefill: 5 * 1024,
+            share: 0
+        }
+    );
+}
+
+#[test]
+fn a_long_held_prefix_stays_at_a_load_that_moves_a_short_one() {
+    let policy = LongestPrefix::new(64, 2, true, ColdPlacement::Consistent);
+    let long = prompt(&record("user", &"a document ".repeat(745)));
+    let short = prompt(&record("user", &"b question ".repeat(50)));
+    assert!(long.prefix_bytes >= 8 * 1024 && short.prefix_bytes < 1024);
+    for blocks in [&long, &short] {
+        let mut fleet = Fleet::new(4);
+        let (_, home) = fleet.route(&policy, blocks);
+        // Six busier than every other instance: past the flat bound (2).
+        fleet.in_flight[usize::from(home)] = 6;
+        let (kind, slot) = fleet.route(&policy, blocks);
+        if std::ptr::eq(blocks, &long) {
+            assert_eq!((kind, slot), (DecisionKind::Matched, home));
+        } else {
+            assert_eq!(kind, DecisionKind::Moved);
+            assert_ne!(slot, home);
+        }
+    }
+}
+
+#[test]
+fn load_other_proxies_sent_moves_a_prompt_off_its_holder() {
+    let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent);
+    let mut fleet = Fleet::new(4);
+    let turns = conversation("", 3, 2);
+    let (_, home) = fleet.route(&policy, &turns[0]);
+    // This Envoy has nothing in flight anywhere; the engines report
+    // five requests on the holder (other proxies'), none elsewhere.
+    fleet.engine = vec![Some(0); 4];
+    fleet.engine[usize::from(home)] = Some(2);
+    assert_eq!(
+        fleet.route(&policy, &turns[1]),
+        (DecisionKind::Matched, home),
+        "two above the least loaded: within the margin"
+    );
+    fleet.engine[usize::from(home)] = Some(5);
+    let (kind, other) = fleet.route(&policy, &turns[1]);
+    assert_eq!(kind, DecisionKind::Moved);
+    assert_ne!(other, home);
+}
+
+#[test]
+fn the_fleet_wide_bound_passes_an_instance_over_while_another_is_within_it() {
+    let policy = LongestPrefix::new(10, 1000, true, ColdPlacement::Consistent);
+    let mut fleet = Fleet::new(4);
+    fleet.max_requests = Some(3);
+    let turns = conversation("", 4, 2);
+    let (_, home) = fleet.route(&policy, &turns[0]);
+    fleet.engine = vec![Some(0); 4];
+    fleet.engine[usize::from(home)] = Some(3);
+    let (kind, other) = fleet.route(&policy, &turns[1]);
+    assert_eq!(kind, DecisionKind::Moved, "the margin alone would keep it");
+    assert_ne!(other, home);
+    // Every instance at the bound: a holder of the prompt (both hold it
+    // now), the least loaded (equal loads: the cheapest), counted.
+    fleet.engine = vec![Some(3); 4];
+    fleet.hold = true;
+    fleet.in_flight = vec![0; 4];
+    let (kind, slot) = fleet.route(&policy, &turns[1]);
+    assert_eq!(kind, DecisionKind::Overflow);
+    assert!([home, other].contains(&slot), "{slot}");
+    assert_eq!(fleet.in_flight.iter().sum::<u32>(), 1);
+}
+
+/// An instance over the KV-usage bound with few requests does not set
+/// the others' load bound: the prompt stays on the instance that holds it.
+#[test]
+fn an_instance_over_a_bound_does_not_set_the_load_bound() {
+    let policy = LongestPrefix::new(100, 4, true, ColdPlacement::Consistent);
+    let mut fleet = Fleet::new(3);
+    let turns = conversation("", 6, 2);
+    let (_, home) = fleet.route(&policy, &turns[0]);
+    let idle = (0..3u16).find(|s| *s != home).expect("another");
+    fleet.in_flight = vec![11; 3];
+    fleet.in_flight[usize::from(home)] = 12;
+    fleet.in_flight[usize::from(idle)] = 2;
+    fleet.kv_full = vec![idle];
+    assert_eq!(
+        fleet.route(&policy, &turns[1]),
+        (DecisionKind::Matched, home),
+        "within 2 x 11 + 4 of the least loaded instance that may take it"
+    );
+}
+
+/// Without `instances`, a cold prompt goes by Maglev only while no known
+/// instance is over a fleet-wide bound: Maglev could pick that one.
+#[test]
+fn an_unlisted_fleet_places_cold_prompts_among_its_instances_while_one_is_over_a_bound() {
+    let policy = LongestPrefix::new(10, 4, false, ColdPlacement::Consistent);
+    let blocks = distinct_prompt(3);
+    let mut fleet = Fleet::new(4);
+    let routed = policy.decide(&blocks, &mut fleet, 0, 0);
+    assert_eq!(routed.headers.host_override, None, "left to Maglev");
+    let first = top_two(&blocks, 4)[0];
+    fleet.kv_full = vec![first];
+    let (kind, slot) = fleet.route(&policy, &blocks);
+    assert_eq!(kind, DecisionKind::Cold, "nothing held");
+    assert_eq!(slot, top_two(&blocks, 4)[1], "the opening's next choice");
+}
+
+/// Every instance at the fleet-wide bound: the least loaded takes the
+/// request, listed fleet or not, not the first where this Envoy happens
+/// to have nothing in flight.
+#[test]
+fn at_the_bound_everywhere_the_least_loaded_takes_the_request() {
+    for listed in [true, false] {
+        let policy = LongestPrefix::new(10, 1000, listed, ColdPlacement::Consistent);
+        let mut fleet = Fleet::new(3);
+        fleet.max_requests = Some(3);
+        fleet.engine = vec![Some(9), Some(3), Some(5)];
+        fleet.in_flight = vec![0, 1, 1];
+        fleet.hold = true;
+        let (_, slot) = fleet.route(&policy, &conversation("", 7, 1)[0]);
+        assert_eq!(slot, 1, "listed: {listed}");
+    }
+}
+
+#[test]
+fn claims_stay_within_the_room_the_engines_report() {
+    let policy = LongestPrefix::new(10, 1000, true, ColdPlacement::Consistent);
+    let mut fleet = Fleet::new(4);
+    fleet.hold = true;
+    fleet.max_requests = Some(4);
+    // Two requests of other proxies on every instance: room for two
+    // more each under the fleet-wide bound of four.
+    fleet.engine = vec![Some(2); 4];
+    let turns = conversation("", 5, 1);
+    for _ in 0..8 {
+        fleet.route(&policy, &turns[0]);
+    }
+    assert_eq!(fleet.in_flight, vec![2; 4]);
+    // The ninth finds every instance at the bound: the least loaded
+    // takes it all the same (no request is refused).
+    fleet.route(&policy, &turns[0]);
+    assert_eq!(fleet.in_flight.iter().sum::<u32>(), 9);
+}
+
+#[test]
+fn share_counts_decisions_past_even_plus_the_slack() {
+    assert_eq!(past_share(38, 256, 7), 0);
+    assert_eq!(past_share(40, 256, 7), 2);
+    // The even share is at least 8 decisions, however few were made or
+    // however many instances share them.
+    assert_eq!(past_share(10, 10, 7), 0);
+    assert_eq!(past_share(11, 11, 7), 1);
+    assert_eq!(past_share(12, 256, 64), 2);
+    assert_eq!(past_share(u32::MAX, u32::MAX, 0), 0);
+}
+
+#[test]
+fn a_tie_goes_to_the_openings_rank_and_balanced_weighs_the_two_best() {
+    let candidates: Vec<Candidate> = (0..5)
+        .map(|slot| {
+            let mut c = Candidate::local(Fleet::instance(slot), 0);
+            c.placed_bytes = 1000 * u64::from(slot);
+            c
+        })
+        .collect();
+    let held = [Held {
+        bytes: 0,
+        longest: false,
+    }; 5];
+    let mut prompt = Prompt {
+        bytes: 4096,
+        opening: 42,
+        extends_placed: false,
+        balances: false,
+    };
+    let slots = |prompt: &Prompt| -> Vec<u16> {
+        score(&candidates, &held, prompt, 2)
+            .order
+            .iter()
+            .map(|s| s.candidate.instance.slot)
+            .collect()
+    };
+    let mut by_rank: Vec<u16> = (0..5).collect();
+    by_rank.sort_by_key(|&s| std::cmp::Reverse(rank(42, &Fleet::instance(s).address)));
+    assert_eq!(slots(&prompt), by_rank);
+    prompt.balances = true;
+    let balanced = slots(&prompt);
+    let [first, second] = [by_rank[0], by_rank[1]];
+    if first > second {
+        assert_eq!(&balanced[..2], &[second, first], "fewer bytes placed first");
+    } else {
+        assert_eq!(balanced, by_rank);
+    }
+}
