@@ -155,16 +155,20 @@ pub fn load_bound(least: u32, margin: u32) -> u32 {
     least.saturating_mul(2).saturating_add(margin)
 }
 
-/// Whether system messages held by `holders` of `instances` set no
-/// instance apart: more than half of them hold them, or their holders took
-/// `holders_recent` of `total` recent decisions, past their even share plus
-/// half an instance's plus [`SHARE_SLACK`].
-fn common(holders: usize, instances: usize, holders_recent: u32, total: u32) -> bool {
-    let instances = instances.max(1);
-    let share = u64::from(total) * holders as u64 / instances as u64
-        + u64::from(total) / instances as u64 / 2
+/// Whether `holders` are more than half of `instances`.
+fn most(holders: usize, instances: usize) -> bool {
+    holders.saturating_mul(2) > instances
+}
+
+/// Whether `holders` of `instances` took more than their even share of
+/// `total` recent decisions (`holders_recent`), plus half an instance's,
+/// plus [`SHARE_SLACK`].
+fn past_their_share(holders: usize, instances: usize, holders_recent: u32, total: u32) -> bool {
+    let instances = instances.max(1) as u64;
+    let share = u64::from(total) * holders as u64 / instances
+        + u64::from(total) / instances / 2
         + u64::from(SHARE_SLACK);
-    holders.saturating_mul(2) > instances || u64::from(holders_recent) > share
+    u64::from(holders_recent) > share
 }
 
 /// The least load among the instances within the fleet-wide engine bounds
@@ -307,115 +311,14 @@ impl LongestPrefix {
     ) -> Routed {
         let opening_key = blocks.opening_key();
         let candidates = load.candidates(now_ms);
-        let held = load.longest_held(&blocks.chain, &candidates, now_ms);
-        let some_over_bounds = candidates.iter().any(|c| c.over_bounds);
-        // Maglev knows nothing of engine bounds: while one is over, an
-        // unlisted fleet's cold prompt is placed among the known instances.
-        if candidates.is_empty() || (held.blocks == 0 && !self.fleet_listed && !some_over_bounds) {
+        let Some(read) = self.read(blocks, &candidates, load, now_ms) else {
             return Self::by_maglev(DecisionKind::Cold, opening_key);
-        }
-        let longest_bytes = blocks.bytes_of(held.blocks);
-        let total_recent: u32 = candidates.iter().map(|c| c.recent).sum();
-        let holders_recent: u32 = candidates
-            .iter()
-            .filter(|c| held.holders.contains(&c.instance.slot))
-            .map(|c| c.recent)
-            .sum();
-        let longest_common = held.blocks > 0
-            && longest_bytes <= blocks.cuts[0]
-            && common(
-                held.holders.len(),
-                candidates.len(),
-                holders_recent,
-                total_recent,
-            );
-        // Maglev knows nothing of engine bounds: while one is over, an
-        // unlisted fleet's cold prompt is placed among the known instances.
-        if longest_common && !self.fleet_listed && !some_over_bounds {
-            return Self::by_maglev(DecisionKind::Cold, opening_key);
-        }
-        let holds_longest =
-            |c: &Candidate| longest_common || held.holders.contains(&c.instance.slot);
-        let prompt = Prompt {
-            bytes: blocks.prefix_bytes,
-            opening: blocks.opening,
-            extends_placed: held.blocks > 0 && !longest_common && blocks.extends_held(held.blocks),
-            balances: self.cold_placement == ColdPlacement::Balanced
-                && blocks.history_bytes == 0
-                && blocks.prefix_bytes >= BALANCED_MIN_BYTES,
         };
-        // The opening's first choice holds the history where this index
-        // knows no other instance that holds the conversation's own text.
-        let first_choice = candidates
-            .iter()
-            .max_by_key(|c| rank(blocks.opening, &c.instance.address))
-            .map(|c| c.instance.slot);
-        let holds_history = |c: &Candidate| {
-            first_choice == Some(c.instance.slot)
-                && (longest_common || longest_bytes <= blocks.cuts[0] || holds_longest(c))
-        };
-        // Whether more than half the fleet holds the system messages (then
-        // they set no instance apart either): read only when `share` may
-        // move the request off a holder of more than them.
-        let system_bytes = blocks.cuts[0].min(longest_bytes);
-        let system_common = prompt.extends_placed
-            && system_bytes > 0
-            && system_bytes < longest_bytes
-            && candidates.iter().any(|c| {
-                holds_longest(c) && past_share(c.recent, total_recent, candidates.len()) > 0
-            })
-            && {
-                let system = blocks.chain.get(..blocks.padding.0).unwrap_or_default();
-                let of_system = load.longest_held(system, &candidates, now_ms);
-                of_system.blocks == system.len()
-                    && common(of_system.holders.len(), candidates.len(), 0, u32::MAX)
-            };
-        let held_by: Vec<Held> = candidates
-            .iter()
-            .map(|c| {
-                let longest = holds_longest(c);
-                let mut bytes = if longest { longest_bytes } else { 0 };
-                if system_common {
-                    bytes = bytes.max(system_bytes);
-                }
-                if holds_history(c) {
-                    bytes = bytes.max(blocks.history_bytes);
-                }
-                Held { bytes, longest }
-            })
-            .collect();
-        let Ranking { order, bound } = score(&candidates, &held_by, &prompt, self.load_margin);
-        let mut chosen: Option<(usize, Option<Ticket>)> = None;
-        // Every instance over a fleet-wide bound: no claim fits the engines'
-        // room, so the least loaded takes the request (below).
-        let some_within = candidates.iter().any(|c| !c.over_bounds);
-        let walk = if some_within { &order[..] } else { &[] };
-        for (at, scored) in walk.iter().enumerate() {
-            let cap = claim_bound(scored, order.get(at + 1), bound)
-                .map_or(self.concurrency_threshold, |b| {
-                    self.concurrency_threshold
-                        .min(scored.candidate.local_cap(b))
-                })
-                .max(1);
-            match load.claim(&scored.candidate.instance, None, Some(cap), now_ms) {
-                Claim::Claimed(ticket) => {
-                    chosen = Some((at, Some(ticket)));
-                    break;
-                }
-                // Left to the upstream filter to count.
-                Claim::Contended => {
-                    chosen = Some((at, None));
-                    break;
-                }
-                Claim::Full { .. } | Claim::Gone => {}
-            }
-        }
-        let (candidate, kind, ticket, explained) = match chosen {
-            Some((at, ticket)) => {
-                let Some(scored) = order.get(at) else {
-                    return Routed::untracked(RouteHeaders::bare(DecisionKind::Cold));
-                };
-                let kind = if held.blocks == 0 || longest_common {
+        let Ranking { order, bound } =
+            score(&candidates, &read.held, &read.prompt, self.load_margin);
+        let (candidate, kind, ticket, explained) = match self.claim(&order, bound, load, now_ms) {
+            Some((scored, ticket)) => {
+                let kind = if read.set_apart == 0 {
                     DecisionKind::Cold
                 } else if scored.held.longest {
                     DecisionKind::Matched
@@ -424,9 +327,8 @@ impl LongestPrefix {
                 };
                 let runner_up = order
                     .iter()
-                    .enumerate()
-                    .find(|(i, _)| *i != at)
-                    .map(|(_, s)| (s.candidate.instance.address.clone(), s.cost));
+                    .find(|s| s.candidate.instance.slot != scored.candidate.instance.slot)
+                    .map(|s| (s.candidate.instance.address.clone(), s.cost));
                 let explained = Explained {
                     cost: scored.cost,
                     runner_up,
@@ -435,7 +337,7 @@ impl LongestPrefix {
             }
             // Instances not learned yet may have room: Maglev on a salted
             // opening explores them (salts 1..=8, as FIXED_PREFIX's).
-            None if !self.fleet_listed && some_within => {
+            None if !self.fleet_listed && candidates.iter().any(|c| !c.over_bounds) => {
                 let salt = u8::try_from(random % 8).unwrap_or_default() + 1;
                 return Self::by_maglev(DecisionKind::Overflow, salted_key(&opening_key, salt));
             }
@@ -456,10 +358,11 @@ impl LongestPrefix {
                 (least_loaded, DecisionKind::Overflow, ticket, None)
             }
         };
-        let known = if held.holders.contains(&candidate.instance.slot) {
-            held.blocks
+        // Recorded: what the chosen instance held (a shorter prefix if it
+        // was not a holder) and that it now holds the prompt.
+        let known = if read.holders.contains(&candidate.instance.slot) {
+            read.longest
         } else {
-            // A shorter prefix it may hold (moved or overflowed here).
             load.longest_held(&blocks.chain, std::slice::from_ref(candidate), now_ms)
                 .blocks
         };
@@ -487,6 +390,140 @@ impl LongestPrefix {
             placed_bytes,
         }
     }
+
+    /// What the cost needs of the prompt and of each candidate: what it
+    /// holds, from the prefix index. None: Maglev places the prompt (no
+    /// instance known, or an unlisted fleet and nothing sets one apart).
+    fn read(
+        &self,
+        blocks: &PromptBlocks,
+        candidates: &[Candidate],
+        load: &mut dyn LoadView,
+        now_ms: u64,
+    ) -> Option<Read> {
+        let found = load.longest_held(&blocks.chain, candidates, now_ms);
+        let longest_bytes = blocks.bytes_of(found.blocks);
+        let holds_longest = |c: &Candidate| found.holders.contains(&c.instance.slot);
+        let total_recent: u32 = candidates.iter().map(|c| c.recent).sum();
+        let holders_recent: u32 = candidates
+            .iter()
+            .filter(|c| holds_longest(c))
+            .map(|c| c.recent)
+            .sum();
+        // System messages, and nothing of the request's own, that most of
+        // the fleet holds or that their holders took past their share for.
+        let common = found.blocks > 0
+            && longest_bytes <= blocks.cuts[0]
+            && (most(found.holders.len(), candidates.len())
+                || past_their_share(
+                    found.holders.len(),
+                    candidates.len(),
+                    holders_recent,
+                    total_recent,
+                ));
+        let set_apart = if common { 0 } else { found.blocks };
+        // Maglev knows nothing of engine bounds: while one is over, an
+        // unlisted fleet's cold prompt is placed among the known instances.
+        let some_over_bounds = candidates.iter().any(|c| c.over_bounds);
+        if candidates.is_empty() || (set_apart == 0 && !self.fleet_listed && !some_over_bounds) {
+            return None;
+        }
+        let prompt = Prompt {
+            bytes: blocks.prefix_bytes,
+            opening: blocks.opening,
+            extends_placed: set_apart > 0 && blocks.extends_held(set_apart),
+            balances: self.cold_placement == ColdPlacement::Balanced
+                && blocks.history_bytes == 0
+                && blocks.prefix_bytes >= BALANCED_MIN_BYTES,
+        };
+        // Whether most of the fleet holds the system messages before the
+        // conversation's own text (then they set no instance apart either):
+        // read only when `share` may move the request off a holder.
+        let system_bytes = blocks.cuts[0].min(longest_bytes);
+        let system_common = prompt.extends_placed
+            && system_bytes > 0
+            && system_bytes < longest_bytes
+            && candidates.iter().any(|c| {
+                holds_longest(c) && past_share(c.recent, total_recent, candidates.len()) > 0
+            })
+            && {
+                let system = blocks.chain.get(..blocks.padding.0).unwrap_or_default();
+                let of_system = load.longest_held(system, candidates, now_ms);
+                of_system.blocks == system.len() && most(of_system.holders.len(), candidates.len())
+            };
+        // The opening's first choice holds the history where this index
+        // knows no other instance that holds the conversation's own text.
+        let first_choice = candidates
+            .iter()
+            .max_by_key(|c| rank(blocks.opening, &c.instance.address))
+            .map(|c| c.instance.slot);
+        let own_text_held = longest_bytes > blocks.cuts[0] && !common;
+        let held = candidates
+            .iter()
+            .map(|c| {
+                let longest = common || holds_longest(c);
+                let mut bytes = if longest { longest_bytes } else { 0 };
+                if system_common {
+                    bytes = bytes.max(system_bytes);
+                }
+                if first_choice == Some(c.instance.slot) && (!own_text_held || longest) {
+                    bytes = bytes.max(blocks.history_bytes);
+                }
+                Held { bytes, longest }
+            })
+            .collect();
+        Some(Read {
+            prompt,
+            held,
+            set_apart,
+            longest: found.blocks,
+            holders: found.holders,
+        })
+    }
+
+    /// Claims the first instance of `order` that has room: under the cap
+    /// and the load at which it would stop being the cheapest. None: every
+    /// instance full (or over a fleet-wide engine bound).
+    fn claim<'a>(
+        &self,
+        order: &[Scored<'a>],
+        bound: u32,
+        load: &mut dyn LoadView,
+        now_ms: u64,
+    ) -> Option<(Scored<'a>, Option<Ticket>)> {
+        if order.iter().all(|s| s.candidate.over_bounds) {
+            return None;
+        }
+        for (at, scored) in order.iter().enumerate() {
+            let cap = claim_bound(scored, order.get(at + 1), bound)
+                .map_or(self.concurrency_threshold, |b| {
+                    self.concurrency_threshold
+                        .min(scored.candidate.local_cap(b))
+                })
+                .max(1);
+            match load.claim(&scored.candidate.instance, None, Some(cap), now_ms) {
+                Claim::Claimed(ticket) => return Some((*scored, Some(ticket))),
+                // Left to the upstream filter to count.
+                Claim::Contended => return Some((*scored, None)),
+                Claim::Full { .. } | Claim::Gone => {}
+            }
+        }
+        None
+    }
 }
+
+/// What [`LongestPrefix::decide`] read before scoring.
+struct Read {
+    prompt: Prompt,
+    /// What each candidate holds, in the candidates' order.
+    held: Vec<Held>,
+    /// Blocks of the longest held prefix that set its holders apart (0:
+    /// none held, or one that sets no instance apart).
+    set_apart: usize,
+    /// Blocks of the longest held prefix, and its holders.
+    longest: usize,
+    holders: Vec<u16>,
+}
+
 #[cfg(test)]
 mod tests;

@@ -118,11 +118,32 @@ fn decision_of(reply: &Reply, fleet: &UpstreamFleet, what: &str) -> Decision {
         named.is_some() && named == served,
         "{what}: {header:?} names {named:?}, served by {served:?}"
     );
-    let runner_up_share = header
-        .split("runner-up")
-        .nth(1)
-        .and_then(|runner_up| runner_up.rsplit("share ").next())
-        .and_then(|share| share.trim().parse::<f64>().ok());
+    // `cost <total> = load <l> + prefill <p> + share <s>`, for the chosen
+    // instance and the runner-up: each total the sum of its terms.
+    let costs: Vec<[f64; 4]> = header
+        .split("cost ")
+        .skip(1)
+        .map(|cost| {
+            let numbers: Vec<f64> = cost
+                .split(|c: char| !(c.is_ascii_digit() || c == '.'))
+                .filter_map(|n| n.parse().ok())
+                .take(4)
+                .collect();
+            let terms: [f64; 4] = numbers
+                .try_into()
+                .unwrap_or_else(|n| panic!("{what}: {header:?}: cost terms {n:?}"));
+            let sum = terms[1] + terms[2] + terms[3];
+            assert!(
+                (terms[0] - sum).abs() < 0.25,
+                "{what}: {header:?}: {terms:?} do not add up"
+            );
+            terms
+        })
+        .collect();
+    if matches!(kind.as_str(), "matched" | "moved") {
+        assert!(!costs.is_empty(), "{what}: {header:?} shows no cost");
+    }
+    let runner_up_share = costs.get(1).map(|terms| terms[3]);
     Decision {
         kind,
         instance: served.unwrap_or_default(),
