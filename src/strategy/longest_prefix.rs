@@ -10,13 +10,13 @@
 //!
 //! - **prefill**: the prompt bytes the instance would compute, all but the
 //!   prefix the prefix index says it holds. The opening's first choice is
-//!   presumed to hold a later turn's history, unless the index knows another
+//!   presumed to hold a later turn's history unless the index knows another
 //!   holder of the conversation: the earlier turns went there, through this
-//!   Envoy or a replica whose index this one does not see. A
-//!   prefix that sets no instance apart counts as held everywhere: one that
-//!   more than half the fleet holds, or system messages whose holders took
-//!   more than their share of recent decisions (a prompt every conversation
-//!   shares, not one group's), so that it spreads instead of piling up.
+//!   Envoy or a replica whose index this one does not see. System messages
+//!   that set no instance apart count as held everywhere: those more than
+//!   half the fleet holds, or whose holders took more than their share of
+//!   recent decisions (a prompt every conversation shares, not one group's),
+//!   so that they spread instead of piling up.
 //! - **load**: its requests in flight past the load bound, twice the least
 //!   loaded instance's plus `load_margin`, [`REQUEST_BYTES`] each.
 //! - **share**: only for a request that adds to text this Envoy placed (a
@@ -27,14 +27,14 @@
 //! Filter: an instance over a fleet-wide engine bound is left out while
 //! another is within the bounds. Picker: the lowest cost; ties go to the
 //! highest rendezvous rank of the prompt's opening, so replicas that see the
-//! same instances agree with no shared state (where `share` counts, first to
-//! the instance this worker chose least, which evens the shares). With `cold_placement:
-//! BALANCED`, a first prompt of at least [`BALANCED_MIN_BYTES`] goes to the
-//! second of two tied instances if this worker placed fewer bytes there.
-//! The choice is claimed under `concurrency_threshold` and the load at which
-//! it would stop being the cheapest; a refused claim goes to the next in
-//! order; with every instance full, the least loaded takes it, counted past
-//! the cap.
+//! same instances agree with no shared state; where `share` counts, first to
+//! the instance this worker chose least, which evens the shares. With
+//! `cold_placement: BALANCED`, a first prompt of at least
+//! [`BALANCED_MIN_BYTES`] goes to the second of two tied instances if this
+//! worker placed fewer bytes there. The choice is claimed under
+//! `concurrency_threshold` and the load at which it would stop being the
+//! cheapest; a refused claim goes to the next in order; with every instance
+//! full, the least loaded takes it, counted past the cap.
 //!
 //! A fleet that is not listed (`instances`) is learned from traffic: a
 //! prompt whose prefix sets no known instance apart goes by Maglev on its
@@ -411,9 +411,13 @@ impl LongestPrefix {
             .map(|c| c.recent)
             .sum();
         // System messages, and nothing of the request's own, that most of
-        // the fleet holds or that their holders took past their share for.
-        let common = found.blocks > 0
-            && longest_bytes <= blocks.cuts[0]
+        // the fleet holds or that their holders took past their share for
+        // (a prompt that is all system messages, held whole, is one sent
+        // again).
+        let system_only = found.blocks > 0
+            && found.blocks < blocks.chain.len()
+            && longest_bytes <= blocks.cuts[0];
+        let common = system_only
             && (most(found.holders.len(), candidates.len())
                 || past_their_share(
                     found.holders.len(),

@@ -1110,3 +1110,17 @@ fn a_tie_goes_to_the_openings_rank_and_balanced_weighs_the_two_best() {
         assert_eq!(balanced, by_rank);
     }
 }
+
+#[test]
+fn a_prompt_of_system_messages_alone_sent_again_stays_with_its_holder_past_the_share() {
+    // A group's long system prompt that fills the whole prefix: every
+    // request of the group is the same prefix, held whole.
+    let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent);
+    let mut fleet = Fleet::new(7);
+    let group = prompt(&record("system", &"group prompt ".repeat(400)));
+    let (_, first) = fleet.route(&policy, &group);
+    let mut counts = [9u32; 7];
+    counts[usize::from(first)] = 60;
+    note_recent(&mut fleet, &counts);
+    assert_eq!(fleet.route(&policy, &group), (DecisionKind::Matched, first));
+}
