@@ -28,14 +28,13 @@ use crate::request::KeyDerivation;
 /// Why a request went where it went (one metric per kind).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DecisionKind {
-    /// LONGEST_PREFIX: to an instance holding the longest prefix any
-    /// instance holds.
+    /// LONGEST_PREFIX: to a holder of the longest held prefix.
     Matched,
-    /// LONGEST_PREFIX: no instance holds any of it.
+    /// LONGEST_PREFIX: nothing held sets an instance apart: placed by its
+    /// opening.
     Cold,
     /// LONGEST_PREFIX: to another instance than the holders of its longest
-    /// prefix (or, holding nothing, its opening's first choice), which cost
-    /// more: by load, share or a fleet-wide engine bound.
+    /// prefix, which cost more (load, share) or are over an engine bound.
     Moved,
     /// To the key's target (Maglev on the key).
     Prefix,
