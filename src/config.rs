@@ -221,6 +221,9 @@ pub struct Config {
     /// Polling the engines' own load (`engine_load`); `None` (the default):
     /// no polling, decisions use this Envoy's counts alone.
     pub engine_load: Option<EngineLoadConfig>,
+    /// Reading the fleet from Envoy's admin (`discovery`); `None` (the
+    /// default): `instances`, or learned from traffic.
+    pub discovery: Option<DiscoveryConfig>,
     /// The fleet's name in the stat names (`prefix_router.fleet.<name>.*`),
     /// so that several fleets behind one Envoy keep their stats apart;
     /// `None` (the default): `prefix_router.*`.
@@ -362,13 +365,38 @@ impl EngineLoadConfig {
     }
 }
 
+/// `discovery`: the fleet read from Envoy's admin `/clusters`
+/// ([`crate::discovery`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiscoveryConfig {
+    /// The Envoy cluster that leads to Envoy's own admin interface.
+    pub admin_cluster: String,
+    /// The cluster whose healthy hosts are the fleet.
+    pub cluster: String,
+    /// Time between two reads of the admin.
+    pub interval_ms: u64,
+}
+
+impl DiscoveryConfig {
+    /// Most a read may take: the admin is local, so a slow one is stuck.
+    pub fn timeout_ms(&self) -> u64 {
+        self.interval_ms.min(DISCOVERY_TIMEOUT_MS_MAX)
+    }
+}
+
+/// `discovery.interval_ms` unless configured: a new or removed host is seen
+/// within this, and each read is one local admin call per Envoy.
+pub const DISCOVERY_INTERVAL_MS_DEFAULT: u64 = 2_000;
+pub const DISCOVERY_INTERVAL_MS_RANGE: (u64, u64) = (100, 600_000);
+const DISCOVERY_TIMEOUT_MS_MAX: u64 = 1_000;
+
 /// `engine_load.interval_ms` unless configured: measured cost and the
 /// reasoning are in `docs/configuration.md`.
 pub const ENGINE_INTERVAL_MS_DEFAULT: u64 = 500;
 pub const ENGINE_INTERVAL_MS_RANGE: (u64, u64) = (50, 60_000);
 /// Polls a second past which `engine_load` is warned about at configure:
-/// where polling one worker costs a few percent of a core (docs/benchmarks.md,
-/// "Engine load"), above what 64 instances polled every 500 ms make.
+/// where polling costs one worker a few percent of a core (docs/benchmarks.md,
+/// "Engine load").
 pub const ENGINE_POLLS_PER_SECOND_WARN: u64 = 250;
 /// Each poll is due `interval_ms` +- this share of it after the last one,
 /// so that many proxies started together do not poll in step.
@@ -437,6 +465,7 @@ impl Default for Config {
             counting: Counting::UpstreamFilter,
             instances: Vec::new(),
             engine_load: None,
+            discovery: None,
             fleet: None,
         }
     }
@@ -631,6 +660,8 @@ pub struct ConfigDocument {
     pub instances: Vec<String>,
     /// Polling the engines' own load from their /metrics; null: off.
     pub engine_load: Option<EngineLoadDocument>,
+    /// Reading the fleet's hosts from Envoy's admin /clusters; null: off.
+    pub discovery: Option<DiscoveryDocument>,
     /// The fleet's name in the stat names (prefix_router.fleet.<name>.*).
     #[cfg_attr(
         feature = "schema",
@@ -754,6 +785,85 @@ pub struct EngineLoadDocument {
     pub max_kv_usage: Option<f64>,
 }
 
+/// `discovery` as written.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(serde::Serialize, schemars::JsonSchema))]
+#[serde(deny_unknown_fields, default, expecting = "an object")]
+#[cfg_attr(
+    feature = "schema",
+    schemars(
+        description = "Reading the fleet's healthy hosts from Envoy's own admin /clusters.",
+        extend("required" = ["admin_cluster", "cluster"])
+    )
+)]
+pub struct DiscoveryDocument {
+    /// The Envoy cluster that leads to Envoy's own admin interface.
+    #[serde(deserialize_with = "present")]
+    #[cfg_attr(feature = "schema", serde(skip_serializing_if = "Option::is_none"))]
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
+    pub admin_cluster: Option<String>,
+    /// The cluster whose healthy hosts are the fleet.
+    #[serde(deserialize_with = "present")]
+    #[cfg_attr(feature = "schema", serde(skip_serializing_if = "Option::is_none"))]
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
+    pub cluster: Option<String>,
+    /// Time between two reads of the admin (default 2000).
+    #[serde(deserialize_with = "present")]
+    #[cfg_attr(feature = "schema", serde(skip_serializing_if = "Option::is_none"))]
+    #[cfg_attr(
+        feature = "schema",
+        schemars(
+            with = "u64",
+            range(min = DISCOVERY_INTERVAL_MS_RANGE.0, max = DISCOVERY_INTERVAL_MS_RANGE.1)
+        )
+    )]
+    pub interval_ms: Option<i128>,
+}
+
+impl DiscoveryDocument {
+    /// The settings, each checked.
+    pub fn validate(self) -> Result<DiscoveryConfig, ConfigError> {
+        let name = |field: &str, value: Option<String>, what: &str| {
+            let path = format!("discovery.{field}");
+            let value = value.ok_or_else(|| error(&path, format!("missing ({what})")))?;
+            cluster_name(&path, value)
+        };
+        let admin_cluster = name(
+            "admin_cluster",
+            self.admin_cluster,
+            "the Envoy cluster that leads to Envoy's admin",
+        )?;
+        let cluster = name(
+            "cluster",
+            self.cluster,
+            "the cluster whose hosts are the fleet",
+        )?;
+        let interval_ms = match self.interval_ms {
+            Some(v) => in_range("discovery.interval_ms", v, DISCOVERY_INTERVAL_MS_RANGE)?,
+            None => DISCOVERY_INTERVAL_MS_DEFAULT,
+        };
+        Ok(DiscoveryConfig {
+            admin_cluster,
+            cluster,
+            interval_ms,
+        })
+    }
+}
+
+/// An Envoy cluster name: 1 to 256 characters, no whitespace.
+fn cluster_name(field: &str, name: String) -> Result<String, ConfigError> {
+    if name.is_empty() || name.len() > 256 || name.chars().any(char::is_whitespace) {
+        return Err(error(
+            field,
+            format!(
+                "{} is not a cluster name (1 to 256 characters, no whitespace)",
+                quoted(&name)
+            ),
+        ));
+    }
+    Ok(name)
+}
+
 impl Default for ConfigDocument {
     /// [`Config::default`], as written (`prefix_length` left to `match`).
     fn default() -> Self {
@@ -786,6 +896,7 @@ impl Default for ConfigDocument {
             counting: config.counting,
             instances: config.instances,
             engine_load: None,
+            discovery: None,
             fleet: config.fleet,
         }
     }
@@ -889,7 +1000,7 @@ fn instances(items: Vec<String>) -> Result<Vec<String>, ConfigError> {
 }
 /// `a.b.c.d:port` or `[v6]:port` with a port in 1..=65535, spelled the way
 /// Envoy prints an endpoint (so it matches `upstream.address` byte for byte).
-fn is_socket_address(text: &str) -> bool {
+pub(crate) fn is_socket_address(text: &str) -> bool {
     let Some((host, port)) = text.rsplit_once(':') else {
         return false;
     };
@@ -961,15 +1072,7 @@ impl EngineLoadDocument {
                 "missing (the Envoy cluster the polls go through)",
             )
         })?;
-        if cluster.is_empty() || cluster.len() > 256 || cluster.chars().any(char::is_whitespace) {
-            return Err(error(
-                field("cluster"),
-                format!(
-                    "{} is not a cluster name (1 to 256 characters, no whitespace)",
-                    quoted(&cluster)
-                ),
-            ));
-        }
+        let cluster = cluster_name(&field("cluster"), cluster)?;
         let engine = self.engine.unwrap_or(Engine::Vllm);
         let mut series = engine.series();
         if let Some(name) = self.running_metric {
@@ -1155,6 +1258,10 @@ impl ConfigDocument {
                 .engine_load
                 .map(EngineLoadDocument::validate)
                 .transpose()?,
+            discovery: self
+                .discovery
+                .map(DiscoveryDocument::validate)
+                .transpose()?,
             fleet: self.fleet.map(fleet).transpose()?,
         };
         config.check_consistency()?;
@@ -1188,6 +1295,13 @@ impl Config {
     }
     /// Rules that involve more than one field.
     fn check_consistency(&self) -> Result<(), ConfigError> {
+        if self.discovery.is_some() && !self.instances.is_empty() {
+            return Err(error(
+                "discovery",
+                "set with instances: both name the fleet; keep instances for a static fleet, \
+                 discovery where Envoy discovers it",
+            ));
+        }
         if self.max_body_bytes < self.prefix_length {
             return Err(error(
                 "max_body_bytes",
@@ -1397,6 +1511,7 @@ mod tests {
             counting: Counting::UpstreamFilter,
             instances: Vec::new(),
             engine_load: None,
+            discovery: None,
             fleet: None,
         };
         assert_eq!(parse(""), Ok(defaults.clone()));
@@ -1960,6 +2075,37 @@ mod tests {
         parse(&format!("{{\"engine_load\": {json}}}"))
             .map(|c| c.engine_load.expect("engine_load set"))
             .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn discovery_reads_its_two_clusters_and_refuses_a_listed_fleet_beside_it() {
+        assert_eq!(Config::default().discovery, None);
+        let c = parse(r#"{"discovery": {"admin_cluster": "envoy_admin", "cluster": "vllm"}}"#)
+            .expect("valid");
+        assert_eq!(
+            c.discovery,
+            Some(DiscoveryConfig {
+                admin_cluster: "envoy_admin".into(),
+                cluster: "vllm".into(),
+                interval_ms: DISCOVERY_INTERVAL_MS_DEFAULT,
+            })
+        );
+        assert_eq!(
+            err(r#"{"discovery": {"cluster": "vllm"}}"#),
+            "discovery.admin_cluster: missing (the Envoy cluster that leads to Envoy's admin)"
+        );
+        assert_eq!(
+            err(r#"{"discovery": {"admin_cluster": "a", "cluster": "v m"}}"#),
+            "discovery.cluster: \"v m\" is not a cluster name (1 to 256 characters, no whitespace)"
+        );
+        assert_eq!(
+            err(r#"{"discovery": {"admin_cluster": "a", "cluster": "v", "interval_ms": 99}}"#),
+            "discovery.interval_ms: 99 is out of range 100..=600000"
+        );
+        assert!(err(
+            r#"{"instances": ["10.0.0.1:80"], "discovery": {"admin_cluster": "a", "cluster": "v"}}"#
+        )
+        .starts_with("discovery: set with instances"));
     }
 
     #[test]

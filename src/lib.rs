@@ -63,6 +63,7 @@ pub mod blocks;
 pub mod classify;
 pub mod config;
 pub mod counting_check;
+pub mod discovery;
 pub mod engine_load;
 pub mod extract;
 pub mod headers;

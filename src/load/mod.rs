@@ -38,7 +38,9 @@ mod tracker;
 #[cfg(test)]
 mod tests;
 
-pub use tracker::{LoadTracker, RECORD_CACHE_MS, RECORD_READS_PER_DECISION, RESPONSE_CHECK_MS};
+pub use tracker::{
+    LoadTracker, PollerKind, RECORD_CACHE_MS, RECORD_READS_PER_DECISION, RESPONSE_CHECK_MS,
+};
 
 use crate::headers::PENDING_MARK;
 

@@ -12,6 +12,7 @@
 
 use std::collections::HashMap;
 
+use super::poller_lease::PollerLease;
 use super::vm::{define_metric, Vm};
 use super::warn_on_error;
 use crate::config::{Config, EngineLoadConfig};
@@ -22,7 +23,7 @@ use crate::engine_load::{
     SAMPLE_AGE_GAUGE_PREFIX,
 };
 use crate::host::{Host, MetricKind};
-use crate::load::{EngineLoad, InstanceRef};
+use crate::load::{EngineLoad, InstanceRef, PollerKind};
 use crate::metrics::{fleet_stat_name, instance_stat_name, FleetIds};
 
 /// The header that names the instance a poll is for, `ip:port`: what an
@@ -73,10 +74,7 @@ struct InstanceGauges {
 /// This VM's poller state (kept across configuration updates, like the VM).
 #[derive(Debug, Default)]
 pub struct EnginePolling {
-    /// This VM's identity in the poller lease (random, once per VM).
-    nonce: Option<u64>,
-    /// Whether this VM held the lease at its last tick.
-    holding: bool,
+    lease: PollerLease,
     poller: Poller,
     /// The poller's stats and per-instance gauges, under the configured
     /// fleet's names.
@@ -107,20 +105,9 @@ struct PollIds {
 /// lease, gives up calls Envoy never answered, and sends the polls due.
 pub fn tick<H: Host + Clone>(vm: &mut Vm<H>, config: &Config, engine: &EngineLoadConfig, now: u64) {
     let mut state = vm.take_engine_polling();
-    let nonce = match state.nonce {
-        Some(nonce) => nonce,
-        None => *state.nonce.insert(vm.random().max(1)),
-    };
-    let holding = vm.with_tracker(config, |t| {
-        t.hold_engine_poller(nonce, now, lease_ms(engine))
-    });
-    if holding != state.holding {
-        log::info!(
-            "prefix-router: engine load: this worker VM {} the poller",
-            if holding { "is now" } else { "is no longer" }
-        );
-        state.holding = holding;
-    }
+    let holding = state
+        .lease
+        .hold(vm, config, PollerKind::EngineLoad, lease_ms(engine), now);
     if holding {
         poll_round(vm, &mut state, config, engine, now);
     }
@@ -225,7 +212,7 @@ pub fn answer<H: Host + Clone>(
     let mut state = vm.take_engine_polling();
     let answered = state.poller.answered(token);
     if let (Some((instance, sent_ms)), Some(engine)) = (answered, &config.engine_load) {
-        let (status, body) = read_answer(vm.host(), num_headers, body_size);
+        let (status, body) = read_answer(vm.host(), num_headers, body_size, MAX_BODY_BYTES);
         let verdict = judge(
             status,
             &body,
@@ -239,8 +226,13 @@ pub fn answer<H: Host + Clone>(
 }
 
 /// The answer's status (None: no response) and the body, at most one byte
-/// past the parser's cap (so that it knows the body was cut).
-fn read_answer(host: &impl Host, num_headers: usize, body_size: usize) -> (Option<u32>, Vec<u8>) {
+/// past `max_body` (so that the parser knows the body was cut).
+pub(super) fn read_answer(
+    host: &impl Host,
+    num_headers: usize,
+    body_size: usize,
+    max_body: usize,
+) -> (Option<u32>, Vec<u8>) {
     if num_headers == 0 {
         return (None, Vec::new());
     }
@@ -250,16 +242,16 @@ fn read_answer(host: &impl Host, num_headers: usize, body_size: usize) -> (Optio
             .and_then(|s| std::str::from_utf8(s).ok())
             .and_then(|s| s.parse::<u32>().ok()),
         Err(status) => {
-            log::warn!("prefix-router: cannot read an engine poll's response headers: {status}");
+            log::warn!("prefix-router: cannot read an HTTP call's response headers: {status}");
             None
         }
     };
     let body = match body_size {
         0 => Vec::new(),
         size => host
-            .http_call_response_body(0, size.min(MAX_BODY_BYTES + 1))
+            .http_call_response_body(0, size.min(max_body + 1))
             .unwrap_or_else(|status| {
-                log::warn!("prefix-router: cannot read an engine poll's body: {status}");
+                log::warn!("prefix-router: cannot read an HTTP call's body: {status}");
                 None
             })
             .unwrap_or_default(),

@@ -18,12 +18,16 @@
 //!
 //! [`Host`]: crate::host::Host
 
+mod discovery_poll;
 mod engine_poll;
 mod metric_ids;
+mod poller_lease;
 mod root;
 mod stream;
 mod vm;
 
+#[cfg(test)]
+mod discovery_poll_tests;
 #[cfg(test)]
 mod engine_poll_tests;
 #[cfg(test)]

@@ -1,10 +1,12 @@
 //! One root context per plugin: its configuration (read and validated on
 //! every `on_configure`), the policy that configuration selects, its metric
 //! ids, and the 1 s tick (metric flush, heartbeat, count repair, gauges), or a
-//! faster one while the engines' load is polled (`engine_load`).
+//! faster one while the engines' load is polled (`engine_load`) or the fleet
+//! is read from Envoy's admin (`discovery`).
 
 use std::rc::Rc;
 
+use super::discovery_poll;
 use super::engine_poll;
 use super::metric_ids::MetricIds;
 use super::stream::Stream;
@@ -89,13 +91,17 @@ impl PluginRoot {
                 }
                 // Polling ticks faster than the rest of the tick's work,
                 // which `Vm::tick_due` keeps to once per TICK_PERIOD_MS.
-                let period = self
+                let engine_period = self
                     .config
                     .engine_load
                     .as_ref()
-                    .map_or(TICK_PERIOD_MS, |e| {
-                        engine_poll::tick_period_ms(e).min(TICK_PERIOD_MS)
-                    });
+                    .map_or(TICK_PERIOD_MS, engine_poll::tick_period_ms);
+                let discovery_period = self
+                    .config
+                    .discovery
+                    .as_ref()
+                    .map_or(TICK_PERIOD_MS, discovery_poll::tick_period_ms);
+                let period = engine_period.min(discovery_period).min(TICK_PERIOD_MS);
                 warn_on_error("set tick period", "root", host.set_tick_period_ms(period));
                 true
             }
@@ -115,6 +121,9 @@ impl PluginRoot {
         if let Some(engine) = &self.config.engine_load {
             engine_poll::tick(vm, &self.config, engine, now);
         }
+        if let Some(discovery) = &self.config.discovery {
+            discovery_poll::tick(vm, &self.config, discovery, now);
+        }
         if !vm.tick_due(now, TICK_PERIOD_MS) {
             return;
         }
@@ -125,7 +134,8 @@ impl PluginRoot {
         self.metrics.publish_index(vm, &index_writes, capacity);
     }
 
-    /// `on_http_call_response`: an answer to one of this root's engine polls.
+    /// `on_http_call_response`: an answer to one of this root's reads of
+    /// Envoy's admin or engine polls.
     pub fn http_call_response<H: Host + Clone>(
         &self,
         vm: &mut Vm<H>,
@@ -133,6 +143,9 @@ impl PluginRoot {
         num_headers: usize,
         body_size: usize,
     ) {
+        if discovery_poll::answer(vm, &self.config, token, num_headers, body_size) {
+            return;
+        }
         let now = vm.now_ms();
         engine_poll::answer(vm, &self.config, token, num_headers, body_size, now);
     }
@@ -177,7 +190,7 @@ fn first_to_announce(store: &impl SharedStore, plugin: &str, configuration: &[u8
 /// The configuration's summary and warnings (Envoy prefixes the plugin's name).
 fn announce(config: &Config) {
     log::info!(
-        "configured: strategy {}, match {}, prefix_length {}, block_bytes {}, index_bytes {}, load_margin {}, cold_placement {}, concurrency_threshold {}, max_body_bytes {}, key_header {}, host_header {}, tenant_header {}, decision_header {}, instance_ttl_ms {}, include_model {}, body_tenant {}, counting {}, {} configured instances, {} path rules, engine_load {}, fleet {}",
+        "configured: strategy {}, match {}, prefix_length {}, block_bytes {}, index_bytes {}, load_margin {}, cold_placement {}, concurrency_threshold {}, max_body_bytes {}, key_header {}, host_header {}, tenant_header {}, decision_header {}, instance_ttl_ms {}, include_model {}, body_tenant {}, counting {}, {} configured instances, discovery {}, {} path rules, engine_load {}, fleet {}",
         config.strategy.as_str(),
         config.matching.as_str(),
         config.prefix_length,
@@ -196,6 +209,13 @@ fn announce(config: &Config) {
         config.body_tenant,
         config.counting.as_str(),
         config.instances.len(),
+        config.discovery.as_ref().map_or_else(
+            || "off".to_string(),
+            |d| format!(
+                "(cluster {} through {}, interval_ms {})",
+                d.cluster, d.admin_cluster, d.interval_ms
+            )
+        ),
         config.path_rules.len(),
         config
             .engine_load

@@ -397,7 +397,8 @@ impl Stream {
         // Until an upstream filter is seen counting, a request left to one
         // keeps what counting it here at the response needs.
         let unchecked = !listener && vm.may_count_at_response();
-        let instances = &self.config.instances;
+        let discovered = vm.discovered_fleet(&self.config);
+        let instances = discovered.as_deref().unwrap_or(&self.config.instances);
         let index_bytes = self.config.index_bytes;
         let engine_view = self.config.engine_load.as_ref().map(|engine| EngineView {
             max_age_ms: engine.max_age_ms,

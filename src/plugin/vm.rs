@@ -7,7 +7,9 @@
 //! Kept across configuration updates (Envoy reuses the VM for them).
 
 use std::collections::HashMap;
+use std::rc::Rc;
 
+use super::discovery_poll::DiscoveryPolling;
 use super::engine_poll::EnginePolling;
 use super::warn_on_error;
 use crate::config::Config;
@@ -62,6 +64,8 @@ pub struct Vm<H: Host + Clone> {
     upstream_marked: bool,
     /// The engine-load poller's state (`engine_load`).
     engine_polling: EnginePolling,
+    /// The fleet read from Envoy's admin (`discovery`).
+    discovery_polling: DiscoveryPolling,
     /// An unreadable ORCA load report was warned about.
     orca_fault_warned: bool,
 }
@@ -82,6 +86,7 @@ impl<H: Host + Clone> Vm<H> {
             upstream_check: UpstreamFilterCheck::default(),
             upstream_marked: false,
             engine_polling: EnginePolling::default(),
+            discovery_polling: DiscoveryPolling::default(),
             orca_fault_warned: false,
         }
     }
@@ -94,6 +99,23 @@ impl<H: Host + Clone> Vm<H> {
 
     pub fn put_engine_polling(&mut self, state: EnginePolling) {
         self.engine_polling = state;
+    }
+
+    /// The discovery state, taken out while it works on the VM (give it
+    /// back with [`Self::put_discovery_polling`]).
+    pub fn take_discovery_polling(&mut self) -> DiscoveryPolling {
+        std::mem::take(&mut self.discovery_polling)
+    }
+
+    pub fn put_discovery_polling(&mut self, state: DiscoveryPolling) {
+        self.discovery_polling = state;
+    }
+
+    /// With `discovery`, the fleet last read from Envoy's admin, which
+    /// `config`'s decisions take as their `instances`.
+    pub fn discovered_fleet(&self, config: &Config) -> Option<Rc<[String]>> {
+        let discovery = config.discovery.as_ref()?;
+        Some(self.discovery_polling.fleet(&discovery.cluster))
     }
 
     /// The engine-load poller's state (tests).

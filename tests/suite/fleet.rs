@@ -9,19 +9,24 @@
 //! it), then 12 at once with `concurrency_threshold` 3, every instance
 //! holding each request 1 s. Measured at the instances.
 //!
+//! The compose and Kubernetes configurations, which read the fleet from
+//! Envoy's admin (`discovery`) rather than list it, do the same.
+//!
 //! A deployment where nothing would count (the listener filter alone with
 //! the default `counting`, or an upstream filter under another `vm_id`) is
 //! not silent: Envoy's log says so once with the fix, a stat counts the
 //! requests the listener counted in its place, and the cap holds.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::time::Duration;
 
 use harness::load::{
     assert_all_ok, filter_counter, prefix_request, served, shoot, shoot_all, wait_for_counter,
     Ending,
 };
-use harness::{envoy_config, Harness};
+use harness::{envoy_config, Harness, INSTANCES};
+use prefix_router_tools::envoy::workspace_root;
 
 const THRESHOLD: u32 = 3;
 const BURST: usize = 12;
@@ -31,8 +36,13 @@ const HOLD: Duration = Duration::from_secs(1);
 
 /// The listener filter's plugin configuration in `envoy/envoy.yaml`.
 fn shipped_plugin_config() -> serde_json::Value {
-    let text = std::fs::read_to_string(envoy_config("envoy.yaml")).expect("envoy/envoy.yaml");
-    let config: serde_yaml::Value = serde_yaml::from_str(&text).expect("envoy.yaml is YAML");
+    plugin_config_of(&envoy_config("envoy.yaml"))
+}
+
+/// The listener filter's plugin configuration in the Envoy file at `path`.
+fn plugin_config_of(path: &Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(path).expect("the Envoy configuration");
+    let config: serde_yaml::Value = serde_yaml::from_str(&text).expect("Envoy's YAML");
     let filters = &config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
         ["typed_config"]["http_filters"];
     let value = filters
@@ -134,6 +144,40 @@ async fn a_fresh_envoy_spreads_its_first_burst_with_the_upstream_filter() {
 async fn a_fresh_envoy_spreads_its_first_burst_counting_in_the_listener() {
     let harness = start(true);
     first_burst_is_capped_and_spread(&harness, "fresh, counting: LISTENER", "fresh-listener").await;
+}
+
+/// A configuration users deploy as is, whose endpoints are DNS names and
+/// whose plugin configuration lists no fleet but reads it from Envoy's admin
+/// (`discovery`), with the threshold lowered and `match: FIXED_PREFIX`. The
+/// clusters' endpoints become the test's instances (still STRICT_DNS), and
+/// the harness is ready once the filter has read every healthy instance.
+fn start_deployment(rel: &str) -> Harness {
+    let path = workspace_root().join(rel);
+    let mut config = plugin_config_of(&path);
+    assert!(
+        config.get("instances").is_none() && config.get("discovery").is_some(),
+        "{rel} reads its fleet from Envoy's admin: {config}"
+    );
+    config["concurrency_threshold"] = THRESHOLD.into();
+    fixed_prefix(&mut config);
+    let config = config.to_string();
+    let harness =
+        Harness::start_with(move |b| b.config_file(path).concurrency(2).plugin_config(config));
+    harness.fleet.set_hold_all(HOLD);
+    wait_for_counter(&harness.envoy, "discovery.instances", INSTANCES as u64);
+    harness
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_compose_configuration_spreads_its_first_burst_over_the_fleet_it_discovered() {
+    let harness = start_deployment("envoy/docker/envoy.yaml");
+    first_burst_is_capped_and_spread(&harness, "compose", "compose").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_kubernetes_configuration_spreads_its_first_burst_over_the_fleet_it_discovered() {
+    let harness = start_deployment("examples/kubernetes/envoy.yaml");
+    first_burst_is_capped_and_spread(&harness, "kubernetes", "kubernetes").await;
 }
 
 /// Both configurations side by side (two Envoys), so the idle spell is

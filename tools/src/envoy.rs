@@ -196,6 +196,7 @@ pub struct EnvoyBuilder {
     envoy_binary: Option<PathBuf>,
     endpoints_from_file: bool,
     dynamic_plugin_config: bool,
+    admin_cluster: Option<String>,
 }
 
 impl EnvoyBuilder {
@@ -303,6 +304,14 @@ impl EnvoyBuilder {
         self
     }
 
+    /// Adds a static cluster `name` leading to this Envoy's own admin (on
+    /// a loopback port chosen before the start), for the filter's
+    /// `discovery`; a file's own admin cluster is kept and follows the port.
+    pub fn admin_cluster(mut self, name: impl Into<String>) -> Self {
+        self.admin_cluster = Some(name.into());
+        self
+    }
+
     /// The configuration as it would be started, as YAML (files it refers to,
     /// such as EDS files, are not kept).
     pub fn render(self) -> anyhow::Result<String> {
@@ -332,6 +341,7 @@ impl EnvoyBuilder {
                 eds_dir: self.endpoints_from_file.then_some(work_dir),
                 files_dir: Some(work_dir),
                 dynamic_plugin_config: self.dynamic_plugin_config,
+                admin_cluster: self.admin_cluster.as_deref(),
             },
         )
         .with_context(|| format!("adapting {}", self.config.display()))?;
@@ -542,6 +552,7 @@ impl Envoy {
             envoy_binary: None,
             endpoints_from_file: false,
             dynamic_plugin_config: false,
+            admin_cluster: None,
         }
     }
 

@@ -133,21 +133,32 @@ struct Load {
 
 /// Counts one request in flight on an instance until dropped (when the
 /// response body is done or the connection is gone).
-struct InFlight(Arc<Load>);
+struct InFlight(Option<Arc<Load>>);
 
 impl InFlight {
     fn start(load: &Arc<Load>) -> Self {
         let now = load.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
         load.max_in_flight.fetch_max(now, Ordering::SeqCst);
-        InFlight(Arc::clone(load))
+        InFlight(Some(Arc::clone(load)))
+    }
+
+    /// A reply that counts nothing.
+    fn uncounted() -> Self {
+        InFlight(None)
     }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+        if let Some(load) = &self.0 {
+            load.in_flight.fetch_sub(1, Ordering::SeqCst);
+        }
     }
 }
+
+/// The `user-agent` of Envoy's active HTTP health checks.
+const ENVOY_HEALTH_CHECKER: hyper::header::HeaderValue =
+    hyper::header::HeaderValue::from_static("Envoy/HC");
 
 /// One named instance.
 struct Instance {
@@ -417,6 +428,13 @@ async fn handle(
     request: Request<Incoming>,
     server: Server,
 ) -> Result<Response<ReplyBody>, ResetRequested> {
+    // Envoy's active health checks (the compose and Kubernetes configurations
+    // run them) are answered at once, neither held, counted nor recorded, so
+    // they do not move what tests measure.
+    if request.headers().get(hyper::header::USER_AGENT) == Some(&ENVOY_HEALTH_CHECKER) {
+        let reply = ReplyBody::full(String::new(), InFlight::uncounted());
+        return Ok(response(200, &server.name, reply));
+    }
     let in_flight = InFlight::start(&server.load);
     let name = server.name.as_str();
     let (parts, body) = request.into_parts();

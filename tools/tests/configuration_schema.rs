@@ -66,15 +66,20 @@ fn every_field_of_the_schema_is_documented_and_every_documented_field_exists() {
     assert!(both.is_disjoint(&advanced), "a field in both tiers");
     both.extend(advanced);
     assert_eq!(both, names(top));
-    let engine_ref = top["engine_load"]["anyOf"][0]["$ref"]
-        .as_str()
-        .and_then(|r| r.strip_prefix("#/definitions/"))
-        .expect("engine_load refers to its definition");
-    let engine = &schema["definitions"][engine_ref]["properties"];
-    assert_eq!(
-        documented(&doc, "\n## Engine load (`engine_load`)\n"),
-        names(engine)
-    );
+    for (field, heading) in [
+        ("engine_load", "\n## Engine load (`engine_load`)\n"),
+        (
+            "discovery",
+            "\n## The fleet from Envoy's admin (`discovery`)\n",
+        ),
+    ] {
+        let reference = top[field]["anyOf"][0]["$ref"]
+            .as_str()
+            .and_then(|r| r.strip_prefix("#/definitions/"))
+            .unwrap_or_else(|| panic!("{field} refers to its definition"));
+        let properties = &schema["definitions"][reference]["properties"];
+        assert_eq!(documented(&doc, heading), names(properties), "{field}");
+    }
     let rule_ref = top["path_rules"]["items"]["$ref"]
         .as_str()
         .and_then(|r| r.strip_prefix("#/definitions/"))

@@ -24,9 +24,27 @@ fn engine_key<S: SharedStore>(tables: &Tables<S>, slot: u16) -> String {
     tables.key(format_args!("engine/{slot}"))
 }
 
-/// The poller lease's key: one poller per Envoy (per shared-data map).
-fn poller_key<S: SharedStore>(tables: &Tables<S>) -> String {
-    tables.key(format_args!("engine-poller"))
+/// The pollers one VM per Envoy runs, each under a lease of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PollerKind {
+    /// The engines' `/metrics` (`engine_load`).
+    EngineLoad,
+    /// Envoy's admin `/clusters` (`discovery`).
+    Discovery,
+}
+
+impl PollerKind {
+    fn lease_name(self) -> &'static str {
+        match self {
+            PollerKind::EngineLoad => "engine-poller",
+            PollerKind::Discovery => "discovery-poller",
+        }
+    }
+}
+
+/// A poller lease's key: one poller per Envoy (per shared-data map).
+fn poller_key<S: SharedStore>(tables: &Tables<S>, poller: &str) -> String {
+    tables.key(format_args!("{poller}"))
 }
 
 /// A sample once fresh and now older than `max_age_ms`: a copy holding it
@@ -42,23 +60,30 @@ pub(super) struct EngineCache {
 }
 
 impl<S: SharedStore> LoadTracker<S> {
-    /// Whether this VM (`nonce`, random per VM) polls the engines: it holds
-    /// the poller lease, or takes it because it is free or its holder has
-    /// not renewed it for `lease_ms`. The holder renews it when a quarter of
-    /// `lease_ms` has passed since it last did.
-    pub fn hold_engine_poller(&mut self, nonce: u64, now_ms: u64, lease_ms: u64) -> bool {
-        let key = poller_key(&self.tables);
-        let held: Lease = self.tables.read(&key).record;
+    /// Whether this VM (`nonce`, random per VM) makes `poller`'s calls: it
+    /// holds its lease, or takes it because it is free or its holder has not
+    /// renewed it for `lease_ms`. The holder renews it when a quarter of
+    /// `lease_ms` has passed since it last did. One VM per Envoy holds each.
+    pub fn hold_poller(
+        &mut self,
+        poller: PollerKind,
+        nonce: u64,
+        now_ms: u64,
+        lease_ms: u64,
+    ) -> bool {
+        let key = poller_key(&self.tables, poller.lease_name());
+        let key = key.as_str();
+        let held: Lease = self.tables.read(key).record;
         if held.nonce == nonce && held.is_live(now_ms, lease_ms) {
             if now_ms.saturating_sub(held.heartbeat_ms) >= lease_ms / 4 {
-                return lease::heartbeat(&self.tables, &key, nonce, now_ms) != Heartbeat::Lost;
+                return lease::heartbeat(&self.tables, key, nonce, now_ms) != Heartbeat::Lost;
             }
             return true;
         }
         if held.is_live(now_ms, lease_ms) {
             return false;
         }
-        lease::try_claim(&self.tables, &key, nonce, now_ms, lease_ms)
+        lease::try_claim(&self.tables, key, nonce, now_ms, lease_ms)
     }
 
     /// The instances the poller polls: every fresh instance the tracker
@@ -313,12 +338,18 @@ mod tests {
         let store = Rc::new(MemoryStore::new());
         let mut first = tracker(&store, 1);
         let mut second = tracker(&store, 2);
-        assert!(first.hold_engine_poller(11, 1_000, 1_500));
-        assert!(!second.hold_engine_poller(22, 1_000, 1_500));
+        assert!(first.hold_poller(PollerKind::EngineLoad, 11, 1_000, 1_500));
+        assert!(!second.hold_poller(PollerKind::EngineLoad, 22, 1_000, 1_500));
         // Renewed at a quarter of the lease time: still held later.
-        assert!(first.hold_engine_poller(11, 1_400, 1_500));
-        assert!(!second.hold_engine_poller(22, 2_800, 1_500));
-        assert!(second.hold_engine_poller(22, 2_901, 1_500), "expired");
-        assert!(!first.hold_engine_poller(11, 2_950, 1_500), "lost it");
+        assert!(first.hold_poller(PollerKind::EngineLoad, 11, 1_400, 1_500));
+        assert!(!second.hold_poller(PollerKind::EngineLoad, 22, 2_800, 1_500));
+        assert!(
+            second.hold_poller(PollerKind::EngineLoad, 22, 2_901, 1_500),
+            "expired"
+        );
+        assert!(
+            !first.hold_poller(PollerKind::EngineLoad, 11, 2_950, 1_500),
+            "lost it"
+        );
     }
 }

@@ -26,6 +26,7 @@ mod engine;
 pub(crate) use engine::ENGINE_CACHE_MS;
 mod learned;
 mod registry;
+pub use engine::PollerKind;
 pub use registry::{RECORD_CACHE_MS, RECORD_READS_PER_DECISION};
 
 use columns::{Columns, Count, Limit};

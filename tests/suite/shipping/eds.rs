@@ -1,6 +1,7 @@
 //! Envoy with file-based EDS (`examples/envoy-eds/`): it differs from
-//! `envoy/envoy.yaml` only in where endpoints come from, passes validation,
-//! and a real Envoy started from it follows updates of the endpoints file.
+//! `envoy/envoy.yaml` only in where endpoints come from (and the filter reads
+//! them from Envoy's admin), passes validation, and a real Envoy started
+//! from it, filter included, follows updates of the endpoints file.
 //!
 //! Envoy comes from `ENVOY_BIN` or PATH; the filter from `PREFIX_ROUTER_WASM`
 //! or the release build (`cargo xtask test` provides both).
@@ -21,6 +22,8 @@ use support::*;
 #[test]
 fn eds_example_differs_from_envoy_yaml_only_in_where_endpoints_come_from() {
     let mut eds = yaml("examples/envoy-eds/envoy.yaml");
+    // The filter reads the fleet EDS delivers from Envoy's admin.
+    remove_discovery(&mut eds);
     let mut shipped = yaml("envoy/envoy.yaml");
     // EDS delivers the endpoints; a static `instances` list would go stale.
     remove_configured_fleet(&mut shipped);
@@ -56,6 +59,10 @@ fn eds_example_passes_envoy_validate() {
         "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
     );
     for cluster in seq(&config["static_resources"]["clusters"], "clusters") {
+        if cluster["name"] == "envoy_admin" {
+            assert_admin_cluster(cluster, 9901, "the EDS example's admin cluster");
+            continue;
+        }
         assert_eq!(
             assignment["cluster_name"], cluster["eds_cluster_config"]["service_name"],
             "every cluster must read the file's assignment"
@@ -114,6 +121,21 @@ fn wait_for_hosts(envoy: &Envoy, want: &BTreeSet<String>) {
     );
 }
 
+/// Waits until the filter's fleet, read from Envoy's admin (`discovery`),
+/// has `count` instances.
+fn wait_for_discovered(envoy: &Envoy, count: u64) {
+    wait_until(
+        Duration::from_secs(15),
+        || {
+            envoy
+                .stat("wasmcustom.prefix_router.discovery.instances")
+                .unwrap()
+        },
+        |discovered| *discovered == Some(count),
+        |discovered| format!("the filter discovered {discovered:?} instances, not {count}"),
+    );
+}
+
 /// Sends `count` invoke requests with distinct prefixes; returns the instances that served.
 fn spread_requests(envoy: &Envoy, count: usize, salt: &str) -> BTreeMap<String, usize> {
     let mut served = BTreeMap::new();
@@ -137,6 +159,9 @@ fn eds_example_loads_endpoints_from_the_file_and_follows_updates() {
         .config_file(root().join("examples/envoy-eds/envoy.yaml"))
         .edit(move |config| {
             for cluster in clusters_mut(config) {
+                if cluster["name"] == "envoy_admin" {
+                    continue;
+                }
                 let source = &mut cluster["eds_cluster_config"]["eds_config"]["path_config_source"];
                 source["path"] = Value::String(format!("{dir_path}/endpoints.yaml"));
                 source["watched_directory"]["path"] = Value::String(dir_path.clone());
@@ -147,6 +172,7 @@ fn eds_example_loads_endpoints_from_the_file_and_follows_updates() {
         .unwrap_or_else(|e| panic!("{e}"));
     let all: BTreeSet<String> = addrs.iter().map(ToString::to_string).collect();
     wait_for_hosts(&envoy, &all);
+    wait_for_discovered(&envoy, 3);
     let served = spread_requests(&envoy, 30, "first");
     assert_eq!(served.len(), 3, "30 prefixes reached only {served:?}");
 
@@ -154,6 +180,7 @@ fn eds_example_loads_endpoints_from_the_file_and_follows_updates() {
     write_endpoints(dir.path(), &addrs[..2], 2);
     let kept: BTreeSet<String> = addrs[..2].iter().map(ToString::to_string).collect();
     wait_for_hosts(&envoy, &kept);
+    wait_for_discovered(&envoy, 2);
     fleet.clear();
     let served = spread_requests(&envoy, 30, "second");
     let kept_names: BTreeSet<String> = fleet.names()[..2].iter().cloned().collect();

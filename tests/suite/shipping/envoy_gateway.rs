@@ -150,7 +150,12 @@ fn envoy_gateway_resources_refer_to_each_other_and_to_the_filters_headers() {
     assert_eq!(target(patch), on_gateway);
 
     let plugin = plugin_config(extension);
-    assert_gateway_plugin_config(plugin.clone(), "the EnvoyExtensionPolicy");
+    let discovered = assert_gateway_plugin_config(plugin.clone(), "the EnvoyExtensionPolicy");
+    assert_eq!(
+        discovered,
+        route_cluster(route),
+        "discovery reads another cluster"
+    );
     let code = &seq(&extension["spec"]["wasm"], "wasm")[0]["code"];
     assert_eq!(code["type"], "Image");
     let url = s(&code["image"]["url"], "image url");
@@ -180,8 +185,18 @@ fn envoy_gateway_resources_refer_to_each_other_and_to_the_filters_headers() {
         "a listener buffer of {buffer} bytes leaves no room past max_body_bytes {max_body}"
     );
 
-    // The patch names what Envoy Gateway generates for these resources.
-    for config in seq(&patch["spec"]["jsonPatches"], "jsonPatches") {
+    // The patch names what Envoy Gateway generates for these resources, and
+    // adds the admin cluster (Envoy Gateway's proxies: admin on 127.0.0.1:19000).
+    let (added, patches): (Vec<&Value>, Vec<&Value>) =
+        seq(&patch["spec"]["jsonPatches"], "jsonPatches")
+            .iter()
+            .partition(|config| config["type"] == CLUSTER_TYPE);
+    assert_eq!(added.len(), 1, "one added cluster");
+    assert_eq!(added[0]["operation"]["op"], "add");
+    assert_eq!(added[0]["operation"]["path"], "");
+    assert_eq!(added[0]["name"], added[0]["operation"]["value"]["name"]);
+    assert_admin_cluster(&added[0]["operation"]["value"], 19000, "the added cluster");
+    for config in patches {
         assert_eq!(config["type"], LISTENER_TYPE);
         assert_eq!(
             s(&config["name"], "patched listener"),
@@ -226,6 +241,7 @@ fn strings_at(list: &Value, field: &str) -> Vec<String> {
 }
 
 const LISTENER_TYPE: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
+const CLUSTER_TYPE: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
 
 /// What the example's policies make of a request, as Envoy Gateway's
 /// translator writes it.
@@ -249,7 +265,7 @@ fn generated_config(policies: &Policies, pods: &[SocketAddr]) -> Value {
     let wasm = &seq(&extension["spec"]["wasm"], "wasm")[0];
     let listener = listener_name(gateway);
     let filter = wasm_filter_name(extension);
-    let cluster = format!("httproute/{}/{}/rule/0", namespace(route), name(route));
+    let cluster = route_cluster(route);
     let balancer = &backend["spec"]["loadBalancer"];
     let key_header = strings_at(&balancer["consistentHash"]["headers"], "name");
     let host_header = strings_at(&balancer["endpointOverride"]["extractFrom"], "header");
@@ -357,16 +373,31 @@ fn generated_config(policies: &Policies, pods: &[SocketAddr]) -> Value {
     let mut config = config;
     if policies.patched {
         let patch = only(&resources, "EnvoyPatchPolicy");
-        let listener_json = &mut config["static_resources"]["listeners"][0];
         for patch_config in seq(&patch["spec"]["jsonPatches"], "jsonPatches") {
+            let operation = &patch_config["operation"];
+            // Envoy Gateway adds a whole resource for `add` at the empty path.
+            if patch_config["type"] == CLUSTER_TYPE && operation["path"] == "" {
+                let cluster = serde_json::to_value(&operation["value"]).unwrap();
+                config["static_resources"]["clusters"]
+                    .as_array_mut()
+                    .unwrap()
+                    .push(cluster);
+                continue;
+            }
+            let listener_json = &mut config["static_resources"]["listeners"][0];
             assert_eq!(
                 s(&patch_config["name"], "patched listener"),
                 s_json(&listener_json["name"])
             );
-            apply_operation(listener_json, &patch_config["operation"]);
+            apply_operation(listener_json, operation);
         }
     }
     serde_yaml::to_value(&config).unwrap()
+}
+
+/// Envoy Gateway's name of the cluster for an HTTPRoute's first rule.
+fn route_cluster(route: &Value) -> String {
+    format!("httproute/{}/{}/rule/0", namespace(route), name(route))
 }
 
 fn s_json(value: &serde_json::Value) -> &str {
@@ -576,7 +607,9 @@ fn without_the_client_traffic_policy_a_40_kb_prompt_is_refused() {
 /// its pod; the filter names the pod of every request in the host header and
 /// Envoy's override_host sends each one to exactly the pod named, those it
 /// sends elsewhere included. Every request is held 5 s at its pod, so the
-/// whole burst is in flight at once.
+/// whole burst is in flight at once. The pods are known from Envoy's admin
+/// (`discovery`, through the cluster the EnvoyPatchPolicy adds), not from
+/// traffic: the burst is the conversation's second request.
 #[test]
 fn envoy_gateway_generated_config_overflows_to_the_pod_the_filter_names() {
     let fleet = UpstreamFleet::start(3).unwrap();
@@ -588,21 +621,18 @@ fn envoy_gateway_generated_config_overflows_to_the_pod_the_filter_names() {
         ["concurrency_threshold"]
         .as_u64()
         .unwrap() as usize;
-    // The filter counts in the listener and learns the pods from responses.
-    let mut seen = BTreeSet::new();
-    for prompt in 0..60 {
-        if seen.len() == fleet.addrs().len() {
-            break;
-        }
-        let response = post_chat(
-            &envoy,
-            &chat_body(&format!("warm-up {prompt}"), 2000, "q"),
-            Duration::from_secs(10),
-        )
-        .unwrap_or_else(|e| panic!("warm-up: {e}"));
-        seen.insert(response.header("x-served-by").unwrap().to_string());
-    }
-    assert_eq!(seen.len(), 3, "60 prompts reached only {seen:?}");
+    // The filter counts in the listener and reads the pods from Envoy's
+    // admin (`discovery`): no request has taught it any.
+    wait_until(
+        Duration::from_secs(10),
+        || {
+            envoy
+                .stat("wasmcustom.prefix_router.discovery.instances")
+                .unwrap()
+        },
+        |pods| *pods == Some(3),
+        |pods| format!("the filter read {pods:?} pods from Envoy's admin, not 3"),
+    );
     let body = chat_body("the hot conversation", 2000, "q");
     let target = post_chat(&envoy, &body, Duration::from_secs(10))
         .unwrap()

@@ -48,7 +48,17 @@ fn istio_envoy_filter_adds_the_wasm_extension_config_and_the_http_filter() {
     assert_eq!(s(&remote["sha256"], "sha256").len(), 64);
     // Envoy refuses an http_uri without a cluster, even one istio-agent fetches.
     assert!(!s(&remote["http_uri"]["cluster"], "http_uri cluster").is_empty());
-    assert_gateway_plugin_config(plugin_config_json(config), "Istio's EnvoyFilter");
+    let discovered =
+        assert_gateway_plugin_config(plugin_config_json(config), "Istio's EnvoyFilter");
+    // Istio names a Service's outbound cluster `outbound|<port>||<host>`.
+    let rule = yaml("examples/istio/destinationrule.yaml");
+    let host = s(&rule["spec"]["host"], "host");
+    assert_eq!(discovered, format!("outbound|8000||{host}"));
+    let admin = patch(&filter, "CLUSTER");
+    assert_eq!(admin["patch"]["operation"], "ADD");
+    assert_eq!(admin["match"]["context"], "GATEWAY");
+    // istio-proxy's admin listens on 127.0.0.1:15000.
+    assert_admin_cluster(&admin["patch"]["value"], 15000, "Istio's admin cluster");
 
     let http = patch(&filter, "HTTP_FILTER");
     assert_eq!(http["patch"]["operation"], "INSERT_BEFORE");
@@ -132,6 +142,8 @@ fn envoy_yaml_with_istio_patches() -> Value {
     for (k, v) in merge.as_mapping().unwrap() {
         cluster.insert(k.clone(), v.clone());
     }
+    let admin = patch(&filter, "CLUSTER")["patch"]["value"].clone();
+    clusters_mut(&mut config).push(admin);
     config
 }
 

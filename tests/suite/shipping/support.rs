@@ -373,6 +373,13 @@ pub fn remove_decision_header(config: &mut Value) {
     remove_plugin_field(config, "decision_header", '\n');
 }
 
+/// Removes the plugin configuration's `"discovery"` (written on one line)
+/// and the `envoy_admin` cluster it reads Envoy's admin through, if there.
+pub fn remove_discovery(config: &mut Value) {
+    remove_plugin_field(config, "discovery", '}');
+    clusters_mut(config).retain(|cluster| cluster["name"] != "envoy_admin");
+}
+
 /// `…,<ws>"field": … end…` → `……`: from the comma before `field` to the
 /// first `end` after it (kept if a line break), in every wasm filter's
 /// configuration text.
@@ -426,7 +433,9 @@ pub fn remove_engine_metrics_cluster(config: &mut Value) {
 /// The Envoy configuration at `rel` (for containers or a cluster: DNS-named,
 /// health-checked instances) is `envoy/envoy.yaml` but for the admin address,
 /// the `.wasm` path and the clusters' endpoints (the `instances` the plugin
-/// configuration lists among them), and may add the `decision_header`.
+/// configuration lists among them, where `rel` reads them from Envoy's admin
+/// by `discovery` through an `envoy_admin` cluster), and may add the
+/// `decision_header`.
 pub fn assert_only_deployment_differs(rel: &str) {
     assert_config_only_deployment_differs(yaml(rel), rel);
 }
@@ -435,6 +444,7 @@ pub fn assert_only_deployment_differs(rel: &str) {
 /// trimmed of what else its deployment declares different).
 pub fn assert_config_only_deployment_differs(mut copy: Value, rel: &str) {
     let mut shipped = yaml("envoy/envoy.yaml");
+    remove_discovery(&mut copy);
     remove_decision_header(&mut copy);
     remove_configured_fleet(&mut shipped);
     remove_engine_metrics_cluster(&mut shipped);
@@ -459,12 +469,13 @@ pub fn assert_config_only_deployment_differs(mut copy: Value, rel: &str) {
 }
 
 /// A gateway's plugin configuration (Istio's, Envoy Gateway's) is
-/// `envoy/envoy.yaml`'s but for three settings a gateway needs: a
+/// `envoy/envoy.yaml`'s but for the settings a gateway needs: a
 /// `max_body_bytes` of at most half the 1 MiB listener buffer limit the
 /// gateway runs with (Envoy answers 413 past it while the filter reads),
 /// `counting: LISTENER` (no upstream filter runs on the gateway's clusters)
-/// and no `instances` (pod addresses are learned from traffic).
-pub fn assert_gateway_plugin_config(mut plugin: serde_json::Value, what: &str) {
+/// and `discovery` through an `envoy_admin` cluster instead of `instances`
+/// (the pods come from EDS). Returns the `discovery` cluster it reads.
+pub fn assert_gateway_plugin_config(mut plugin: serde_json::Value, what: &str) -> String {
     let mut shipped =
         plugin_config_json(&wasm_filter(&yaml("envoy/envoy.yaml"))["typed_config"]["config"]);
     let max_body = plugin["max_body_bytes"]
@@ -476,9 +487,17 @@ pub fn assert_gateway_plugin_config(mut plugin: serde_json::Value, what: &str) {
     );
     assert_eq!(plugin.get("instances"), None, "{what} lists no fleet");
     assert_eq!(plugin["counting"], "LISTENER", "{what}'s counting");
+    assert_eq!(
+        plugin["discovery"]["admin_cluster"], "envoy_admin",
+        "{what} reads its fleet from Envoy's admin"
+    );
+    let discovered = plugin["discovery"]["cluster"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{what}: discovery names no cluster"))
+        .to_string();
     for (config, fields) in [
-        (&mut plugin, ["max_body_bytes", "counting"]),
-        (&mut shipped, ["max_body_bytes", "instances"]),
+        (&mut plugin, ["max_body_bytes", "counting", "discovery"]),
+        (&mut shipped, ["max_body_bytes", "instances", "discovery"]),
     ] {
         let config = config.as_object_mut().expect("a JSON object");
         for field in fields {
@@ -488,6 +507,18 @@ pub fn assert_gateway_plugin_config(mut plugin: serde_json::Value, what: &str) {
     assert_eq!(
         plugin, shipped,
         "{what}'s plugin configuration differs from envoy/envoy.yaml's"
+    );
+    discovered
+}
+
+/// An `envoy_admin` cluster leads to Envoy's admin on `port` of loopback.
+pub fn assert_admin_cluster(cluster: &Value, port: u16, what: &str) {
+    assert_eq!(cluster["name"], "envoy_admin", "{what}");
+    assert_eq!(cluster["type"], "STATIC", "{what}");
+    assert_eq!(
+        endpoints(&cluster["load_assignment"]),
+        [("127.0.0.1".to_string(), port)],
+        "{what}: the admin cluster must lead to this Envoy's own admin"
     );
 }
 

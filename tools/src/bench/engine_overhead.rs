@@ -11,6 +11,8 @@
 //!   50 ms, and Envoy without the filter, all started and left without
 //!   requests; Envoy's CPU over the same fixed windows (medians of the
 //!   windows), and the polls each sent (its `prefix_router.engine.polls`).
+//!   Beside them the fleet read from Envoy's admin (`discovery`, at 2 s and
+//!   at 100 ms) instead of listed, with the reads each sent.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -161,7 +163,11 @@ pub fn run(
             side.polls_per_s
         ));
     }
-    let polled = under_requests.metrics_polls > 0 || idle.sides.iter().any(|s| s.polls_per_s > 0.0);
+    let polled = under_requests.metrics_polls > 0
+        || idle
+            .sides
+            .iter()
+            .any(|s| s.configuration.contains("engine_load") && s.polls_per_s > 0.0);
     Ok(EngineLoadOverhead {
         upstreams: opts.instances,
         metrics_body_bytes: body.len(),
@@ -200,6 +206,9 @@ fn start_envoy(
         Some(config) => {
             if let Some(wasm) = &opts.wasm {
                 builder = builder.wasm(wasm);
+            }
+            if config.get("discovery").is_some() {
+                builder = builder.admin_cluster("envoy_admin");
             }
             builder = with_engine_cluster(builder.plugin_config_json(&config));
         }
@@ -309,7 +318,7 @@ fn cpu_of(envoys: &[Envoy; SIDES]) -> anyhow::Result<[u64; SIDES]> {
 const IDLE_SETTLE: Duration = Duration::from_secs(2);
 
 fn idle(opts: &OverheadOptions, addrs: &[SocketAddr]) -> anyhow::Result<Idle> {
-    let configurations: [(&str, Option<serde_json::Value>, Option<u64>); 4] = [
+    let configurations: [(&str, Option<serde_json::Value>, Option<u64>); 6] = [
         ("no filter", None, None),
         ("filter defaults", Some(plugin_config(addrs, None)), None),
         (
@@ -321,6 +330,16 @@ fn idle(opts: &OverheadOptions, addrs: &[SocketAddr]) -> anyhow::Result<Idle> {
             "defaults + engine_load (50 ms)",
             Some(plugin_config(addrs, Some(Some(FAST_INTERVAL_MS)))),
             Some(FAST_INTERVAL_MS),
+        ),
+        (
+            DISCOVERY_DEFAULT,
+            Some(discovery_config(DISCOVERY_INTERVAL_MS)),
+            Some(DISCOVERY_INTERVAL_MS),
+        ),
+        (
+            DISCOVERY_FAST,
+            Some(discovery_config(DISCOVERY_FAST_INTERVAL_MS)),
+            Some(DISCOVERY_FAST_INTERVAL_MS),
         ),
     ];
     let mut envoys = Vec::with_capacity(configurations.len());
@@ -336,14 +355,14 @@ fn idle(opts: &OverheadOptions, addrs: &[SocketAddr]) -> anyhow::Result<Idle> {
             .iter()
             .map(envoy_cpu_ns)
             .collect::<anyhow::Result<_>>()?;
-        let polls_before: Vec<u64> = envoys.iter().map(polls_of).collect();
+        let polls_before: Vec<u64> = envoys.iter().map(calls_of).collect();
         let started = Instant::now();
         std::thread::sleep(opts.idle_window);
         let cpu_after: Vec<u64> = envoys
             .iter()
             .map(envoy_cpu_ns)
             .collect::<anyhow::Result<_>>()?;
-        let polls_after: Vec<u64> = envoys.iter().map(polls_of).collect();
+        let polls_after: Vec<u64> = envoys.iter().map(calls_of).collect();
         let seconds = started.elapsed().as_secs_f64();
         for i in 0..envoys.len() {
             let cpu_ms = cpu_after[i].saturating_sub(cpu_before[i]) as f64 / 1e6;
@@ -372,6 +391,32 @@ fn idle(opts: &OverheadOptions, addrs: &[SocketAddr]) -> anyhow::Result<Idle> {
 /// `engine_load.interval_ms` when not configured (the filter's
 /// `ENGINE_INTERVAL_MS_DEFAULT`; this crate does not link the filter).
 const DEFAULT_INTERVAL_MS: u64 = 500;
+
+/// The fleet read from Envoy's admin (`discovery`) instead of listed, at
+/// its default interval and at a fast one.
+const DISCOVERY_DEFAULT: &str = "discovery instead of instances (2000 ms)";
+const DISCOVERY_FAST: &str = "discovery instead of instances (100 ms)";
+const DISCOVERY_INTERVAL_MS: u64 = 2_000;
+const DISCOVERY_FAST_INTERVAL_MS: u64 = 100;
+
+/// The filter at its defaults reading the `vllm` cluster's hosts from the
+/// admin through the `envoy_admin` cluster [`start_envoy`] adds.
+fn discovery_config(interval_ms: u64) -> serde_json::Value {
+    json!({
+        "discovery": {"admin_cluster": "envoy_admin", "cluster": "vllm", "interval_ms": interval_ms},
+    })
+}
+
+/// The calls an Envoy's filter sent so far: its engine polls and its reads
+/// of the admin (`prefix_router.discovery.reads`).
+fn calls_of(envoy: &Envoy) -> u64 {
+    let reads = envoy
+        .stat("wasmcustom.prefix_router.discovery.reads")
+        .ok()
+        .flatten()
+        .unwrap_or(0);
+    polls_of(envoy) + reads
+}
 
 /// Polls an Envoy's filter sent so far (its `prefix_router.engine.polls`).
 fn polls_of(envoy: &Envoy) -> u64 {
@@ -439,7 +484,7 @@ pub fn markdown(report: &EngineLoadOverhead) -> String {
         report.idle.windows,
         report.idle.window_ms as f64 / 1000.0
     ));
-    out.push_str("| configuration | Envoy CPU (ms per s) | over filter defaults (ms per s) | polls per s |\n");
+    out.push_str("| configuration | Envoy CPU (ms per s) | over filter defaults (ms per s) | polls or admin reads per s |\n");
     out.push_str("|---|---:|---:|---:|\n");
     let defaults = report
         .idle

@@ -42,6 +42,9 @@ pub(super) struct StandardEdits<'a> {
     /// Deliver an inline downstream wasm filter through file-based ECDS instead,
     /// so its configuration can change while Envoy runs.
     pub dynamic_plugin_config: bool,
+    /// Add a static cluster of this name leading to Envoy's own admin (the
+    /// filter's `discovery`), unless the file has one.
+    pub admin_cluster: Option<&'a str>,
 }
 
 /// The ECDS file holding the downstream filter's configuration, as written.
@@ -68,10 +71,37 @@ pub(super) fn standard_edits(
     edits: &StandardEdits<'_>,
 ) -> anyhow::Result<Rendered> {
     let mut rendered = Rendered::default();
-    if let Some(admin) = config.get_mut("admin") {
-        set_loopback_ephemeral(admin.get_mut("address"), "admin")?;
+    let admin_port = config
+        .get("admin")
+        .and_then(|a| a.get("address"))
+        .and_then(|a| a.get("socket_address"))
+        .and_then(|s| s.get("port_value"))
+        .and_then(Value::as_u64)
+        .ok_or_else(|| anyhow!("no `admin` address (the launcher needs the admin interface)"))?;
+    if let Some(name) = edits.admin_cluster {
+        add_admin_cluster(config, name, admin_port)?;
+    }
+    let admin_clusters = admin_cluster_names(config, admin_port)?;
+    if admin_clusters.is_empty() {
+        set_loopback_ephemeral(
+            config.get_mut("admin").and_then(|a| a.get_mut("address")),
+            "admin",
+        )?;
     } else {
-        bail!("no `admin` section (the launcher needs the admin interface)");
+        // A cluster leads to the admin (the filter's `discovery`): the admin
+        // gets a free port known before Envoy starts, and the cluster follows.
+        let port = free_loopback_port()?;
+        let socket = config["admin"]["address"]["socket_address"]
+            .as_mapping_mut()
+            .ok_or_else(|| anyhow!("admin has no address.socket_address"))?;
+        socket.insert("address".into(), "127.0.0.1".into());
+        socket.insert("port_value".into(), port.into());
+        let admin = [SocketAddr::from(([127, 0, 0, 1], port))];
+        for cluster in seq_mut(config, &["static_resources", "clusters"])? {
+            if is_named(cluster, &admin_clusters) {
+                set_endpoints(cluster, &admin)?;
+            }
+        }
     }
     let listeners = seq_mut(config, &["static_resources", "listeners"])?;
     for listener in listeners.iter_mut() {
@@ -92,7 +122,7 @@ pub(super) fn standard_edits(
         set_configured_instances(config, upstreams)?;
         let clusters = seq_mut(config, &["static_resources", "clusters"])?;
         for cluster in clusters.iter_mut() {
-            if cluster.get("load_assignment").is_some() {
+            if cluster.get("load_assignment").is_some() && !is_named(cluster, &admin_clusters) {
                 set_endpoints(cluster, upstreams)?;
             }
         }
@@ -101,7 +131,7 @@ pub(super) fn standard_edits(
         add_node(config)?;
         let clusters = seq_mut(config, &["static_resources", "clusters"])?;
         for cluster in clusters.iter_mut() {
-            if cluster.get("load_assignment").is_some() {
+            if cluster.get("load_assignment").is_some() && !is_named(cluster, &admin_clusters) {
                 rendered
                     .eds_clusters
                     .push(endpoints_from_file(cluster, dir)?);
@@ -252,6 +282,61 @@ fn static_endpoints(cluster: &Value) -> anyhow::Result<Vec<SocketAddr>> {
         }
     }
     Ok(addrs)
+}
+
+/// The static clusters whose every endpoint is Envoy's own admin
+/// (127.0.0.1 at the admin's port): the filter's way to the admin.
+fn admin_cluster_names(config: &Value, admin_port: u64) -> anyhow::Result<Vec<String>> {
+    let admin = SocketAddr::from(([127, 0, 0, 1], u16::try_from(admin_port)?));
+    let mut names = Vec::new();
+    let clusters = config
+        .get("static_resources")
+        .and_then(|r| r.get("clusters"))
+        .and_then(Value::as_sequence)
+        .into_iter()
+        .flatten();
+    for cluster in clusters {
+        if cluster.get("load_assignment").is_none() {
+            continue;
+        }
+        let endpoints = static_endpoints(cluster).unwrap_or_default();
+        if !endpoints.is_empty() && endpoints.iter().all(|e| *e == admin) {
+            let name = cluster.get("name").and_then(Value::as_str);
+            names.push(
+                name.ok_or_else(|| anyhow!("a cluster without a name"))?
+                    .to_string(),
+            );
+        }
+    }
+    Ok(names)
+}
+
+/// A static cluster `name` to 127.0.0.1 at the admin's port, unless the
+/// configuration has a cluster of that name.
+fn add_admin_cluster(config: &mut Value, name: &str, admin_port: u64) -> anyhow::Result<()> {
+    let clusters = seq_mut(config, &["static_resources", "clusters"])?;
+    if clusters.iter().any(|c| is_named(c, &[name.to_string()])) {
+        return Ok(());
+    }
+    clusters.push(serde_yaml::from_str(&format!(
+        "{{ name: {name}, type: STATIC, connect_timeout: 1s, load_assignment: {{ cluster_name: {name}, \
+         endpoints: [ {{ lb_endpoints: [ {{ endpoint: {{ address: {{ socket_address: \
+         {{ address: 127.0.0.1, port_value: {admin_port} }} }} }} }} ] }} ] }} }}"
+    ))?);
+    Ok(())
+}
+
+fn is_named(cluster: &Value, names: &[String]) -> bool {
+    cluster
+        .get("name")
+        .and_then(Value::as_str)
+        .is_some_and(|name| names.iter().any(|n| n == name))
+}
+
+/// A loopback port free now (bound, then released for Envoy to take).
+fn free_loopback_port() -> anyhow::Result<u16> {
+    let listener = std::net::TcpListener::bind(("127.0.0.1", 0))?;
+    Ok(listener.local_addr()?.port())
 }
 
 /// The name of the first static listener (the one clients use).
@@ -636,6 +721,53 @@ mod tests {
         serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
     }
 
+    /// The admin's port and the endpoints of cluster `name`.
+    fn admin_and_endpoints(config: &Value, name: &str) -> (u64, Vec<SocketAddr>) {
+        let port = config["admin"]["address"]["socket_address"]["port_value"]
+            .as_u64()
+            .unwrap();
+        let cluster = config["static_resources"]["clusters"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == name)
+            .unwrap_or_else(|| panic!("no cluster {name}"));
+        (port, static_endpoints(cluster).unwrap())
+    }
+
+    #[test]
+    fn an_admin_cluster_leads_to_the_admin_on_a_port_known_up_front() {
+        let upstreams: Vec<SocketAddr> = vec!["127.0.0.1:1111".parse().unwrap()];
+        let dir = tempfile::tempdir().unwrap();
+        let edits = |admin_cluster| StandardEdits {
+            filter: FilterMode::With,
+            wasm: Some(Path::new("/abs/filter.wasm")),
+            plugin_config: None,
+            upstreams: Some(&upstreams),
+            eds_dir: None,
+            files_dir: Some(dir.path()),
+            dynamic_plugin_config: false,
+            admin_cluster,
+        };
+        // A file with its own (compose), and one the builder adds.
+        let compose = super::super::workspace_root().join("envoy/docker/envoy.yaml");
+        let mut config: Value =
+            serde_yaml::from_str(&std::fs::read_to_string(compose).unwrap()).unwrap();
+        standard_edits(&mut config, &edits(None)).unwrap();
+        let mut shipped = shipped_config();
+        standard_edits(&mut shipped, &edits(Some("envoy_admin"))).unwrap();
+        for config in [&config, &shipped] {
+            let (port, admin) = admin_and_endpoints(config, "envoy_admin");
+            assert_ne!(port, 0, "the admin's port is known before the start");
+            assert_eq!(admin, [SocketAddr::from(([127, 0, 0, 1], port as u16))]);
+            assert_eq!(admin_and_endpoints(config, "vllm").1, upstreams);
+        }
+        // Without one, the admin takes an ephemeral port.
+        let mut plain = shipped_config();
+        standard_edits(&mut plain, &edits(None)).unwrap();
+        assert_eq!(plain["admin"]["address"]["socket_address"]["port_value"], 0);
+    }
+
     fn wasm_filter_count(config: &Value) -> usize {
         let mut count = 0;
         let listeners = config["static_resources"]["listeners"]
@@ -674,6 +806,7 @@ mod tests {
                 eds_dir: None,
                 files_dir: Some(dir.path()),
                 dynamic_plugin_config: false,
+                admin_cluster: None,
             },
         )
         .unwrap();
@@ -700,6 +833,7 @@ mod tests {
                 eds_dir: None,
                 files_dir: Some(dir.path()),
                 dynamic_plugin_config: false,
+                admin_cluster: None,
             },
         )
         .unwrap();
@@ -755,6 +889,7 @@ mod tests {
                 eds_dir: None,
                 files_dir: Some(dir.path()),
                 dynamic_plugin_config: true,
+                admin_cluster: None,
             },
         )
         .unwrap();
@@ -793,6 +928,7 @@ mod tests {
                 eds_dir: None,
                 files_dir: None,
                 dynamic_plugin_config: false,
+                admin_cluster: None,
             },
         )
         .unwrap();
@@ -826,6 +962,7 @@ mod tests {
             eds_dir: None,
             files_dir: None,
             dynamic_plugin_config: false,
+            admin_cluster: None,
         };
         let mut both = shipped_config();
         standard_edits(&mut both, &edits(FilterMode::With)).unwrap();
@@ -850,6 +987,7 @@ mod tests {
             eds_dir: None,
             files_dir: None,
             dynamic_plugin_config: false,
+            admin_cluster: None,
         };
         standard_edits(&mut config, &edits).unwrap();
         let wanted = StandardEdits {
