@@ -171,18 +171,6 @@ fn past_their_share(holders: usize, instances: usize, holders_recent: u32, total
     u64::from(holders_recent) > share
 }
 
-/// The least load among the instances within the fleet-wide engine bounds
-/// (all of them when none is).
-fn least_load(candidates: &[Candidate]) -> u32 {
-    let some_within = candidates.iter().any(|c| !c.over_bounds);
-    candidates
-        .iter()
-        .filter(|c| !c.over_bounds || !some_within)
-        .map(|c| c.load)
-        .min()
-        .unwrap_or(0)
-}
-
 /// Decisions past its even share plus [`SHARE_SLACK`], for an instance with
 /// `recent` of `total` recent decisions among `instances`.
 pub fn past_share(recent: u32, total: u32, instances: usize) -> u32 {
@@ -196,6 +184,9 @@ pub fn past_share(recent: u32, total: u32, instances: usize) -> u32 {
 pub struct Ranking<'a> {
     pub order: Vec<Scored<'a>>,
     pub bound: u32,
+    /// Whether some candidate is within the fleet-wide engine bounds (then
+    /// `order` holds only those).
+    pub some_within: bool,
 }
 
 /// Scores every eligible candidate and orders them, the cheapest first.
@@ -209,7 +200,13 @@ pub fn score<'a>(
     // Over a fleet-wide engine bound: out while another is within them.
     let some_within = candidates.iter().any(|c| !c.over_bounds);
     let eligible = |c: &Candidate| !c.over_bounds || !some_within;
-    let bound = load_bound(least_load(candidates), load_margin);
+    let least = candidates
+        .iter()
+        .filter(|c| eligible(c))
+        .map(|c| c.load)
+        .min()
+        .unwrap_or(0);
+    let bound = load_bound(least, load_margin);
     let total_recent: u32 = candidates.iter().map(|c| c.recent).sum();
     let mut scored: Vec<Scored<'a>> = candidates
         .iter()
@@ -258,6 +255,7 @@ pub fn score<'a>(
     Ranking {
         order: scored,
         bound,
+        some_within,
     }
 }
 
@@ -314,9 +312,9 @@ impl LongestPrefix {
         let Some(read) = self.read(blocks, &candidates, load, now_ms) else {
             return Self::by_maglev(DecisionKind::Cold, opening_key);
         };
-        let Ranking { order, bound } =
-            score(&candidates, &read.held, &read.prompt, self.load_margin);
-        let (candidate, kind, ticket, explained) = match self.claim(&order, bound, load, now_ms) {
+        let ranking = score(&candidates, &read.held, &read.prompt, self.load_margin);
+        let order = &ranking.order;
+        let (candidate, kind, ticket, explained) = match self.claim(&ranking, load, now_ms) {
             Some((scored, ticket)) => {
                 let kind = if read.set_apart == 0 {
                     DecisionKind::Cold
@@ -337,7 +335,7 @@ impl LongestPrefix {
             }
             // Instances not learned yet may have room: Maglev on a salted
             // opening explores them (salts 1..=8, as FIXED_PREFIX's).
-            None if !self.fleet_listed && candidates.iter().any(|c| !c.over_bounds) => {
+            None if !self.fleet_listed && ranking.some_within => {
                 let salt = u8::try_from(random % 8).unwrap_or_default() + 1;
                 return Self::by_maglev(DecisionKind::Overflow, salted_key(&opening_key, salt));
             }
@@ -490,16 +488,16 @@ impl LongestPrefix {
     /// instance full (or over a fleet-wide engine bound).
     fn claim<'a>(
         &self,
-        order: &[Scored<'a>],
-        bound: u32,
+        ranking: &Ranking<'a>,
         load: &mut dyn LoadView,
         now_ms: u64,
     ) -> Option<(Scored<'a>, Option<Ticket>)> {
-        if order.iter().all(|s| s.candidate.over_bounds) {
+        if !ranking.some_within {
             return None;
         }
+        let order = &ranking.order;
         for (at, scored) in order.iter().enumerate() {
-            let cap = claim_bound(scored, order.get(at + 1), bound)
+            let cap = claim_bound(scored, order.get(at + 1), ranking.bound)
                 .map_or(self.concurrency_threshold, |b| {
                     self.concurrency_threshold
                         .min(scored.candidate.local_cap(b))
