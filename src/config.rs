@@ -209,6 +209,9 @@ pub struct Config {
     /// Response header carrying `<decision>; instance=<ip:port>` (debugging);
     /// `None`: not sent.
     pub decision_header: Option<String>,
+    /// Whether the responses to prefix-aware decisions are read for the
+    /// engine's `usage` (the `prefix_router.usage.*` counters).
+    pub read_usage: bool,
     /// How long an instance not seen serving stays an overflow candidate.
     pub instance_ttl_ms: u64,
     /// Where in-flight requests are counted (see [`Counting`]).
@@ -461,6 +464,7 @@ impl Default for Config {
             path_rules: default_path_rules(),
             host_header: Some(DEFAULT_HOST_HEADER.to_string()),
             decision_header: None,
+            read_usage: true,
             instance_ttl_ms: 60_000,
             counting: Counting::UpstreamFilter,
             instances: Vec::new(),
@@ -647,6 +651,8 @@ pub struct ConfigDocument {
     pub host_header: Option<String>,
     /// Debugging: the response header carrying the decision; null: off.
     pub decision_header: Option<String>,
+    /// Whether responses are read for the engine's usage (cached tokens).
+    pub read_usage: bool,
     /// How long an instance not seen serving stays an overflow target.
     #[cfg_attr(
         feature = "schema",
@@ -892,6 +898,7 @@ impl Default for ConfigDocument {
                 .collect(),
             host_header: config.host_header,
             decision_header: config.decision_header,
+            read_usage: config.read_usage,
             instance_ttl_ms: config.instance_ttl_ms.into(),
             counting: config.counting,
             instances: config.instances,
@@ -1247,6 +1254,7 @@ impl ConfigDocument {
             path_rules: path_rules(self.path_rules)?,
             host_header: optional_header("host_header", self.host_header)?,
             decision_header: optional_header("decision_header", self.decision_header)?,
+            read_usage: self.read_usage,
             instance_ttl_ms: in_range(
                 "instance_ttl_ms",
                 self.instance_ttl_ms,
@@ -1507,6 +1515,7 @@ mod tests {
             ],
             host_header: Some("x-prefix-route-host".into()),
             decision_header: None,
+            read_usage: true,
             instance_ttl_ms: 60_000,
             counting: Counting::UpstreamFilter,
             instances: Vec::new(),

@@ -190,7 +190,7 @@ fn first_to_announce(store: &impl SharedStore, plugin: &str, configuration: &[u8
 /// The configuration's summary and warnings (Envoy prefixes the plugin's name).
 fn announce(config: &Config) {
     log::info!(
-        "configured: strategy {}, match {}, prefix_length {}, block_bytes {}, index_bytes {}, load_margin {}, cold_placement {}, concurrency_threshold {}, max_body_bytes {}, key_header {}, host_header {}, tenant_header {}, decision_header {}, instance_ttl_ms {}, include_model {}, body_tenant {}, counting {}, {} configured instances, discovery {}, {} path rules, engine_load {}, fleet {}",
+        "configured: strategy {}, match {}, prefix_length {}, block_bytes {}, index_bytes {}, load_margin {}, cold_placement {}, concurrency_threshold {}, max_body_bytes {}, key_header {}, host_header {}, tenant_header {}, decision_header {}, read_usage {}, instance_ttl_ms {}, include_model {}, body_tenant {}, counting {}, {} configured instances, discovery {}, {} path rules, engine_load {}, fleet {}",
         config.strategy.as_str(),
         config.matching.as_str(),
         config.prefix_length,
@@ -204,6 +204,7 @@ fn announce(config: &Config) {
         config.host_header.as_deref().unwrap_or("(none: overflow re-keys)"),
         config.tenant_header,
         config.decision_header.as_deref().unwrap_or("(none)"),
+        config.read_usage,
         config.instance_ttl_ms,
         config.include_model,
         config.body_tenant,

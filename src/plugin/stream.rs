@@ -212,6 +212,7 @@ impl Stream {
         if let (Some(report), Some(address)) = (&report, &instance) {
             self.use_orca_report(vm, report, address);
         }
+        let predicted = predicted.filter(|_| self.config.read_usage);
         if let (Some((_, matched_bytes)), Some(address)) = (predicted, &instance) {
             self.watch_usage(vm, address, matched_bytes);
         }

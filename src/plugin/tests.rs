@@ -930,7 +930,7 @@ fn a_prefix_aware_response_counts_the_usage_its_engine_reported() {
 }
 
 #[test]
-fn failed_encoded_or_unpredicted_responses_are_not_read_for_usage() {
+fn failed_encoded_unpredicted_or_switched_off_responses_are_not_read_for_usage() {
     let usage = br#"{"usage":{"prompt_tokens":5}}"#;
     let (host, mut vm, root) = configured("{}");
     let cases: [&[(&str, &str)]; 3] = [
@@ -951,10 +951,18 @@ fn failed_encoded_or_unpredicted_responses_are_not_read_for_usage() {
         configured(r#"{"strategy": "LEAST_OUTSTANDING_REQUESTS"}"#);
     let mut least = invoke(&lor_host, &mut lor_vm, &lor_root, 1);
     respond_with_body(&lor_host, &mut lor_vm, &mut least, A, &JSON_OK, &[usage]);
+    // `read_usage: false`: the response side off.
+    let (off_host, mut off_vm, off_root) = configured(r#"{"read_usage": false}"#);
+    let mut off = invoke(&off_host, &mut off_vm, &off_root, 1);
+    respond_with_body(&off_host, &mut off_vm, &mut off, A, &JSON_OK, &[usage]);
+    let calls = off_host.take_calls();
+    assert!(!calls.contains(&"response_body".to_string()), "{calls:?}");
     root.tick(&mut vm);
     lor_root.tick(&mut lor_vm);
+    off_root.tick(&mut off_vm);
     assert_eq!(usage_count(&host, UsageCounter::Responses, A), 0);
     assert_eq!(usage_count(&lor_host, UsageCounter::Responses, A), 0);
+    assert_eq!(usage_count(&off_host, UsageCounter::Responses, A), 0);
 }
 
 #[test]

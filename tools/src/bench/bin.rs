@@ -48,10 +48,27 @@ fn baseline_wasm(path: Option<&Path>) -> anyhow::Result<Option<PathBuf>> {
     }
 }
 
+/// `--baseline-config`: a JSON object, or an error saying what it is instead.
+fn baseline_config(
+    text: Option<&str>,
+) -> anyhow::Result<Option<serde_json::Map<String, serde_json::Value>>> {
+    let Some(text) = text else {
+        return Ok(None);
+    };
+    match serde_json::from_str(text) {
+        Ok(serde_json::Value::Object(fields)) => Ok(Some(fields)),
+        Ok(other) => {
+            anyhow::bail!("--baseline-config {text}: a JSON object is needed, not {other}")
+        }
+        Err(error) => anyhow::bail!("--baseline-config {text}: not JSON: {error}"),
+    }
+}
+
 fn run_overhead(args: &OverheadArgs) -> anyhow::Result<()> {
     let opts = overhead::OverheadOptions {
         matching: args.matching.clone(),
         baseline_wasm: baseline_wasm(args.baseline_wasm.as_deref())?,
+        baseline_config: baseline_config(args.baseline_config.as_deref())?,
         instances: args.instances.map_or(
             prefix_router_tools::bench::instant_upstream::FLEET_SIZE,
             usize::from,
@@ -70,9 +87,14 @@ fn run_overhead(args: &OverheadArgs) -> anyhow::Result<()> {
         opts.rounds,
         opts.throughput_concurrency,
         opts.matching.as_deref().unwrap_or("the default"),
-        match &opts.baseline_wasm {
-            Some(wasm) => format!(", baseline {}", wasm.display()),
-            None => String::new(),
+        match (&opts.baseline_wasm, &opts.baseline_config) {
+            (None, None) => String::new(),
+            (wasm, config) => format!(
+                ", baseline {}{}",
+                wasm.as_ref()
+                    .map_or_else(|| "this build".to_string(), |w| w.display().to_string()),
+                config.as_ref().map_or_else(String::new, |c| format!(" with {}", serde_json::Value::Object(c.clone())))
+            ),
         }
     );
     let report = overhead::run(&opts, &mut |line| eprintln!("{line}"))?;

@@ -9,7 +9,7 @@ use super::instant_upstream::FLEET_SIZE;
 use super::peers::Peer;
 use crate::loadgen::{DATA_WORKLOAD_NAMES, WORKLOAD_NAMES};
 
-/// `overhead [--quick] [--match MATCH] [--baseline-wasm PATH] [--instances N]`.
+/// `overhead [--quick] [--match MATCH] [--baseline-wasm PATH] [--baseline-config JSON] [--instances N]`.
 #[derive(Debug, Clone, PartialEq, Eq, Args)]
 pub struct OverheadArgs {
     /// A shorter run (under a minute) with the same fields.
@@ -23,6 +23,11 @@ pub struct OverheadArgs {
     /// others, request by request: two builds side by side in one run.
     #[arg(long)]
     pub baseline_wasm: Option<std::path::PathBuf>,
+    /// Plugin configuration fields (a JSON object) set on the baseline: the
+    /// --baseline-wasm build's, or without it this build's, beside itself
+    /// as shipped (e.g. `{"read_usage": false}`: what reading usage costs).
+    #[arg(long)]
+    pub baseline_config: Option<String>,
     /// Instant upstreams in the fleet, all listed as `instances` (default 7,
     /// as `envoy/envoy.yaml`'s fleet): what a decision costs with more.
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=INSTANCES_MAX))]
@@ -44,6 +49,9 @@ impl OverheadArgs {
         }
         if let Some(wasm) = &self.baseline_wasm {
             args.extend(["--baseline-wasm".to_string(), wasm.display().to_string()]);
+        }
+        if let Some(config) = &self.baseline_config {
+            args.extend(["--baseline-config".to_string(), config.clone()]);
         }
         if let Some(instances) = self.instances {
             args.extend(["--instances".to_string(), instances.to_string()]);
@@ -189,12 +197,19 @@ mod tests {
     #[test]
     fn options_survive_the_hand_over() {
         for quick in [false, true] {
-            for (matching, baseline_wasm, instances) in [
-                (None, None, None),
-                (Some("FIXED_PREFIX".to_string()), None, Some(64)),
+            for (matching, baseline_wasm, baseline_config, instances) in [
+                (None, None, None, None),
+                (Some("FIXED_PREFIX".to_string()), None, None, Some(64)),
                 (
                     None,
                     Some("/tmp/previous build/prefix_router.wasm".into()),
+                    None,
+                    None,
+                ),
+                (
+                    None,
+                    None,
+                    Some(r#"{"read_usage": false}"#.to_string()),
                     None,
                 ),
             ] {
@@ -202,6 +217,7 @@ mod tests {
                     quick,
                     matching,
                     baseline_wasm,
+                    baseline_config,
                     instances,
                 };
                 assert!(

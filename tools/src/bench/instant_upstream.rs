@@ -1,7 +1,8 @@
 //! The upstreams of the overhead benchmark, a fleet of 7 on one thread: hyper
 //! servers (one current-thread runtime) that read each request body to its
-//! end and answer 200 at once, so what is measured is Envoy and the filter, not
-//! an upstream. It counts requests that carried the routing key header, which
+//! end and answer 200 at once with a vLLM-shaped chat completion and its
+//! `usage` ([`COMPLETION`], what the filter reads back), so what is measured
+//! is Envoy and the filter, not an upstream. It counts requests that carried the routing key header, which
 //! proves the filter really ran (or really did not) in each configuration.
 //! Started with a metrics body, it answers `GET /metrics` with it, as an
 //! engine does to the filter's engine-load poller, and counts those apart.
@@ -21,6 +22,10 @@ use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
 use tokio::sync::oneshot;
+
+/// What every request is answered with: a chat completion as vLLM sends it
+/// with `--enable-prompt-tokens-details` (about 600 bytes), usage last.
+pub const COMPLETION: &[u8] = br#"{"id":"chatcmpl-3f6d9c2a8b1e4f07","object":"chat.completion","created":1764979200,"model":"meta-llama/Llama-3.1-70B-Instruct","choices":[{"index":0,"message":{"role":"assistant","content":"The document describes a routing filter that sends each request to the instance whose cache already holds the start of its prompt, so the shared part is not computed again and the first token arrives sooner.","refusal":null,"tool_calls":[]},"logprobs":null,"finish_reason":"stop","stop_reason":null}],"service_tier":null,"system_fingerprint":null,"usage":{"prompt_tokens":2048,"total_tokens":2096,"completion_tokens":48,"prompt_tokens_details":{"cached_tokens":1792}},"prompt_logprobs":null,"kv_transfer_params":null}"#;
 
 /// Requests seen, with and without the key header, and body bytes read.
 #[derive(Debug, Default)]
@@ -203,8 +208,11 @@ async fn serve(
                     };
                     counter.fetch_add(1, Ordering::Relaxed);
                     counts.body_bytes.fetch_add(bytes, Ordering::Relaxed);
-                    let mut response =
-                        Response::new(Full::new(Bytes::from_static(b"{\"ok\":true}")));
+                    let mut response = Response::new(Full::new(Bytes::from_static(COMPLETION)));
+                    response.headers_mut().insert(
+                        hyper::header::CONTENT_TYPE,
+                        hyper::header::HeaderValue::from_static("application/json"),
+                    );
                     response.headers_mut().insert(
                         "x-served-by",
                         hyper::header::HeaderValue::from_static("instant"),
@@ -216,5 +224,25 @@ async fn serve(
                 .serve_connection(TokioIo::new(stream), service)
                 .await;
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prefix_router::usage::{scan, Framing, Usage};
+
+    /// The answer carries what the filter reads, so the overhead benchmark
+    /// measures reading it.
+    #[test]
+    fn the_completion_reports_usage_the_filter_reads() {
+        assert_eq!(
+            scan(Framing::Json, COMPLETION),
+            Some(Usage {
+                prompt_tokens: 2048,
+                cached_tokens: Some(1792),
+            })
+        );
+        assert!(serde_json::from_slice::<serde_json::Value>(COMPLETION).is_ok());
     }
 }

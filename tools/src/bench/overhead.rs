@@ -72,6 +72,9 @@ pub struct OverheadOptions {
     pub matching: Option<String>,
     /// Another build of the filter, measured as shipped beside the others.
     pub baseline_wasm: Option<PathBuf>,
+    /// Plugin configuration fields set on the baseline (with no
+    /// `baseline_wasm`, this build's): one configuration beside another.
+    pub baseline_config: Option<serde_json::Map<String, serde_json::Value>>,
     /// Upstreams in the fleet, all listed as `instances`.
     pub instances: usize,
 }
@@ -93,6 +96,7 @@ impl OverheadOptions {
             idle_windows: 3,
             matching: None,
             baseline_wasm: None,
+            baseline_config: None,
             instances: FLEET_SIZE,
         }
     }
@@ -267,12 +271,13 @@ pub struct CaseResult {
     pub floor_filter: SideFigures,
     pub listener_counting: SideFigures,
     pub with_filter: SideFigures,
-    /// The `--baseline-wasm` build as shipped, when given.
+    /// The baseline (`--baseline-wasm`, `--baseline-config`), when given.
     pub baseline: Option<BaselineFigures>,
 }
 
-/// The `--baseline-wasm` build as shipped, beside this build in the same
-/// rounds (`baseline` in `cases[]`).
+/// The baseline (the `--baseline-wasm` build, or this one, with
+/// `--baseline-config`'s fields), beside this build in the same rounds
+/// (`baseline` in `cases[]`).
 #[derive(Debug, Clone, Serialize)]
 pub struct BaselineFigures {
     /// This build's p50 minus the baseline's, all rounds pooled: negative
@@ -353,16 +358,21 @@ pub fn run(
         )?;
         let listener = start_listener_counting_envoy(opts, case.prefix_length, &addrs)?;
         let floor = start_floor_envoy(opts, &floor_wasm, case.prefix_length, &addrs)?;
-        let baseline = match &opts.baseline_wasm {
-            Some(wasm) => Some(start_from(
+        let baseline = if opts.baseline_wasm.is_some() || opts.baseline_config.is_some() {
+            let mut config = prefix_aware_config(opts, case.prefix_length, &addrs);
+            for (field, value) in opts.baseline_config.iter().flatten() {
+                config[field] = value.clone();
+            }
+            Some(start_from(
                 &OverheadOptions {
-                    wasm: Some(wasm.clone()),
+                    wasm: opts.baseline_wasm.clone().or_else(|| opts.wasm.clone()),
                     ..opts.clone()
                 },
                 envoy_builder(opts, &addrs),
-                Some(prefix_aware_config(opts, case.prefix_length, &addrs)),
-            )?),
-            None => None,
+                Some(config),
+            )?)
+        } else {
+            None
         };
         let mut envoys = vec![&without, &floor, &listener, &with];
         envoys.extend(baseline.as_ref());
@@ -894,7 +904,7 @@ pub fn markdown(report: &OverheadReport) -> String {
     }
     if report.cases.iter().any(|case| case.baseline.is_some()) {
         out.push_str(
-            "\nThe `--baseline-wasm` build as shipped, in the same rounds:\n\n\
+            "\nThe baseline (the `--baseline-wasm` build, or this one, with `--baseline-config`'s fields), in the same rounds:\n\n\
              | case | p50 added: this build / baseline (µs) | over the floor: this build / baseline (µs) | this build minus baseline, p50 (µs) | per round (µs) | CPU added: this build / baseline (µs) |\n\
              |---|---:|---:|---:|---|---:|\n",
         );
