@@ -1,6 +1,6 @@
 //! How long reading Envoy's `/clusters` answer takes for `discovery`, per
-//! fleet size, with every host's lines as Envoy 1.40 prints them (about 700
-//! bytes a host). The answer is read once per `interval_ms` per Envoy.
+//! fleet size, with every host's lines as Envoy 1.40 prints them. The answer
+//! is read once per `interval_ms` per Envoy.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use prefix_router::discovery::healthy_hosts;

@@ -16,8 +16,8 @@ use crate::config::{is_socket_address, MAX_INSTANCES};
 /// The stat, after its host, of a host's health in a `/clusters` line.
 const HEALTH_FLAGS: &[u8] = b"::health_flags";
 
-/// The most body bytes read from `/clusters`: about 700 bytes a host, so
-/// room for [`MAX_INSTANCES`] hosts several times over.
+/// The most body bytes read from `/clusters`: room for [`MAX_INSTANCES`]
+/// hosts several times over.
 pub const MAX_BODY_BYTES: usize = 1 << 20;
 
 /// Why an answer gave no fleet.

@@ -24,7 +24,7 @@ use hyper_util::rt::TokioIo;
 use tokio::sync::oneshot;
 
 /// What every request is answered with: a chat completion as vLLM sends it
-/// with `--enable-prompt-tokens-details` (about 600 bytes), usage last.
+/// with `--enable-prompt-tokens-details`, usage last.
 pub const COMPLETION: &[u8] = br#"{"id":"chatcmpl-3f6d9c2a8b1e4f07","object":"chat.completion","created":1764979200,"model":"meta-llama/Llama-3.1-70B-Instruct","choices":[{"index":0,"message":{"role":"assistant","content":"The document describes a routing filter that sends each request to the instance whose cache already holds the start of its prompt, so the shared part is not computed again and the first token arrives sooner.","refusal":null,"tool_calls":[]},"logprobs":null,"finish_reason":"stop","stop_reason":null}],"service_tier":null,"system_fingerprint":null,"usage":{"prompt_tokens":2048,"total_tokens":2096,"completion_tokens":48,"prompt_tokens_details":{"cached_tokens":1792}},"prompt_logprobs":null,"kv_transfer_params":null}"#;
 
 /// Requests seen, with and without the key header, and body bytes read.
