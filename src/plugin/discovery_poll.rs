@@ -70,7 +70,8 @@ impl DiscoveryPolling {
 }
 
 /// The root tick period while `discovery` is configured: a quarter of the
-/// interval, 25 ms to 1 s (each VM takes a new list within it).
+/// interval, so each VM takes a new list soon after it is read, and never
+/// slower than the plugin's own tick.
 pub fn tick_period_ms(discovery: &DiscoveryConfig) -> u32 {
     u32::try_from((discovery.interval_ms / 4).clamp(25, 1_000)).unwrap_or(1_000)
 }
@@ -81,8 +82,8 @@ fn lease_ms(discovery: &DiscoveryConfig) -> u64 {
     (discovery.interval_ms * 3).max(1_000)
 }
 
-/// Root tick with `discovery` configured: reads the shared list when due,
-/// takes or renews the lease, and asks the admin when due.
+/// Root tick with `discovery` configured: takes or renews the lease, reads
+/// the shared list, and, holding the lease, asks the admin when due.
 pub fn tick<H: Host + Clone>(
     vm: &mut Vm<H>,
     config: &Config,
