@@ -279,7 +279,7 @@ fn route_prompts_over(
             }
         }
         let random = n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        let routed = policy.route(&derivation, &mut tracker, random, now_ms);
+        let routed = policy.route(&derivation, None, &mut tracker, random, now_ms);
         let decision = &routed.headers;
         let address = decision.host_override.as_deref().unwrap_or(&serving[0]);
         let start = UpstreamStart {

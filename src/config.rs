@@ -227,6 +227,9 @@ pub struct Config {
     /// Reading the fleet from Envoy's admin (`discovery`); `None` (the
     /// default): `instances`, or learned from traffic.
     pub discovery: Option<DiscoveryConfig>,
+    /// LoRA adapters served by sticky sets of instances (`adapters`);
+    /// `None` (the default): an adapter's requests route as any model's.
+    pub adapters: Option<AdaptersConfig>,
     /// The fleet's name in the stat names (`prefix_router.fleet.<name>.*`),
     /// so that several fleets behind one Envoy keep their stats apart;
     /// `None` (the default): `prefix_router.*`.
@@ -387,6 +390,37 @@ impl DiscoveryConfig {
     }
 }
 
+/// `adapters`: which requests name a LoRA adapter, and how many instances
+/// serve one ([`crate::strategy::LongestPrefix`]'s adapter set).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdaptersConfig {
+    /// The `model` values that name a base model; any other names an adapter.
+    pub base_models: Vec<String>,
+    /// A request header naming the adapter, read before the body's `model`
+    /// (for APIs whose body names none).
+    pub header: Option<String>,
+    /// Instances an adapter's set has however cool it is.
+    pub min_instances: u32,
+    /// Instances an adapter's set has at most, however hot it is.
+    pub max_instances: u32,
+}
+
+impl AdaptersConfig {
+    /// The adapter a request names, hashed: the `header`'s value where the
+    /// request carries it once, else the body's `model`. None: a base model,
+    /// or no name. Any bytes, any length: only their hash is kept.
+    pub fn adapter_of(&self, header: Option<&[u8]>, model: Option<&str>) -> Option<u64> {
+        let name = header.or(model.map(str::as_bytes))?;
+        let base = self.base_models.iter().any(|b| b.as_bytes() == name);
+        (!name.is_empty() && !base).then(|| xxhash_rust::xxh3::xxh3_64(name))
+    }
+}
+
+pub const ADAPTER_INSTANCES_RANGE: (u64, u64) = (1, MAX_INSTANCES as u64);
+/// The most base models `adapters.base_models` lists, and the longest name.
+pub const MAX_BASE_MODELS: usize = 64;
+pub const MAX_MODEL_NAME_BYTES: usize = 256;
+
 /// `discovery.interval_ms` unless configured: a new or removed host is seen
 /// within this, and each read is one local admin call per Envoy.
 pub const DISCOVERY_INTERVAL_MS_DEFAULT: u64 = 2_000;
@@ -470,6 +504,7 @@ impl Default for Config {
             instances: Vec::new(),
             engine_load: None,
             discovery: None,
+            adapters: None,
             fleet: None,
         }
     }
@@ -668,6 +703,8 @@ pub struct ConfigDocument {
     pub engine_load: Option<EngineLoadDocument>,
     /// Reading the fleet's hosts from Envoy's admin /clusters; null: off.
     pub discovery: Option<DiscoveryDocument>,
+    /// LoRA adapters served by sticky sets of instances; null: off.
+    pub adapters: Option<AdaptersDocument>,
     /// The fleet's name in the stat names (prefix_router.fleet.<name>.*).
     #[cfg_attr(
         feature = "schema",
@@ -856,6 +893,109 @@ impl DiscoveryDocument {
     }
 }
 
+/// `adapters` as written.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(serde::Serialize, schemars::JsonSchema))]
+#[serde(deny_unknown_fields, default, expecting = "an object")]
+#[cfg_attr(
+    feature = "schema",
+    schemars(
+        description = "LoRA adapters: each served by a sticky set of instances, prefix routing within it.",
+        extend("required" = ["base_models"])
+    )
+)]
+pub struct AdaptersDocument {
+    /// The model names that are base models; every other model names an adapter.
+    #[serde(deserialize_with = "present")]
+    #[cfg_attr(feature = "schema", serde(skip_serializing_if = "Option::is_none"))]
+    #[cfg_attr(
+        feature = "schema",
+        schemars(with = "Vec<String>", length(min = 1, max = MAX_BASE_MODELS))
+    )]
+    pub base_models: Option<Vec<String>>,
+    /// A request header naming the adapter, read before the body's model.
+    #[serde(deserialize_with = "present")]
+    #[cfg_attr(feature = "schema", serde(skip_serializing_if = "Option::is_none"))]
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
+    pub header: Option<String>,
+    /// Instances an adapter's set has however cool it is (default 1).
+    #[serde(deserialize_with = "present")]
+    #[cfg_attr(feature = "schema", serde(skip_serializing_if = "Option::is_none"))]
+    #[cfg_attr(
+        feature = "schema",
+        schemars(
+            with = "u64",
+            range(min = ADAPTER_INSTANCES_RANGE.0, max = ADAPTER_INSTANCES_RANGE.1)
+        )
+    )]
+    pub min_instances: Option<i128>,
+    /// Instances an adapter's set has at most (default: the whole fleet).
+    #[serde(deserialize_with = "present")]
+    #[cfg_attr(feature = "schema", serde(skip_serializing_if = "Option::is_none"))]
+    #[cfg_attr(
+        feature = "schema",
+        schemars(
+            with = "u64",
+            range(min = ADAPTER_INSTANCES_RANGE.0, max = ADAPTER_INSTANCES_RANGE.1)
+        )
+    )]
+    pub max_instances: Option<i128>,
+}
+
+impl AdaptersDocument {
+    /// The settings, each checked.
+    pub fn validate(self) -> Result<AdaptersConfig, ConfigError> {
+        let base_models = self.base_models.unwrap_or_default();
+        if base_models.is_empty() || base_models.len() > MAX_BASE_MODELS {
+            return Err(error(
+                "adapters.base_models",
+                format!(
+                    "list 1 to {MAX_BASE_MODELS} base models (the `model` values that are not \
+                     adapters)"
+                ),
+            ));
+        }
+        if let Some(name) = base_models
+            .iter()
+            .find(|m| m.is_empty() || m.len() > MAX_MODEL_NAME_BYTES)
+        {
+            return Err(error(
+                "adapters.base_models",
+                format!(
+                    "{} is not a model name (1 to {MAX_MODEL_NAME_BYTES} bytes)",
+                    quoted(name)
+                ),
+            ));
+        }
+        let header = self
+            .header
+            .map(|name| header_name("adapters.header", &name))
+            .transpose()?;
+        let instances = |field: &str, value: Option<i128>, default: u64| match value {
+            Some(v) => in_range(&format!("adapters.{field}"), v, ADAPTER_INSTANCES_RANGE),
+            None => Ok(default),
+        };
+        let min_instances = to_u32(instances("min_instances", self.min_instances, 1)?);
+        let max_instances = to_u32(instances(
+            "max_instances",
+            self.max_instances,
+            ADAPTER_INSTANCES_RANGE.1,
+        )?);
+        if min_instances > max_instances {
+            return Err(error(
+                "adapters.min_instances",
+                format!("{min_instances} is more than max_instances ({max_instances})"),
+            ));
+        }
+        Ok(AdaptersConfig {
+            base_models,
+            header,
+            min_instances,
+            max_instances,
+        })
+    }
+}
+
 /// An Envoy cluster name: 1 to 256 characters, no whitespace.
 fn cluster_name(field: &str, name: String) -> Result<String, ConfigError> {
     if name.is_empty() || name.len() > 256 || name.chars().any(char::is_whitespace) {
@@ -904,6 +1044,7 @@ impl Default for ConfigDocument {
             instances: config.instances,
             engine_load: None,
             discovery: None,
+            adapters: None,
             fleet: config.fleet,
         }
     }
@@ -1270,6 +1411,7 @@ impl ConfigDocument {
                 .discovery
                 .map(DiscoveryDocument::validate)
                 .transpose()?,
+            adapters: self.adapters.map(AdaptersDocument::validate).transpose()?,
             fleet: self.fleet.map(fleet).transpose()?,
         };
         config.check_consistency()?;
@@ -1303,6 +1445,22 @@ impl Config {
     }
     /// Rules that involve more than one field.
     fn check_consistency(&self) -> Result<(), ConfigError> {
+        if self.adapters.is_some() {
+            let longest =
+                self.strategy == Strategy::PrefixAware && self.matching == Matching::LongestPrefix;
+            let problem = if !longest {
+                Some("needs strategy PREFIX_AWARE with match LONGEST_PREFIX (the decision that serves an adapter from its set)")
+            } else if !self.include_model {
+                Some("needs include_model: true (an adapter's prompts are cached apart from the base model's)")
+            } else if self.instances.is_empty() && self.discovery.is_none() {
+                Some("needs the fleet known, from instances or discovery (an adapter's set is chosen among them)")
+            } else {
+                None
+            };
+            if let Some(problem) = problem {
+                return Err(error("adapters", problem));
+            }
+        }
         if self.discovery.is_some() && !self.instances.is_empty() {
             return Err(error(
                 "discovery",
@@ -1521,6 +1679,7 @@ mod tests {
             instances: Vec::new(),
             engine_load: None,
             discovery: None,
+            adapters: None,
             fleet: None,
         };
         assert_eq!(parse(""), Ok(defaults.clone()));
@@ -2084,6 +2243,92 @@ mod tests {
         parse(&format!("{{\"engine_load\": {json}}}"))
             .map(|c| c.engine_load.expect("engine_load set"))
             .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn adapters_name_the_base_models_and_need_a_known_fleet_and_longest_prefix() {
+        let fleet = r#""instances": ["10.0.0.1:80"]"#;
+        let c = parse(&format!(
+            r#"{{{fleet}, "adapters": {{"base_models": ["llama"]}}}}"#
+        ))
+        .unwrap();
+        let adapters = c.adapters.unwrap();
+        assert_eq!(
+            (
+                adapters.min_instances,
+                adapters.max_instances,
+                adapters.header.clone()
+            ),
+            (1, 256, None)
+        );
+        assert_eq!(adapters.adapter_of(None, Some("llama")), None);
+        assert_eq!(adapters.adapter_of(None, None), None);
+        assert_eq!(adapters.adapter_of(None, Some("")), None);
+        let sql = adapters.adapter_of(None, Some("sql-lora"));
+        assert!(sql.is_some());
+        assert_ne!(sql, adapters.adapter_of(None, Some("sql-lora2")));
+        // The header wins over the body; any bytes are a name.
+        assert_eq!(adapters.adapter_of(Some(b"sql-lora"), Some("llama")), sql);
+        assert_eq!(adapters.adapter_of(Some(b"llama"), Some("sql-lora")), None);
+        assert!(adapters.adapter_of(Some(&[0xff, 0, 0x80]), None).is_some());
+        let c = parse(&format!(
+            r#"{{{fleet}, "adapters": {{"base_models": ["a", "b"], "header": "X-Adapter", "min_instances": 2, "max_instances": 3}}}}"#
+        ))
+        .unwrap()
+        .adapters
+        .unwrap();
+        assert_eq!(
+            (
+                c.base_models.len(),
+                c.header.as_deref(),
+                c.min_instances,
+                c.max_instances
+            ),
+            (2, Some("x-adapter"), 2, 3)
+        );
+        let refused =
+            |adapters: &str, rest: &str| err(&format!(r#"{{{rest}"adapters": {adapters}}}"#));
+        let listed = format!("{fleet}, ");
+        assert_eq!(
+            refused("{}", &listed),
+            "adapters.base_models: list 1 to 64 base models (the `model` values that are not adapters)"
+        );
+        assert_eq!(
+            refused(r#"{"base_models": [""]}"#, &listed),
+            "adapters.base_models: \"\" is not a model name (1 to 256 bytes)"
+        );
+        assert_eq!(
+            refused(
+                r#"{"base_models": ["m"], "min_instances": 3, "max_instances": 2}"#,
+                &listed
+            ),
+            "adapters.min_instances: 3 is more than max_instances (2)"
+        );
+        assert_eq!(
+            refused(r#"{"base_models": ["m"], "min_instances": 0}"#, &listed),
+            "adapters.min_instances: 0 is out of range 1..=256"
+        );
+        assert!(
+            refused(r#"{"base_models": ["m"], "slots": 2}"#, &listed).starts_with("adapters.slots")
+        );
+        assert!(
+            refused(r#"{"base_models": ["m"]}"#, "").starts_with("adapters: needs the fleet known")
+        );
+        assert!(refused(
+            r#"{"base_models": ["m"]}"#,
+            &format!(r#"{listed}"include_model": false, "#)
+        )
+        .starts_with("adapters: needs include_model: true"));
+        assert!(refused(
+            r#"{"base_models": ["m"]}"#,
+            &format!(r#"{listed}"match": "FIXED_PREFIX", "#)
+        )
+        .starts_with("adapters: needs strategy PREFIX_AWARE with match LONGEST_PREFIX"));
+        let discovered = r#""discovery": {"admin_cluster": "a", "cluster": "v"}, "#;
+        assert!(parse(&format!(
+            r#"{{{discovered}"adapters": {{"base_models": ["m"]}}}}"#
+        ))
+        .is_ok());
     }
 
     #[test]

@@ -210,10 +210,17 @@ pub enum Counter {
     /// An instance marked failed by a connection failure (it was not
     /// already): no candidate until it answers.
     InstanceFailed,
+    /// A request for a LoRA adapter went to one of its set's first
+    /// `min_instances`.
+    AdapterInSet,
+    /// ... to an instance its set grew by because the first were loaded.
+    AdapterSetGrown,
+    /// ... outside its set: every instance in the set was full.
+    AdapterOutsideSet,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 13] = [
+    pub const ALL: [Counter; 16] = [
         Counter::KeyedInvoke,
         Counter::KeyedChatCompletions,
         Counter::KeyedCompletions,
@@ -227,6 +234,9 @@ impl Counter {
         Counter::OrcaReportUnreadable,
         Counter::ConnectionFailed,
         Counter::InstanceFailed,
+        Counter::AdapterInSet,
+        Counter::AdapterSetGrown,
+        Counter::AdapterOutsideSet,
     ];
 
     pub fn name(self) -> &'static str {
@@ -244,6 +254,9 @@ impl Counter {
             Counter::OrcaReportUnreadable => "prefix_router.engine.orca_reports_unreadable",
             Counter::ConnectionFailed => "prefix_router.upstream.connection_failures",
             Counter::InstanceFailed => "prefix_router.upstream.instances_failed",
+            Counter::AdapterInSet => "prefix_router.adapter.in_set",
+            Counter::AdapterSetGrown => "prefix_router.adapter.set_grown",
+            Counter::AdapterOutsideSet => "prefix_router.adapter.outside_set",
         }
     }
 
@@ -259,6 +272,10 @@ pub const BYTES_INSPECTED: &str = "prefix_router.bytes_inspected";
 /// Histogram of the prompt bytes the chosen instance was known to hold, per
 /// LONGEST_PREFIX decision (0 for a cold prompt).
 pub const MATCHED_BYTES: &str = "prefix_router.matched_bytes";
+
+/// Histogram of the instances in a LoRA adapter's set, per decision for
+/// an adapter.
+pub const ADAPTER_SET_INSTANCES: &str = "prefix_router.adapter.set_instances";
 
 /// Gauge of the prefix index's entries in use (grows to the capacity).
 pub const INDEX_ENTRIES: &str = "prefix_router.index.entries";
@@ -322,6 +339,7 @@ mod tests {
             short: false,
             bytes_inspected: 5000,
             blocks: None,
+            model: None,
         }
     }
 
@@ -335,6 +353,7 @@ mod tests {
         let more = [
             BYTES_INSPECTED,
             MATCHED_BYTES,
+            ADAPTER_SET_INSTANCES,
             INDEX_ENTRIES,
             INDEX_CAPACITY,
             INDEX_EVICTIONS,

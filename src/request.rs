@@ -115,6 +115,9 @@ pub struct KeyDerivation {
     /// The prompt's chained blocks, for LONGEST_PREFIX (`None` otherwise,
     /// and when there is no key).
     pub blocks: Option<PromptBlocks>,
+    /// The body's `model` where it is keyed (it names the LoRA adapter, if
+    /// any).
+    pub model: Option<String>,
 }
 
 /// What a key is derived with, from the configuration.
@@ -369,6 +372,11 @@ pub fn keyed_derivation(
     let blocks = keying
         .block_bytes
         .map(|block_bytes| PromptBlocks::new(&material, block_bytes));
+    let model = if keying.include_model {
+        extraction.model
+    } else {
+        None
+    };
     KeyDerivation {
         key: Some(key),
         no_key: None,
@@ -379,6 +387,7 @@ pub fn keyed_derivation(
         short: extraction.short,
         bytes_inspected: extraction.bytes_inspected,
         blocks,
+        model,
     }
 }
 
@@ -393,6 +402,7 @@ fn unkeyed_derivation(api: ApiKind, reason: NoKeyReason) -> KeyDerivation {
         short: false,
         bytes_inspected: 0,
         blocks: None,
+        model: None,
     }
 }
 

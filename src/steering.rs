@@ -10,8 +10,8 @@ use crate::config::{Config, Counting, Matching, Strategy};
 use crate::headers::{COUNTED_HEADER, DEFAULT_HOST_HEADER, PENDING_MARK, ROUTE_HEADER};
 use crate::load::{LoadConfig, UpstreamStart};
 use crate::strategy::{
-    Cost, DecisionKind, Explained, LeastOutstanding, LongestPrefix, Policy, PrefixAware,
-    RandomPolicy, RouteHeaders,
+    AdapterDecision, AdapterSets, Cost, DecisionKind, Explained, LeastOutstanding, LongestPrefix,
+    Policy, PrefixAware, RandomPolicy, RouteHeaders,
 };
 
 /// The routing policy a configuration selects (rebuilt on every configure).
@@ -23,6 +23,10 @@ pub fn policy_for(config: &Config) -> Policy {
                 config.load_margin,
                 !config.instances.is_empty(),
                 config.cold_placement,
+                config.adapters.as_ref().map(|a| AdapterSets {
+                    min_instances: a.min_instances,
+                    max_instances: a.max_instances,
+                }),
             ))
         }
         Strategy::PrefixAware => Policy::PrefixAware(PrefixAware::new(
@@ -152,11 +156,14 @@ impl ListenerCount {
 /// and the cost of the chosen instance and the runner-up, term by term in
 /// KiB of prompt computed: `; cost 4.5 = load 0 + prefill 4.5 + share 0;
 /// runner-up 10.0.0.3:8000 cost 18.0 = load 0 + prefill 18.0 + share 0`.
+/// A request for a LoRA adapter adds where it went against the adapter's
+/// set and the set's size: `; adapter=set_grown; set=2`.
 pub fn decision_header_value(
     kind: DecisionKind,
     instance: Option<&str>,
     matched_bytes: Option<u64>,
     explained: Option<&Explained>,
+    adapter: Option<AdapterDecision>,
 ) -> String {
     let mut value = kind.as_str().to_string();
     if let Some(address) = instance {
@@ -175,6 +182,13 @@ pub fn decision_header_value(
             value.push(' ');
             push_cost(&mut value, cost);
         }
+    }
+    if let Some(adapter) = adapter {
+        value.push_str(&format!(
+            "; adapter={}; set={}",
+            adapter.placement.as_str(),
+            adapter.set_size
+        ));
     }
     value
 }
@@ -253,12 +267,24 @@ mod tests {
         let c = Config::parse(br#"{"concurrency_threshold":3,"load_margin":5}"#).unwrap();
         assert_eq!(
             policy_for(&c),
-            Policy::LongestPrefix(LongestPrefix::new(3, 5, false, ColdPlacement::Consistent))
+            Policy::LongestPrefix(LongestPrefix::new(
+                3,
+                5,
+                false,
+                ColdPlacement::Consistent,
+                None
+            ))
         );
         let c = Config::parse(br#"{"cold_placement":"BALANCED"}"#).unwrap();
         assert_eq!(
             policy_for(&c),
-            Policy::LongestPrefix(LongestPrefix::new(10, 4, false, ColdPlacement::Balanced))
+            Policy::LongestPrefix(LongestPrefix::new(
+                10,
+                4,
+                false,
+                ColdPlacement::Balanced,
+                None
+            ))
         );
         let c = config(r#"{"concurrency_threshold":5,"host_header":null}"#);
         assert_eq!(
@@ -582,11 +608,17 @@ mod tests {
     #[test]
     fn decision_header_names_kind_and_instance() {
         assert_eq!(
-            decision_header_value(DecisionKind::Overflow, Some("10.0.0.2:8000"), None, None),
+            decision_header_value(
+                DecisionKind::Overflow,
+                Some("10.0.0.2:8000"),
+                None,
+                None,
+                None
+            ),
             "overflow; instance=10.0.0.2:8000"
         );
         assert_eq!(
-            decision_header_value(DecisionKind::NoKey, None, None, None),
+            decision_header_value(DecisionKind::NoKey, None, None, None, None),
             "no_key"
         );
         assert_eq!(
@@ -594,9 +626,23 @@ mod tests {
                 DecisionKind::Matched,
                 Some("10.0.0.2:8000"),
                 Some(1536),
+                None,
                 None
             ),
             "matched; instance=10.0.0.2:8000; matched=1536"
+        );
+        assert_eq!(
+            decision_header_value(
+                DecisionKind::Overflow,
+                Some("10.0.0.2:8000"),
+                Some(0),
+                None,
+                Some(AdapterDecision {
+                    placement: crate::strategy::AdapterPlacement::OutsideSet,
+                    set_size: 3
+                })
+            ),
+            "overflow; instance=10.0.0.2:8000; matched=0; adapter=outside_set; set=3"
         );
         let explained = Explained {
             cost: Cost {
@@ -618,7 +664,8 @@ mod tests {
                 DecisionKind::Moved,
                 Some("10.0.0.2:8000"),
                 Some(0),
-                Some(&explained)
+                Some(&explained),
+                None
             ),
             "moved; instance=10.0.0.2:8000; matched=0; \
              cost 7.5 = load 3.0 + prefill 4.5 + share 0.0; \

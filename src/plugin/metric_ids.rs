@@ -8,10 +8,11 @@ use crate::host::{Host, MetricKind};
 use crate::load::Remembered;
 use crate::metrics::{
     decision_counter_name, decision_index, fleet_stat_name, recording_for, Counter,
-    BYTES_INSPECTED, DECISION_KINDS, INDEX_CAPACITY, INDEX_ENTRIES, INDEX_EVICTIONS, MATCHED_BYTES,
+    ADAPTER_SET_INSTANCES, BYTES_INSPECTED, DECISION_KINDS, INDEX_CAPACITY, INDEX_ENTRIES,
+    INDEX_EVICTIONS, MATCHED_BYTES,
 };
 use crate::request::KeyDerivation;
-use crate::strategy::DecisionKind;
+use crate::strategy::{AdapterDecision, AdapterPlacement, DecisionKind};
 
 /// `None` where defining failed (the filter then routes without counting
 /// rather than failing requests).
@@ -23,6 +24,7 @@ pub struct MetricIds {
     decisions: [Option<u32>; DECISION_KINDS.len()],
     bytes_inspected: Option<u32>,
     matched_bytes: Option<u32>,
+    adapter_set_instances: Option<u32>,
     index_entries: Option<u32>,
     index_capacity: Option<u32>,
     index_evictions: Option<u32>,
@@ -47,6 +49,7 @@ impl MetricIds {
         }
         ids.bytes_inspected = define(MetricKind::Histogram, BYTES_INSPECTED);
         ids.matched_bytes = define(MetricKind::Histogram, MATCHED_BYTES);
+        ids.adapter_set_instances = define(MetricKind::Histogram, ADAPTER_SET_INSTANCES);
         ids.index_entries = define(MetricKind::Gauge, INDEX_ENTRIES);
         ids.index_capacity = define(MetricKind::Gauge, INDEX_CAPACITY);
         ids.index_evictions = define(MetricKind::Counter, INDEX_EVICTIONS);
@@ -110,6 +113,22 @@ impl MetricIds {
     pub fn record_matched_bytes<H: Host + Clone>(&self, vm: &mut Vm<H>, bytes: u64) {
         if let Some(id) = self.matched_bytes {
             vm.record_later(id, bytes);
+        }
+    }
+
+    /// A decision for a LoRA adapter: where it went against the set, and
+    /// the set's size.
+    pub fn record_adapter<H: Host + Clone>(&self, vm: &mut Vm<H>, decision: AdapterDecision) {
+        self.increment(
+            vm,
+            match decision.placement {
+                AdapterPlacement::InSet => Counter::AdapterInSet,
+                AdapterPlacement::SetGrown => Counter::AdapterSetGrown,
+                AdapterPlacement::OutsideSet => Counter::AdapterOutsideSet,
+            },
+        );
+        if let Some(id) = self.adapter_set_instances {
+            vm.record_later(id, u64::from(decision.set_size));
         }
     }
 

@@ -11,6 +11,7 @@ use super::{warn_on_error, Flow};
 use crate::config::{Config, Counting};
 use crate::counting_check::{AtResponse, MISSING_UPSTREAM_FILTER_WARNING};
 use crate::engine_load::orca;
+use crate::headers::OnceHeader;
 use crate::headers::{COUNTED_HEADER, INTERNAL_REQUEST_HEADERS};
 use crate::host::{HeaderMap, Host};
 use crate::load::{EngineView, Ticket, UpstreamStart, FAILED_RETRY_MS};
@@ -19,7 +20,7 @@ use crate::request::{
     BodyKind, BodyVerdict, HeadersVerdict, KeyDerivation, LocalReply, RequestHead, RequestReader,
 };
 use crate::steering::{self, ListenerCount};
-use crate::strategy::{DecisionKind, Explained, Policy};
+use crate::strategy::{AdapterDecision, DecisionKind, Explained, Policy};
 use crate::usage::{Framing, UsageScanner};
 
 /// See the module documentation.
@@ -50,6 +51,10 @@ pub struct Stream {
     /// A response to a prefix-aware decision, read for the usage its
     /// engine reports.
     usage_watch: Option<UsageWatch>,
+    /// `adapters.header`'s value, where the request carried it once.
+    adapter_header: Option<Vec<u8>>,
+    /// A request for a LoRA adapter: where it went against the set.
+    adapter: Option<AdapterDecision>,
 }
 
 /// See [`Stream::watch_usage`].
@@ -76,6 +81,8 @@ impl Stream {
             listener_count: None,
             placed_by_envoy: None,
             usage_watch: None,
+            adapter_header: None,
+            adapter: None,
         }
     }
 
@@ -103,6 +110,16 @@ impl Stream {
             read.as_ref(),
         );
         let headers = read.unwrap_or_default();
+        if let Some(name) = self
+            .config
+            .adapters
+            .as_ref()
+            .and_then(|a| a.header.as_deref())
+        {
+            if let OnceHeader::Once(value) = headers.once(name) {
+                self.adapter_header = Some(value.to_vec());
+            }
+        }
         let verdict = self.reader.on_request_headers(RequestHead {
             path: headers.get(":path").unwrap_or_default(),
             tenant_header: headers.once(&self.config.tenant_header),
@@ -223,6 +240,7 @@ impl Stream {
                 instance.as_deref(),
                 matched,
                 self.explained.as_ref(),
+                self.adapter,
             );
             warn_on_error(
                 "write response header",
@@ -394,6 +412,9 @@ impl Stream {
         let now = vm.now_ms();
         let random = vm.random();
         let policy = Rc::clone(&self.policy);
+        let adapter = self.config.adapters.as_ref().and_then(|a| {
+            a.adapter_of(self.adapter_header.as_deref(), derivation.model.as_deref())
+        });
         let listener = self.config.counting == Counting::Listener;
         // Until an upstream filter is seen counting, a request left to one
         // keeps what counting it here at the response needs.
@@ -412,7 +433,7 @@ impl Stream {
             t.set_configured_instances(instances);
             t.set_index_bytes(index_bytes);
             t.set_engine_view(engine_view);
-            let routed = policy.route(derivation, t, random, now);
+            let routed = policy.route(derivation, adapter, t, random, now);
             // A LONGEST_PREFIX request Envoy placed: indexed where it went,
             // and counted there if no upstream filter does, at the response.
             let placed_by_envoy = routed.headers.host_override.is_none()
@@ -431,6 +452,10 @@ impl Stream {
             );
         }
         self.metrics.increment_decision(vm, routed.headers.kind);
+        if let Some(adapter) = routed.headers.adapter {
+            self.metrics.record_adapter(vm, adapter);
+        }
+        self.adapter = routed.headers.adapter;
         if let Some(bytes) = routed.headers.matched_bytes {
             self.metrics.record_matched_bytes(vm, bytes);
         }

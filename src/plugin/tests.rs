@@ -106,7 +106,7 @@ fn counters_are_batched_and_flushed_on_the_tick_with_their_deltas() {
         host.defined(MetricKind::Counter),
         Counter::ALL.len() + DECISION_KINDS.len() + 1
     );
-    assert_eq!(host.defined(MetricKind::Histogram), 2);
+    assert_eq!(host.defined(MetricKind::Histogram), 3);
     let mut streams: Vec<Stream> = (0..3).map(|i| invoke(&host, &mut vm, &root, i)).collect();
     let (no_body, _) = request(&host, &mut vm, &root, &[(":path", "/invocations")], None);
     streams.push(no_body);

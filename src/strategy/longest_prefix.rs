@@ -24,7 +24,11 @@
 //!   worker's recent decisions for the instance past its even share plus
 //!   [`SHARE_SLACK`], [`DECISION_BYTES`] each.
 //!
-//! Filter: an instance over a fleet-wide engine bound is left out while
+//! Filters: a request for a LoRA adapter (`adapters`) is served by the
+//! adapter's set: the first instances of the adapter's rendezvous order,
+//! `min_instances` plus one more for as long as all of them are at or past
+//! the load bound; outside the set only when every instance in it is full.
+//! An instance over a fleet-wide engine bound is left out while
 //! another is within the bounds. Picker: the lowest cost; ties go to the
 //! highest rendezvous rank of the prompt's opening, so replicas that see the
 //! same instances agree with no shared state; where `share` counts, first to
@@ -88,6 +92,50 @@ pub struct LongestPrefix {
     pub fleet_listed: bool,
     /// How a prompt no instance holds is placed among tied instances.
     pub cold_placement: ColdPlacement,
+    /// LoRA adapters' sets (`adapters`); `None`: none.
+    pub adapters: Option<AdapterSets>,
+}
+
+/// The bounds of an adapter's set, in instances.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AdapterSets {
+    pub min_instances: u32,
+    pub max_instances: u32,
+}
+
+/// Where a request for an adapter went against the adapter's set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AdapterPlacement {
+    /// To one of the set's first `min_instances`.
+    InSet,
+    /// To an instance the set has because its first ones are loaded.
+    SetGrown,
+    /// Outside the set: every instance in it was full.
+    OutsideSet,
+}
+
+impl AdapterPlacement {
+    pub const ALL: [AdapterPlacement; 3] = [
+        AdapterPlacement::InSet,
+        AdapterPlacement::SetGrown,
+        AdapterPlacement::OutsideSet,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AdapterPlacement::InSet => "in_set",
+            AdapterPlacement::SetGrown => "set_grown",
+            AdapterPlacement::OutsideSet => "outside_set",
+        }
+    }
+}
+
+/// What the decision did with a request for an adapter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AdapterDecision {
+    pub placement: AdapterPlacement,
+    /// Instances in the adapter's set at this decision.
+    pub set_size: u32,
 }
 
 /// One instance's cost, term by term, in bytes of prompt computed.
@@ -155,6 +203,46 @@ pub fn load_bound(least: u32, margin: u32) -> u32 {
     least.saturating_mul(2).saturating_add(margin)
 }
 
+/// The load bound over the candidates within the fleet-wide engine bounds
+/// (all of them if none is).
+fn fleet_load_bound(candidates: &[Candidate], margin: u32) -> u32 {
+    let some_within = candidates.iter().any(|c| !c.over_bounds);
+    let least = candidates
+        .iter()
+        .filter(|c| !c.over_bounds || !some_within)
+        .map(|c| c.load)
+        .min()
+        .unwrap_or(0);
+    load_bound(least, margin)
+}
+
+/// An adapter's set among `candidates`: the candidates in the adapter's
+/// rendezvous order (every replica computes the same order), and how many
+/// of the first are in the set. The set has `min_instances`, and one more
+/// while every instance in it is at or past the load `bound` (or an engine
+/// bound), up to `max_instances`: a hot adapter spreads, a cool one holds
+/// few of the fleet's adapter slots, and it shrinks back as its load falls.
+pub fn adapter_set(
+    adapter: u64,
+    candidates: &[Candidate],
+    bound: u32,
+    sets: AdapterSets,
+) -> (Vec<Candidate>, usize) {
+    let mut order = candidates.to_vec();
+    order.sort_by_cached_key(|c| std::cmp::Reverse(rank(adapter, &c.instance.address)));
+    let most = usize::try_from(sets.max_instances)
+        .unwrap_or(usize::MAX)
+        .min(order.len());
+    let mut size = usize::try_from(sets.min_instances)
+        .unwrap_or(usize::MAX)
+        .min(most);
+    let loaded = |c: &Candidate| c.load >= bound || c.over_bounds;
+    while size < most && order.iter().take(size).all(loaded) {
+        size += 1;
+    }
+    (order, size)
+}
+
 /// Whether `holders` are more than half of `instances`.
 fn most(holders: usize, instances: usize) -> bool {
     holders.saturating_mul(2) > instances
@@ -190,23 +278,17 @@ pub struct Ranking<'a> {
 }
 
 /// Scores every eligible candidate and orders them, the cheapest first.
-/// `held[i]` is what `candidates[i]` holds of the prompt.
+/// `held[i]` is what `candidates[i]` holds of the prompt; `bound` is the
+/// fleet's load bound ([`fleet_load_bound`]).
 pub fn score<'a>(
     candidates: &'a [Candidate],
     held: &[Held],
     prompt: &Prompt,
-    load_margin: u32,
+    bound: u32,
 ) -> Ranking<'a> {
     // Over a fleet-wide engine bound: out while another is within them.
     let some_within = candidates.iter().any(|c| !c.over_bounds);
     let eligible = |c: &Candidate| !c.over_bounds || !some_within;
-    let least = candidates
-        .iter()
-        .filter(|c| eligible(c))
-        .map(|c| c.load)
-        .min()
-        .unwrap_or(0);
-    let bound = load_bound(least, load_margin);
     let total_recent: u32 = candidates.iter().map(|c| c.recent).sum();
     let mut scored: Vec<Scored<'a>> = candidates
         .iter()
@@ -277,12 +359,14 @@ impl LongestPrefix {
         load_margin: u32,
         fleet_listed: bool,
         cold_placement: ColdPlacement,
+        adapters: Option<AdapterSets>,
     ) -> Self {
         Self {
             concurrency_threshold: concurrency_threshold.max(1),
             load_margin,
             fleet_listed,
             cold_placement,
+            adapters,
         }
     }
 
@@ -296,26 +380,58 @@ impl LongestPrefix {
         })
     }
 
-    /// Decides for a prompt cut into `blocks`: reads the candidates and what
-    /// each holds, scores them ([`score`]), claims once, records once.
+    /// Decides for a prompt cut into `blocks`, for `adapter` (its name
+    /// hashed) if it names one: reads the candidates and what each holds,
+    /// scores them ([`score`]), claims once, records once. An adapter's set
+    /// is tried first, the rest of the fleet only when the set is full.
     /// `random` salts the opening when an unlisted fleet's known instances
     /// are all full.
     pub fn decide(
         &self,
         blocks: &PromptBlocks,
+        adapter: Option<u64>,
         load: &mut dyn LoadView,
         random: u64,
         now_ms: u64,
     ) -> Routed {
         let opening_key = blocks.opening_key();
-        let candidates = load.candidates(now_ms);
-        let Some(read) = self.read(blocks, &candidates, load, now_ms) else {
+        let all = load.candidates(now_ms);
+        if all.is_empty() {
             return Self::by_maglev(DecisionKind::Cold, opening_key);
+        }
+        let bound = fleet_load_bound(&all, self.load_margin);
+        // An adapter's set, then the rest of the fleet; else the fleet.
+        let (tiers, set) = match (adapter, self.adapters) {
+            (Some(adapter), Some(sets)) => {
+                let (mut in_set, size) = adapter_set(adapter, &all, bound, sets);
+                let rest = in_set.split_off(size);
+                let min = usize::try_from(sets.min_instances).unwrap_or(usize::MAX);
+                let grown: Vec<u16> = in_set.iter().skip(min).map(|c| c.instance.slot).collect();
+                (Some([in_set, rest]), Some((size, grown)))
+            }
+            _ => (None, None),
         };
-        let ranking = score(&candidates, &read.held, &read.prompt, self.load_margin);
-        let order = &ranking.order;
-        let (candidate, kind, ticket, explained) = match self.claim(&ranking, load, now_ms) {
-            Some((scored, ticket)) => {
+        let groups: Vec<&[Candidate]> = match &tiers {
+            Some(tiers) => tiers.iter().map(Vec::as_slice).collect(),
+            None => vec![all.as_slice()],
+        };
+        // An adapter's request stays on the set, never left to Maglev.
+        let listed = self.fleet_listed || set.is_some();
+        let mut chosen = None;
+        let mut some_within = false;
+        // Every eligible candidate, tier by tier, the cheapest first.
+        let mut by_cost: Vec<(usize, Candidate)> = Vec::new();
+        for (tier, candidates) in groups.iter().enumerate() {
+            if candidates.is_empty() {
+                continue;
+            }
+            let Some(read) = self.read(blocks, candidates, listed, load, now_ms) else {
+                return Self::by_maglev(DecisionKind::Cold, opening_key);
+            };
+            let ranking = score(candidates, &read.held, &read.prompt, bound);
+            some_within |= ranking.some_within;
+            by_cost.extend(ranking.order.iter().map(|s| (tier, s.candidate.clone())));
+            if let Some((scored, ticket)) = self.claim(&ranking, load, now_ms) {
                 let kind = if read.set_apart == 0 {
                     DecisionKind::Cold
                 } else if scored.held.longest {
@@ -323,7 +439,8 @@ impl LongestPrefix {
                 } else {
                     DecisionKind::Moved
                 };
-                let runner_up = order
+                let runner_up = ranking
+                    .order
                     .iter()
                     .find(|s| s.candidate.instance.slot != scored.candidate.instance.slot)
                     .map(|s| (s.candidate.instance.address.clone(), s.cost));
@@ -331,21 +448,45 @@ impl LongestPrefix {
                     cost: scored.cost,
                     runner_up,
                 };
-                (scored.candidate, kind, ticket, Some(explained))
+                let known = if read.holders.contains(&scored.candidate.instance.slot) {
+                    read.longest
+                } else {
+                    load.longest_held(
+                        &blocks.chain,
+                        std::slice::from_ref(scored.candidate),
+                        now_ms,
+                    )
+                    .blocks
+                };
+                let kind = if tier > 0 {
+                    DecisionKind::Overflow
+                } else {
+                    kind
+                };
+                chosen = Some((
+                    scored.candidate.clone(),
+                    kind,
+                    ticket,
+                    Some(explained),
+                    known,
+                ));
+                break;
             }
+        }
+        let (candidate, kind, ticket, explained, known) = match chosen {
+            Some(chosen) => chosen,
             // Instances not learned yet may have room: Maglev on a salted
             // opening explores them (salts 1..=8, as FIXED_PREFIX's).
-            None if !self.fleet_listed && ranking.some_within => {
+            None if !self.fleet_listed && set.is_none() && some_within => {
                 let salt = u8::try_from(random % 8).unwrap_or_default() + 1;
                 return Self::by_maglev(DecisionKind::Overflow, salted_key(&opening_key, salt));
             }
-            // Every instance full: the least loaded (of equals, the
-            // cheapest), counted past the cap.
+            // Every instance full: the least loaded (of the set first; of
+            // equals, the cheapest), counted past the cap.
             None => {
-                let Some(least_loaded) = order
-                    .iter()
-                    .map(|s| s.candidate)
-                    .min_by_key(|c| (c.over_bounds, c.load))
+                let Some((_, least_loaded)) = by_cost
+                    .into_iter()
+                    .min_by_key(|(tier, c)| (c.over_bounds, *tier, c.load))
                 else {
                     return Routed::untracked(RouteHeaders::bare(DecisionKind::Cold));
                 };
@@ -353,27 +494,34 @@ impl LongestPrefix {
                     Claim::Claimed(ticket) => Some(ticket),
                     _ => None,
                 };
-                (least_loaded, DecisionKind::Overflow, ticket, None)
+                let known = load
+                    .longest_held(&blocks.chain, std::slice::from_ref(&least_loaded), now_ms)
+                    .blocks;
+                (least_loaded, DecisionKind::Overflow, ticket, None, known)
             }
         };
+        let adapter = set.map(|(size, grown)| {
+            let in_set = groups
+                .first()
+                .is_some_and(|g| g.iter().any(|c| c.instance.slot == candidate.instance.slot));
+            let placement = if !in_set {
+                AdapterPlacement::OutsideSet
+            } else if grown.contains(&candidate.instance.slot) {
+                AdapterPlacement::SetGrown
+            } else {
+                AdapterPlacement::InSet
+            };
+            AdapterDecision {
+                placement,
+                set_size: u32::try_from(size).unwrap_or(u32::MAX),
+            }
+        });
         // Recorded: what the chosen instance held (a shorter prefix if it
         // was not a holder) and that it now holds the prompt.
-        let known = if read.holders.contains(&candidate.instance.slot) {
-            read.longest
-        } else {
-            load.longest_held(&blocks.chain, std::slice::from_ref(candidate), now_ms)
-                .blocks
-        };
         let matched_bytes = blocks.bytes_of(known);
         let placed_bytes = u64::try_from(blocks.placed_bytes(matched_bytes)).unwrap_or(u64::MAX);
         load.note_chosen(&candidate.instance, placed_bytes);
-        load.remember_held(
-            &blocks.chain,
-            known,
-            &candidate.instance,
-            &candidates,
-            now_ms,
-        );
+        load.remember_held(&blocks.chain, known, &candidate.instance, &all, now_ms);
         let address = candidate.instance.address.to_string();
         Routed {
             headers: RouteHeaders {
@@ -382,6 +530,7 @@ impl LongestPrefix {
                 counted: ticket.as_ref().map(|_| address),
                 matched_bytes: Some(u64::try_from(matched_bytes).unwrap_or(u64::MAX)),
                 explained,
+                adapter,
                 ..RouteHeaders::bare(kind)
             },
             ticket,
@@ -396,6 +545,7 @@ impl LongestPrefix {
         &self,
         blocks: &PromptBlocks,
         candidates: &[Candidate],
+        listed: bool,
         load: &mut dyn LoadView,
         now_ms: u64,
     ) -> Option<Read> {
@@ -427,7 +577,7 @@ impl LongestPrefix {
         // Maglev knows nothing of engine bounds: while one is over, an
         // unlisted fleet's cold prompt is placed among the known instances.
         let some_over_bounds = candidates.iter().any(|c| c.over_bounds);
-        if candidates.is_empty() || (set_apart == 0 && !self.fleet_listed && !some_over_bounds) {
+        if candidates.is_empty() || (set_apart == 0 && !listed && !some_over_bounds) {
             return None;
         }
         let prompt = Prompt {

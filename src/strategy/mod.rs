@@ -18,7 +18,9 @@ mod random;
 mod scenarios;
 
 pub use least_outstanding::LeastOutstanding;
-pub use longest_prefix::{Cost, Explained, LongestPrefix};
+pub use longest_prefix::{
+    AdapterDecision, AdapterPlacement, AdapterSets, Cost, Explained, LongestPrefix,
+};
 pub use prefix_aware::{salted_key, PrefixAware};
 pub use random::RandomPolicy;
 
@@ -84,6 +86,9 @@ pub struct RouteHeaders {
     pub matched_bytes: Option<u64>,
     /// LONGEST_PREFIX: the chosen instance's cost and the runner-up's.
     pub explained: Option<Explained>,
+    /// LONGEST_PREFIX, a request for a LoRA adapter: where it went against
+    /// the adapter's set.
+    pub adapter: Option<AdapterDecision>,
 }
 
 impl RouteHeaders {
@@ -97,6 +102,7 @@ impl RouteHeaders {
             counted: None,
             matched_bytes: None,
             explained: None,
+            adapter: None,
         }
     }
 }
@@ -164,16 +170,20 @@ impl RoutingPolicy for Policy {
 
 impl Policy {
     /// Decides for a request as its reading derived it: LONGEST_PREFIX on
-    /// the prompt's blocks, every other policy on the key.
+    /// the prompt's blocks (and the LoRA adapter it names, hashed), every
+    /// other policy on the key.
     pub fn route(
         &self,
         derivation: &KeyDerivation,
+        adapter: Option<u64>,
         load: &mut dyn LoadView,
         random: u64,
         now_ms: u64,
     ) -> Routed {
         match (self, &derivation.blocks) {
-            (Policy::LongestPrefix(p), Some(blocks)) => p.decide(blocks, load, random, now_ms),
+            (Policy::LongestPrefix(p), Some(blocks)) => {
+                p.decide(blocks, adapter, load, random, now_ms)
+            }
             _ => self.decide(derivation.key.as_deref(), load, random, now_ms),
         }
     }

@@ -38,7 +38,7 @@ impl Fleet {
         }
     }
     fn route(&mut self, policy: &LongestPrefix, blocks: &PromptBlocks) -> (DecisionKind, u16) {
-        let routed = policy.decide(blocks, self, 0, 0);
+        let routed = policy.decide(blocks, None, self, 0, 0);
         let host = routed
             .headers
             .host_override
@@ -175,7 +175,7 @@ fn conversation(system: &str, id: usize, turns: usize) -> Vec<PromptBlocks> {
 
 #[test]
 fn a_conversation_stays_on_the_instance_of_its_first_turn() {
-    let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent);
+    let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent, None);
     let mut fleet = Fleet::new(7);
     let turns = conversation("", 1, 5);
     let (kind, first) = fleet.route(&policy, &turns[0]);
@@ -204,7 +204,7 @@ fn distinct_prompt(id: usize) -> PromptBlocks {
 
 #[test]
 fn a_later_turn_this_index_lacks_keeps_its_openings_first_choice_as_a_holder_would() {
-    let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent);
+    let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent, None);
     let question = record("user", &format!("conversation 7 {}", "q".repeat(300)));
     let first_turn = prompt(&question);
     let history = question + &record("assistant", &"a".repeat(4000));
@@ -243,7 +243,7 @@ fn a_later_turn_this_index_lacks_keeps_its_openings_first_choice_as_a_holder_wou
 #[test]
 fn balanced_cold_placement_evens_the_shares_consistent_is_a_binomial() {
     let spread = |placement: ColdPlacement| {
-        let policy = LongestPrefix::new(10, 1000, true, placement);
+        let policy = LongestPrefix::new(10, 1000, true, placement, None);
         let mut fleet = Fleet::new(7);
         let mut shares = [0usize; 7];
         for id in 0..1400 {
@@ -280,7 +280,7 @@ fn balanced_cold_placement_evens_the_bytes_placed_not_the_request_counts() {
         prompt(&record("user", &format!("document {id} {body}")))
     };
     let placed = |placement: ColdPlacement| {
-        let policy = LongestPrefix::new(10, 1000, true, placement);
+        let policy = LongestPrefix::new(10, 1000, true, placement, None);
         let mut fleet = Fleet::new(7);
         let mut bytes = [0usize; 7];
         let mut requests = [0usize; 7];
@@ -312,7 +312,7 @@ fn balanced_cold_placement_evens_the_bytes_placed_not_the_request_counts() {
 
 #[test]
 fn balanced_keeps_short_prompts_and_later_turns_on_their_first_choice() {
-    let policy = LongestPrefix::new(10, 1000, true, ColdPlacement::Balanced);
+    let policy = LongestPrefix::new(10, 1000, true, ColdPlacement::Balanced, None);
     let mut fleet = Fleet::new(7);
     // Placing a long document on every instance but one.
     let spare = top_two(&distinct_prompt(0), 7)[0];
@@ -374,7 +374,7 @@ fn balanced_keeps_short_prompts_and_later_turns_on_their_first_choice() {
 fn replicas_that_saw_different_traffic_place_a_cold_prompt_on_one_of_two() {
     for placement in [ColdPlacement::Balanced, ColdPlacement::Consistent] {
         let balanced = placement == ColdPlacement::Balanced;
-        let policy = LongestPrefix::new(10, 1000, true, placement);
+        let policy = LongestPrefix::new(10, 1000, true, placement, None);
         let (mut a, mut b) = (Fleet::new(7), Fleet::new(7));
         // Each replica saw other prompts first, and the same ones
         // unevenly: the bytes each placed per instance differ.
@@ -403,7 +403,7 @@ fn replicas_that_saw_different_traffic_place_a_cold_prompt_on_one_of_two() {
 
 #[test]
 fn cold_placement_is_the_same_on_every_replica_and_spreads() {
-    let policy = LongestPrefix::new(10, 1000, true, ColdPlacement::Consistent);
+    let policy = LongestPrefix::new(10, 1000, true, ColdPlacement::Consistent, None);
     let system = record("system", &"shared system prompt ".repeat(300));
     let mut shares = [0usize; 7];
     for id in 0..700 {
@@ -422,7 +422,7 @@ fn cold_placement_is_the_same_on_every_replica_and_spreads() {
 
 #[test]
 fn a_system_prompt_every_conversation_shares_spreads_them_over_every_instance() {
-    let policy = LongestPrefix::new(10, 1000, true, ColdPlacement::Consistent);
+    let policy = LongestPrefix::new(10, 1000, true, ColdPlacement::Consistent, None);
     let system = record("system", &"shared system prompt ".repeat(300));
     let mut fleet = Fleet::new(7);
     let mut shares = [0usize; 7];
@@ -460,7 +460,7 @@ fn a_system_prompt_every_conversation_shares_spreads_them_over_every_instance() 
 
 #[test]
 fn a_groups_own_system_prompt_attracts_its_new_questions() {
-    let policy = LongestPrefix::new(10, 1000, true, ColdPlacement::Consistent);
+    let policy = LongestPrefix::new(10, 1000, true, ColdPlacement::Consistent, None);
     let mut fleet = Fleet::new(7);
     let mut instances_of: HashMap<usize, Vec<u16>> = HashMap::new();
     let mut matched = 0;
@@ -485,7 +485,7 @@ fn a_groups_own_system_prompt_attracts_its_new_questions() {
 
 #[test]
 fn questions_about_one_document_stay_together() {
-    let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent);
+    let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent, None);
     let mut fleet = Fleet::new(7);
     let document = "a pasted document ".repeat(200);
     let ask = |q: &str| prompt(&record("user", &format!("{document}\n\n{q}")));
@@ -509,7 +509,7 @@ fn note_recent(fleet: &mut Fleet, per_slot: &[u32]) {
 
 #[test]
 fn a_holder_past_its_share_gives_a_conversation_to_an_instance_within_its_share() {
-    let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent);
+    let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent, None);
     let mut fleet = Fleet::new(7);
     let turns = conversation("", 3, 4);
     let (_, first) = fleet.route(&policy, &turns[0]);
@@ -546,7 +546,7 @@ fn a_holder_past_its_share_gives_a_conversation_to_an_instance_within_its_share(
 
 #[test]
 fn a_holder_keeps_a_conversation_within_its_share_with_few_decisions_or_much_held() {
-    let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent);
+    let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent, None);
     let shares_past = |counts_first: u32, others: u32, turns: &[PromptBlocks]| {
         let mut fleet = Fleet::new(7);
         let (_, first) = fleet.route(&policy, &turns[0]);
@@ -579,7 +579,7 @@ fn a_holder_keeps_a_conversation_within_its_share_with_few_decisions_or_much_hel
 
 #[test]
 fn a_groups_system_prompt_counts_in_what_its_holder_holds_the_fleets_does_not() {
-    let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent);
+    let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent, None);
     let system = record("system", &"group prompt ".repeat(200));
     // A conversation's second turn matches past the system prompt into
     // its own text: the first question, one block of it.
@@ -611,7 +611,7 @@ fn a_groups_system_prompt_counts_in_what_its_holder_holds_the_fleets_does_not() 
 
 #[test]
 fn a_single_prompt_sent_again_stays_with_its_holder_whatever_the_shares() {
-    let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent);
+    let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent, None);
     let mut fleet = Fleet::new(7);
     let question = prompt(&record("user", &format!("question {}", "why ".repeat(40))));
     let (_, first) = fleet.route(&policy, &question);
@@ -626,7 +626,7 @@ fn a_single_prompt_sent_again_stays_with_its_holder_whatever_the_shares() {
 
 #[test]
 fn a_new_question_about_a_document_moves_off_a_holder_past_its_share() {
-    let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent);
+    let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent, None);
     let mut fleet = Fleet::new(7);
     let document = "a short pasted note ".repeat(20);
     let ask = |q: &str| prompt(&record("user", &format!("{document}\n\n{q}")));
@@ -653,7 +653,7 @@ fn a_new_question_about_a_document_moves_off_a_holder_past_its_share() {
 
 #[test]
 fn a_turn_whose_previous_turn_another_replica_routed_stays_past_the_share() {
-    let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent);
+    let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent, None);
     let turns = conversation("", 6, 3);
     // Replica A routes the first turn, replica B the second (B's index
     // lacks the conversation: the opening's first choice), A the third.
@@ -684,7 +684,7 @@ fn conversations_of_uneven_lengths_share_the_requests_evenly() {
     // by a hash. Placed by their openings alone, the instances' request
     // counts are a binomial of conversations times their lengths, wider
     // than the bounds below; `share` moves a few conversations early.
-    let policy = LongestPrefix::new(64, 1000, true, ColdPlacement::Consistent);
+    let policy = LongestPrefix::new(64, 1000, true, ColdPlacement::Consistent, None);
     let mut fleet = Fleet::new(7);
     let mut served = [0usize; 7];
     let mut rebalanced = 0;
@@ -726,7 +726,7 @@ fn conversations_of_uneven_lengths_share_the_requests_evenly() {
 #[test]
 fn a_holder_loaded_past_the_margin_is_passed_over_and_the_cap_is_exact() {
     // A cap above the bound, so that the bound alone moves it.
-    let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent);
+    let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent, None);
     let mut fleet = Fleet::new(4);
     fleet.hold = true;
     let turns = conversation("", 7, 2);
@@ -752,7 +752,7 @@ fn a_holder_loaded_past_the_margin_is_passed_over_and_the_cap_is_exact() {
     assert_eq!(kind, DecisionKind::Moved);
     assert_ne!(other, home);
     // At the cap on every instance but one: that one, whatever holds.
-    let policy = LongestPrefix::new(3, 2, true, ColdPlacement::Consistent);
+    let policy = LongestPrefix::new(3, 2, true, ColdPlacement::Consistent, None);
     fleet.in_flight = vec![3; 4];
     fleet.in_flight[3] = 2;
     let (_, slot) = fleet.route(&policy, &turns[1]);
@@ -766,11 +766,11 @@ fn a_holder_loaded_past_the_margin_is_passed_over_and_the_cap_is_exact() {
 
 #[test]
 fn a_contended_claim_still_names_the_instance_uncounted() {
-    let policy = LongestPrefix::new(3, 2, true, ColdPlacement::Consistent);
+    let policy = LongestPrefix::new(3, 2, true, ColdPlacement::Consistent, None);
     let mut fleet = Fleet::new(3);
     fleet.contended = true;
     let blocks = prompt(&record("user", "hello"));
-    let routed = policy.decide(&blocks, &mut fleet, 0, 0);
+    let routed = policy.decide(&blocks, None, &mut fleet, 0, 0);
     assert!(routed.headers.host_override.is_some());
     assert_eq!(routed.ticket, None);
     assert_eq!(routed.headers.counted, None);
@@ -778,10 +778,10 @@ fn a_contended_claim_still_names_the_instance_uncounted() {
 
 #[test]
 fn with_no_instance_known_maglev_on_the_opening_decides() {
-    let policy = LongestPrefix::new(3, 2, true, ColdPlacement::Consistent);
+    let policy = LongestPrefix::new(3, 2, true, ColdPlacement::Consistent, None);
     let mut fleet = Fleet::new(0);
     let blocks = prompt(&record("user", "hello"));
-    let routed = policy.decide(&blocks, &mut fleet, 0, 0);
+    let routed = policy.decide(&blocks, None, &mut fleet, 0, 0);
     assert_eq!(routed.headers.kind, DecisionKind::Cold);
     assert_eq!(routed.headers.key, Some(blocks.opening_key()));
     assert_eq!(routed.headers.host_override, None);
@@ -790,14 +790,14 @@ fn with_no_instance_known_maglev_on_the_opening_decides() {
 
 #[test]
 fn matched_and_placed_bytes_report_what_the_chosen_instance_held_and_gains() {
-    let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent);
+    let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent, None);
     let mut fleet = Fleet::new(3);
     let turns = conversation("", 3, 2);
-    let first = policy.decide(&turns[0], &mut fleet, 0, 0);
+    let first = policy.decide(&turns[0], None, &mut fleet, 0, 0);
     assert_eq!(first.headers.matched_bytes, Some(0));
     assert_eq!(first.placed_bytes, turns[0].prefix_bytes as u64);
     drop(first);
-    let second = policy.decide(&turns[1], &mut fleet, 0, 0);
+    let second = policy.decide(&turns[1], None, &mut fleet, 0, 0);
     // Turn 0 is its opening (its first message, cut as a block of its
     // own): all of it is a prefix of turn 1.
     assert_eq!(turns[0].cuts[1], turns[0].prefix_bytes);
@@ -808,18 +808,18 @@ fn matched_and_placed_bytes_report_what_the_chosen_instance_held_and_gains() {
         (turns[1].prefix_bytes - opening) as u64
     );
     drop(second);
-    let again = policy.decide(&turns[1], &mut fleet, 0, 0);
+    let again = policy.decide(&turns[1], None, &mut fleet, 0, 0);
     assert_eq!(again.placed_bytes, 0, "a repeated prompt adds nothing");
     drop(again);
 }
 
 #[test]
 fn an_unlisted_fleet_leaves_cold_prompts_to_maglev_and_explores_when_full() {
-    let policy = LongestPrefix::new(3, 2, false, ColdPlacement::Consistent);
+    let policy = LongestPrefix::new(3, 2, false, ColdPlacement::Consistent, None);
     let mut fleet = Fleet::new(2);
     fleet.hold = true;
     let blocks = prompt(&record("user", "a cold question"));
-    let routed = policy.decide(&blocks, &mut fleet, 0, 0);
+    let routed = policy.decide(&blocks, None, &mut fleet, 0, 0);
     assert_eq!(routed.headers.kind, DecisionKind::Cold);
     assert_eq!(routed.headers.key, Some(blocks.opening_key()));
     assert_eq!(routed.headers.host_override, None);
@@ -830,7 +830,7 @@ fn an_unlisted_fleet_leaves_cold_prompts_to_maglev_and_explores_when_full() {
     assert_eq!(fleet.route(&policy, &blocks), (DecisionKind::Matched, 1));
     // Every known instance full: a salted opening lets Maglev explore.
     fleet.in_flight = vec![3, 3];
-    let routed = policy.decide(&blocks, &mut fleet, 5, 0);
+    let routed = policy.decide(&blocks, None, &mut fleet, 5, 0);
     assert_eq!(routed.headers.kind, DecisionKind::Overflow);
     assert_eq!(routed.headers.host_override, None);
     assert_eq!(
@@ -842,7 +842,7 @@ fn an_unlisted_fleet_leaves_cold_prompts_to_maglev_and_explores_when_full() {
 
 #[test]
 fn a_moved_request_reports_and_extends_what_its_new_instance_held() {
-    let policy = LongestPrefix::new(10, 0, true, ColdPlacement::Consistent);
+    let policy = LongestPrefix::new(10, 0, true, ColdPlacement::Consistent, None);
     let mut fleet = Fleet::new(2);
     let turns = conversation("", 5, 3);
     let (_, home) = fleet.route(&policy, &turns[0]);
@@ -857,7 +857,7 @@ fn a_moved_request_reports_and_extends_what_its_new_instance_held() {
     fleet.in_flight = vec![0, 0];
     // Past its bound: turn 1's prefix (a KiB) allows it one request.
     fleet.in_flight[usize::from(other)] = 2;
-    let routed = policy.decide(&turns[2], &mut fleet, 0, 0);
+    let routed = policy.decide(&turns[2], None, &mut fleet, 0, 0);
     assert_eq!(routed.headers.kind, DecisionKind::Moved);
     let turn0 = turns[0].prefix_bytes as u64;
     assert_eq!(routed.headers.matched_bytes, Some(turn0));
@@ -895,7 +895,12 @@ fn a_holder_may_be_a_request_past_the_bound_per_kib_it_holds() {
             Candidate::local(Fleet::instance(0), holder_load),
             Candidate::local(Fleet::instance(1), 0),
         ];
-        let ranking = score(&candidates, &held, &prompt, 2);
+        let ranking = score(
+            &candidates,
+            &held,
+            &prompt,
+            fleet_load_bound(&candidates, 2),
+        );
         assert_eq!(ranking.bound, 2);
         let first = ranking.order[0];
         (first.candidate.instance.slot, first.cost)
@@ -924,7 +929,7 @@ fn a_holder_may_be_a_request_past_the_bound_per_kib_it_holds() {
 
 #[test]
 fn a_long_held_prefix_stays_at_a_load_that_moves_a_short_one() {
-    let policy = LongestPrefix::new(64, 2, true, ColdPlacement::Consistent);
+    let policy = LongestPrefix::new(64, 2, true, ColdPlacement::Consistent, None);
     let long = prompt(&record("user", &"a document ".repeat(745)));
     let short = prompt(&record("user", &"b question ".repeat(50)));
     assert!(long.prefix_bytes >= 8 * 1024 && short.prefix_bytes < 1024);
@@ -945,7 +950,7 @@ fn a_long_held_prefix_stays_at_a_load_that_moves_a_short_one() {
 
 #[test]
 fn load_other_proxies_sent_moves_a_prompt_off_its_holder() {
-    let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent);
+    let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent, None);
     let mut fleet = Fleet::new(4);
     let turns = conversation("", 3, 2);
     let (_, home) = fleet.route(&policy, &turns[0]);
@@ -966,7 +971,7 @@ fn load_other_proxies_sent_moves_a_prompt_off_its_holder() {
 
 #[test]
 fn the_fleet_wide_bound_passes_an_instance_over_while_another_is_within_it() {
-    let policy = LongestPrefix::new(10, 1000, true, ColdPlacement::Consistent);
+    let policy = LongestPrefix::new(10, 1000, true, ColdPlacement::Consistent, None);
     let mut fleet = Fleet::new(4);
     fleet.max_requests = Some(3);
     let turns = conversation("", 4, 2);
@@ -991,7 +996,7 @@ fn the_fleet_wide_bound_passes_an_instance_over_while_another_is_within_it() {
 /// the others' load bound: the prompt stays on the instance that holds it.
 #[test]
 fn an_instance_over_a_bound_does_not_set_the_load_bound() {
-    let policy = LongestPrefix::new(100, 4, true, ColdPlacement::Consistent);
+    let policy = LongestPrefix::new(100, 4, true, ColdPlacement::Consistent, None);
     let mut fleet = Fleet::new(3);
     let turns = conversation("", 6, 2);
     let (_, home) = fleet.route(&policy, &turns[0]);
@@ -1011,10 +1016,10 @@ fn an_instance_over_a_bound_does_not_set_the_load_bound() {
 /// instance is over a fleet-wide bound: Maglev could pick that one.
 #[test]
 fn an_unlisted_fleet_places_cold_prompts_among_its_instances_while_one_is_over_a_bound() {
-    let policy = LongestPrefix::new(10, 4, false, ColdPlacement::Consistent);
+    let policy = LongestPrefix::new(10, 4, false, ColdPlacement::Consistent, None);
     let blocks = distinct_prompt(3);
     let mut fleet = Fleet::new(4);
-    let routed = policy.decide(&blocks, &mut fleet, 0, 0);
+    let routed = policy.decide(&blocks, None, &mut fleet, 0, 0);
     assert_eq!(routed.headers.host_override, None, "left to Maglev");
     let first = top_two(&blocks, 4)[0];
     fleet.kv_full = vec![first];
@@ -1029,7 +1034,7 @@ fn an_unlisted_fleet_places_cold_prompts_among_its_instances_while_one_is_over_a
 #[test]
 fn at_the_bound_everywhere_the_least_loaded_takes_the_request() {
     for listed in [true, false] {
-        let policy = LongestPrefix::new(10, 1000, listed, ColdPlacement::Consistent);
+        let policy = LongestPrefix::new(10, 1000, listed, ColdPlacement::Consistent, None);
         let mut fleet = Fleet::new(3);
         fleet.max_requests = Some(3);
         fleet.engine = vec![Some(9), Some(3), Some(5)];
@@ -1042,7 +1047,7 @@ fn at_the_bound_everywhere_the_least_loaded_takes_the_request() {
 
 #[test]
 fn claims_stay_within_the_room_the_engines_report() {
-    let policy = LongestPrefix::new(10, 1000, true, ColdPlacement::Consistent);
+    let policy = LongestPrefix::new(10, 1000, true, ColdPlacement::Consistent, None);
     let mut fleet = Fleet::new(4);
     fleet.hold = true;
     fleet.max_requests = Some(4);
@@ -1092,7 +1097,7 @@ fn a_tie_goes_to_the_openings_rank_and_balanced_weighs_the_two_best() {
         balances: false,
     };
     let slots = |prompt: &Prompt| -> Vec<u16> {
-        score(&candidates, &held, prompt, 2)
+        score(&candidates, &held, prompt, fleet_load_bound(&candidates, 2))
             .order
             .iter()
             .map(|s| s.candidate.instance.slot)
@@ -1115,7 +1120,7 @@ fn a_tie_goes_to_the_openings_rank_and_balanced_weighs_the_two_best() {
 fn a_prompt_of_system_messages_alone_sent_again_stays_with_its_holder_past_the_share() {
     // A group's long system prompt that fills the whole prefix: every
     // request of the group is the same prefix, held whole.
-    let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent);
+    let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent, None);
     let mut fleet = Fleet::new(7);
     let group = prompt(&record("system", &"group prompt ".repeat(400)));
     let (_, first) = fleet.route(&policy, &group);
@@ -1123,4 +1128,189 @@ fn a_prompt_of_system_messages_alone_sent_again_stays_with_its_holder_past_the_s
     counts[usize::from(first)] = 60;
     note_recent(&mut fleet, &counts);
     assert_eq!(fleet.route(&policy, &group), (DecisionKind::Matched, first));
+}
+
+/// `policy` for a fleet of `instances` with adapters' sets of
+/// `min..=max` instances.
+fn with_adapters(min: u32, max: u32, threshold: u32, margin: u32) -> LongestPrefix {
+    let sets = AdapterSets {
+        min_instances: min,
+        max_instances: max,
+    };
+    LongestPrefix::new(
+        threshold,
+        margin,
+        true,
+        ColdPlacement::Consistent,
+        Some(sets),
+    )
+}
+
+/// Routes `blocks` for `adapter`: the instance chosen and the adapter's part
+/// of the decision; the request stays in flight while `fleet.hold`.
+fn route_adapter(
+    fleet: &mut Fleet,
+    policy: &LongestPrefix,
+    blocks: &PromptBlocks,
+    adapter: Option<u64>,
+) -> (u16, Option<AdapterDecision>) {
+    let routed = policy.decide(blocks, adapter, fleet, 0, 0);
+    let host = routed
+        .headers
+        .host_override
+        .clone()
+        .expect("names the instance");
+    let slot = (0..fleet.in_flight.len() as u16)
+        .find(|s| *Fleet::instance(*s).address == *host)
+        .unwrap();
+    if routed.ticket.is_some() && !fleet.hold {
+        fleet.in_flight[usize::from(slot)] -= 1;
+    }
+    (slot, routed.headers.adapter)
+}
+
+/// The adapter's instances in its rendezvous order.
+fn adapter_order(fleet: &mut Fleet, adapter: u64) -> Vec<u16> {
+    let all = fleet.candidates(0);
+    let sets = AdapterSets {
+        min_instances: 1,
+        max_instances: 1024,
+    };
+    let (order, _) = adapter_set(adapter, &all, 0, sets);
+    order.iter().map(|c| c.instance.slot).collect()
+}
+
+#[test]
+fn an_adapters_requests_stay_on_its_set_and_base_model_requests_route_as_before() {
+    let policy = with_adapters(1, 1024, 10, 4);
+    let plain = LongestPrefix::new(10, 4, true, ColdPlacement::Consistent, None);
+    let mut fleet = Fleet::new(7);
+    let home = adapter_order(&mut fleet, 42)[0];
+    for i in 0..40 {
+        let blocks = prompt(&record(
+            "user",
+            &format!("question {i} {}", "x".repeat(600)),
+        ));
+        let (slot, adapter) = route_adapter(&mut fleet, &policy, &blocks, Some(42));
+        assert_eq!(slot, home, "request {i}");
+        let in_set = AdapterDecision {
+            placement: AdapterPlacement::InSet,
+            set_size: 1,
+        };
+        assert_eq!(adapter, Some(in_set));
+    }
+    // The base model, held in flight: as the policy without adapters
+    // decides, request by request.
+    let (mut with, mut without) = (Fleet::new(7), Fleet::new(7));
+    with.hold = true;
+    without.hold = true;
+    let mut base_slots = std::collections::HashSet::new();
+    for (i, turn) in (0..12)
+        .flat_map(|c| conversation("system", c, 3))
+        .enumerate()
+    {
+        let routed = route_adapter(&mut with, &policy, &turn, None);
+        assert_eq!(
+            routed,
+            route_adapter(&mut without, &plain, &turn, None),
+            "request {i}"
+        );
+        base_slots.insert(routed.0);
+    }
+    assert!(base_slots.len() >= 4, "{base_slots:?}");
+}
+
+#[test]
+fn a_loaded_set_grows_in_the_adapters_order_and_shrinks_as_it_cools() {
+    // Bound 2 x 0 + 2: an instance with 2 in flight is loaded.
+    let policy = with_adapters(1, 1024, 10, 2);
+    let mut fleet = Fleet::new(7);
+    fleet.hold = true;
+    let order = adapter_order(&mut fleet, 7);
+    let mut sizes = Vec::new();
+    for i in 0..8 {
+        let blocks = prompt(&record(
+            "user",
+            &format!("question {i} {}", "x".repeat(600)),
+        ));
+        let (slot, adapter) = route_adapter(&mut fleet, &policy, &blocks, Some(7));
+        let adapter = adapter.unwrap();
+        let size = adapter.set_size as usize;
+        assert!(
+            order[..size].contains(&slot),
+            "request {i}: {slot} not in {order:?}[..{size}]"
+        );
+        let grown = order[1..size].contains(&slot);
+        assert_eq!(grown, adapter.placement == AdapterPlacement::SetGrown);
+        sizes.push(size);
+    }
+    // The set grows one instance at a time, each joining only once those
+    // before it are at the bound; none is more than a request past it.
+    assert!(
+        sizes.windows(2).all(|w| w[1] == w[0] || w[1] == w[0] + 1),
+        "{sizes:?}"
+    );
+    assert!(sizes[7] >= 3, "{sizes:?}");
+    let top = fleet.in_flight.iter().max().copied();
+    assert_eq!(top, Some(3), "{:?}", fleet.in_flight);
+    // Cooled: the set is its first instance again.
+    fleet.in_flight.iter_mut().for_each(|n| *n = 0);
+    let blocks = prompt(&record("user", &format!("later {}", "x".repeat(600))));
+    let (slot, adapter) = route_adapter(&mut fleet, &policy, &blocks, Some(7));
+    assert_eq!((slot, adapter.unwrap().set_size), (order[0], 1));
+}
+
+#[test]
+fn past_the_cap_the_rest_of_the_set_first_outside_only_when_it_is_full() {
+    // Sets of exactly 2; a cap of 2 per instance; no load bound in the way.
+    let policy = with_adapters(2, 2, 2, 1000);
+    let mut fleet = Fleet::new(5);
+    fleet.hold = true;
+    let order = adapter_order(&mut fleet, 9);
+    let blocks = prompt(&record("user", &format!("the same {}", "x".repeat(600))));
+    let mut went = Vec::new();
+    for _ in 0..6 {
+        went.push(route_adapter(&mut fleet, &policy, &blocks, Some(9)));
+    }
+    let in_set = went.iter().take(4).all(|(slot, a)| {
+        order[..2].contains(slot) && a.unwrap().placement != AdapterPlacement::OutsideSet
+    });
+    assert!(in_set, "{went:?}");
+    for (slot, adapter) in &went[4..] {
+        assert!(!order[..2].contains(slot), "{went:?}");
+        assert_eq!(adapter.unwrap().placement, AdapterPlacement::OutsideSet);
+    }
+    // Every instance full: the least loaded of the set, past the cap.
+    fleet.in_flight = vec![2; 5];
+    fleet.in_flight[usize::from(order[1])] = 3;
+    let (slot, adapter) = route_adapter(&mut fleet, &policy, &blocks, Some(9));
+    assert_eq!(slot, order[0]);
+    assert_eq!(adapter.unwrap().placement, AdapterPlacement::InSet);
+}
+
+#[test]
+fn replicas_agree_on_an_adapters_order_whatever_order_they_list_the_fleet_in() {
+    let mut fleet = Fleet::new(9);
+    let all = fleet.candidates(0);
+    let mut reversed = all.clone();
+    reversed.reverse();
+    let sets = AdapterSets {
+        min_instances: 3,
+        max_instances: 9,
+    };
+    for adapter in 0..50u64 {
+        let names = |c: &[Candidate]| {
+            let (order, size) = adapter_set(adapter, c, 4, sets);
+            order[..size]
+                .iter()
+                .map(|c| c.instance.address.to_string())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(names(&all), names(&reversed));
+    }
+    // Adapters' first instances spread over the fleet.
+    let firsts: std::collections::HashSet<u16> = (0..50u64)
+        .map(|a| adapter_order(&mut fleet, a)[0])
+        .collect();
+    assert_eq!(firsts.len(), 9);
 }

@@ -1,0 +1,250 @@
+//! LoRA adapters (`adapters`): a real Envoy with the built .wasm in front of
+//! `vllm-sim` instances with adapter slots (`--max-loras 2`), in process so
+//! each instance's adapter loads are read exactly.
+//!
+//! - An adapter's requests go to the first instance of its rendezvous order
+//!   (xxh3 of the instance's address, seeded with the adapter name's xxh3),
+//!   through either of two Envoys, so each adapter is loaded once; the same
+//!   requests without `adapters` load adapters all over the fleet.
+//! - A hot adapter's set grows along that order, and its requests spread.
+//! - Base-model requests go where they go without `adapters`.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+
+use harness::bodies::json_string;
+use harness::client::{self, Outgoing, Reply};
+use harness::load::{filter_counter, wait_for_counter};
+use prefix_router_tools::envoy::Envoy;
+use prefix_router_tools::sim::{SimConfig, SimServer};
+use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
+
+const INSTANCES: usize = 5;
+const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
+const ADAPTERS: [&str; 4] = ["sql-lora", "legal-lora", "support-lora", "hot-lora"];
+const DECISION_HEADER: &str = "x-prefix-router-decision";
+const CHAT: &str = "/v1/chat/completions";
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
+fn sims(runtime: &tokio::runtime::Runtime) -> Vec<SimServer> {
+    (1..=INSTANCES)
+        .map(|i| {
+            let cfg = SimConfig {
+                name: format!("vllm-{i}"),
+                model: MODEL.to_string(),
+                max_loras: 2,
+                lora_modules: ADAPTERS
+                    .iter()
+                    .map(|a| (a.to_string(), format!("/adapters/{a}")))
+                    .collect(),
+                ..SimConfig::default()
+            };
+            runtime
+                .block_on(SimServer::start(cfg, "127.0.0.1:0".parse().unwrap()))
+                .expect("vllm-sim instance")
+        })
+        .collect()
+}
+
+/// An Envoy in front of `sims`, with `adapters` (and `load_margin`) if set.
+/// One worker: a decision also reads the worker's own recent choices, so
+/// two Envoys decide alike only if each request meets the same worker.
+fn envoy(sims: &[SimServer], adapters: bool, load_margin: u32) -> Envoy {
+    let mut config = serde_json::json!({
+        "decision_header": DECISION_HEADER,
+        "instances": ["127.0.0.1:8001"],
+        "load_margin": load_margin,
+    });
+    if adapters {
+        config["adapters"] = serde_json::json!({"base_models": [MODEL]});
+    }
+    Envoy::builder()
+        .upstreams(sims.iter().map(SimServer::addr))
+        .plugin_config(config.to_string())
+        .concurrency(1)
+        .start()
+        .expect("Envoy")
+}
+
+/// The instances in `adapter`'s rendezvous order, as `vllm-<n>` names.
+fn adapter_order(sims: &[SimServer], adapter: &str) -> Vec<String> {
+    let seed = xxh3_64(adapter.as_bytes());
+    let mut order: Vec<(u64, usize)> = sims
+        .iter()
+        .enumerate()
+        .map(|(i, sim)| (xxh3_64_with_seed(sim.addr().to_string().as_bytes(), seed), i))
+        .collect();
+    order.sort_unstable_by(|a, b| b.cmp(a));
+    order.iter().map(|(_, i)| format!("vllm-{}", i + 1)).collect()
+}
+
+/// A question that shares no prefix with another: without `adapters`, each
+/// is placed by its own opening.
+fn chat(model: &str, question: &str, max_tokens: usize) -> Outgoing {
+    let body = format!(
+        r#"{{"model":{},"max_tokens":{max_tokens},"messages":[{{"role":"user","content":{}}}]}}"#,
+        json_string(model),
+        json_string(&format!("{question} {}", "Explain the details. ".repeat(40)))
+    );
+    Outgoing::post(CHAT, body).header("content-type", "application/json")
+}
+
+/// Sends `requests` to `addr`, at most `parallel` at once; every one is
+/// answered 200 by an instance that names itself.
+fn send(
+    runtime: &tokio::runtime::Runtime,
+    addr: SocketAddr,
+    requests: Vec<Outgoing>,
+    parallel: usize,
+) -> Vec<Reply> {
+    let replies = runtime
+        .block_on(client::send_all(addr, requests, parallel))
+        .expect("every request reaches Envoy");
+    for reply in &replies {
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        assert!(reply.served_by().is_some());
+    }
+    replies
+}
+
+fn decision(reply: &Reply) -> String {
+    reply
+        .headers
+        .get(DECISION_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// Adapter loads over the fleet since the start; every adapter is then
+/// evicted (the instances are idle), so the next arm starts from none.
+fn loads_then_evict(sims: &[SimServer]) -> u64 {
+    sims.iter()
+        .map(|sim| {
+            let loads = sim.engine().lora_metrics().map_or(0, |m| m.loads);
+            assert!(sim.engine().reset_prefix_cache(), "an idle instance");
+            loads
+        })
+        .sum()
+}
+
+#[test]
+fn an_adapters_requests_stay_on_its_first_instance_through_either_envoy() {
+    let runtime = runtime();
+    let sims = sims(&runtime);
+    let proxies = [envoy(&sims, true, 4), envoy(&sims, true, 4)];
+    // Four adapters, six questions each, one at a time, through the two
+    // Envoys in turn.
+    let requests = |proxy: usize| {
+        (0..6)
+            .flat_map(|q| ADAPTERS.iter().map(move |a| (a, q)))
+            .enumerate()
+            .filter(move |(n, _)| n % 2 == proxy)
+            .map(|(_, (a, q))| (a.to_string(), chat(a, &format!("question {q} for {a}"), 4)))
+            .collect::<Vec<_>>()
+    };
+    for proxy in [0, 1, 0, 1] {
+        for (adapter, request) in requests(proxy) {
+            let reply = send(&runtime, proxies[proxy].listener_addr(), vec![request], 1).remove(0);
+            let home = &adapter_order(&sims, &adapter)[0];
+            assert_eq!(reply.served_by(), Some(home.as_str()), "{adapter}");
+            assert!(
+                decision(&reply).ends_with("; adapter=in_set; set=1"),
+                "{}",
+                decision(&reply)
+            );
+        }
+    }
+    let sticky = loads_then_evict(&sims);
+    // An adapter is loaded once on its home, unless its home is the home of
+    // more adapters than it has slots (2): then at most once a request.
+    let mut per_home = std::collections::BTreeMap::new();
+    for adapter in ADAPTERS {
+        *per_home.entry(adapter_order(&sims, adapter)[0].clone()).or_insert(0) += 1;
+    }
+    let most: u64 = per_home.values().map(|&n| if n <= 2 { n } else { 6 * n }).sum();
+    assert!(sticky <= most, "{sticky} loads, homes {per_home:?}");
+    for proxy in &proxies {
+        wait_for_counter(proxy, "adapter.in_set", 12);
+        assert_eq!(filter_counter(proxy, "adapter.outside_set"), 0);
+    }
+
+    // The same requests without `adapters`: placed by their prompts.
+    let plain = envoy(&sims, false, 4);
+    for proxy in [0, 1, 0, 1] {
+        let requests = requests(proxy).into_iter().map(|(_, r)| r).collect();
+        send(&runtime, plain.listener_addr(), requests, 1);
+    }
+    // Each adapter's six questions all on one instance by chance: about
+    // 5^-5 per adapter.
+    let spread = loads_then_evict(&sims) - sticky;
+    assert!(spread > sticky, "without adapters {spread} loads, with {sticky}");
+}
+
+#[test]
+fn a_hot_adapters_set_grows_along_its_order() {
+    let runtime = runtime();
+    let sims = sims(&runtime);
+    // Bound 2 x 0 + 1: an instance with a request in flight is loaded.
+    let proxy = envoy(&sims, true, 1);
+    let order = adapter_order(&sims, "hot-lora");
+    // Long answers, so that the burst's requests are in flight together.
+    let burst: Vec<Outgoing> = (0..6)
+        .map(|q| chat("hot-lora", &format!("hot question {q}"), 120))
+        .collect();
+    let replies = send(&runtime, proxy.listener_addr(), burst, 6);
+    let used: BTreeSet<String> = replies
+        .iter()
+        .map(|r| r.served_by().unwrap().to_string())
+        .collect();
+    let sizes: Vec<usize> = replies
+        .iter()
+        .map(|r| {
+            let value = decision(r);
+            let size = value.rsplit_once("; set=").map(|(_, s)| s).unwrap_or_default();
+            size.parse().unwrap_or_else(|_| panic!("{value}"))
+        })
+        .collect();
+    let grown = sizes.iter().copied().max().unwrap_or(0);
+    assert!(grown >= 2, "{sizes:?}");
+    // Every instance the set grew past was used; none beyond it was.
+    let within: BTreeSet<String> = order[..grown].iter().cloned().collect();
+    assert!(used.is_subset(&within), "{used:?} not within {within:?}");
+    for name in &order[..grown - 1] {
+        assert!(used.contains(name), "{name} of {order:?}: {used:?}");
+    }
+    wait_for_counter(&proxy, "adapter.set_grown", 1);
+}
+
+#[test]
+fn base_model_requests_route_as_without_adapters() {
+    let runtime = runtime();
+    let sims = sims(&runtime);
+    let requests = || {
+        (0..16)
+            .map(|q| chat(MODEL, &format!("base question {q}"), 4))
+            .collect::<Vec<_>>()
+    };
+    let served = |proxy: &Envoy| -> Vec<String> {
+        loads_then_evict(&sims);
+        send(&runtime, proxy.listener_addr(), requests(), 1)
+            .iter()
+            .map(|r| {
+                assert!(!decision(r).contains("adapter="), "{}", decision(r));
+                r.served_by().unwrap().to_string()
+            })
+            .collect()
+    };
+    let with = served(&envoy(&sims, true, 4));
+    let without = served(&envoy(&sims, false, 4));
+    assert_eq!(with, without);
+    let instances: BTreeSet<&String> = with.iter().collect();
+    assert!(instances.len() >= 3, "{with:?}");
+}
