@@ -219,9 +219,10 @@ fn fleet_load_bound(candidates: &[Candidate], margin: u32) -> u32 {
 /// An adapter's set among `candidates`: the candidates in the adapter's
 /// rendezvous order (every replica computes the same order), and how many
 /// of the first are in the set. The set has `min_instances`, and one more
-/// while every instance in it is at or past the load `bound` (or an engine
-/// bound), up to `max_instances`: a hot adapter spreads, a cool one holds
-/// few of the fleet's adapter slots, and it shrinks back as its load falls.
+/// while every instance in it is at or past the load `bound`, an engine
+/// bound or its share of this worker's recent decisions ([`past_share`]),
+/// up to `max_instances`: a hot adapter spreads, a cool one holds few of
+/// the fleet's adapter slots, and the set shrinks back as its load falls.
 pub fn adapter_set(
     adapter: u64,
     candidates: &[Candidate],
@@ -236,7 +237,10 @@ pub fn adapter_set(
     let mut size = usize::try_from(sets.min_instances)
         .unwrap_or(usize::MAX)
         .min(most);
-    let loaded = |c: &Candidate| c.load >= bound || c.over_bounds;
+    let total_recent: u32 = candidates.iter().map(|c| c.recent).sum();
+    let loaded = |c: &Candidate| {
+        c.load >= bound || c.over_bounds || past_share(c.recent, total_recent, candidates.len()) > 0
+    };
     while size < most && order.iter().take(size).all(loaded) {
         size += 1;
     }
@@ -404,9 +408,20 @@ impl LongestPrefix {
         let (tiers, set) = match (adapter, self.adapters) {
             (Some(adapter), Some(sets)) => {
                 let (mut in_set, size) = adapter_set(adapter, &all, bound, sets);
-                let rest = in_set.split_off(size);
+                let mut rest = in_set.split_off(size);
+                // An instance that holds a prefix of the prompt (salted by
+                // the adapter) served the adapter: it serves it too.
+                let found = load.longest_held(&blocks.chain, &rest, now_ms);
+                if found.blocks > 0 {
+                    let (holders, others) = rest
+                        .into_iter()
+                        .partition(|c: &Candidate| found.holders.contains(&c.instance.slot));
+                    in_set.extend::<Vec<Candidate>>(holders);
+                    rest = others;
+                }
                 let min = usize::try_from(sets.min_instances).unwrap_or(usize::MAX);
                 let grown: Vec<u16> = in_set.iter().skip(min).map(|c| c.instance.slot).collect();
+                let size = in_set.len();
                 (Some([in_set, rest]), Some((size, grown)))
             }
             _ => (None, None),

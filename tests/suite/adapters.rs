@@ -79,10 +79,18 @@ fn adapter_order(sims: &[SimServer], adapter: &str) -> Vec<String> {
     let mut order: Vec<(u64, usize)> = sims
         .iter()
         .enumerate()
-        .map(|(i, sim)| (xxh3_64_with_seed(sim.addr().to_string().as_bytes(), seed), i))
+        .map(|(i, sim)| {
+            (
+                xxh3_64_with_seed(sim.addr().to_string().as_bytes(), seed),
+                i,
+            )
+        })
         .collect();
     order.sort_unstable_by(|a, b| b.cmp(a));
-    order.iter().map(|(_, i)| format!("vllm-{}", i + 1)).collect()
+    order
+        .iter()
+        .map(|(_, i)| format!("vllm-{}", i + 1))
+        .collect()
 }
 
 /// A question that shares no prefix with another: without `adapters`, each
@@ -91,7 +99,10 @@ fn chat(model: &str, question: &str, max_tokens: usize) -> Outgoing {
     let body = format!(
         r#"{{"model":{},"max_tokens":{max_tokens},"messages":[{{"role":"user","content":{}}}]}}"#,
         json_string(model),
-        json_string(&format!("{question} {}", "Explain the details. ".repeat(40)))
+        json_string(&format!(
+            "{question} {}",
+            "Explain the details. ".repeat(40)
+        ))
     );
     Outgoing::post(CHAT, body).header("content-type", "application/json")
 }
@@ -167,9 +178,14 @@ fn an_adapters_requests_stay_on_its_first_instance_through_either_envoy() {
     // more adapters than it has slots (2): then at most once a request.
     let mut per_home = std::collections::BTreeMap::new();
     for adapter in ADAPTERS {
-        *per_home.entry(adapter_order(&sims, adapter)[0].clone()).or_insert(0) += 1;
+        *per_home
+            .entry(adapter_order(&sims, adapter)[0].clone())
+            .or_insert(0) += 1;
     }
-    let most: u64 = per_home.values().map(|&n| if n <= 2 { n } else { 6 * n }).sum();
+    let most: u64 = per_home
+        .values()
+        .map(|&n| if n <= 2 { n } else { 6 * n })
+        .sum();
     assert!(sticky <= most, "{sticky} loads, homes {per_home:?}");
     for proxy in &proxies {
         wait_for_counter(proxy, "adapter.in_set", 12);
@@ -185,7 +201,10 @@ fn an_adapters_requests_stay_on_its_first_instance_through_either_envoy() {
     // Each adapter's six questions all on one instance by chance: about
     // 5^-5 per adapter.
     let spread = loads_then_evict(&sims) - sticky;
-    assert!(spread > sticky, "without adapters {spread} loads, with {sticky}");
+    assert!(
+        spread > sticky,
+        "without adapters {spread} loads, with {sticky}"
+    );
 }
 
 #[test]
@@ -208,7 +227,10 @@ fn a_hot_adapters_set_grows_along_its_order() {
         .iter()
         .map(|r| {
             let value = decision(r);
-            let size = value.rsplit_once("; set=").map(|(_, s)| s).unwrap_or_default();
+            let size = value
+                .rsplit_once("; set=")
+                .map(|(_, s)| s)
+                .unwrap_or_default();
             size.parse().unwrap_or_else(|_| panic!("{value}"))
         })
         .collect();

@@ -1186,7 +1186,8 @@ fn an_adapters_requests_stay_on_its_set_and_base_model_requests_route_as_before(
     let plain = LongestPrefix::new(10, 4, true, ColdPlacement::Consistent, None);
     let mut fleet = Fleet::new(7);
     let home = adapter_order(&mut fleet, 42)[0];
-    for i in 0..40 {
+    // Ten: within the even share of recent decisions plus its slack.
+    for i in 0..10 {
         let blocks = prompt(&record(
             "user",
             &format!("question {i} {}", "x".repeat(600)),

@@ -38,6 +38,9 @@ pub enum Peer {
     LoadMargin(u32),
     /// PREFIX_AWARE, `match` LONGEST_PREFIX with `cold_placement` BALANCED.
     Balanced,
+    /// [`Peer::Filter`]`(PrefixAware)` with `adapters` (the base model
+    /// [`super::bodies::MODEL`]): each LoRA adapter served by its set.
+    Adapters,
     /// [`Peer::Filter`]`(PrefixAware)` with `engine_load` (the cluster
     /// [`super::engine_load::ENGINE_CLUSTER`], every other field at its
     /// default): decisions weigh each instance by its engine's running +
@@ -91,6 +94,7 @@ impl Peer {
             Peer::LongestPrefix(block) => format!("PREFIX_AWARE (longest, {block}-byte blocks)"),
             Peer::LoadMargin(margin) => format!("PREFIX_AWARE (longest, load margin {margin})"),
             Peer::Balanced => "PREFIX_AWARE (longest, BALANCED)".to_string(),
+            Peer::Adapters => "PREFIX_AWARE (longest) + adapters".to_string(),
             Peer::PrefixAwareEngine => "PREFIX_AWARE (longest) + engine load".to_string(),
             Peer::Replicated { arm, envoys } => format!("{}, {envoys} Envoys", arm.name()),
             Peer::SglangCacheAware => "sglang-router cache_aware".to_string(),
@@ -109,6 +113,7 @@ impl Peer {
             Peer::LongestPrefix(block) => format!("longest-{block}"),
             Peer::LoadMargin(margin) => format!("margin-{margin}"),
             Peer::Balanced => "balanced".into(),
+            Peer::Adapters => "adapters".into(),
             Peer::PrefixAwareEngine => "prefix-aware-engine".into(),
             Peer::Replicated { arm, envoys } => format!("{}-{envoys}-envoys", arm.cli_name()),
             Peer::SglangCacheAware => "sglang".into(),
@@ -121,7 +126,8 @@ impl Peer {
     /// filter's default matching), prefix-N (FIXED_PREFIX at prefix_length
     /// N), longest-B (LONGEST_PREFIX with block_bytes B), margin-M
     /// (LONGEST_PREFIX with load_margin M, 0 allowed), balanced
-    /// (LONGEST_PREFIX with cold_placement BALANCED), prefix-aware-engine
+    /// (LONGEST_PREFIX with cold_placement BALANCED), adapters (the defaults
+    /// with adapters), prefix-aware-engine
     /// (the defaults with engine_load), sglang, oracle;
     /// ARM-N-envoys: an arm through one Envoy, run through N (2 or more);
     /// baseline-ARM: an arm through Envoy with the `--baseline-wasm` build.
@@ -161,6 +167,7 @@ impl Peer {
             "least-outstanding" => Peer::Filter(Strategy::LeastOutstandingRequests),
             "prefix-aware" => Peer::Filter(Strategy::PrefixAware),
             "balanced" => Peer::Balanced,
+            "adapters" => Peer::Adapters,
             "prefix-aware-engine" => Peer::PrefixAwareEngine,
             "sglang" => Peer::SglangCacheAware,
             "oracle" => Peer::Oracle,
@@ -178,7 +185,7 @@ impl Peer {
                 _ => {
                     return Err(format!(
                         "unknown peer {name:?}: random, least-outstanding, prefix-aware, \
-                         prefix-N, longest-B, margin-M, balanced, prefix-aware-engine, sglang, \
+                         prefix-N, longest-B, margin-M, balanced, adapters, prefix-aware-engine, sglang, \
                          oracle, ARM-N-envoys or baseline-ARM"
                     ))
                 }
@@ -203,6 +210,10 @@ impl Peer {
             Peer::LoadMargin(margin) => (
                 Strategy::PrefixAware,
                 json!({"match": "LONGEST_PREFIX", "load_margin": margin}),
+            ),
+            Peer::Adapters => (
+                Strategy::PrefixAware,
+                json!({"adapters": {"base_models": [super::bodies::MODEL]}}),
             ),
             Peer::Balanced => (
                 Strategy::PrefixAware,
@@ -263,6 +274,11 @@ impl Peer {
                  Envoys), other requests i to Envoy i mod {envoys}",
                 arm.cli_name(),
                 arm.mechanism()
+            ),
+            Peer::Adapters => format!(
+                "filter strategy PREFIX_AWARE at its defaults with adapters {{base_models: [{}]}}: each \
+                 adapter's requests within its set (rendezvous on the adapter, grown past the load bound)",
+                super::bodies::MODEL
             ),
             Peer::Balanced => "filter strategy PREFIX_AWARE, match LONGEST_PREFIX, cold_placement BALANCED, \
                  other fields at their defaults"
@@ -419,6 +435,7 @@ mod tests {
                 Peer::LoadMargin(0),
                 Peer::LoadMargin(16),
                 Peer::Balanced,
+                Peer::Adapters,
                 Peer::PrefixAwareEngine,
                 Peer::Replicated {
                     arm: &Peer::Filter(Strategy::PrefixAware),

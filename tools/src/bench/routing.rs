@@ -126,11 +126,14 @@ impl WorkloadPlan {
     ) -> anyhow::Result<Self> {
         let workload = Workload::by_name(name).with_context(|| format!("no workload {name}"))?;
         let kv_blocks = kv_blocks_for(&workload);
-        let peers = if workload.needs_corpus() {
+        let mut peers = if workload.needs_corpus() {
             DATA_PEERS.to_vec()
         } else {
             SYNTHETIC_PEERS.to_vec()
         };
+        if matches!(workload, Workload::Lora { .. }) {
+            peers.push(Peer::Adapters);
+        }
         Ok(WorkloadPlan {
             workload,
             api,
@@ -268,6 +271,7 @@ impl RoutingOptions {
                     }
                 }),
                 WorkloadPlan::new("lora", Api::Chat, 2.0, 0, 2000)?,
+                WorkloadPlan::new("lora-no-system", Api::Chat, 2.0, 0, 2000)?,
             ],
             peers: None,
             runs: 3,
@@ -309,6 +313,8 @@ impl RoutingOptions {
                     }
                 }),
                 WorkloadPlan::new("lora", Api::Chat, 2.0, 0, 1000)?
+                    .with_workload(|w| set_conversations(w, 100)),
+                WorkloadPlan::new("lora-no-system", Api::Chat, 2.0, 0, 1000)?
                     .with_workload(|w| set_conversations(w, 100)),
             ],
             runs: 1,

@@ -262,7 +262,10 @@ impl ReplayGen {
                 .iter()
                 .position(|&c| u < c)
                 .unwrap_or(adapters.cdf.len() - 1);
-            history.push(Message::new("system", adapters.system_prompts[a].clone()));
+            let system = &adapters.system_prompts[a];
+            if !system.is_empty() {
+                history.push(Message::new("system", system.clone()));
+            }
             a
         });
         let mut turns = Vec::new();

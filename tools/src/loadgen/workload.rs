@@ -96,7 +96,8 @@ pub enum Workload {
         think_time_ms: f64,
     },
     /// ShareGPT conversations, each with a LoRA adapter of Zipf popularity
-    /// and that adapter's own system prompt.
+    /// and that adapter's own system prompt (`lora-no-system`: none, so
+    /// nothing in a prompt but its `model` names its adapter).
     Lora {
         /// Adapters (`adapter-00` ...), most popular first.
         adapters: usize,
@@ -132,7 +133,13 @@ pub const WORKLOAD_NAMES: [&str; 5] = [
 
 /// Names of the workloads on real data, also accepted by [`Workload::by_name`]
 /// (their generators need [`WorkloadGen::with_corpus`]).
-pub const DATA_WORKLOAD_NAMES: [&str; 4] = ["sharegpt", "sharegpt-system", "rag", "lora"];
+pub const DATA_WORKLOAD_NAMES: [&str; 5] = [
+    "sharegpt",
+    "sharegpt-system",
+    "rag",
+    "lora",
+    "lora-no-system",
+];
 
 /// The name of LoRA adapter `index` in the `lora` workload.
 pub fn adapter_name(index: usize) -> String {
@@ -179,10 +186,10 @@ impl Workload {
                 system_prompt: name == "sharegpt-system",
                 think_time_ms: super::replay::THINK_TIME_MS,
             },
-            "lora" => Workload::Lora {
+            "lora" | "lora-no-system" => Workload::Lora {
                 adapters: 40,
                 zipf_alpha: 1.0,
-                system_tokens: 1000,
+                system_tokens: if name == "lora" { 1000 } else { 0 },
                 conversations: 200,
                 max_turns: 8,
                 max_message_chars: super::replay::MAX_MESSAGE_CHARS,
@@ -213,6 +220,9 @@ impl Workload {
                 ..
             } => "sharegpt",
             Workload::ShareGpt { .. } => "sharegpt-system",
+            Workload::Lora {
+                system_tokens: 0, ..
+            } => "lora-no-system",
             Workload::Lora { .. } => "lora",
             Workload::Rag { .. } => "rag",
         }
