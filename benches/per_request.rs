@@ -225,18 +225,20 @@ fn route_requests(strategy: &str) -> impl FnMut() {
 /// request a new prompt (its chain salted with the request number), else
 /// the same one. Also returns the store, to count its reads and writes.
 fn route_prompts(path: &str, body: &[u8], fresh: bool) -> (impl FnMut(), Rc<MemoryStore>) {
-    route_prompts_over(path, body, fresh, None, 1)
+    route_prompts_over(path, body, fresh, None, 1, false)
 }
 
 /// [`route_prompts`], with `listed` instances listed in the configuration
 /// (as the overhead benchmark lists its fleet), all of them serving, and
-/// requests `step_ms` apart.
+/// requests `step_ms` apart; with `adapter`, each request for a LoRA adapter
+/// (`adapters` configured).
 fn route_prompts_over(
     path: &str,
     body: &[u8],
     fresh: bool,
     listed: Option<&[String]>,
     step_ms: u64,
+    adapter: bool,
 ) -> (impl FnMut(), Rc<MemoryStore>) {
     let mut settings = serde_json::json!({
         "strategy": "PREFIX_AWARE",
@@ -246,6 +248,10 @@ fn route_prompts_over(
     if let Some(listed) = listed {
         settings["instances"] = serde_json::json!(listed);
     }
+    if adapter {
+        settings["adapters"] = serde_json::json!({"base_models": ["base"]});
+    }
+    let adapter = adapter.then(|| xxhash_rust::xxh3::xxh3_64(b"sql-lora"));
     let config = config(&settings.to_string());
     let derivation = read_derivation(&config, path, body);
     let key = derivation.key.clone().expect("keyed");
@@ -279,7 +285,7 @@ fn route_prompts_over(
             }
         }
         let random = n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        let routed = policy.route(&derivation, None, &mut tracker, random, now_ms);
+        let routed = policy.route(&derivation, adapter, &mut tracker, random, now_ms);
         let decision = &routed.headers;
         let address = decision.host_override.as_deref().unwrap_or(&serving[0]);
         let start = UpstreamStart {
@@ -446,19 +452,31 @@ fn main() {
         let listed: Vec<String> = (0..fleet_size)
             .map(|i| format!("10.0.{}.{}:8000", i / 250, i % 250 + 1))
             .collect();
-        let (mut route, store) =
-            route_prompts_over("/v1/chat/completions", &chat, false, Some(&listed), 5);
-        let us = best_of_7(2_000, &mut route);
-        let (reads, writes) = (store.reads(), store.successful_sets());
-        for _ in 0..10 {
-            route();
+        // Beside it, the same request for a LoRA adapter (its set first).
+        for adapter in [false, true] {
+            let (mut route, store) = route_prompts_over(
+                "/v1/chat/completions",
+                &chat,
+                false,
+                Some(&listed),
+                5,
+                adapter,
+            );
+            let us = best_of_7(2_000, &mut route);
+            let (reads, writes) = (store.reads(), store.successful_sets());
+            for _ in 0..10 {
+                route();
+            }
+            let name = format!(
+                "route chat held, {fleet_size} listed{}",
+                if adapter { ", adapter" } else { "" }
+            );
+            println!(
+                "  {name:<28} {us:8.2}   shared data per request: {:.1} reads, {:.1} writes",
+                (store.reads() - reads) as f64 / 10.0,
+                (store.successful_sets() - writes) as f64 / 10.0
+            );
         }
-        println!(
-            "  {:<28} {us:8.2}   shared data per request: {:.1} reads, {:.1} writes",
-            format!("route chat held, {fleet_size} listed"),
-            (store.reads() - reads) as f64 / 10.0,
-            (store.successful_sets() - writes) as f64 / 10.0
-        );
     }
     scan_responses();
 }

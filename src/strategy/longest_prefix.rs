@@ -409,6 +409,8 @@ impl LongestPrefix {
             (Some(adapter), Some(sets)) => {
                 let (mut in_set, size) = adapter_set(adapter, &all, bound, sets);
                 let mut rest = in_set.split_off(size);
+                let min = usize::try_from(sets.min_instances).unwrap_or(usize::MAX);
+                let grown: Vec<u16> = in_set.iter().skip(min).map(|c| c.instance.slot).collect();
                 // An instance that holds a prefix of the prompt (salted by
                 // the adapter) served the adapter: it serves it too.
                 let found = load.longest_held(&blocks.chain, &rest, now_ms);
@@ -419,8 +421,6 @@ impl LongestPrefix {
                     in_set.extend::<Vec<Candidate>>(holders);
                     rest = others;
                 }
-                let min = usize::try_from(sets.min_instances).unwrap_or(usize::MAX);
-                let grown: Vec<u16> = in_set.iter().skip(min).map(|c| c.instance.slot).collect();
                 let size = in_set.len();
                 (Some([in_set, rest]), Some((size, grown)))
             }

@@ -1315,3 +1315,26 @@ fn replicas_agree_on_an_adapters_order_whatever_order_they_list_the_fleet_in() {
         .collect();
     assert_eq!(firsts.len(), 9);
 }
+
+#[test]
+fn an_instance_holding_the_adapters_conversation_is_in_its_set() {
+    let policy = with_adapters(1, 1, 10, 4);
+    let plain = LongestPrefix::new(10, 4, true, ColdPlacement::Consistent, None);
+    let mut fleet = Fleet::new(7);
+    let turns = conversation("", 3, 2);
+    let (held_by, _) = route_adapter(&mut fleet, &plain, &turns[0], None);
+    let adapter = (0..64u64)
+        .find(|&a| adapter_order(&mut fleet, a)[0] != held_by)
+        .unwrap();
+    let (slot, decision) = route_adapter(&mut fleet, &policy, &turns[1], Some(adapter));
+    assert_eq!(slot, held_by);
+    let in_set = AdapterDecision {
+        placement: AdapterPlacement::InSet,
+        set_size: 2,
+    };
+    assert_eq!(decision, Some(in_set));
+    // A new conversation of the adapter: its set alone.
+    let other = conversation("", 4, 1);
+    let (slot, _) = route_adapter(&mut fleet, &policy, &other[0], Some(adapter));
+    assert_eq!(slot, adapter_order(&mut fleet, adapter)[0]);
+}

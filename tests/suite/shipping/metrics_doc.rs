@@ -17,6 +17,7 @@ fn metrics_doc_names_every_stat_the_filter_defines() {
     for stat in [
         prefix_router::metrics::BYTES_INSPECTED,
         prefix_router::metrics::MATCHED_BYTES,
+        prefix_router::metrics::ADAPTER_SET_INSTANCES,
         prefix_router::metrics::INDEX_ENTRIES,
         prefix_router::metrics::INDEX_CAPACITY,
         prefix_router::metrics::INDEX_EVICTIONS,
