@@ -1610,7 +1610,7 @@ mod tests {
             );
             checked += 1;
         }
-        assert!(checked >= 15, "{checked} examples found");
+        assert!(checked >= 10, "{checked} examples found");
     }
 
     /// The README's engine-load example is accepted as pasted and turns the

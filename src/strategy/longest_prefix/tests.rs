@@ -1186,8 +1186,9 @@ fn an_adapters_requests_stay_on_its_set_and_base_model_requests_route_as_before(
     let plain = LongestPrefix::new(10, 4, true, ColdPlacement::Consistent, None);
     let mut fleet = Fleet::new(7);
     let home = adapter_order(&mut fleet, 42)[0];
-    // Ten: within the even share of recent decisions plus its slack.
-    for i in 0..10 {
+    // Eight: within an instance's even share of a worker's first
+    // decisions (at least 8), so the set stays one instance.
+    for i in 0..8 {
         let blocks = prompt(&record(
             "user",
             &format!("question {i} {}", "x".repeat(600)),
@@ -1268,10 +1269,17 @@ fn past_the_cap_the_rest_of_the_set_first_outside_only_when_it_is_full() {
     let mut fleet = Fleet::new(5);
     fleet.hold = true;
     let order = adapter_order(&mut fleet, 9);
-    let blocks = prompt(&record("user", &format!("the same {}", "x".repeat(600))));
+    // Prompts that share nothing: no instance holds any (which would put
+    // it in the set).
+    let question = |i: usize| {
+        prompt(&record(
+            "user",
+            &format!("question {i} {}", "x".repeat(600)),
+        ))
+    };
     let mut went = Vec::new();
-    for _ in 0..6 {
-        went.push(route_adapter(&mut fleet, &policy, &blocks, Some(9)));
+    for i in 0..6 {
+        went.push(route_adapter(&mut fleet, &policy, &question(i), Some(9)));
     }
     let in_set = went.iter().take(4).all(|(slot, a)| {
         order[..2].contains(slot) && a.unwrap().placement != AdapterPlacement::OutsideSet
@@ -1284,7 +1292,7 @@ fn past_the_cap_the_rest_of_the_set_first_outside_only_when_it_is_full() {
     // Every instance full: the least loaded of the set, past the cap.
     fleet.in_flight = vec![2; 5];
     fleet.in_flight[usize::from(order[1])] = 3;
-    let (slot, adapter) = route_adapter(&mut fleet, &policy, &blocks, Some(9));
+    let (slot, adapter) = route_adapter(&mut fleet, &policy, &question(6), Some(9));
     assert_eq!(slot, order[0]);
     assert_eq!(adapter.unwrap().placement, AdapterPlacement::InSet);
 }
