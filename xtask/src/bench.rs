@@ -35,6 +35,10 @@ pub struct EngineArgs {
     /// The inference engine the three instances run.
     #[arg(long, value_enum, default_value_t = Engine::LlamaCpp)]
     pub engine: Engine,
+    /// With `--engine vllm`: LoRA adapters instead (RANDOM, the default, the
+    /// default with `adapters`).
+    #[arg(long)]
+    pub lora: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -51,10 +55,20 @@ pub fn run_bench(bench: &Bench) -> anyhow::Result<()> {
     match bench {
         Bench::Engine(EngineArgs {
             engine: Engine::LlamaCpp,
+            lora: false,
         }) => crate::bench_engine::run(),
         Bench::Engine(EngineArgs {
+            engine: Engine::LlamaCpp,
+            lora: true,
+        }) => anyhow::bail!("--lora needs --engine vllm"),
+        Bench::Engine(EngineArgs {
             engine: Engine::Vllm,
+            lora: false,
         }) => crate::bench_engine::run_vllm(),
+        Bench::Engine(EngineArgs {
+            engine: Engine::Vllm,
+            lora: true,
+        }) => crate::bench_engine::run_vllm_lora(),
         Bench::Overhead(options) => run_bench_binary(&options.to_args(), FloorFilter::Needed, None),
         Bench::Routing(options) => {
             // The ShareGPT data and SGLang's router, installed on first use

