@@ -216,35 +216,37 @@ fn fleet_load_bound(candidates: &[Candidate], margin: u32) -> u32 {
     load_bound(least, margin)
 }
 
-/// An adapter's set among `candidates`: the candidates in the adapter's
-/// rendezvous order (every replica computes the same order), and how many
-/// of the first are in the set. The set has `min_instances`, and one more
-/// while every instance in it is at or past the load `bound`, an engine
-/// bound or its share of this worker's recent decisions ([`past_share`]),
-/// up to `max_instances`: a hot adapter spreads, a cool one holds few of
-/// the fleet's adapter slots, and the set shrinks back as its load falls.
+/// An adapter's set among `candidates`, and the others: the set is the
+/// first of the adapter's rendezvous order (every replica computes the
+/// same), in that order. It has `min_instances`, and one more while every
+/// instance in it is at or past the load `bound`, an engine bound or its
+/// share of this worker's recent decisions ([`past_share`]), up to
+/// `max_instances`: a hot adapter spreads, a cool one holds few of the
+/// fleet's adapter slots, and the set shrinks back as its load falls.
 pub fn adapter_set(
     adapter: u64,
     candidates: &[Candidate],
     bound: u32,
     sets: AdapterSets,
-) -> (Vec<Candidate>, usize) {
-    let mut order = candidates.to_vec();
-    order.sort_by_cached_key(|c| std::cmp::Reverse(rank(adapter, &c.instance.address)));
-    let most = usize::try_from(sets.max_instances)
-        .unwrap_or(usize::MAX)
-        .min(order.len());
-    let mut size = usize::try_from(sets.min_instances)
-        .unwrap_or(usize::MAX)
-        .min(most);
+) -> (Vec<Candidate>, Vec<Candidate>) {
     let total_recent: u32 = candidates.iter().map(|c| c.recent).sum();
     let loaded = |c: &Candidate| {
         c.load >= bound || c.over_bounds || past_share(c.recent, total_recent, candidates.len()) > 0
     };
-    while size < most && order.iter().take(size).all(loaded) {
-        size += 1;
+    let min = usize::try_from(sets.min_instances).unwrap_or(usize::MAX);
+    let max = usize::try_from(sets.max_instances).unwrap_or(usize::MAX);
+    let mut rest = candidates.to_vec();
+    let mut set: Vec<Candidate> = Vec::new();
+    while set.len() < max && (set.len() < min || set.iter().all(loaded)) {
+        let next = rest
+            .iter()
+            .enumerate()
+            .max_by_key(|(_, c)| rank(adapter, &c.instance.address))
+            .map(|(at, _)| at);
+        let Some(at) = next else { break };
+        set.push(rest.swap_remove(at));
     }
-    (order, size)
+    (set, rest)
 }
 
 /// Whether `holders` are more than half of `instances`.
@@ -407,8 +409,7 @@ impl LongestPrefix {
         // An adapter's set, then the rest of the fleet; else the fleet.
         let (tiers, set) = match (adapter, self.adapters) {
             (Some(adapter), Some(sets)) => {
-                let (mut in_set, size) = adapter_set(adapter, &all, bound, sets);
-                let mut rest = in_set.split_off(size);
+                let (mut in_set, mut rest) = adapter_set(adapter, &all, bound, sets);
                 let min = usize::try_from(sets.min_instances).unwrap_or(usize::MAX);
                 let grown: Vec<u16> = in_set.iter().skip(min).map(|c| c.instance.slot).collect();
                 // An instance that holds a prefix of the prompt (salted by
