@@ -25,9 +25,9 @@
 //!   [`SHARE_SLACK`], [`DECISION_BYTES`] each.
 //!
 //! Filters: a request for a LoRA adapter (`adapters`) is served by the
-//! adapter's set: the first instances of the adapter's rendezvous order,
-//! `min_instances` plus one more for as long as all of them are at or past
-//! the load bound; outside the set only when every instance in it is full.
+//! adapter's set ([`adapter_set`]): the first of the adapter's rendezvous
+//! order, more as they load, and the instances that hold a prefix of the
+//! prompt; outside the set only when every instance in it is full.
 //! An instance over a fleet-wide engine bound is left out while
 //! another is within the bounds. Picker: the lowest cost; ties go to the
 //! highest rendezvous rank of the prompt's opening, so replicas that see the
@@ -115,12 +115,6 @@ pub enum AdapterPlacement {
 }
 
 impl AdapterPlacement {
-    pub const ALL: [AdapterPlacement; 3] = [
-        AdapterPlacement::InSet,
-        AdapterPlacement::SetGrown,
-        AdapterPlacement::OutsideSet,
-    ];
-
     pub fn as_str(self) -> &'static str {
         match self {
             AdapterPlacement::InSet => "in_set",
