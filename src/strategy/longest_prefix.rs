@@ -429,8 +429,8 @@ impl LongestPrefix {
         let listed = self.fleet_listed || set.is_some();
         let mut chosen = None;
         let mut some_within = false;
-        // Every eligible candidate, tier by tier, the cheapest first.
-        let mut by_cost: Vec<(usize, Candidate)> = Vec::new();
+        // The tiers whose every candidate refused its claim.
+        let mut full: Vec<(usize, Ranking<'_>)> = Vec::new();
         for (tier, candidates) in groups.iter().enumerate() {
             if candidates.is_empty() {
                 continue;
@@ -440,48 +440,49 @@ impl LongestPrefix {
             };
             let ranking = score(candidates, &read.held, &read.prompt, bound);
             some_within |= ranking.some_within;
-            by_cost.extend(ranking.order.iter().map(|s| (tier, s.candidate.clone())));
-            if let Some((scored, ticket)) = self.claim(&ranking, load, now_ms) {
-                let kind = if read.set_apart == 0 {
-                    DecisionKind::Cold
-                } else if scored.held.longest {
-                    DecisionKind::Matched
-                } else {
-                    DecisionKind::Moved
-                };
-                let runner_up = ranking
-                    .order
-                    .iter()
-                    .find(|s| s.candidate.instance.slot != scored.candidate.instance.slot)
-                    .map(|s| (s.candidate.instance.address.clone(), s.cost));
-                let explained = Explained {
-                    cost: scored.cost,
-                    runner_up,
-                };
-                let known = if read.holders.contains(&scored.candidate.instance.slot) {
-                    read.longest
-                } else {
-                    load.longest_held(
-                        &blocks.chain,
-                        std::slice::from_ref(scored.candidate),
-                        now_ms,
-                    )
-                    .blocks
-                };
-                let kind = if tier > 0 {
-                    DecisionKind::Overflow
-                } else {
-                    kind
-                };
-                chosen = Some((
-                    scored.candidate.clone(),
-                    kind,
-                    ticket,
-                    Some(explained),
-                    known,
-                ));
-                break;
-            }
+            let Some((scored, ticket)) = self.claim(&ranking, load, now_ms) else {
+                full.push((tier, ranking));
+                continue;
+            };
+            let kind = if read.set_apart == 0 {
+                DecisionKind::Cold
+            } else if scored.held.longest {
+                DecisionKind::Matched
+            } else {
+                DecisionKind::Moved
+            };
+            let runner_up = ranking
+                .order
+                .iter()
+                .find(|s| s.candidate.instance.slot != scored.candidate.instance.slot)
+                .map(|s| (s.candidate.instance.address.clone(), s.cost));
+            let explained = Explained {
+                cost: scored.cost,
+                runner_up,
+            };
+            let known = if read.holders.contains(&scored.candidate.instance.slot) {
+                read.longest
+            } else {
+                load.longest_held(
+                    &blocks.chain,
+                    std::slice::from_ref(scored.candidate),
+                    now_ms,
+                )
+                .blocks
+            };
+            let kind = if tier > 0 {
+                DecisionKind::Overflow
+            } else {
+                kind
+            };
+            chosen = Some((
+                scored.candidate.clone(),
+                kind,
+                ticket,
+                Some(explained),
+                known,
+            ));
+            break;
         }
         let (candidate, kind, ticket, explained, known) = match chosen {
             Some(chosen) => chosen,
@@ -494,9 +495,11 @@ impl LongestPrefix {
             // Every instance full: the least loaded (of the set first; of
             // equals, the cheapest), counted past the cap.
             None => {
-                let Some((_, least_loaded)) = by_cost
-                    .into_iter()
+                let Some(least_loaded) = full
+                    .iter()
+                    .flat_map(|(tier, r)| r.order.iter().map(move |s| (*tier, s.candidate)))
                     .min_by_key(|(tier, c)| (c.over_bounds, *tier, c.load))
+                    .map(|(_, c)| c.clone())
                 else {
                     return Routed::untracked(RouteHeaders::bare(DecisionKind::Cold));
                 };
