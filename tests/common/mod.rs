@@ -186,6 +186,16 @@ pub async fn wait_until<T: std::fmt::Debug>(
     }
 }
 
+/// A tokio runtime of two worker threads, for tests that run in-process
+/// `vllm-sim` instances beside a blocking test body.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
 /// The project's Envoy configuration files.
 pub fn envoy_config(name: &str) -> PathBuf {
     prefix_router_tools::envoy::workspace_root()

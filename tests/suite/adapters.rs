@@ -15,6 +15,7 @@ use std::net::SocketAddr;
 use harness::bodies::json_string;
 use harness::client::{self, Outgoing, Reply};
 use harness::load::{filter_counter, wait_for_counter};
+use harness::runtime;
 use prefix_router_tools::envoy::Envoy;
 use prefix_router_tools::sim::{SimConfig, SimServer};
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
@@ -25,14 +26,6 @@ const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
 const SERVED_ADAPTERS: usize = 16;
 const DECISION_HEADER: &str = "x-prefix-router-decision";
 const CHAT: &str = "/v1/chat/completions";
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("tokio runtime")
-}
 
 fn sims(runtime: &tokio::runtime::Runtime) -> Vec<SimServer> {
     (1..=INSTANCES)

@@ -27,6 +27,7 @@ use std::time::Duration;
 use harness::bodies::json_string;
 use harness::client::{self, Outgoing};
 use harness::load::{filter_counter, wait_for_counter};
+use harness::runtime;
 use prefix_router_tools::envoy::Envoy;
 use prefix_router_tools::sim::{SimConfig, SimServer};
 
@@ -51,14 +52,6 @@ struct Pace {
 }
 const CHAT: &str = "/v1/chat/completions";
 const MODEL: &str = "meta-llama/Llama-3.1-70B-Instruct";
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("tokio runtime")
-}
 
 fn sims(runtime: &tokio::runtime::Runtime) -> Vec<SimServer> {
     (1..=INSTANCES)

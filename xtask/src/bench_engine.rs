@@ -606,27 +606,66 @@ fn vllm_arms() -> [Peer; 5] {
     ]
 }
 
+/// What both vLLM runs set up before their arms: vLLM and the model
+/// installed, the prerequisites (Envoy), the filter's `.wasm`, the output
+/// folder, and [`VLLM_INSTANCES`] healthy instances.
+struct VllmRun {
+    fleet: VllmFleet,
+    /// The adapters every instance serves (none without `--lora`).
+    adapters: Vec<(String, PathBuf)>,
+    wasm: PathBuf,
+    /// `target/bench/engine`: the JSON and the instances' logs.
+    out_dir: PathBuf,
+    /// When the fleet was asked to start.
+    started: Instant,
+    /// Seconds until every instance was healthy.
+    startup_s: f64,
+}
+
+impl VllmRun {
+    /// Installs what is missing and starts the fleet, serving `lora_adapters`
+    /// adapters made by [`vllm::ensure_adapters`] (0: none, LoRA off).
+    fn start(lora_adapters: usize) -> anyhow::Result<Self> {
+        let install = vllm::ensure_vllm()?;
+        let adapters = if lora_adapters == 0 {
+            Vec::new()
+        } else {
+            vllm::ensure_adapters(&install, lora_adapters)?
+        };
+        let found = prereqs::ensure_all()?;
+        std::env::set_var("ENVOY_BIN", &found.envoy);
+        let wasm = build_wasm()?;
+        let out_dir = envoy::target_dir().join("bench").join("engine");
+        fs::create_dir_all(&out_dir)?;
+        let started = Instant::now();
+        let fleet = VllmFleet::start(&install, VLLM_INSTANCES, &out_dir, &adapters)?;
+        let startup_s = started.elapsed().as_secs_f64();
+        Ok(VllmRun {
+            fleet,
+            adapters,
+            wasm,
+            out_dir,
+            started,
+            startup_s,
+        })
+    }
+}
+
 /// `cargo xtask bench engine --engine vllm`: see the module documentation.
 pub fn run_vllm() -> anyhow::Result<()> {
-    let install = vllm::ensure_vllm()?;
-    let found = prereqs::ensure_all()?;
-    std::env::set_var("ENVOY_BIN", &found.envoy);
-    let wasm = build_wasm()?;
-    let out_dir = envoy::target_dir().join("bench").join("engine");
-    fs::create_dir_all(&out_dir)?;
+    let VllmRun {
+        fleet,
+        wasm,
+        out_dir,
+        started,
+        startup_s,
+        ..
+    } = VllmRun::start(0)?;
     let jobs = workload(&VLLM_SHAPE);
-    let started = Instant::now();
-    let fleet = VllmFleet::start(&install, VLLM_INSTANCES, &out_dir, &[])?;
-    let startup_s = started.elapsed().as_secs_f64();
     let addrs = fleet.addrs();
     println!(
         "{VLLM_INSTANCES} vLLM instances ({}), {} groups of ~3,000 shared tokens, {} requests per arm, {VLLM_CLIENTS} concurrent clients, max_tokens {MAX_TOKENS}",
-        fleet
-            .instances
-            .iter()
-            .map(|i| format!("{} on core {}", i.addr, i.core))
-            .collect::<Vec<_>>()
-            .join(", "),
+        fleet.placement(),
         VLLM_SHAPE.groups,
         VLLM_SHAPE.requests,
     );
@@ -787,26 +826,19 @@ fn lora_loads(samples: &[Sample]) -> (usize, usize) {
 /// the default, and the default with `adapters`, each after every adapter
 /// was unloaded and loaded again.
 pub fn run_vllm_lora() -> anyhow::Result<()> {
-    let install = vllm::ensure_vllm()?;
-    let adapters = vllm::ensure_adapters(&install, LORA_ADAPTERS)?;
-    let found = prereqs::ensure_all()?;
-    std::env::set_var("ENVOY_BIN", &found.envoy);
-    let wasm = build_wasm()?;
-    let out_dir = envoy::target_dir().join("bench").join("engine");
-    fs::create_dir_all(&out_dir)?;
+    let VllmRun {
+        fleet,
+        adapters,
+        wasm,
+        out_dir,
+        startup_s,
+        ..
+    } = VllmRun::start(LORA_ADAPTERS)?;
     let jobs = lora_workload();
-    let started = Instant::now();
-    let fleet = VllmFleet::start(&install, VLLM_INSTANCES, &out_dir, &adapters)?;
-    let startup_s = started.elapsed().as_secs_f64();
     let addrs = fleet.addrs();
     println!(
         "{VLLM_INSTANCES} vLLM instances ({}), {LORA_ADAPTERS} adapters, {} slots each, {LORA_REQUESTS} requests per arm, {VLLM_CLIENTS} clients",
-        fleet
-            .instances
-            .iter()
-            .map(|i| format!("{} on core {}", i.addr, i.core))
-            .collect::<Vec<_>>()
-            .join(", "),
+        fleet.placement(),
         vllm::MAX_LORAS,
     );
     println!("\n| arm | adapter loads (LRU replay) | adapter-instance pairs | TTFT p50 / p90 (ms) | req/s | requests per instance |\n|---|---:|---:|---:|---:|---|");

@@ -477,18 +477,22 @@ impl VllmFleet {
         eprintln!(
             "xtask: {count} vLLM instances healthy in {:.0} s: {}",
             started.elapsed().as_secs_f64(),
-            fleet
-                .instances
-                .iter()
-                .map(|i| format!("{} on core {}", i.addr, i.core))
-                .collect::<Vec<_>>()
-                .join(", ")
+            fleet.placement()
         );
         Ok(fleet)
     }
 
     pub fn addrs(&self) -> Vec<SocketAddr> {
         self.instances.iter().map(|i| i.addr).collect()
+    }
+
+    /// Which instance runs on which core: `127.0.0.1:P on core C, ...`.
+    pub fn placement(&self) -> String {
+        self.instances
+            .iter()
+            .map(|i| format!("{} on core {}", i.addr, i.core))
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 }
 
