@@ -4,12 +4,14 @@
 //!
 //! Split the way the rest of the filter is: [`metrics_text`] reads a body,
 //! [`poller`] decides when each instance is polled and what a response
-//! means, [`orca`] reads the KV usage a response's ORCA report gives, all
+//! means, [`orca`] reads the KV usage a response's ORCA report gives,
+//! [`models`] the adapters `/v1/models` lists, all
 //! plain Rust tested natively; `crate::plugin` makes the calls
 //! (`dispatch_http_call` from the root tick) and stores the samples
 //! (`crate::load`, `engine/<slot>`). See `docs/design.md`, "Engine load".
 
 pub mod metrics_text;
+pub mod models;
 pub mod orca;
 pub mod poller;
 

@@ -15,7 +15,7 @@
 use super::codec::{Reader, Writer};
 use super::table::Record;
 
-const ENGINE_VERSION: u8 = 1;
+const ENGINE_VERSION: u8 = 2;
 
 /// What the engine reported: its running and waiting requests and, where it
 /// exports it, the share of its KV cache in use.
@@ -26,6 +26,50 @@ pub struct EngineLoad {
     /// KV-cache usage in thousandths (0..=1000); None if the engine does not
     /// export it (llama.cpp).
     pub kv_usage_permille: Option<u16>,
+}
+
+/// The adapters an engine lists in `/v1/models`, as a Bloom filter of their
+/// names' xxh3 ([`crate::config::AdaptersConfig::adapter_of`]): one record
+/// of fixed size whatever the count. It may say an instance serves an
+/// adapter it does not list (then the request goes as without the list),
+/// never that it does not serve one it lists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServedAdapters {
+    bits: [u8; SERVED_BYTES],
+}
+
+impl Default for ServedAdapters {
+    fn default() -> Self {
+        Self {
+            bits: [0; SERVED_BYTES],
+        }
+    }
+}
+
+const SERVED_BYTES: usize = 128;
+const SERVED_BITS: u64 = SERVED_BYTES as u64 * 8;
+
+impl ServedAdapters {
+    /// The filter's two bits for `adapter`: from either half of its hash.
+    fn bits(adapter: u64) -> [u64; 2] {
+        [adapter % SERVED_BITS, (adapter >> 32) % SERVED_BITS]
+    }
+
+    pub fn insert(&mut self, adapter: u64) {
+        for bit in Self::bits(adapter) {
+            if let Some(byte) = self.bits.get_mut((bit / 8) as usize) {
+                *byte |= 1 << (bit % 8);
+            }
+        }
+    }
+
+    pub fn contains(&self, adapter: u64) -> bool {
+        Self::bits(adapter).iter().all(|bit| {
+            self.bits
+                .get((bit / 8) as usize)
+                .is_some_and(|byte| byte & (1 << (bit % 8)) != 0)
+        })
+    }
 }
 
 /// The fleet-wide overload rule: an instance whose estimated load reaches a
@@ -59,6 +103,8 @@ pub(crate) struct EngineRecord {
     /// This Envoy's in-flight requests on the instance when the sample
     /// arrived (all worker VMs).
     pub(crate) base_in_flight: u32,
+    /// The adapters its last `/v1/models` answer listed; None: not known.
+    pub(crate) served: Option<ServedAdapters>,
 }
 
 impl EngineRecord {
@@ -107,7 +153,7 @@ const NO_KV_USAGE: u16 = u16::MAX;
 
 impl Record for EngineRecord {
     fn encode(&self) -> Vec<u8> {
-        let mut w = Writer::with_capacity(31);
+        let mut w = Writer::with_capacity(31 + SERVED_BYTES);
         w.u8(ENGINE_VERSION)
             .u64(self.addr_hash)
             .u64(self.sampled_at_ms)
@@ -115,6 +161,9 @@ impl Record for EngineRecord {
             .u32(self.load.waiting)
             .u16(self.load.kv_usage_permille.unwrap_or(NO_KV_USAGE))
             .u32(self.base_in_flight);
+        if let Some(served) = &self.served {
+            w.bytes(&served.bits);
+        }
         w.finish()
     }
 
@@ -129,6 +178,12 @@ impl Record for EngineRecord {
         let waiting = r.u32()?;
         let kv = r.u16()?;
         let base_in_flight = r.u32()?;
+        let served = if r.is_empty() {
+            None
+        } else {
+            let bits = r.bytes(SERVED_BYTES)?.try_into().ok()?;
+            Some(ServedAdapters { bits })
+        };
         r.is_empty().then_some(Self {
             addr_hash,
             sampled_at_ms,
@@ -138,6 +193,7 @@ impl Record for EngineRecord {
                 kv_usage_permille: (kv != NO_KV_USAGE).then_some(kv.min(1000)),
             },
             base_in_flight,
+            served,
         })
     }
 }
@@ -156,7 +212,34 @@ mod tests {
                 kv_usage_permille: kv,
             },
             base_in_flight: base,
+            served: None,
         }
+    }
+
+    #[test]
+    fn served_adapters_round_trip_and_never_deny_a_listed_adapter() {
+        let mut served = ServedAdapters::default();
+        let listed: Vec<u64> = (0..100u64)
+            .map(|a| xxhash_rust::xxh3::xxh3_64(format!("lora-{a}").as_bytes()))
+            .collect();
+        for &adapter in &listed {
+            served.insert(adapter);
+        }
+        assert!(listed.iter().all(|&a| served.contains(a)));
+        let unlisted = (100..1_100u64)
+            .filter(|a| served.contains(xxhash_rust::xxh3::xxh3_64(format!("lora-{a}").as_bytes())))
+            .count();
+        // A hundred listed adapters in 1,024 bits: a few unlisted ones pass.
+        assert!(unlisted < 100, "{unlisted} of 1,000 unlisted adapters pass");
+        assert!(!ServedAdapters::default().contains(listed[0]));
+        let record = EngineRecord {
+            served: Some(served),
+            ..sample(3, 2, Some(450), 1)
+        };
+        assert_eq!(EngineRecord::decode(&record.encode()), Some(record));
+        let mut cut = record.encode();
+        cut.pop();
+        assert_eq!(EngineRecord::decode(&cut), None);
     }
 
     #[test]

@@ -44,7 +44,7 @@ pub use tracker::{
 
 use crate::headers::PENDING_MARK;
 
-pub use engine::{EngineBounds, EngineLoad, EngineView};
+pub use engine::{EngineBounds, EngineLoad, EngineView, ServedAdapters};
 pub use instances::{FAILED_RETRY_MS, SUSPECT_MS};
 pub use prefix_index::Remembered;
 pub(crate) use prefix_index::SPAN_BLOCKS;
@@ -215,6 +215,8 @@ pub struct Candidate {
     pub recent: u32,
     /// Prompt bytes this worker placed there ([`RecentChoices::placed_bytes`]).
     pub placed_bytes: u64,
+    /// The adapters its engine lists (with a fresh sample); None: not known.
+    pub served: Option<ServedAdapters>,
 }
 
 impl Candidate {
@@ -228,7 +230,14 @@ impl Candidate {
             over_bounds: false,
             recent: 0,
             placed_bytes: 0,
+            served: None,
         }
+    }
+
+    /// Whether the instance may serve `adapter`: its engine lists it, or
+    /// what it lists is not known.
+    pub fn may_serve(&self, adapter: u64) -> bool {
+        self.served.is_none_or(|served| served.contains(adapter))
     }
 
     /// The local in-flight count at which this instance's load reaches

@@ -1052,6 +1052,7 @@ fn engine_sample(store: &MemoryStore, slot: u16, address: &str, load: EngineLoad
         sampled_at_ms: at,
         load,
         base_in_flight: 0,
+        served: None,
     };
     let key = format!("prefix-router/default/v3/engine/{slot}");
     store.set(&key, &record.encode(), None).expect("written");

@@ -17,6 +17,7 @@ use super::vm::{define_metric, Vm};
 use super::warn_on_error;
 use crate::config::{Config, EngineLoadConfig};
 use crate::engine_load::metrics_text::MAX_BODY_BYTES;
+use crate::engine_load::models::{served_adapters, MAX_MODELS_BODY_BYTES, MODELS_PATH};
 use crate::engine_load::poller::{judge, Change, PollFault, Poller};
 use crate::engine_load::{
     poll_failure_counter_name, KV_USAGE_GAUGE_PREFIX, POLLS, POLLS_SKIPPED, REQUESTS_GAUGE_PREFIX,
@@ -84,6 +85,8 @@ pub struct EnginePolling {
     last_age_publish_ms: u64,
     /// When the fleet to poll was last read.
     targets_read_ms: u64,
+    /// Open `/v1/models` calls (`adapters`): token and instance.
+    models_calls: Vec<(u32, InstanceRef)>,
 }
 
 impl EnginePolling {
@@ -155,7 +158,10 @@ fn poll_round<H: Host + Clone>(
         }
     }
     for instance in due.poll {
-        let sent = send(vm.host(), engine, &instance);
+        if config.adapters.is_some() {
+            send_models_call(vm.host(), state, engine, &instance);
+        }
+        let sent = send(vm.host(), engine, (&engine.path, "text/plain"), &instance);
         let random = vm.random();
         let token = sent.as_ref().ok().copied();
         state
@@ -178,11 +184,12 @@ fn poll_round<H: Host + Clone>(
     }
 }
 
-/// Sends one poll: a GET of the metrics path, with the instance in the
+/// Sends one poll: a GET of `path` for `accept`, with the instance in the
 /// authority and in the header that picks the host.
 fn send(
     host: &impl Host,
     engine: &EngineLoadConfig,
+    (path, accept): (&str, &str),
     instance: &InstanceRef,
 ) -> Result<u32, crate::host::HostStatus> {
     let timeout = u32::try_from(engine.timeout_ms).unwrap_or(u32::MAX);
@@ -190,13 +197,47 @@ fn send(
         &engine.cluster,
         &[
             (":method", "GET"),
-            (":path", &engine.path),
+            (":path", path),
             (":authority", &instance.address),
             (ORIGINAL_DST_HOST_HEADER, &instance.address),
-            ("accept", "text/plain"),
+            ("accept", accept),
         ],
         timeout,
     )
+}
+
+/// With `adapters`, each poll also asks the instance which adapters it
+/// serves. Envoy answers every call it accepted, by its timeout at the
+/// latest, so the open calls stay as many as the polls in flight.
+fn send_models_call(
+    host: &impl Host,
+    state: &mut EnginePolling,
+    engine: &EngineLoadConfig,
+    instance: &InstanceRef,
+) {
+    // A refused call leaves the last list standing, as a timeout does.
+    if let Ok(token) = send(host, engine, (MODELS_PATH, "application/json"), instance) {
+        state.models_calls.push((token, instance.clone()));
+    }
+}
+
+/// The answer to a `/v1/models` call: the adapters the instance lists, or
+/// not known (an unusable answer); with no response at all (a timeout, a
+/// reset) the last list stands.
+fn models_answer<H: Host + Clone>(
+    vm: &mut Vm<H>,
+    config: &Config,
+    instance: &InstanceRef,
+    num_headers: usize,
+    body_size: usize,
+    now: u64,
+) {
+    let (status, body) = read_answer(vm.host(), num_headers, body_size, MAX_MODELS_BODY_BYTES);
+    if status.is_none() {
+        return;
+    }
+    let served = served_adapters(status, &body);
+    vm.with_tracker(config, |t| t.store_served_adapters(instance, served, now));
 }
 
 /// `on_http_call_response` of the root that sent call `token`: judges the
@@ -210,6 +251,12 @@ pub fn answer<H: Host + Clone>(
     now: u64,
 ) {
     let mut state = vm.take_engine_polling();
+    if let Some(at) = state.models_calls.iter().position(|(t, _)| *t == token) {
+        let (_, instance) = state.models_calls.swap_remove(at);
+        models_answer(vm, config, &instance, num_headers, body_size, now);
+        vm.put_engine_polling(state);
+        return;
+    }
     let answered = state.poller.answered(token);
     if let (Some((instance, sent_ms)), Some(engine)) = (answered, &config.engine_load) {
         let (status, body) = read_answer(vm.host(), num_headers, body_size, MAX_BODY_BYTES);

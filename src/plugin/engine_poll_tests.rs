@@ -504,3 +504,109 @@ fn a_report_without_a_poll_sample_or_without_engine_load_is_not_used() {
     );
     assert!(!calls.contains(&report_read), "{calls:?}");
 }
+
+/// The adapters each instance's engine lists, as decisions read them
+/// (another VM of the same Envoy, through shared data).
+fn served_as_read(s: &Setup, json: &str, adapter: &str) -> Vec<(String, Option<bool>)> {
+    use crate::load::LoadView;
+    let mut other = setup_on(Rc::clone(&s.store), json);
+    let now = other.vm.now_ms();
+    let config = other.config.clone();
+    let hash = xxhash_rust::xxh3::xxh3_64(adapter.as_bytes());
+    let engine = config.engine_load.as_ref().unwrap();
+    let view = crate::load::EngineView {
+        max_age_ms: engine.max_age_ms,
+        bounds: engine.bounds(),
+    };
+    let mut read: Vec<(String, Option<bool>)> = other.vm.with_tracker(&config, |t| {
+        t.set_engine_view(Some(view));
+        t.candidates(now)
+            .into_iter()
+            .map(|c| {
+                (
+                    c.instance.address.to_string(),
+                    c.served.map(|s| s.contains(hash)),
+                )
+            })
+            .collect()
+    });
+    read.sort();
+    read
+}
+
+#[test]
+fn with_adapters_each_poll_also_reads_the_adapters_the_engine_lists() {
+    let json = format!(
+        r#"{{"instances": ["{A}", "{B}"], "include_model": true,
+            "adapters": {{"base_models": ["base"]}}, "engine_load": {ENGINE}}}"#
+    );
+    let mut s = setup_on(Rc::new(MemoryStore::new()), &json);
+    let calls = s.tick();
+    let path_of = |address: &str, path: &str| {
+        calls
+            .iter()
+            .find(|c| c.header(":authority") == Some(address) && c.header(":path") == Some(path))
+            .unwrap_or_else(|| panic!("{path} of {address}"))
+            .clone()
+    };
+    assert_eq!(calls.len(), 4, "/metrics and /v1/models of each");
+    let models = |ids: &[&str]| {
+        let data: Vec<String> = ids.iter().map(|id| format!(r#"{{"id":"{id}"}}"#)).collect();
+        format!(r#"{{"object":"list","data":[{}]}}"#, data.join(",")).into_bytes()
+    };
+    for address in [A, B] {
+        s.answer(&path_of(address, "/metrics"), Some((200, &body(0, 0, 0.1))));
+    }
+    s.answer(
+        &path_of(A, "/v1/models"),
+        Some((200, &models(&["base", "lora-1"]))),
+    );
+    s.answer(&path_of(B, "/v1/models"), Some((200, &models(&["base"]))));
+    assert_eq!(
+        served_as_read(&s, &json, "lora-1"),
+        [(A.to_string(), Some(true)), (B.to_string(), Some(false))]
+    );
+    // The next poll: lora-1 unloaded from A; B's answer unusable (not
+    // known, so not denied); a later poll of A that gets no response at
+    // all leaves A's last list standing.
+    s.host.advance_ms(600);
+    let calls = s.tick();
+    let next = |address: &str| {
+        calls
+            .iter()
+            .find(|c| {
+                c.header(":authority") == Some(address) && c.header(":path") == Some("/v1/models")
+            })
+            .unwrap()
+            .clone()
+    };
+    s.answer(&next(A), Some((200, &models(&["base"]))));
+    s.answer(&next(B), Some((404, b"not found")));
+    for call in calls
+        .iter()
+        .filter(|c| c.header(":path") == Some("/metrics"))
+    {
+        s.answer(call, Some((200, &body(0, 0, 0.1))));
+    }
+    assert_eq!(
+        served_as_read(&s, &json, "lora-1"),
+        [(A.to_string(), Some(false)), (B.to_string(), None)]
+    );
+    s.host.advance_ms(600);
+    let calls = s.tick();
+    let metrics = body(0, 0, 0.1);
+    for call in &calls {
+        let answer = (call.header(":path") == Some("/metrics")).then_some((200, &metrics[..]));
+        s.answer(call, answer);
+    }
+    assert_eq!(
+        served_as_read(&s, &json, "lora-1")[0],
+        (A.to_string(), Some(false))
+    );
+    // Without adapters, only the metrics path is polled.
+    let mut plain = setup(ENGINE);
+    assert!(plain
+        .tick()
+        .iter()
+        .all(|c| c.header(":path") == Some("/metrics")));
+}

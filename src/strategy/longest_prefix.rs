@@ -24,10 +24,11 @@
 //!   worker's recent decisions for the instance past its even share plus
 //!   [`SHARE_SLACK`], [`DECISION_BYTES`] each.
 //!
-//! Filters: a request for a LoRA adapter (`adapters`) is served by the
-//! adapter's set ([`adapter_set`]): the first of the adapter's rendezvous
-//! order, more as they load, and the instances that hold a prefix of the
-//! prompt; outside the set only when every instance in it is full.
+//! Filters: a request for a LoRA adapter (`adapters`) goes to instances
+//! whose engine lists it, if any does, and is served by the adapter's set
+//! ([`adapter_set`]): the first of the adapter's rendezvous order, more as
+//! they load, and the instances that hold a prefix of the prompt; outside
+//! the set only when every instance in it is full.
 //! An instance over a fleet-wide engine bound is left out while
 //! another is within the bounds. Picker: the lowest cost; ties go to the
 //! highest rendezvous rank of the prompt's opening, so replicas that see the
@@ -210,9 +211,10 @@ fn fleet_load_bound(candidates: &[Candidate], margin: u32) -> u32 {
     load_bound(least, margin)
 }
 
-/// An adapter's set among `candidates`, and the others: the set is the
-/// first of the adapter's rendezvous order (every replica computes the
-/// same), in that order. It has `min_instances`, and one more while every
+/// An adapter's set among `candidates`, and the others that serve it: of
+/// the instances whose engine lists the adapter (or whose list is not
+/// known; all, if none lists it), the set is the first of the adapter's
+/// rendezvous order (every replica computes the same), in that order. It has `min_instances`, and one more while every
 /// instance in it is at or past the load `bound`, an engine bound or its
 /// share of this worker's recent decisions ([`past_share`]), up to
 /// `max_instances`: a hot adapter spreads, a cool one holds few of the
@@ -229,7 +231,14 @@ pub fn adapter_set(
     };
     let min = usize::try_from(sets.min_instances).unwrap_or(usize::MAX);
     let max = usize::try_from(sets.max_instances).unwrap_or(usize::MAX);
-    let mut rest = candidates.to_vec();
+    let mut rest: Vec<Candidate> = candidates
+        .iter()
+        .filter(|c| c.may_serve(adapter))
+        .cloned()
+        .collect();
+    if rest.is_empty() {
+        rest = candidates.to_vec();
+    }
     let mut set: Vec<Candidate> = Vec::new();
     while set.len() < max && (set.len() < min || set.iter().all(loaded)) {
         let next = rest

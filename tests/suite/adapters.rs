@@ -8,6 +8,8 @@
 //!   requests without `adapters` load adapters on more instances.
 //! - A hot adapter's set grows along that order, and its requests spread.
 //! - Base-model requests go where they go without `adapters`.
+//! - With `engine_load`, an adapter's requests go only to instances whose
+//!   `/v1/models` lists it, and leave one after it is unloaded there.
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -270,4 +272,66 @@ fn base_model_requests_route_as_without_adapters() {
     assert_eq!(with, without);
     let instances: BTreeSet<&String> = with.iter().collect();
     assert!(instances.len() >= 3, "{with:?}");
+}
+
+#[test]
+fn with_engine_load_an_adapter_goes_only_where_its_engine_lists_it() {
+    let runtime = runtime();
+    let sims = sims(&runtime);
+    let order = adapter_order(&sims, "lora-3");
+    let sim_named = |name: &str| &sims[name["vllm-".len()..].parse::<usize>().unwrap() - 1];
+    // Loaded only on the third and fifth of its order.
+    for name in [&order[0], &order[1], &order[3]] {
+        assert!(sim_named(name).engine().remove_adapter("lora-3"));
+    }
+    let config = serde_json::json!({
+        "decision_header": DECISION_HEADER,
+        "instances": ["127.0.0.1:8001"],
+        "adapters": {"base_models": [MODEL]},
+        "engine_load": {"cluster": "engine_metrics", "interval_ms": 100},
+    });
+    let proxy = Envoy::builder()
+        .upstreams(sims.iter().map(SimServer::addr))
+        .plugin_config(config.to_string())
+        .concurrency(1)
+        .start()
+        .expect("Envoy");
+    // Three rounds of polls sent: every instance's list has been read.
+    wait_for_counter(&proxy, "engine.polls", 3 * INSTANCES as u64);
+    let ask = |q: usize| chat("lora-3", &format!("question {q}"), 4);
+    for q in 0..6 {
+        let reply = send(&runtime, proxy.listener_addr(), vec![ask(q)], 1).remove(0);
+        assert_eq!(reply.served_by(), Some(order[2].as_str()), "request {q}");
+    }
+    // Unloaded there through vLLM's API: after a poll, the fifth serves it.
+    let unload = Outgoing::post("/v1/unload_lora_adapter", r#"{"lora_name":"lora-3"}"#)
+        .header("content-type", "application/json");
+    let replies = runtime
+        .block_on(client::send_all(
+            sim_named(&order[2]).addr(),
+            vec![unload],
+            1,
+        ))
+        .expect("vllm-sim answers");
+    assert_eq!(replies[0].status, 200, "{}", replies[0].text());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut q = 6;
+    loop {
+        let replies = runtime
+            .block_on(client::send_all(proxy.listener_addr(), vec![ask(q)], 1))
+            .expect("Envoy answers");
+        q += 1;
+        if replies[0].served_by() == Some(order[4].as_str()) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still {:?}",
+            replies[0].served_by()
+        );
+    }
+    for q in q..q + 6 {
+        let reply = send(&runtime, proxy.listener_addr(), vec![ask(q)], 1).remove(0);
+        assert_eq!(reply.served_by(), Some(order[4].as_str()), "request {q}");
+    }
 }

@@ -7,7 +7,7 @@
 use super::super::engine::EngineRecord;
 use super::super::lease::{self, Heartbeat, Lease};
 use super::super::table::{Change, Tables, Updated};
-use super::super::{EngineLoad, InstanceRef, LoadView};
+use super::super::{EngineLoad, InstanceRef, LoadView, ServedAdapters};
 use super::registry::Lookup;
 use super::{addr_hash, copy_is_fresh, last_read_again, BySlot, LoadTracker};
 use crate::shared::SharedStore;
@@ -107,21 +107,65 @@ impl<S: SharedStore> LoadTracker<S> {
         let Some(base_in_flight) = self.in_flight(instance, now_ms) else {
             return false;
         };
-        let record = EngineRecord {
-            addr_hash: addr_hash(&instance.address),
-            sampled_at_ms: now_ms.max(1),
-            load,
-            base_in_flight,
-        };
-        let key = engine_key(&self.tables, instance.slot);
-        let written = self.tables.update(&key, |stored: &mut EngineRecord| {
-            *stored = record;
-            Change::<(), ()>::Write(())
+        let hash = addr_hash(&instance.address);
+        self.rewrite_engine_record(instance.slot, now_ms, &mut |stored| {
+            *stored = EngineRecord {
+                addr_hash: hash,
+                sampled_at_ms: now_ms.max(1),
+                load,
+                base_in_flight,
+                // Its `/v1/models` answer stands until the next.
+                served: stored.served.filter(|_| stored.addr_hash == hash),
+            };
+            true
+        })
+    }
+
+    /// Stores the adapters `instance`'s engine lists (None: its `/v1/models`
+    /// did not answer usably), kept beside its load sample.
+    pub fn store_served_adapters(
+        &mut self,
+        instance: &InstanceRef,
+        served: Option<ServedAdapters>,
+        now_ms: u64,
+    ) -> bool {
+        let hash = addr_hash(&instance.address);
+        self.rewrite_engine_record(instance.slot, now_ms, &mut |stored| {
+            if stored.addr_hash != hash {
+                *stored = EngineRecord {
+                    addr_hash: hash,
+                    ..EngineRecord::default()
+                };
+            }
+            stored.served = served;
+            true
+        })
+    }
+
+    /// The one writer of `engine/<slot>`: `change` edits a fresh copy of
+    /// the record and says whether to write it; what is written becomes
+    /// this VM's copy. True if written.
+    fn rewrite_engine_record(
+        &mut self,
+        slot: u16,
+        now_ms: u64,
+        change: &mut dyn FnMut(&mut EngineRecord) -> bool,
+    ) -> bool {
+        let key = engine_key(&self.tables, slot);
+        let updated = self.tables.update(&key, |stored: &mut EngineRecord| {
+            if change(stored) {
+                Change::Write(*stored)
+            } else {
+                Change::Keep(())
+            }
         });
-        self.engine_cache
-            .by_slot
-            .insert(instance.slot, (now_ms, record));
-        written == Updated::Written(())
+        match updated {
+            Updated::Written(record) => {
+                self.engine_cache.by_slot.insert(slot, (now_ms, record));
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Reads the engine records of `slots` into this VM's copies: the tick's,
@@ -136,14 +180,13 @@ impl<S: SharedStore> LoadTracker<S> {
     /// Clears `instance`'s sample (its engine did not answer usably), so
     /// decisions fall back to this Envoy's own counts at once.
     pub fn clear_engine_sample(&mut self, instance: &InstanceRef, now_ms: u64) {
-        let key = engine_key(&self.tables, instance.slot);
         let hash = addr_hash(&instance.address);
-        self.tables.update(&key, |stored: &mut EngineRecord| {
-            if stored.sampled_at_ms == 0 || stored.addr_hash != hash {
-                return Change::<(), ()>::Keep(());
+        self.rewrite_engine_record(instance.slot, now_ms, &mut |stored| {
+            let sampled = stored.sampled_at_ms != 0 && stored.addr_hash == hash;
+            if sampled {
+                *stored = EngineRecord::default();
             }
-            *stored = EngineRecord::default();
-            Change::Write(())
+            sampled
         });
         self.engine_cache
             .by_slot
@@ -173,23 +216,15 @@ impl<S: SharedStore> LoadTracker<S> {
         ) else {
             return false;
         };
-        let key = engine_key(&self.tables, slot);
         let hash = addr_hash(address);
         let kv = Some(kv_usage_permille.min(1000));
-        let updated = self.tables.update(&key, |stored: &mut EngineRecord| {
-            if stored.sampled_at_ms == 0 || stored.addr_hash != hash {
-                return Change::Keep(None::<EngineRecord>);
+        self.rewrite_engine_record(slot, now_ms, &mut |stored| {
+            let sampled = stored.sampled_at_ms != 0 && stored.addr_hash == hash;
+            if sampled {
+                stored.load.kv_usage_permille = kv;
             }
-            stored.load.kv_usage_permille = kv;
-            Change::Write(Some(*stored))
-        });
-        match updated {
-            Updated::Written(Some(record)) => {
-                self.engine_cache.by_slot.insert(slot, (now_ms, record));
-                true
-            }
-            _ => false,
-        }
+            sampled
+        })
     }
 
     /// `instance`'s engine sample if there is one of its address at most

@@ -814,6 +814,7 @@ impl<S: SharedStore> LoadTracker<S> {
         candidate.load = sample.estimated_requests(candidate.in_flight);
         candidate.engine_room = sample.room(&view.bounds, candidate.in_flight);
         candidate.over_bounds = sample.over(&view.bounds, candidate.in_flight);
+        candidate.served = sample.served;
     }
 }
 

@@ -3,7 +3,7 @@ use std::collections::HashMap;
 use super::*;
 use crate::extract::PrefixSource;
 use crate::key::KeyMaterial;
-use crate::load::{HeldPrefix, InstanceRef, RecentChoices, Target};
+use crate::load::{HeldPrefix, InstanceRef, RecentChoices, ServedAdapters, Target};
 
 /// A fleet as the policy sees it: in-flight counts, an exact prefix
 /// index (block hash -> slots), claims that respect the cap.
@@ -21,6 +21,8 @@ struct Fleet {
     max_requests: Option<u32>,
     /// Instances over the fleet-wide bound of KV-cache usage.
     kv_full: Vec<u16>,
+    /// The adapters each instance's engine lists (None: not known).
+    served: Vec<Option<ServedAdapters>>,
     recent: RecentChoices,
 }
 
@@ -103,6 +105,7 @@ impl LoadView for Fleet {
                     candidate.over_bounds = candidate.engine_room == Some(0);
                 }
                 candidate.over_bounds |= self.kv_full.contains(&slot);
+                candidate.served = self.served.get(usize::from(slot)).copied().flatten();
                 candidate
             })
             .collect()
@@ -1344,4 +1347,53 @@ fn an_instance_holding_the_adapters_conversation_is_in_its_set() {
     let other = conversation("", 4, 1);
     let (slot, _) = route_adapter(&mut fleet, &policy, &other[0], Some(adapter));
     assert_eq!(slot, adapter_order(&mut fleet, adapter)[0]);
+}
+
+#[test]
+fn an_adapter_goes_only_to_instances_whose_engine_lists_it_or_whose_list_is_unknown() {
+    // Cap 2: the first lister takes two requests held in flight, then the
+    // next lister in the adapter's order; never an instance that does not
+    // list it, however idle.
+    let policy = with_adapters(1, 1024, 2, 100);
+    let mut fleet = Fleet::new(7);
+    let order = adapter_order(&mut fleet, 42);
+    let listing = |adapters: &[u64]| {
+        let mut served = ServedAdapters::default();
+        adapters.iter().for_each(|&a| served.insert(a));
+        Some(served)
+    };
+    fleet.served = vec![listing(&[7]); 7];
+    let (first, second) = (order[3], order[5]);
+    fleet.served[usize::from(first)] = listing(&[7, 42]);
+    fleet.served[usize::from(second)] = listing(&[42]);
+    fleet.hold = true;
+    let ask = |i: usize| {
+        prompt(&record(
+            "user",
+            &format!("question {i} {}", "x".repeat(600)),
+        ))
+    };
+    let slots: Vec<u16> = (0..6)
+        .map(|i| route_adapter(&mut fleet, &policy, &ask(i), Some(42)).0)
+        .collect();
+    assert_eq!(slots[..4], [first, first, second, second]);
+    // Both full: the least loaded of the two, counted past the cap.
+    assert!(
+        slots[4..].iter().all(|s| [first, second].contains(s)),
+        "{slots:?}"
+    );
+    // An instance whose list is not known may serve it: its home again.
+    let mut fleet = Fleet::new(7);
+    fleet.served = vec![listing(&[7]); 7];
+    fleet.served[usize::from(order[0])] = None;
+    assert_eq!(
+        route_adapter(&mut fleet, &policy, &ask(9), Some(42)).0,
+        order[0]
+    );
+    // Listed nowhere: routed as without the lists (the engine answers).
+    fleet.served[usize::from(order[0])] = listing(&[7]);
+    assert_eq!(
+        route_adapter(&mut fleet, &policy, &ask(9), Some(42)).0,
+        order[0]
+    );
 }
