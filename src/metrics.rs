@@ -277,6 +277,32 @@ pub const MATCHED_BYTES: &str = "prefix_router.matched_bytes";
 /// an adapter.
 pub const ADAPTER_SET_INSTANCES: &str = "prefix_router.adapter.set_instances";
 
+/// Gauges of one adapter's set size at its latest decision:
+/// `<prefix>.adapter.<name>` ([`adapter_stat_name`]).
+pub const ADAPTER_INSTANCES_PREFIX: &str = "prefix_router.adapter.instances";
+
+/// The longest adapter name a stat name keeps.
+pub const MAX_ADAPTER_STAT_NAME: usize = 64;
+
+/// An adapter's stat: `<prefix>.adapter.<name>`, the name cut to
+/// [`MAX_ADAPTER_STAT_NAME`] bytes and every byte but `A-Za-z0-9_-` made
+/// `_`, so that an untrusted name is one level a `stats_tags` regex lifts
+/// into the `adapter` label whole.
+pub fn adapter_stat_name(name: &[u8]) -> String {
+    let name: String = name
+        .iter()
+        .take(MAX_ADAPTER_STAT_NAME)
+        .map(|&b| {
+            if b.is_ascii_alphanumeric() || b == b'_' || b == b'-' {
+                char::from(b)
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("{ADAPTER_INSTANCES_PREFIX}.adapter.{name}")
+}
+
 /// Gauge of the prefix index's entries in use (grows to the capacity).
 pub const INDEX_ENTRIES: &str = "prefix_router.index.entries";
 
@@ -425,6 +451,24 @@ mod tests {
         for (i, (counter, _)) in UsageCounter::amounts(None, None).iter().enumerate() {
             assert_eq!(counter.index(), i);
         }
+    }
+
+    #[test]
+    fn an_adapters_stat_is_one_bounded_level_of_safe_bytes() {
+        assert_eq!(
+            adapter_stat_name(b"sql-lora_2"),
+            "prefix_router.adapter.instances.adapter.sql-lora_2"
+        );
+        assert_eq!(
+            adapter_stat_name("org/llama-3.1:é\n".as_bytes()),
+            "prefix_router.adapter.instances.adapter.org_llama-3_1____"
+        );
+        let long = adapter_stat_name(&[b'a'; 300]);
+        assert_eq!(
+            long.len(),
+            ADAPTER_INSTANCES_PREFIX.len() + ".adapter.".len() + 64
+        );
+        assert!(adapter_stat_name(&[0xff, 0, b'.']).ends_with(".adapter.___"));
     }
 
     #[test]

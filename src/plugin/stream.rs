@@ -454,6 +454,12 @@ impl Stream {
         self.metrics.increment_decision(vm, routed.headers.kind);
         if let Some(adapter) = routed.headers.adapter {
             self.metrics.record_adapter(vm, adapter);
+            let name =
+                (self.adapter_header.as_deref()).or(derivation.model.as_deref().map(str::as_bytes));
+            if let Some(name) = name {
+                let fleet = self.config.fleet.as_deref();
+                vm.set_adapter_instances(fleet, name, adapter.set_size);
+            }
         }
         self.adapter = routed.headers.adapter;
         if let Some(bytes) = routed.headers.matched_bytes {

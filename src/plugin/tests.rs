@@ -997,3 +997,25 @@ fn a_response_cut_short_counts_once_with_what_arrived() {
     assert_eq!(usage_count(&host, UsageCounter::Responses, A), 2);
     assert_eq!(usage_count(&host, UsageCounter::Reported, A), 0);
 }
+
+#[test]
+fn adapters_set_size_gauges_are_named_safely_and_bounded_per_vm() {
+    let host = MemoryHost::new();
+    let mut vm: TestVm = Vm::new(Rc::clone(&host));
+    vm.set_adapter_instances(None, b"sql-lora", 2);
+    vm.set_adapter_instances(None, b"sql-lora", 3);
+    let gauge = |name: &[u8]| host.gauge(&crate::metrics::adapter_stat_name(name));
+    assert_eq!(gauge(b"sql-lora"), Some(3), "its latest set");
+    for n in 0..2 * vm::MAX_ADAPTER_GAUGES {
+        vm.set_adapter_instances(None, format!("lora-{n}").as_bytes(), 1);
+    }
+    // sql-lora and the first 63 others.
+    assert_eq!(gauge(b"lora-62"), Some(1));
+    assert_eq!(gauge(b"lora-63"), None);
+    vm.set_adapter_instances(Some("fleet-a"), b"sql-lora", 1);
+    let in_fleet = fleet_stat_name(
+        Some("fleet-a"),
+        &crate::metrics::adapter_stat_name(b"sql-lora"),
+    );
+    assert_eq!(host.gauge(&in_fleet), Some(1));
+}

@@ -17,7 +17,8 @@ use crate::counting_check::{AtResponse, UpstreamFilterCheck};
 use crate::host::{Host, MetricKind};
 use crate::load::{InstanceLoad, LoadTracker};
 use crate::metrics::{
-    fleet_stat_name, in_flight_gauge_name, placed_bytes_counter_name, FleetIds, UsageCounter,
+    adapter_stat_name, fleet_stat_name, in_flight_gauge_name, placed_bytes_counter_name, FleetIds,
+    UsageCounter,
 };
 use crate::steering;
 
@@ -25,6 +26,10 @@ use crate::steering;
 /// in-flight gauges, the placed-bytes counters): Envoy never deletes a stat,
 /// and the registry holds at most this many instances anyway.
 pub const MAX_GAUGES: usize = crate::load::MAX_INSTANCES as usize;
+
+/// Most adapters one VM defines a set-size gauge for: a bound on what
+/// untrusted names can add to Envoy's stats.
+pub const MAX_ADAPTER_GAUGES: usize = 64;
 
 /// Most histogram samples a VM holds between ticks; past it a sample is
 /// recorded at once.
@@ -44,6 +49,8 @@ pub struct Vm<H: Host + Clone> {
     placed_counters: FleetIds<HashMap<String, u32>>,
     /// Usage counter ids by instance address, one table per counter.
     usage_counters: [FleetIds<HashMap<String, u32>>; UsageCounter::ALL.len()],
+    /// Adapters' set-size gauge ids by stat name.
+    adapter_gauges: FleetIds<HashMap<String, u32>>,
     /// The `fleet` of the root configured last (`None` before any): the
     /// VM's roots share the per-instance stats, so they should agree.
     configured_fleet: Option<Option<String>>,
@@ -79,6 +86,7 @@ impl<H: Host + Clone> Vm<H> {
             gauges: FleetIds::default(),
             placed_counters: FleetIds::default(),
             usage_counters: Default::default(),
+            adapter_gauges: FleetIds::default(),
             configured_fleet: None,
             pending_counts: Vec::new(),
             pending_samples: Vec::new(),
@@ -291,6 +299,29 @@ impl<H: Host + Clone> Vm<H> {
         }
     }
 
+    /// Sets adapter `name`'s gauge to the `instances` of its set (named for
+    /// `fleet`); past [`MAX_ADAPTER_GAUGES`] adapters none is defined.
+    pub fn set_adapter_instances(&mut self, fleet: Option<&str>, name: &[u8], instances: u32) {
+        let stat = adapter_stat_name(name);
+        let ids = &mut self.adapter_gauges;
+        let id = stat_id_of(
+            &self.host,
+            ids,
+            fleet,
+            MetricKind::Gauge,
+            |s| s.to_string(),
+            &stat,
+            MAX_ADAPTER_GAUGES,
+        );
+        if let Some(id) = id {
+            warn_on_error(
+                "set gauge",
+                &stat,
+                self.host.record_metric(id, u64::from(instances)),
+            );
+        }
+    }
+
     /// Holds a sample of histogram `id` for the tick (recorded at once if
     /// [`MAX_PENDING_SAMPLES`] are held already).
     pub fn record_later(&mut self, id: u32, value: u64) {
@@ -375,15 +406,29 @@ fn instance_stat_id(
     name: impl Fn(&str) -> String,
     address: &str,
 ) -> Option<u32> {
+    stat_id_of(host, ids, fleet, kind, name, address, MAX_GAUGES)
+}
+
+/// The id of `fleet`'s stat `name(key)` in `ids`, defined on first use;
+/// None past `max` keys or if the host refuses.
+fn stat_id_of(
+    host: &impl Host,
+    ids: &mut FleetIds<HashMap<String, u32>>,
+    fleet: Option<&str>,
+    kind: MetricKind,
+    name: impl Fn(&str) -> String,
+    key: &str,
+    max: usize,
+) -> Option<u32> {
     let ids = ids.of(fleet);
-    if let Some(id) = ids.get(address) {
+    if let Some(id) = ids.get(key) {
         return Some(*id);
     }
-    if ids.len() >= MAX_GAUGES {
+    if ids.len() >= max {
         return None;
     }
-    let id = define_metric(host, kind, &fleet_stat_name(fleet, &name(address)))?;
-    ids.insert(address.to_string(), id);
+    let id = define_metric(host, kind, &fleet_stat_name(fleet, &name(key)))?;
+    ids.insert(key.to_string(), id);
     Some(id)
 }
 

@@ -25,6 +25,10 @@ fn metrics_doc_names_every_stat_the_filter_defines() {
         defined.push(stat.to_string());
     }
     defined.extend(prefix_router::engine_load::documented_stat_names());
+    defined.push(format!(
+        "{}.adapter.<name>",
+        prefix_router::metrics::ADAPTER_INSTANCES_PREFIX
+    ));
     // Per-instance stats, documented as `<prefix>.endpoint.<ip>:<port>`.
     for name_of in [
         prefix_router::metrics::in_flight_gauge_name,

@@ -360,6 +360,9 @@ fn documented_as(sample: &Sample, names: &BTreeSet<String>) -> String {
     }
 }
 
+/// The LoRA adapter one request names: its set's gauge is labelled.
+const ADAPTER: &str = "sql-lora";
+
 /// The series of every per-instance stat, `endpoint` being `addr` as it is.
 const PER_ENDPOINT: [&str; 5] = [
     "prefix_router_in_flight",
@@ -399,6 +402,11 @@ fn missing(samples: &[Sample], addrs: &[SocketAddr], expressions: &[String]) -> 
                 "prefix_router_engine_poll_failures{{reason=\"{reason}\"}}"
             ));
         }
+    }
+    if !has("prefix_router_adapter_instances", "adapter", ADAPTER) {
+        missing.push(format!(
+            "prefix_router_adapter_instances{{adapter=\"{ADAPTER}\"}}"
+        ));
     }
     for name in PER_ENDPOINT {
         for addr in addrs {
@@ -454,6 +462,7 @@ fn scrape_with_every_series(
     let config = serde_json::json!({
         "instances": [],
         "engine_load": {"cluster": "engine_metrics", "interval_ms": 200},
+        "adapters": {"base_models": ["m"]},
     });
     let envoy = Envoy::builder()
         .upstreams(addrs.clone())
@@ -477,6 +486,13 @@ fn scrape_with_every_series(
         served.len(),
         addrs.len(),
         "60 prompts reached only {served:?}"
+    );
+    let chat = format!(r#"{{"model":"{ADAPTER}","messages":[{{"role":"user","content":"hi"}}]}}"#);
+    post(
+        &envoy,
+        "/v1/chat/completions",
+        &[("content-type", "application/json")],
+        chat.as_bytes(),
     );
 
     let mut expressions = queries_and_dashboard_expressions();
@@ -517,7 +533,8 @@ fn a_real_scrape_has_the_labelled_series_the_docs_and_every_dashboard_alert_and_
         assert!(
             !name.starts_with("prefix_router_decision_")
                 && !name.starts_with("prefix_router_requests_keyed_")
-                && !name.starts_with("prefix_router_engine_poll_failures_"),
+                && !name.starts_with("prefix_router_engine_poll_failures_")
+                && !name.starts_with("prefix_router_adapter_instances_"),
             "a label value in the series name {name}"
         );
     }
@@ -575,7 +592,9 @@ fn the_labels_hold_with_istios_bootstrap_tags_before_them() {
             .expect("Istio's stats_tags")
             .extend(ours);
     });
-    let ours = ["kind", "api", "reason", "endpoint", "fleet", "le"];
+    let ours = [
+        "kind", "api", "reason", "adapter", "endpoint", "fleet", "le",
+    ];
     for sample in scraped
         .iter()
         .filter(|s| s.name.starts_with("prefix_router_"))
