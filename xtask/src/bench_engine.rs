@@ -57,7 +57,7 @@ use prefix_router_tools::sim::metrics::parse_sample;
 
 use crate::prereqs;
 use crate::run::build_wasm;
-use crate::vllm::{self, VllmFleet};
+use crate::vllm::{self, VllmRun};
 
 /// The portable build that served this model on the project's machines (the
 /// default build crashed with SIGSEGV in libggml-cpu on its first request).
@@ -589,6 +589,11 @@ const VLLM_SHAPE: Shape = Shape {
     include_usage: true,
 };
 const VLLM_INSTANCES: usize = 3;
+
+/// `target/bench/engine`: the runs' JSON and the instances' logs.
+fn engine_out_dir() -> PathBuf {
+    envoy::target_dir().join("bench").join("engine")
+}
 /// One per instance: the engines batch what they get.
 const VLLM_CLIENTS: usize = 3;
 /// FIXED_PREFIX's `prefix_length`: well inside the shared system prompt.
@@ -606,51 +611,6 @@ fn vllm_arms() -> [Peer; 5] {
     ]
 }
 
-/// What both vLLM runs set up before their arms: vLLM and the model
-/// installed, the prerequisites (Envoy), the filter's `.wasm`, the output
-/// folder, and [`VLLM_INSTANCES`] healthy instances.
-struct VllmRun {
-    fleet: VllmFleet,
-    /// The adapters every instance serves (none without `--lora`).
-    adapters: Vec<(String, PathBuf)>,
-    wasm: PathBuf,
-    /// `target/bench/engine`: the JSON and the instances' logs.
-    out_dir: PathBuf,
-    /// When the fleet was asked to start.
-    started: Instant,
-    /// Seconds until every instance was healthy.
-    startup_s: f64,
-}
-
-impl VllmRun {
-    /// Installs what is missing and starts the fleet, serving `lora_adapters`
-    /// adapters made by [`vllm::ensure_adapters`] (0: none, LoRA off).
-    fn start(lora_adapters: usize) -> anyhow::Result<Self> {
-        let install = vllm::ensure_vllm()?;
-        let adapters = if lora_adapters == 0 {
-            Vec::new()
-        } else {
-            vllm::ensure_adapters(&install, lora_adapters)?
-        };
-        let found = prereqs::ensure_all()?;
-        std::env::set_var("ENVOY_BIN", &found.envoy);
-        let wasm = build_wasm()?;
-        let out_dir = envoy::target_dir().join("bench").join("engine");
-        fs::create_dir_all(&out_dir)?;
-        let started = Instant::now();
-        let fleet = VllmFleet::start(&install, VLLM_INSTANCES, &out_dir, &adapters)?;
-        let startup_s = started.elapsed().as_secs_f64();
-        Ok(VllmRun {
-            fleet,
-            adapters,
-            wasm,
-            out_dir,
-            started,
-            startup_s,
-        })
-    }
-}
-
 /// `cargo xtask bench engine --engine vllm`: see the module documentation.
 pub fn run_vllm() -> anyhow::Result<()> {
     let VllmRun {
@@ -660,7 +620,7 @@ pub fn run_vllm() -> anyhow::Result<()> {
         started,
         startup_s,
         ..
-    } = VllmRun::start(0)?;
+    } = VllmRun::start(0, VLLM_INSTANCES, &engine_out_dir())?;
     let jobs = workload(&VLLM_SHAPE);
     let addrs = fleet.addrs();
     println!(
@@ -833,7 +793,7 @@ pub fn run_vllm_lora() -> anyhow::Result<()> {
         out_dir,
         startup_s,
         ..
-    } = VllmRun::start(LORA_ADAPTERS)?;
+    } = VllmRun::start(LORA_ADAPTERS, VLLM_INSTANCES, &engine_out_dir())?;
     let jobs = lora_workload();
     let addrs = fleet.addrs();
     println!(

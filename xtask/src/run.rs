@@ -1,5 +1,6 @@
 //! `cargo xtask test`: builds the filter, then runs the native unit and
-//! integration tests and the core's unit tests compiled to wasm32-wasip1.
+//! integration tests and the core's unit tests compiled to wasm32-wasip1;
+//! `--real-vllm`: the suite against real vLLM (`tests/suite/real_vllm.rs`).
 
 use std::path::PathBuf;
 
@@ -7,6 +8,7 @@ use anyhow::{bail, Context as _};
 use prefix_router_tools::envoy;
 
 use crate::prereqs::{self, cargo, run};
+use crate::vllm;
 
 /// Builds the release .wasm and returns its absolute path.
 pub fn build_wasm() -> anyhow::Result<PathBuf> {
@@ -107,4 +109,72 @@ pub fn test(cargo_test_args: &[String]) -> anyhow::Result<()> {
             bail!("tests failed:\n  {}", failed.join("\n  "))
         }
     }
+}
+
+/// LoRA adapters the real-vLLM instances serve.
+const REAL_VLLM_ADAPTERS: usize = 2;
+
+/// `cargo xtask test --real-vllm`: installs vLLM (CPU) and two LoRA
+/// adapters, starts three instances serving both, and runs
+/// `tests/suite/real_vllm.rs` against them, the test that kills an
+/// instance last. Each phase's time is printed.
+pub fn test_real_vllm(cargo_test_args: &[String]) -> anyhow::Result<()> {
+    let vllm_run = vllm::VllmRun::start(
+        REAL_VLLM_ADAPTERS,
+        3,
+        &envoy::target_dir().join("test-real-vllm"),
+    )?;
+    let (fleet, adapters) = (&vllm_run.fleet, &vllm_run.adapters);
+    let healthy_s = vllm_run.started.elapsed().as_secs_f64();
+    let join = |items: Vec<String>| items.join(",");
+    let suite = |filter: &[&str]| {
+        let mut command = cargo();
+        command
+            .args([
+                "test",
+                "-p",
+                "prefix-router-integration-tests",
+                "--test",
+                "real_vllm",
+            ])
+            .args(cargo_test_args)
+            .arg("--")
+            .args(["--test-threads", "1"])
+            .args(filter)
+            .env("PREFIX_ROUTER_WASM", &vllm_run.wasm)
+            .env(
+                "PREFIX_ROUTER_VLLM",
+                join(fleet.addrs().iter().map(|a| a.to_string()).collect()),
+            )
+            .env("PREFIX_ROUTER_VLLM_MODEL", vllm::SERVED_MODEL)
+            .env(
+                "PREFIX_ROUTER_VLLM_PIDS",
+                join(
+                    fleet
+                        .instances
+                        .iter()
+                        .map(|i| i.pid().to_string())
+                        .collect(),
+                ),
+            )
+            .env(
+                "PREFIX_ROUTER_VLLM_ADAPTERS",
+                join(
+                    adapters
+                        .iter()
+                        .map(|(name, path)| format!("{name}={}", path.display()))
+                        .collect(),
+                ),
+            );
+        run(&mut command)
+    };
+    // Every test but the one that kills an instance, then that one.
+    let outcome = suite(&["--skip", "killed"]).and_then(|()| suite(&["killed"]));
+    eprintln!(
+        "xtask: real vLLM: instances healthy in {:.0} s, the suite took {:.0} s ({})",
+        vllm_run.startup_s,
+        vllm_run.started.elapsed().as_secs_f64() - healthy_s,
+        fleet.placement()
+    );
+    outcome
 }

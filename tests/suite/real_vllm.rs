@@ -1,0 +1,283 @@
+//! Real vLLM (its CPU backend, SmolLM2-135M) behind a real Envoy with the
+//! filter and the shipped configuration. `cargo xtask test --real-vllm`
+//! installs vLLM, starts three instances serving two LoRA adapters and
+//! names them here (`PREFIX_ROUTER_VLLM*`); it runs the test that kills an
+//! instance last. Not part of `cargo xtask test` (README, "Tests").
+//!
+//! - A conversation stays on one instance, and vLLM reports its history
+//!   cached (`usage.prompt_tokens_details.cached_tokens`).
+//! - The poller reads every instance's real `/metrics` without a failure.
+//! - An adapter unloaded from the instance its requests go to (gone from
+//!   its `/v1/models`) is served elsewhere after a poll, and there again
+//!   once loaded again.
+//! - An instance killed between requests loses none of the next ones.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use harness::load::{filter_counter, wait_for_counter};
+use prefix_router::engine_load::REQUESTS_GAUGE_PREFIX;
+use prefix_router::load::FAILED_RETRY_MS;
+use prefix_router::metrics::instance_stat_name;
+use prefix_router_tools::envoy::Envoy;
+use serde_json::{json, Value};
+use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
+
+const DECISION_HEADER: &str = "x-prefix-router-decision";
+/// Envoy's worker threads in the test that kills an instance.
+const WORKERS: u32 = 2;
+
+/// The instances `cargo xtask test --real-vllm` started.
+struct Fleet {
+    addrs: Vec<SocketAddr>,
+    model: String,
+    /// Each instance's process group, in `addrs`' order.
+    pids: Vec<u32>,
+    /// (name, folder) of the adapters every instance serves.
+    adapters: Vec<(String, String)>,
+}
+
+fn var(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| {
+        panic!("{name} is not set: run this suite with `cargo xtask test --real-vllm`")
+    })
+}
+
+fn fleet() -> Fleet {
+    let list = |name: &str| -> Vec<String> { var(name).split(',').map(str::to_string).collect() };
+    Fleet {
+        addrs: list("PREFIX_ROUTER_VLLM")
+            .iter()
+            .map(|a| a.parse().expect("an instance address"))
+            .collect(),
+        model: var("PREFIX_ROUTER_VLLM_MODEL"),
+        pids: list("PREFIX_ROUTER_VLLM_PIDS")
+            .iter()
+            .map(|p| p.parse().expect("a process id"))
+            .collect(),
+        adapters: list("PREFIX_ROUTER_VLLM_ADAPTERS")
+            .iter()
+            .map(|a| {
+                let (name, path) = a.split_once('=').expect("name=folder");
+                (name.to_string(), path.to_string())
+            })
+            .collect(),
+    }
+}
+
+/// Envoy with the shipped configuration in front of `fleet`, the filter
+/// configured as the default plus `more`, engine load polled.
+fn envoy(fleet: &Fleet, workers: u32, more: Value) -> Envoy {
+    let mut config = json!({
+        "instances": [],
+        "decision_header": DECISION_HEADER,
+        "engine_load": {"cluster": "engine_metrics", "interval_ms": 250},
+    });
+    if let (Some(config), Some(more)) = (config.as_object_mut(), more.as_object()) {
+        config.extend(more.clone());
+    }
+    let envoy = Envoy::builder()
+        .upstreams(fleet.addrs.iter().copied())
+        .plugin_config(config.to_string())
+        .concurrency(workers)
+        .start()
+        .unwrap_or_else(|e| panic!("{e}"));
+    // Two rounds of polls sent: every instance sampled before traffic.
+    wait_for_counter(&envoy, "engine.polls", 2 * fleet.addrs.len() as u64);
+    envoy
+}
+
+/// A chat completion through `envoy`: its status, the instance the decision
+/// header names, and the body.
+fn chat(envoy: &Envoy, model: &str, messages: &Value) -> (u16, Option<String>, Value) {
+    let body = json!({"model": model, "messages": messages, "max_tokens": 4, "temperature": 0});
+    let response = ureq::post(&format!("{}/v1/chat/completions", envoy.base_url()))
+        .timeout(Duration::from_secs(300))
+        .set("content-type", "application/json")
+        .send_string(&body.to_string());
+    let response = match response {
+        Ok(response) => response,
+        Err(ureq::Error::Status(_, response)) => response,
+        Err(error) => panic!("no answer from Envoy: {error}"),
+    };
+    let status = response.status();
+    let instance = response
+        .header(DECISION_HEADER)
+        .and_then(|d| d.split("; ").find_map(|f| f.strip_prefix("instance=")))
+        .map(str::to_string);
+    let body: Value = response
+        .into_string()
+        .ok()
+        .and_then(|text| serde_json::from_str(&text).ok())
+        .unwrap_or(Value::Null);
+    (status, instance, body)
+}
+
+/// A short question no other shares (vLLM's CPU blocks are 128 tokens: it
+/// never hits).
+fn question(n: usize) -> Value {
+    json!([{"role": "user", "content": format!("Question {n}: name a colour.")}])
+}
+
+#[test]
+fn a_conversation_stays_on_one_instance_and_vllm_reports_its_history_cached() {
+    let fleet = fleet();
+    let envoy = envoy(&fleet, 1, json!({}));
+    let document = (0..120)
+        .map(|i| format!("Clause {i} sets out duty {} of the parties.", i * 7 % 101))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let mut messages = vec![
+        json!({"role": "system", "content": format!("Answer from this contract. {document}")}),
+    ];
+    let mut instances = Vec::new();
+    for turn in 0..4 {
+        messages.push(json!({"role": "user", "content": format!("Summarise clause {turn}.")}));
+        let (status, instance, body) = chat(&envoy, &fleet.model, &Value::from(messages.clone()));
+        assert_eq!(status, 200, "turn {turn}: {body}");
+        let usage = &body["usage"];
+        let prompt = usage["prompt_tokens"].as_u64().expect("prompt_tokens");
+        let cached = usage["prompt_tokens_details"]["cached_tokens"].as_u64();
+        if turn > 0 {
+            // The history, whole 128-token blocks of it, was in its cache.
+            let cached = cached.expect("cached_tokens (--enable-prompt-tokens-details)");
+            assert!(
+                cached * 10 >= prompt * 8,
+                "turn {turn}: {cached} of {prompt} cached"
+            );
+        }
+        let answer = body["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap_or("");
+        messages.push(json!({"role": "assistant", "content": answer}));
+        instances.push(instance.expect("the decision names the instance"));
+    }
+    assert!(
+        instances.iter().all(|i| *i == instances[0]),
+        "{instances:?}"
+    );
+}
+
+#[test]
+fn the_poller_reads_every_real_instance_without_a_failure() {
+    let fleet = fleet();
+    let envoy = envoy(&fleet, 1, json!({}));
+    let polls = filter_counter(&envoy, "engine.polls");
+    wait_for_counter(&envoy, "engine.polls", polls + 2 * fleet.addrs.len() as u64);
+    for reason in ["timeout", "unreachable", "status", "body"] {
+        let failed = filter_counter(&envoy, &format!("engine.poll_failures.{reason}"));
+        assert_eq!(failed, 0, "{reason}");
+    }
+    for addr in &fleet.addrs {
+        let name = instance_stat_name(REQUESTS_GAUGE_PREFIX, &addr.to_string());
+        let gauge = envoy
+            .stat(&format!("wasmcustom.{name}"))
+            .expect("admin /stats");
+        assert!(gauge.is_some(), "no running + waiting sampled from {addr}");
+    }
+}
+
+/// vLLM's `/v1/load_lora_adapter` or `/v1/unload_lora_adapter` on `addr`.
+fn lora_admin(addr: SocketAddr, action: &str, body: &Value) {
+    let answer = ureq::post(&format!("http://{addr}/v1/{action}_lora_adapter"))
+        .timeout(Duration::from_secs(120))
+        .set("content-type", "application/json")
+        .send_string(&body.to_string());
+    assert!(answer.is_ok(), "{action} on {addr}: {answer:?}");
+}
+
+#[test]
+fn an_adapter_unloaded_where_it_goes_is_served_elsewhere_after_a_poll_and_back_once_loaded() {
+    let fleet = fleet();
+    let envoy = envoy(
+        &fleet,
+        1,
+        json!({"adapters": {"base_models": [fleet.model]}}),
+    );
+    let (adapter, path) = fleet.adapters.last().expect("an adapter");
+    // The adapter's rendezvous order over the instances.
+    let mut order = fleet.addrs.clone();
+    order.sort_by_key(|a| {
+        std::cmp::Reverse(xxh3_64_with_seed(
+            a.to_string().as_bytes(),
+            xxh3_64(adapter.as_bytes()),
+        ))
+    });
+    let ask = |n: usize| chat(&envoy, adapter, &question(n));
+    let served = |n: usize| {
+        let (status, instance, body) = ask(n);
+        assert_eq!(status, 200, "request {n}: {body}");
+        instance.expect("the decision names the instance")
+    };
+    assert_eq!(served(0), order[0].to_string());
+    let after_a_poll = || {
+        let polls = filter_counter(&envoy, "engine.polls");
+        wait_for_counter(&envoy, "engine.polls", polls + 2 * fleet.addrs.len() as u64);
+    };
+    lora_admin(order[0], "unload", &json!({"lora_name": adapter}));
+    after_a_poll();
+    assert_eq!(served(1), order[1].to_string());
+    assert_eq!(served(2), order[1].to_string());
+    lora_admin(
+        order[0],
+        "load",
+        &json!({"lora_name": adapter, "lora_path": path}),
+    );
+    after_a_poll();
+    assert_eq!(served(3), order[0].to_string());
+}
+
+/// One of Envoy's per-host counters in the `vllm` cluster (`/clusters`).
+fn host_counter(envoy: &Envoy, host: SocketAddr, name: &str) -> u64 {
+    let text = envoy.admin_get("/clusters").expect("admin /clusters");
+    let prefix = format!("vllm::{host}::{name}::");
+    text.lines()
+        .find_map(|line| line.strip_prefix(&prefix))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn an_instance_killed_between_requests_loses_none_of_the_next() {
+    let fleet = fleet();
+    let envoy = envoy(&fleet, WORKERS, json!({}));
+    let mut victim = None;
+    for n in 0..12 {
+        let (status, instance, body) = chat(&envoy, &fleet.model, &question(n));
+        assert_eq!(status, 200, "request {n}: {body}");
+        victim = victim.or(instance);
+    }
+    let victim: SocketAddr = victim
+        .expect("a served request")
+        .parse()
+        .expect("an address");
+    let pid = fleet.pids[fleet
+        .addrs
+        .iter()
+        .position(|a| *a == victim)
+        .expect("one of the fleet")];
+    let killed = std::process::Command::new("kill")
+        .args(["-KILL", "--", &format!("-{pid}")])
+        .status()
+        .expect("kill");
+    assert!(killed.success(), "kill -KILL -{pid}");
+    let died = Instant::now();
+    for n in 12..36 {
+        let (status, _, body) = chat(&envoy, &fleet.model, &question(n));
+        assert_eq!(status, 200, "request {n} after {victim} died: {body}");
+    }
+    let tried = host_counter(&envoy, victim, "cx_connect_fail");
+    assert!(
+        tried >= 1,
+        "no request tried the dead instance: nothing was tested"
+    );
+    // As `upstream_failure.rs`: at most two per worker after the first
+    // failure, plus one per worker and one by Envoy per FAILED_RETRY_MS.
+    let periods = died.elapsed().as_millis() as u64 / FAILED_RETRY_MS;
+    let bound = 1 + u64::from(WORKERS) * (2 + 2 * periods);
+    assert!(
+        tried <= bound,
+        "{tried} connections tried to the dead instance (at most {bound})"
+    );
+    wait_for_counter(&envoy, "upstream.instances_failed", 1);
+}
