@@ -268,6 +268,16 @@ pub fn in_flight_gauges(envoy: &Envoy) -> BTreeMap<String, u64> {
         .collect()
 }
 
+/// One of Envoy's per-host counters in the `vllm` cluster (`/clusters`).
+pub fn host_counter(envoy: &Envoy, host: SocketAddr, name: &str) -> u64 {
+    let text = envoy.admin_get("/clusters").expect("admin /clusters");
+    let prefix = format!("vllm::{host}::{name}::");
+    text.lines()
+        .find_map(|line| line.strip_prefix(&prefix))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {prefix} in /clusters"))
+}
+
 /// A counter of the filter (`wasmcustom.prefix_router.<name>`), 0 if absent.
 pub fn filter_counter(envoy: &Envoy, name: &str) -> u64 {
     envoy

@@ -15,7 +15,7 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use harness::load::{filter_counter, wait_for_counter};
+use harness::load::{filter_counter, host_counter, wait_for_counter};
 use prefix_router::engine_load::REQUESTS_GAUGE_PREFIX;
 use prefix_router::load::FAILED_RETRY_MS;
 use prefix_router::metrics::instance_stat_name;
@@ -223,16 +223,6 @@ fn an_adapter_unloaded_where_it_goes_is_served_elsewhere_after_a_poll_and_back_o
     );
     after_a_poll();
     assert_eq!(served(3), order[0].to_string());
-}
-
-/// One of Envoy's per-host counters in the `vllm` cluster (`/clusters`).
-fn host_counter(envoy: &Envoy, host: SocketAddr, name: &str) -> u64 {
-    let text = envoy.admin_get("/clusters").expect("admin /clusters");
-    let prefix = format!("vllm::{host}::{name}::");
-    text.lines()
-        .find_map(|line| line.strip_prefix(&prefix))
-        .and_then(|n| n.trim().parse().ok())
-        .unwrap_or(0)
 }
 
 #[test]

@@ -11,8 +11,8 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use harness::load::{
-    assert_all_ok, filter_counter, prefix_request, shoot_all, wait_for_counter, Outcome,
-    HOST_HEADER,
+    assert_all_ok, filter_counter, host_counter, prefix_request, shoot_all, wait_for_counter,
+    Outcome, HOST_HEADER,
 };
 use harness::relay::Relay;
 use harness::{wait_until, Harness, Outgoing, KEY_HEADER};
@@ -38,16 +38,6 @@ async fn start(customise: impl FnOnce(EnvoyBuilder) -> EnvoyBuilder) -> (Harness
         .start()
         .unwrap_or_else(|e| panic!("{e}"));
     (Harness { envoy, fleet }, relay)
-}
-
-/// One of Envoy's per-host counters in the `vllm` cluster (`/clusters`).
-fn host_counter(envoy: &Envoy, host: SocketAddr, name: &str) -> u64 {
-    let text = envoy.admin_get("/clusters").expect("admin /clusters");
-    let prefix = format!("vllm::{host}::{name}::");
-    text.lines()
-        .find_map(|line| line.strip_prefix(&prefix))
-        .and_then(|n| n.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {prefix} in /clusters"))
 }
 
 /// Sends `requests` in waves of [`WAVE`] at once.
