@@ -24,6 +24,7 @@
 use crate::classify::ApiKind;
 use crate::request::KeyDerivation;
 use crate::strategy::DecisionKind;
+use crate::usage::check::Verdict;
 use crate::usage::Usage;
 
 /// Every routing decision kind, in a fixed order (one counter each).
@@ -129,16 +130,20 @@ pub enum UsageCounter {
     /// The decision's predicted matched bytes, for the responses that
     /// reported `cached_tokens` (LONGEST_PREFIX).
     MatchedBytes,
+    /// Responses whose engine held under half of the predicted prefix
+    /// ([`crate::usage::check`]).
+    IndexMisses,
 }
 
 impl UsageCounter {
-    pub const ALL: [UsageCounter; 6] = [
+    pub const ALL: [UsageCounter; 7] = [
         UsageCounter::Responses,
         UsageCounter::Reported,
         UsageCounter::ReportedCached,
         UsageCounter::PromptTokens,
         UsageCounter::CachedTokens,
         UsageCounter::MatchedBytes,
+        UsageCounter::IndexMisses,
     ];
 
     /// The name before `.endpoint.<address>`.
@@ -150,6 +155,7 @@ impl UsageCounter {
             UsageCounter::PromptTokens => "prefix_router.usage.prompt_tokens",
             UsageCounter::CachedTokens => "prefix_router.usage.cached_tokens",
             UsageCounter::MatchedBytes => "prefix_router.usage.matched_bytes",
+            UsageCounter::IndexMisses => "prefix_router.usage.index_misses",
         }
     }
 
@@ -160,10 +166,11 @@ impl UsageCounter {
 
     /// What one response adds to each counter, in [`UsageCounter::ALL`]'s
     /// order: `usage` is what its body reported, `matched_bytes` the
-    /// decision's prediction.
+    /// decision's prediction and `verdict` what the usage said of it.
     pub fn amounts(
         usage: Option<Usage>,
         matched_bytes: Option<u64>,
+        verdict: Verdict,
     ) -> [(UsageCounter, u64); UsageCounter::ALL.len()] {
         let reported = usage.map(|u| u.prompt_tokens);
         let cached = usage.and_then(|u| u.cached_tokens);
@@ -176,6 +183,10 @@ impl UsageCounter {
             (UsageCounter::PromptTokens, reported.unwrap_or_default()),
             (UsageCounter::CachedTokens, cached.unwrap_or_default()),
             (UsageCounter::MatchedBytes, predicted.unwrap_or_default()),
+            (
+                UsageCounter::IndexMisses,
+                one_if(matches!(verdict, Verdict::Missed { .. })),
+            ),
         ]
     }
 }
@@ -408,14 +419,15 @@ mod tests {
         );
         use UsageCounter::*;
         assert_eq!(
-            UsageCounter::amounts(None, Some(512)),
+            UsageCounter::amounts(None, Some(512), Verdict::Unchecked),
             [
                 (Responses, 1),
                 (Reported, 0),
                 (ReportedCached, 0),
                 (PromptTokens, 0),
                 (CachedTokens, 0),
-                (MatchedBytes, 0)
+                (MatchedBytes, 0),
+                (IndexMisses, 0)
             ]
         );
         let no_cached = Usage {
@@ -423,14 +435,15 @@ mod tests {
             cached_tokens: None,
         };
         assert_eq!(
-            UsageCounter::amounts(Some(no_cached), Some(512)),
+            UsageCounter::amounts(Some(no_cached), Some(512), Verdict::Unchecked),
             [
                 (Responses, 1),
                 (Reported, 1),
                 (ReportedCached, 0),
                 (PromptTokens, 40),
                 (CachedTokens, 0),
-                (MatchedBytes, 0)
+                (MatchedBytes, 0),
+                (IndexMisses, 0)
             ]
         );
         let cached = Usage {
@@ -438,17 +451,26 @@ mod tests {
             cached_tokens: Some(32),
         };
         assert_eq!(
-            UsageCounter::amounts(Some(cached), Some(128)),
+            UsageCounter::amounts(Some(cached), Some(128), Verdict::Held),
             [
                 (Responses, 1),
                 (Reported, 1),
                 (ReportedCached, 1),
                 (PromptTokens, 40),
                 (CachedTokens, 32),
-                (MatchedBytes, 128)
+                (MatchedBytes, 128),
+                (IndexMisses, 0)
             ]
         );
-        for (i, (counter, _)) in UsageCounter::amounts(None, None).iter().enumerate() {
+        let missed = Verdict::Missed {
+            forget_through_s: None,
+        };
+        let amounts = UsageCounter::amounts(Some(cached), Some(4096), missed);
+        assert_eq!(amounts.last(), Some(&(IndexMisses, 1)));
+        for (i, (counter, _)) in UsageCounter::amounts(None, None, Verdict::Unchecked)
+            .iter()
+            .enumerate()
+        {
             assert_eq!(counter.index(), i);
         }
     }

@@ -16,6 +16,8 @@
 //! matches. A key written with escapes (`"\u0075sage"`) is not recognised.
 //! Malformed, truncated or hostile bodies give no usage, never a panic.
 
+pub mod check;
+
 /// What one response reported.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Usage {

@@ -7,7 +7,7 @@
 use super::codec::{Reader, Writer};
 use super::table::Record;
 
-const RECORD_VERSION: u8 = 3;
+const RECORD_VERSION: u8 = 4;
 
 /// How long an instance Envoy did not use when it was nominated stays out of
 /// the candidates. Then it is nominated again as any other: back in the
@@ -44,6 +44,9 @@ pub(crate) struct InstanceRecord {
     /// request last went to try it again). Cleared only when it answers:
     /// a request merely sent there does not clear it, unlike `last_seen_ms`.
     pub(crate) failed_since_ms: Option<u64>,
+    /// Its forget mark: the prefix index no longer believes its entries
+    /// last used at or before this second (0: it believes them all).
+    pub(crate) forgotten_through_s: u32,
     pub(crate) cells: Vec<CountCell>,
 }
 
@@ -54,6 +57,7 @@ impl InstanceRecord {
             last_seen_ms: now_ms,
             suspect_since_ms: None,
             failed_since_ms: None,
+            forgotten_through_s: 0,
             cells: Vec::new(),
         }
     }
@@ -123,12 +127,13 @@ impl Record for InstanceRecord {
         let address = self.address.as_bytes();
         let address = address.get(..MAX_ADDRESS_LEN).unwrap_or(address);
         let cells = self.cells.get(..255).unwrap_or(&self.cells);
-        let mut w = Writer::with_capacity(29 + address.len() + 12 * cells.len());
+        let mut w = Writer::with_capacity(33 + address.len() + 12 * cells.len());
         w.u8(RECORD_VERSION)
             .u8(u8::from(self.suspect_since_ms.is_some()))
             .u64(self.suspect_since_ms.unwrap_or_default())
             .u8(u8::from(self.failed_since_ms.is_some()))
             .u64(self.failed_since_ms.unwrap_or_default())
+            .u32(self.forgotten_through_s)
             // Both lengths are capped at 255 just above.
             .u8(address.len() as u8)
             .bytes(address)
@@ -148,6 +153,7 @@ impl Record for InstanceRecord {
         }
         let suspect_since_ms = optional_time(&mut r)?;
         let failed_since_ms = optional_time(&mut r)?;
+        let forgotten_through_s = r.u32()?;
         let address_len = usize::from(r.u8()?);
         let address = std::str::from_utf8(r.bytes(address_len)?).ok()?.to_string();
         let last_seen_ms = r.u64()?;
@@ -164,6 +170,7 @@ impl Record for InstanceRecord {
             last_seen_ms,
             suspect_since_ms,
             failed_since_ms,
+            forgotten_through_s,
             cells,
         })
     }
@@ -212,8 +219,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn round_trip_with_cells() {
+    fn round_trip_with_cells_and_a_forget_mark() {
         let mut rec = InstanceRecord::new("10.0.0.1:8000", 77);
+        rec.forgotten_through_s = 0x0102_0304;
         rec.set_cell(3, CountCell { tag: 9, count: 2 });
         rec.set_cell(0, CountCell { tag: 5, count: 1 });
         assert_eq!(rec.cells.len(), 4);

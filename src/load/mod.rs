@@ -217,6 +217,9 @@ pub struct Candidate {
     pub placed_bytes: u64,
     /// The adapters its engine lists (with a fresh sample); None: not known.
     pub served: Option<ServedAdapters>,
+    /// Its forget mark ([`crate::usage::check`]): the prefix index does not
+    /// believe its entries last used at or before this second.
+    pub forgotten_through: u32,
 }
 
 impl Candidate {
@@ -231,6 +234,7 @@ impl Candidate {
             recent: 0,
             placed_bytes: 0,
             served: None,
+            forgotten_through: 0,
         }
     }
 
@@ -321,7 +325,8 @@ pub trait LoadView {
         let _ = (instance, placed_bytes);
     }
     /// Records in the prefix index that `instance` now holds all of `chain`,
-    /// of which it was known to hold the first `known` blocks.
+    /// of which it was known to hold the first `known` blocks; returns when
+    /// that known holding was last recorded before (seconds), if it was.
     fn remember_held(
         &mut self,
         chain: &[u64],
@@ -329,7 +334,8 @@ pub trait LoadView {
         instance: &InstanceRef,
         candidates: &[Candidate],
         now_ms: u64,
-    ) {
+    ) -> Option<u32> {
         let _ = (chain, known, instance, candidates, now_ms);
+        None
     }
 }

@@ -7,7 +7,9 @@
 //! chain (block i's hash is seeded with block i-1's), so `chain[i]` stands
 //! for the whole prefix through block i. After routing, the chosen instance
 //! is recorded as holding every block of the chain; a lookup finds the longest
-//! `n` such that a live instance holds `chain[n-1]`.
+//! `n` such that a live instance holds `chain[n-1]`. An instance's entries
+//! last used at or before its forget mark are not believed: its engine
+//! reported that it no longer holds a prefix used then (`usage::check`).
 //!
 //! Layout: shared data has no delete, no TTL and no size cap, so the index is
 //! a fixed number N of keys, `prefix/<b>` for b < N, computed from a byte
@@ -39,8 +41,8 @@
 //! (`prefix-router/<namespace>/v2/prefix/<b>`, about 40 bytes) and its map
 //! entry.
 //!
-//! Eviction, within a full bucket: an entry of a holder that is no longer a
-//! live instance first, else the least recently used one; an entry written by
+//! Eviction, within a full bucket: an entry not believed (its holder gone,
+//! or past its forget mark) first, else the least recently used one; an entry written by
 //! the same call last. The same (block, holder) pair is never stored twice (it
 //! is refreshed instead); several holders of one block coexist.
 //!
@@ -117,6 +119,11 @@ impl Holder {
     }
 }
 
+/// Whether an entry stands: its holder is a live instance, and the entry
+/// is newer than what that instance is known to have lost
+/// ([`crate::load::Candidate::forgotten_through`]).
+pub(crate) type Believed<'a> = dyn Fn(&PrefixEntry) -> bool + 'a;
+
 /// One indexed block held by one instance.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct PrefixEntry {
@@ -150,11 +157,11 @@ enum Put {
 }
 
 impl PrefixBucket {
-    /// The live holders of `hash`.
-    fn live_holders(&self, hash: u64, live: &dyn Fn(Holder) -> bool) -> Vec<Holder> {
+    /// The holders of `hash` whose entries are believed.
+    fn believed_holders(&self, hash: u64, believed: &Believed<'_>) -> Vec<Holder> {
         self.entries
             .iter()
-            .filter(|e| e.hash == hash && live(e.holder))
+            .filter(|e| e.hash == hash && believed(e))
             .map(|e| e.holder)
             .collect()
     }
@@ -175,7 +182,7 @@ impl PrefixBucket {
         hash: u64,
         holder: Holder,
         stamp: u32,
-        live: &dyn Fn(Holder) -> bool,
+        believed: &Believed<'_>,
         written: &mut WrittenWays,
     ) -> Put {
         let entry = PrefixEntry {
@@ -205,7 +212,7 @@ impl PrefixBucket {
             .entries
             .iter_mut()
             .enumerate()
-            .min_by_key(|(way, e)| (live(e.holder), *written & (1 << way) != 0, e.last_used));
+            .min_by_key(|(way, e)| (believed(e), *written & (1 << way) != 0, e.last_used));
         match victim {
             Some((way, slot)) => {
                 *written |= 1 << way;
@@ -248,7 +255,7 @@ impl Record for PrefixBucket {
 pub(crate) struct Held {
     /// Blocks of the chain held (0: none).
     pub(crate) blocks: usize,
-    /// The live holders of `chain[blocks - 1]` (empty when `blocks` is 0).
+    /// The believed holders of `chain[blocks - 1]` (empty when `blocks` is 0).
     pub(crate) holders: Vec<Holder>,
 }
 
@@ -322,21 +329,21 @@ impl PrefixIndex {
         tables.key(format_args!("prefix/{bucket}"))
     }
 
-    /// The longest prefix of `chain` ending in span `span` that a live
-    /// holder holds, if any (one read, unless `reads` has the bucket).
+    /// The longest prefix of `chain` ending in span `span` that a holder is
+    /// believed to hold, if any (one read, unless `reads` has the bucket).
     fn longest_in_span<S: SharedStore>(
         &self,
         tables: &Tables<S>,
         chain: &[u64],
         span: usize,
-        live: &dyn Fn(Holder) -> bool,
+        believed: &Believed<'_>,
         reads: &mut BucketReads,
     ) -> Option<Held> {
         let first = span * SPAN_BLOCKS;
         let end = (first + SPAN_BLOCKS).min(chain.len());
         let record = reads.get(self, tables, self.bucket_of_block(chain, first));
         (first..end).rev().find_map(|i| {
-            let holders = record.live_holders(*chain.get(i)?, live);
+            let holders = record.believed_holders(*chain.get(i)?, believed);
             (!holders.is_empty()).then_some(Held {
                 blocks: i + 1,
                 holders,
@@ -344,8 +351,8 @@ impl PrefixIndex {
         })
     }
 
-    /// The longest `n` (0..=chain.len()) such that a live holder holds
-    /// `chain[n-1]`, with those holders.
+    /// The longest `n` (0..=chain.len()) such that a holder is believed to
+    /// hold `chain[n-1]`, with those holders.
     ///
     /// Reads the chain's last span first (a repeated prompt, or a turn whose
     /// held prefix ends in it: one read), then binary-searches the spans for
@@ -354,7 +361,7 @@ impl PrefixIndex {
     /// already has. The search assumes that a held block's predecessors are
     /// held too (they were recorded for the same holder at the same time or
     /// earlier). When eviction broke that (a block of the chain evicted,
-    /// later ones kept), the answer is still a block that a live holder
+    /// later ones kept), the answer is still a block that a believed holder
     /// holds, read from the index: maybe a shorter match than the longest,
     /// or a longer one past the evicted block (still true: its hash stands
     /// for the whole prefix), never a block nobody holds.
@@ -362,13 +369,13 @@ impl PrefixIndex {
         &self,
         tables: &Tables<S>,
         chain: &[u64],
-        live: &dyn Fn(Holder) -> bool,
+        believed: &Believed<'_>,
         reads: &mut BucketReads,
     ) -> Held {
         let Some(last) = chain.len().div_ceil(SPAN_BLOCKS).checked_sub(1) else {
             return Held::default();
         };
-        if let Some(held) = self.longest_in_span(tables, chain, last, live, reads) {
+        if let Some(held) = self.longest_in_span(tables, chain, last, believed, reads) {
             return held;
         }
         // Invariant: spans before `low` hold something, the match being in
@@ -377,7 +384,7 @@ impl PrefixIndex {
         let mut held = Held::default();
         while low < high {
             let mid = low + (high - low) / 2;
-            match self.longest_in_span(tables, chain, mid, live, reads) {
+            match self.longest_in_span(tables, chain, mid, believed, reads) {
                 Some(found) => {
                     held = found;
                     low = mid + 1;
@@ -386,6 +393,24 @@ impl PrefixIndex {
             }
         }
         held
+    }
+
+    /// When `holder`'s holding of the first `blocks` blocks of `chain` was
+    /// last recorded (seconds), if the index has it: the age of what a
+    /// decision predicted. Reads the bucket a lookup of `blocks` already read.
+    pub(crate) fn last_used<S: SharedStore>(
+        &self,
+        tables: &Tables<S>,
+        chain: &[u64],
+        blocks: usize,
+        holder: Holder,
+        reads: &mut BucketReads,
+    ) -> Option<u32> {
+        let i = blocks.checked_sub(1)?;
+        let hash = *chain.get(i)?;
+        reads
+            .get(self, tables, self.bucket_of_block(chain, i))
+            .last_used(hash, holder)
     }
 
     /// Records that `holder` holds every block of `chain`, at `now_ms`.
@@ -408,7 +433,7 @@ impl PrefixIndex {
         chain: &[u64],
         from: usize,
         holder: Holder,
-        live: &dyn Fn(Holder) -> bool,
+        believed: &Believed<'_>,
         now_ms: u64,
         reads: &mut BucketReads,
     ) -> Remembered {
@@ -443,7 +468,7 @@ impl PrefixIndex {
                     let mut counts = Remembered::default();
                     let mut written_ways: WrittenWays = 0;
                     for &(_, hash) in group {
-                        let put = record.put(hash, holder, stamp, live, &mut written_ways);
+                        let put = record.put(hash, holder, stamp, believed, &mut written_ways);
                         counts.written += u32::from(put != Put::Unchanged);
                         counts.filled += u32::from(put == Put::Filled);
                         counts.evicted += u32::from(put == Put::Evicted);

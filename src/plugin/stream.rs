@@ -20,7 +20,8 @@ use crate::request::{
     BodyKind, BodyVerdict, HeadersVerdict, KeyDerivation, LocalReply, RequestHead, RequestReader,
 };
 use crate::steering::{self, ListenerCount};
-use crate::strategy::{AdapterDecision, DecisionKind, Explained, Policy};
+use crate::strategy::{AdapterDecision, DecisionKind, Explained, Policy, RouteHeaders};
+use crate::usage::check::{Prediction, Verdict};
 use crate::usage::{Framing, UsageScanner};
 
 /// See the module documentation.
@@ -51,6 +52,9 @@ pub struct Stream {
     /// A response to a prefix-aware decision, read for the usage its
     /// engine reports.
     usage_watch: Option<UsageWatch>,
+    /// LONGEST_PREFIX: what the decision predicted of the chosen instance,
+    /// checked against its engine's usage.
+    prediction: Option<Prediction>,
     /// `adapters.header`'s value, where the request carried it once.
     adapter_header: Option<Vec<u8>>,
     /// A request for a LoRA adapter: where it went against the set.
@@ -64,6 +68,7 @@ struct UsageWatch {
     scanner: Option<UsageScanner>,
     address: String,
     matched_bytes: Option<u64>,
+    prediction: Option<Prediction>,
 }
 
 impl Stream {
@@ -81,6 +86,7 @@ impl Stream {
             listener_count: None,
             placed_by_envoy: None,
             usage_watch: None,
+            prediction: None,
             adapter_header: None,
             adapter: None,
         }
@@ -312,6 +318,7 @@ impl Stream {
             scanner: Some(UsageScanner::new(framing)),
             address: address.to_string(),
             matched_bytes,
+            prediction: self.prediction.take(),
         });
     }
 
@@ -321,9 +328,22 @@ impl Stream {
             return;
         };
         let usage = watch.scanner.and_then(UsageScanner::finish);
+        let verdict = match (usage, &watch.prediction) {
+            (Some(usage), Some(prediction)) => vm.check_usage(prediction, usage),
+            _ => Verdict::Unchecked,
+        };
         let fleet = self.config.fleet.as_deref();
-        for (counter, amount) in UsageCounter::amounts(usage, watch.matched_bytes) {
+        for (counter, amount) in UsageCounter::amounts(usage, watch.matched_bytes, verdict) {
             vm.count_usage(fleet, counter, &watch.address, amount);
+        }
+        if let Verdict::Missed {
+            forget_through_s: Some(through_s),
+        } = verdict
+        {
+            let now = vm.now_ms();
+            vm.with_tracker(&self.config, |t| {
+                t.forget_held_through(&watch.address, through_s, now)
+            });
         }
     }
 
@@ -472,6 +492,7 @@ impl Stream {
             }
         }
         self.decided = Some((routed.headers.kind, routed.headers.matched_bytes));
+        self.prediction = prediction_of(&routed.headers, &self.config, now);
         if self.config.decision_header.is_some() {
             self.explained = routed.headers.explained.clone();
         }
@@ -563,6 +584,19 @@ impl Stream {
 
 /// Whether a decision of `kind` predicted where the prompt's prefix is
 /// cached (a prefix-aware decision with a key).
+/// What a LONGEST_PREFIX decision predicted of the instance it named.
+fn prediction_of(headers: &RouteHeaders, config: &Config, now_ms: u64) -> Option<Prediction> {
+    let prompt_bytes = headers.prompt_bytes?;
+    Some(Prediction {
+        matched_bytes: headers.matched_bytes?,
+        prompt_bytes,
+        // Fewer bytes than `prefix_length` characters: nothing was cut.
+        whole_prompt: prompt_bytes < u64::try_from(config.prefix_length).unwrap_or(u64::MAX),
+        held_since_s: headers.held_since_s,
+        decided_s: u32::try_from(now_ms / 1000).unwrap_or(u32::MAX),
+    })
+}
+
 fn predicts(kind: DecisionKind) -> bool {
     !matches!(
         kind,

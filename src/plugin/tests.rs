@@ -1019,3 +1019,96 @@ fn adapters_set_size_gauges_are_named_safely_and_bounded_per_vm() {
     );
     assert_eq!(host.gauge(&in_fleet), Some(1));
 }
+
+/// A vLLM usage body: `prompt_tokens`, of which `cached_tokens` were found.
+fn usage_body(prompt_tokens: u32, cached_tokens: u32) -> Vec<u8> {
+    format!(
+        r#"{{"usage":{{"prompt_tokens":{prompt_tokens},"prompt_tokens_details":{{"cached_tokens":{cached_tokens}}}}}}}"#
+    )
+    .into_bytes()
+}
+
+/// Sends `body` to `/invocations`, answers from the instance the decision
+/// named with `usage`, and returns that instance and the decision header.
+fn decide_and_answer(
+    host: &MemoryHost,
+    vm: &mut TestVm,
+    root: &PluginRoot,
+    body: &[u8],
+    usage: &[u8],
+) -> (String, String) {
+    let (mut stream, _) = request(host, vm, root, &[(":path", "/invocations")], Some(body));
+    let chosen = host.request_header(HOST_HEADER).expect("an instance named");
+    respond_with_body(host, vm, &mut stream, &chosen, &JSON_OK, &[usage]);
+    (
+        chosen,
+        host.response_header("x-decision").unwrap_or_default(),
+    )
+}
+
+#[test]
+fn an_engine_that_lost_a_settled_prefix_makes_the_index_forget_its_older_holdings() {
+    let (host, mut vm, root) = configured_as(
+        r#"{"decision_header":"x-decision","instances":["10.0.0.1:8000","10.0.0.2:8000"]}"#,
+    );
+    // Ten cold prompts of 2,000 bytes, 500 tokens each: 4 bytes per token.
+    let cold = usage_body(500, 0);
+    let placed: Vec<(u8, String)> = (1..=10)
+        .map(|seed| {
+            let (chosen, _) = decide_and_answer(&host, &mut vm, &root, &invoke_body(seed), &cold);
+            (seed, chosen)
+        })
+        .collect();
+    let lost_on = placed[0].1.clone();
+    let other_on_lost = placed.iter().skip(1).find(|(_, at)| *at == lost_on);
+    let on_the_other = placed.iter().find(|(_, at)| *at != lost_on);
+    let (Some(&(other_seed, _)), Some(&(kept_seed, ref kept_at))) = (other_on_lost, on_the_other)
+    else {
+        panic!("both instances hold prompts: {placed:?}");
+    };
+    // A turn of the first prompt, settled, held by nothing its engine has.
+    host.advance_ms(u64::from(crate::usage::check::SETTLED_SECS) * 1000);
+    let mut turn = invoke_body(1);
+    turn.extend_from_slice(b" and a follow-up question");
+    let (chosen, decision) = decide_and_answer(&host, &mut vm, &root, &turn, &usage_body(506, 0));
+    assert_eq!(chosen, lost_on);
+    assert!(decision.contains("matched=1792"), "{decision}");
+    root.tick(&mut vm);
+    assert_eq!(usage_count(&host, UsageCounter::IndexMisses, &lost_on), 1);
+    // Its other prompt of the same age is no longer believed held there;
+    // the other instance's is, and so is the turn recorded since.
+    let held = usage_body(500, 448);
+    let (_, decision) = decide_and_answer(&host, &mut vm, &root, &invoke_body(other_seed), &held);
+    assert!(decision.contains("matched=0"), "{decision}");
+    let (at, decision) = decide_and_answer(&host, &mut vm, &root, &invoke_body(kept_seed), &held);
+    assert_eq!(&at, kept_at);
+    assert!(decision.contains("matched=2000"), "{decision}");
+    let (at, decision) = decide_and_answer(&host, &mut vm, &root, &turn, &usage_body(506, 448));
+    assert_eq!(at, lost_on);
+    assert!(decision.contains("matched=2025"), "{decision}");
+    root.tick(&mut vm);
+    assert_eq!(
+        usage_count(&host, UsageCounter::IndexMisses, &lost_on),
+        1,
+        "held as predicted: no miss"
+    );
+}
+
+#[test]
+fn a_miss_on_a_recent_holding_is_counted_and_forgets_nothing() {
+    let (host, mut vm, root) = configured_as(
+        r#"{"decision_header":"x-decision","instances":["10.0.0.1:8000","10.0.0.2:8000"]}"#,
+    );
+    let cold = usage_body(500, 0);
+    for seed in 1..=10 {
+        decide_and_answer(&host, &mut vm, &root, &invoke_body(seed), &cold);
+    }
+    // Still being prefilled by the request that recorded it, perhaps.
+    host.advance_ms(1000);
+    let (at, _) = decide_and_answer(&host, &mut vm, &root, &invoke_body(1), &cold);
+    root.tick(&mut vm);
+    assert_eq!(usage_count(&host, UsageCounter::IndexMisses, &at), 1);
+    let (again, decision) = decide_and_answer(&host, &mut vm, &root, &invoke_body(1), &cold);
+    assert_eq!(again, at);
+    assert!(decision.contains("matched=2000"), "{decision}");
+}

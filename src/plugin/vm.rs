@@ -21,6 +21,8 @@ use crate::metrics::{
     UsageCounter,
 };
 use crate::steering;
+use crate::usage::check::{check, Prediction, TokenBytes, Verdict};
+use crate::usage::Usage;
 
 /// Most instances one VM defines a per-instance stat for, of each kind (the
 /// in-flight gauges, the placed-bytes counters): Envoy never deletes a stat,
@@ -75,6 +77,8 @@ pub struct Vm<H: Host + Clone> {
     discovery_polling: DiscoveryPolling,
     /// An unreadable ORCA load report was warned about.
     orca_fault_warned: bool,
+    /// Bytes per token of the prompts this VM routed, from their usage.
+    token_bytes: TokenBytes,
 }
 
 impl<H: Host + Clone> Vm<H> {
@@ -96,6 +100,7 @@ impl<H: Host + Clone> Vm<H> {
             engine_polling: EnginePolling::default(),
             discovery_polling: DiscoveryPolling::default(),
             orca_fault_warned: false,
+            token_bytes: TokenBytes::default(),
         }
     }
 
@@ -135,6 +140,12 @@ impl<H: Host + Clone> Vm<H> {
     /// warned about once per VM (each one is counted).
     pub fn first_unreadable_orca_report(&mut self) -> bool {
         !std::mem::replace(&mut self.orca_fault_warned, true)
+    }
+
+    /// Judges a response's usage against its decision's prediction,
+    /// learning this VM's bytes per token from it.
+    pub fn check_usage(&mut self, prediction: &Prediction, usage: Usage) -> Verdict {
+        check(prediction, usage, &mut self.token_bytes)
     }
 
     /// Listener role: whether decisions should keep what counting at the

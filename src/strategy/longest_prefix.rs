@@ -543,7 +543,8 @@ impl LongestPrefix {
         let matched_bytes = blocks.bytes_of(known);
         let placed_bytes = u64::try_from(blocks.placed_bytes(matched_bytes)).unwrap_or(u64::MAX);
         load.note_chosen(&candidate.instance, placed_bytes);
-        load.remember_held(&blocks.chain, known, &candidate.instance, &all, now_ms);
+        let held_since_s =
+            load.remember_held(&blocks.chain, known, &candidate.instance, &all, now_ms);
         let address = candidate.instance.address.to_string();
         Routed {
             headers: RouteHeaders {
@@ -551,6 +552,8 @@ impl LongestPrefix {
                 host_override: Some(address.clone()),
                 counted: ticket.as_ref().map(|_| address),
                 matched_bytes: Some(u64::try_from(matched_bytes).unwrap_or(u64::MAX)),
+                prompt_bytes: Some(u64::try_from(blocks.prefix_bytes).unwrap_or(u64::MAX)),
+                held_since_s,
                 explained,
                 adapter,
                 ..RouteHeaders::bare(kind)

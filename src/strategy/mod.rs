@@ -84,6 +84,11 @@ pub struct RouteHeaders {
     /// LONGEST_PREFIX: bytes of the prompt the chosen instance was known to
     /// hold (for the histogram and the debug header).
     pub matched_bytes: Option<u64>,
+    /// LONGEST_PREFIX: bytes of the prompt the decision saw.
+    pub prompt_bytes: Option<u64>,
+    /// LONGEST_PREFIX: when the index last recorded the chosen instance's
+    /// holding of the matched prefix, before this decision (seconds).
+    pub held_since_s: Option<u32>,
     /// LONGEST_PREFIX: the chosen instance's cost and the runner-up's.
     pub explained: Option<Explained>,
     /// LONGEST_PREFIX, a request for a LoRA adapter: where it went against
@@ -101,6 +106,8 @@ impl RouteHeaders {
             route: None,
             counted: None,
             matched_bytes: None,
+            prompt_bytes: None,
+            held_since_s: None,
             explained: None,
             adapter: None,
         }

@@ -5,13 +5,20 @@
 //! response byte for byte as the instance sent it, Envoy's log shows no wasm
 //! failure, and the filter's per-instance usage counters hold exactly what
 //! the 2xx, uncompressed responses reported.
+//!
+//! And the index corrected by it: in front of two `vllm-sim` instances, one
+//! whose prefix cache was emptied reports a miss on a conversation the index
+//! had it hold, and the index stops believing the older conversations it
+//! had there, while the other instance's stay matched.
 
 use std::net::SocketAddr;
 
 use harness::bodies::sha256;
 use harness::client::{self, Outgoing};
 use harness::load::{filter_counter, wait_for_counter};
+use prefix_router::usage::check::SETTLED_SECS;
 use prefix_router_tools::envoy::Envoy;
+use prefix_router_tools::sim::{SimConfig, SimServer};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -263,4 +270,96 @@ fn responses_pass_untouched_and_their_reported_usage_is_counted_per_instance() {
             "Envoy's log has {failure:?}:\n{log}"
         );
     }
+}
+
+/// A conversation's first turn, or its second after a fixed answer.
+fn conversation(n: usize, second_turn: bool) -> Outgoing {
+    let question = format!(
+        "Conversation {n}: {}",
+        "summarise the attached report in plain words. ".repeat(30)
+    );
+    let mut messages = vec![serde_json::json!({"role": "user", "content": question})];
+    if second_turn {
+        messages.push(serde_json::json!({"role": "assistant", "content": "It says little."}));
+        messages.push(serde_json::json!({"role": "user", "content": "Say more."}));
+    }
+    let body = serde_json::json!({"model": "m", "max_tokens": 4, "messages": messages});
+    Outgoing::post("/v1/chat/completions", body.to_string())
+        .header("content-type", "application/json")
+}
+
+/// (instance, matched bytes) of a decision header.
+fn instance_and_matched(reply: &client::Reply) -> (String, u64) {
+    let header = reply
+        .headers
+        .get("x-prefix-router-decision")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    let field = |name: &str| {
+        header
+            .split("; ")
+            .find_map(|part| part.strip_prefix(name))
+            .unwrap_or_else(|| panic!("no {name} in {header:?}"))
+            .to_string()
+    };
+    let matched = field("matched=").parse().expect("matched bytes");
+    (field("instance="), matched)
+}
+
+#[test]
+fn an_engine_that_lost_its_cache_is_no_longer_believed_to_hold_older_prompts() {
+    let runtime = harness::runtime();
+    let sims: Vec<SimServer> = (1..=2)
+        .map(|i| {
+            let cfg = SimConfig {
+                name: format!("vllm-{i}"),
+                ..SimConfig::default()
+            };
+            runtime
+                .block_on(SimServer::start(cfg, "127.0.0.1:0".parse().unwrap()))
+                .expect("vllm-sim instance")
+        })
+        .collect();
+    let envoy = Envoy::builder()
+        .upstreams(sims.iter().map(SimServer::addr))
+        .concurrency(1)
+        .plugin_config(
+            r#"{"instances": ["127.0.0.1:8001"], "decision_header": "x-prefix-router-decision"}"#,
+        )
+        .start()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let addr = envoy.listener_addr();
+    let send = |request: Outgoing| {
+        let reply = runtime
+            .block_on(client::send(addr, request))
+            .expect("reaches Envoy");
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        instance_and_matched(&reply)
+    };
+    // Eight first turns: the filter learns the bytes per token from them.
+    let placed: Vec<String> = (0..8).map(|n| send(conversation(n, false)).0).collect();
+    let lost = placed[0].clone();
+    let older_there = (1..8).find(|&n| placed[n] == lost);
+    let elsewhere = (1..8).find(|&n| placed[n] != lost);
+    let (Some(older_there), Some(elsewhere)) = (older_there, elsewhere) else {
+        panic!("both instances hold conversations: {placed:?}");
+    };
+    // Settled holdings, then the first instance loses everything it held.
+    std::thread::sleep(std::time::Duration::from_secs(u64::from(SETTLED_SECS) + 1));
+    let sim = sims
+        .iter()
+        .find(|sim| sim.addr().to_string() == lost)
+        .expect("a vllm-sim");
+    assert!(sim.engine().reset_prefix_cache(), "an idle instance");
+    let (at, matched) = send(conversation(0, true));
+    assert_eq!((at.as_str(), matched > 0), (lost.as_str(), true));
+    let misses = format!("usage.index_misses.endpoint.{lost}");
+    wait_for_counter(&envoy, &misses, 1);
+    // Its other conversation is cold now; the other instance's is matched.
+    let (_, matched) = send(conversation(older_there, true));
+    assert_eq!(matched, 0, "conversation {older_there} still believed held");
+    let (at, matched) = send(conversation(elsewhere, true));
+    assert_eq!(at, placed[elsewhere]);
+    assert!(matched > 0, "conversation {elsewhere} forgotten on {at}");
+    assert_eq!(filter_counter(&envoy, &misses), 1);
 }

@@ -15,7 +15,7 @@ const H4: Holder = Holder { slot: 4, tag: 0xd4 };
 /// Epoch milliseconds, as the host's clock gives them.
 const T0: u64 = 1_700_000_000_000;
 
-fn all_live(_: Holder) -> bool {
+fn all_live(_: &PrefixEntry) -> bool {
     true
 }
 
@@ -305,7 +305,7 @@ fn only_the_holders_of_the_longest_block_are_named() {
         }
     );
     // Without H1, the longest held is H2's and H3's three blocks.
-    let not_h1 = |h: Holder| h != H1;
+    let not_h1 = |e: &PrefixEntry| e.holder != H1;
     let mut without = index.longest_held(&tables, &long, &not_h1, &mut BucketReads::default());
     without.holders.sort_by_key(|h| h.slot);
     assert_eq!(
@@ -324,7 +324,7 @@ fn holders_that_are_not_live_never_match_and_are_evicted_first() {
     let index = PrefixIndex::new(MIN_BUDGET_BYTES);
     let prompt = chain(&[1, 2, 3, 4]);
     remembered(&index, &tables, &prompt, 0, H1, T0);
-    let h1_gone = |h: Holder| h != H1;
+    let h1_gone = |e: &PrefixEntry| e.holder != H1;
     assert_eq!(
         index.longest_held(&tables, &prompt, &h1_gone, &mut BucketReads::default()),
         Held::default()
@@ -332,7 +332,7 @@ fn holders_that_are_not_live_never_match_and_are_evicted_first() {
     // Its slot reused by another address: the old tag is not believed.
     let reused = Holder::new(H1.slot, 0x1234_5678_9abc_def0);
     assert_eq!(reused.tag, 0x1234);
-    let only_reused = |h: Holder| h == reused;
+    let only_reused = |e: &PrefixEntry| e.holder == reused;
     assert_eq!(
         index
             .longest_held(&tables, &prompt, &only_reused, &mut BucketReads::default())
@@ -349,7 +349,7 @@ fn holders_that_are_not_live_never_match_and_are_evicted_first() {
         let done = remembered(&index, &tables, &[hash], 0, holder, T0 + k as u64 * 1000);
         assert_eq!(done.filled, 1);
     }
-    let h2_gone = |h: Holder| h != H2;
+    let h2_gone = |e: &PrefixEntry| e.holder != H2;
     let done = index.remember(
         &tables,
         &hashes[ENTRIES..],
@@ -546,7 +546,7 @@ fn a_new_prompt_placed_by_maglev_costs_three_reads_then_four_reads_and_four_writ
 
     let (before, writes) = (store.reads(), store.successful_sets());
     let mut reads = BucketReads::default();
-    let served = |h: Holder| h == H1;
+    let served = |e: &PrefixEntry| e.holder == H1;
     let known = index
         .longest_held(&tables, &prompt, &served, &mut reads)
         .blocks;

@@ -10,7 +10,7 @@ use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
 use super::engine::EngineView;
 use super::mark::UpstreamFilterMark;
-use super::prefix_index::{BucketReads, Holder, PrefixIndex, Remembered};
+use super::prefix_index::{BucketReads, Holder, PrefixEntry, PrefixIndex, Remembered};
 use super::recent::RecentChoices;
 use super::table::{Change, Tables, Updated};
 use super::{
@@ -327,6 +327,27 @@ impl<S: SharedStore> LoadTracker<S> {
         }
     }
 
+    /// `address`'s engine no longer holds a prefix the index had it hold
+    /// since `through_s` (seconds): its forget mark moves there, so no
+    /// decision believes its entries used then or earlier. Never moves back.
+    pub fn forget_held_through(&mut self, address: &str, through_s: u32, now_ms: u64) {
+        let behind = self
+            .registry
+            .copy_of(&self.tables, address, now_ms)
+            .is_some_and(|record| record.forgotten_through_s < through_s);
+        if behind {
+            let (tables, columns) = (&self.tables, &mut self.columns);
+            self.registry
+                .change_record(tables, columns, address, now_ms, |record| {
+                    if record.forgotten_through_s >= through_s {
+                        return Change::Keep(false);
+                    }
+                    record.forgotten_through_s = through_s;
+                    Change::Write(true)
+                });
+        }
+    }
+
     /// A request is going to `address`: if its failed mark lapsed, this
     /// request tries it again and renews the mark, so the others keep away
     /// until it answers.
@@ -608,6 +629,7 @@ impl<S: SharedStore> LoadView for LoadTracker<S> {
             .columns
             .total(&self.tables, instance.slot, &record, now_ms);
         let mut candidate = Candidate::local(instance.clone(), in_flight);
+        candidate.forgotten_through = record.forgotten_through_s;
         self.weigh(&mut candidate, view, now_ms, None);
         Some(candidate)
     }
@@ -618,7 +640,7 @@ impl<S: SharedStore> LoadView for LoadTracker<S> {
         let held = self.index.longest_held(
             &self.tables,
             chain,
-            &|h| live.contains(h),
+            &|e| live.believes(e),
             &mut self.index_session.reads,
         );
         HeldPrefix {
@@ -638,11 +660,19 @@ impl<S: SharedStore> LoadView for LoadTracker<S> {
         instance: &InstanceRef,
         candidates: &[Candidate],
         now_ms: u64,
-    ) {
+    ) -> Option<u32> {
         self.index_session.begin(chain, now_ms);
         let live = self.index_session.holders_of(candidates);
         let holder = self.index_session.holder_of(instance);
+        let last_used = self.index.last_used(
+            &self.tables,
+            chain,
+            known,
+            holder,
+            &mut self.index_session.reads,
+        );
         self.remember_chain(chain, known, holder, &live, now_ms);
+        last_used
     }
 }
 
@@ -660,21 +690,27 @@ struct IndexSession {
     holders: BySlot<Holder>,
 }
 
-/// The holders of the live instances, by slot: whether an index entry's
-/// holder is live takes one look-up, however large the fleet (a search of
-/// the list took a third of a decision's time over 256 instances).
+/// The holders of the live instances and their forget marks, by slot:
+/// whether an index entry is believed takes one look-up, however large the
+/// fleet (a search of the list took a third of a decision's time over 256
+/// instances).
 #[derive(Debug, Default)]
 struct LiveHolders {
-    tags: BySlot<u16>,
+    /// (tag, forget mark) by slot.
+    marks: BySlot<(u16, u32)>,
 }
 
 impl LiveHolders {
-    fn insert(&mut self, holder: Holder) {
-        self.tags.insert(holder.slot, holder.tag);
+    fn insert(&mut self, holder: Holder, forgotten_through: u32) {
+        self.marks
+            .insert(holder.slot, (holder.tag, forgotten_through));
     }
 
-    fn contains(&self, holder: Holder) -> bool {
-        self.tags.get(holder.slot) == Some(&holder.tag)
+    /// Its holder is live, and it was used after the holder's forget mark.
+    fn believes(&self, entry: &PrefixEntry) -> bool {
+        self.marks
+            .get(entry.holder.slot)
+            .is_some_and(|&(tag, mark)| tag == entry.holder.tag && entry.last_used > mark)
     }
 }
 
@@ -702,7 +738,8 @@ impl IndexSession {
     fn holders_of(&mut self, candidates: &[Candidate]) -> LiveHolders {
         let mut live = LiveHolders::default();
         for candidate in candidates {
-            live.insert(self.holder_of(&candidate.instance));
+            let holder = self.holder_of(&candidate.instance);
+            live.insert(holder, candidate.forgotten_through);
         }
         live
     }
@@ -734,7 +771,7 @@ impl<S: SharedStore> LoadTracker<S> {
             .longest_held(
                 &self.tables,
                 chain,
-                &|h| h == holder,
+                &|e| e.holder == holder && live.believes(e),
                 &mut self.index_session.reads,
             )
             .blocks;
@@ -756,7 +793,7 @@ impl<S: SharedStore> LoadTracker<S> {
             chain,
             known,
             holder,
-            &|h| live.contains(h),
+            &|e| live.believes(e),
             now_ms,
             &mut self.index_session.reads,
         );

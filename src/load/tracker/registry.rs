@@ -712,7 +712,9 @@ impl Registry {
                 slot,
                 address: Rc::clone(&copy.address),
             };
-            out.push(Candidate::local(instance, in_flight));
+            let mut candidate = Candidate::local(instance, in_flight);
+            candidate.forgotten_through = record.forgotten_through_s;
+            out.push(candidate);
         }
         out
     }

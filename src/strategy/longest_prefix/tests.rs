@@ -136,13 +136,14 @@ impl LoadView for Fleet {
         i: &InstanceRef,
         _: &[Candidate],
         _: u64,
-    ) {
+    ) -> Option<u32> {
         for hash in chain.iter().skip(known.min(chain.len())) {
             let holders = self.held.entry(*hash).or_default();
             if !holders.contains(&i.slot) {
                 holders.push(i.slot);
             }
         }
+        None
     }
 }
 
