@@ -313,6 +313,7 @@ fn an_engine_that_lost_its_cache_is_no_longer_believed_to_hold_older_prompts() {
         .map(|i| {
             let cfg = SimConfig {
                 name: format!("vllm-{i}"),
+                prompt_tokens_details: true,
                 ..SimConfig::default()
             };
             runtime

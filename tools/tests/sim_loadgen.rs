@@ -281,6 +281,7 @@ async fn spawned_fleet_counters_match_what_clients_saw() {
                 name: name.to_string(),
                 time_scale: TIME_SCALE,
                 kv_blocks: 4096,
+                prompt_tokens_details: true,
                 ..SimConfig::default()
             };
             SimProcess::spawn(exe, &cfg, Duration::from_secs(10)).unwrap()
@@ -467,6 +468,7 @@ async fn lora_adapters_are_served_listed_loaded_and_cached_apart() {
             kv_blocks: 20_000,
             max_loras: 1,
             lora_modules: vec![("a0".into(), "/adapters/a0".into())],
+            prompt_tokens_details: true,
             ..SimConfig::default()
         },
         "127.0.0.1:0".parse().unwrap(),
@@ -553,7 +555,7 @@ async fn lora_adapters_are_served_listed_loaded_and_cached_apart() {
 /// tokens; a streamed one ends with a usage event only when the request sets
 /// `stream_options.include_usage`, or the server forces it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn streamed_usage_only_when_asked_or_forced() {
+async fn streamed_usage_only_when_asked_or_forced_and_cached_tokens_only_when_enabled() {
     let plain = sim("plain").await;
     let forced = SimServer::start(
         SimConfig {
@@ -572,14 +574,18 @@ async fn streamed_usage_only_when_asked_or_forced() {
     let unasked = chat(r#","stream":true"#);
     let asked = chat(r#","stream":true,"stream_options":{"include_usage":true}"#);
     let whole = chat("");
-    let has_usage = |body: &str| body.contains(r#""usage":{"#) && body.contains("cached_tokens");
-    for (server, body, expected) in [
-        (&plain, &whole, true),
-        (&plain, &unasked, false),
-        (&plain, &asked, true),
-        (&forced, &unasked, true),
+    let has_usage = |body: &str| body.contains(r#""usage":{"#);
+    // `forced` runs without --enable-prompt-tokens-details: no cached_tokens.
+    for (server, body, expected, details) in [
+        (&plain, &whole, true, true),
+        (&plain, &unasked, false, false),
+        (&plain, &asked, true, true),
+        (&forced, &unasked, true, false),
+        (&forced, &whole, true, false),
     ] {
         let (_, answer) = post(server.addr(), "/v1/chat/completions", "", body).await;
         assert_eq!(has_usage(&answer), expected, "{body}: {answer}");
+        let cached = answer.contains("prompt_tokens_details");
+        assert_eq!(cached, details, "{body}: {answer}");
     }
 }

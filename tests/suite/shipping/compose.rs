@@ -41,10 +41,9 @@ fn compose_defines_envoy_three_vllm_instances_their_cpu_swap_and_prometheus() {
             "{name}"
         );
         let args = compose::args(svc, name);
-        assert!(
-            args.iter().any(|a| a == "--enable-prefix-caching"),
-            "{name}: {args:?}"
-        );
+        for flag in ["--enable-prefix-caching", "--enable-prompt-tokens-details"] {
+            assert!(args.iter().any(|a| a == flag), "{name}: {flag}: {args:?}");
+        }
         let model = &args[0];
         assert!(
             model.contains('/') && !model.starts_with('-'),
@@ -79,6 +78,10 @@ fn compose_defines_envoy_three_vllm_instances_their_cpu_swap_and_prometheus() {
             compose::flag(&args, "--host"),
             Some("0.0.0.0"),
             "{name} must listen beyond loopback"
+        );
+        assert!(
+            args.iter().any(|a| a == "--enable-prompt-tokens-details"),
+            "{name}: cached_tokens in the usage: {args:?}"
         );
         let health = strings(&svc["healthcheck"]["test"], "healthcheck").join(" ");
         let port = compose::flag(&args, "--port").unwrap();

@@ -68,6 +68,10 @@ struct Cli {
     /// (vLLM's flag of the same name).
     #[arg(long)]
     enable_force_include_usage: bool,
+    /// `usage.prompt_tokens_details.cached_tokens` in every response (vLLM's
+    /// flag of the same name; without it the field is left out).
+    #[arg(long)]
+    enable_prompt_tokens_details: bool,
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -97,6 +101,7 @@ async fn main() -> anyhow::Result<()> {
             .collect(),
         lora_load_ms: cli.lora_load_ms,
         force_include_usage: cli.enable_force_include_usage,
+        prompt_tokens_details: cli.enable_prompt_tokens_details,
     };
     let server = SimServer::start(cfg, SocketAddr::new(cli.host, cli.port)).await?;
     let mut stdout = std::io::stdout();

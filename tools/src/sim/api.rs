@@ -258,14 +258,22 @@ pub fn answer_piece(seed: u64, i: usize) -> String {
     )
 }
 
-/// Usage object as vLLM returns it.
-pub fn usage(prompt_tokens: usize, completion_tokens: usize, cached_tokens: usize) -> Value {
-    json!({
+/// Usage object as vLLM returns it: `cached_tokens` only where given
+/// (`--enable-prompt-tokens-details`).
+pub fn usage(
+    prompt_tokens: usize,
+    completion_tokens: usize,
+    cached_tokens: Option<usize>,
+) -> Value {
+    let mut usage = json!({
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": cached_tokens},
-    })
+    });
+    if let Some(cached_tokens) = cached_tokens {
+        usage["prompt_tokens_details"] = json!({"cached_tokens": cached_tokens});
+    }
+    usage
 }
 
 /// Fields shared by every body of one response.

@@ -45,6 +45,14 @@ pub fn sim_args(cfg: &SimConfig) -> Vec<String> {
     .into_iter()
     .flat_map(|(k, v)| [k.to_string(), v])
     .collect();
+    for (flag, on) in [
+        ("--enable-force-include-usage", cfg.force_include_usage),
+        ("--enable-prompt-tokens-details", cfg.prompt_tokens_details),
+    ] {
+        if on {
+            args.push(flag.to_string());
+        }
+    }
     if cfg.max_loras > 0 {
         args.extend([
             "--max-loras".to_string(),

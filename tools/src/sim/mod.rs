@@ -16,7 +16,8 @@
 //! # Endpoints
 //! - `POST /v1/chat/completions`, `POST /v1/completions` (any path ending so):
 //!   OpenAI-compatible, streaming (`stream`, `stream_options.include_usage`)
-//!   or not; `usage.prompt_tokens_details.cached_tokens` is the prefix-cache hit.
+//!   or not; `usage.prompt_tokens_details.cached_tokens` is the prefix-cache
+//!   hit (with `--enable-prompt-tokens-details`, as vLLM).
 //! - `POST /reset_prefix_cache`: empties the cache between benchmark phases
 //!   (409 while requests are in flight).
 //! - Any other `POST` (e.g. `/invocations`): native invoke, the raw body is the prompt.
@@ -122,6 +123,9 @@ pub struct SimConfig {
     /// `--enable-force-include-usage` makes it (else only when the request
     /// sets `stream_options.include_usage`).
     pub force_include_usage: bool,
+    /// `usage` carries `prompt_tokens_details.cached_tokens`, as vLLM's
+    /// `--enable-prompt-tokens-details` makes it (else it is left out).
+    pub prompt_tokens_details: bool,
 }
 
 impl Default for SimConfig {
@@ -145,6 +149,7 @@ impl Default for SimConfig {
             // host to device, plus the engine step it stalls.
             lora_load_ms: 50.0,
             force_include_usage: false,
+            prompt_tokens_details: false,
         }
     }
 }

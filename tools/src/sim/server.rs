@@ -332,6 +332,8 @@ struct Generation {
     meta: ResponseMeta,
     seed: u64,
     min_chunk: Duration,
+    /// `--enable-prompt-tokens-details`.
+    prompt_tokens_details: bool,
 }
 
 impl Generation {
@@ -342,7 +344,8 @@ impl Generation {
     }
 
     fn usage(&self, hit_tokens: usize) -> Value {
-        api::usage(self.parsed.prompt.len(), self.parsed.max_tokens, hit_tokens)
+        let cached = self.prompt_tokens_details.then_some(hit_tokens);
+        api::usage(self.parsed.prompt.len(), self.parsed.max_tokens, cached)
     }
 }
 
@@ -389,6 +392,7 @@ async fn generate(
         },
         seed: xxhash_rust::xxh3::xxh3_64(&token_bytes),
         min_chunk: Duration::from_secs_f64(cfg.min_chunk_interval_ms / 1000.0),
+        prompt_tokens_details: cfg.prompt_tokens_details,
         parsed,
     };
     if gen.parsed.stream {

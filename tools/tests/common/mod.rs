@@ -13,6 +13,7 @@ pub async fn sim(name: &str) -> SimServer {
         name: name.to_string(),
         time_scale: TIME_SCALE,
         kv_blocks: 20_000,
+        prompt_tokens_details: true,
         ..SimConfig::default()
     };
     SimServer::start(cfg, "127.0.0.1:0".parse().unwrap())
