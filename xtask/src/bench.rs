@@ -184,6 +184,7 @@ mod tests {
             baseline_wasm: None,
             envoy_workers: None,
             instances: None,
+            reused_percent: None,
         };
         assert!(needs_bench_python(&args(&[], &[])));
         assert!(needs_bench_python(&args(&["multi-turn", "rag"], &[])));

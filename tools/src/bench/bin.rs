@@ -175,6 +175,9 @@ fn run_routing(args: &RoutingArgs) -> anyhow::Result<()> {
     if let Some(instances) = args.instances {
         opts.instances = usize::from(instances);
     }
+    if let Some(percent) = args.reused_percent {
+        opts.reused_fraction = f64::from(percent) / 100.0;
+    }
     eprintln!(
         "routing: {} vllm-sim instances, Envoy {} with {} worker(s), time scale {}",
         opts.instances,

@@ -60,7 +60,8 @@ impl OverheadArgs {
     }
 }
 
-/// `routing [--quick] [--workloads NAME,...] [--peers NAME,...] [--runs N] [--envoy-workers N]`.
+/// `routing [--quick] [--workloads NAME,...] [--peers NAME,...] [--runs N] [--envoy-workers N]
+/// [--instances N] [--reused-percent P]`.
 #[derive(Debug, Clone, PartialEq, Eq, Args)]
 pub struct RoutingArgs {
     /// A shorter run with the same fields (one run; under 3 minutes for the
@@ -99,6 +100,11 @@ pub struct RoutingArgs {
     /// cache over a larger fleet.
     #[arg(long, value_parser = clap::value_parser!(u16).range(2..=INSTANCES_MAX))]
     pub instances: Option<u16>,
+    /// The reused tokens as a percentage of the fleet's KV cache (default
+    /// 65): above 100 the instances cannot keep every prefix, so the
+    /// filter's index believes more than they hold.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(10..=1000))]
+    pub reused_percent: Option<u16>,
 }
 
 impl RoutingArgs {
@@ -126,6 +132,9 @@ impl RoutingArgs {
         }
         if let Some(instances) = self.instances {
             args.extend(["--instances".to_string(), instances.to_string()]);
+        }
+        if let Some(percent) = self.reused_percent {
+            args.extend(["--reused-percent".to_string(), percent.to_string()]);
         }
         args
     }
@@ -252,6 +261,7 @@ mod tests {
                         baseline_wasm,
                         envoy_workers,
                         instances: envoy_workers.map(|_| 32),
+                        reused_percent: runs.map(|_| 200),
                     };
                     assert!(
                         matches!(parse(routing.to_args()), BenchCommand::Routing(r) if r == routing)

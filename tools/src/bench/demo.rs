@@ -146,6 +146,7 @@ pub fn run(opts: &DemoOptions, print: &mut dyn FnMut(&str)) -> anyhow::Result<De
             sim_exe: opts.sim_exe.clone(),
             max_run: Duration::from_secs(60),
             instances: routing::INSTANCES,
+            reused_fraction: routing::SHARED_FRACTION_OF_FLEET_CACHE,
         };
         reports.push(routing::run(&routing_opts, print)?);
     }

@@ -240,6 +240,32 @@ pub fn decision_counts_of(envoys: &[Envoy]) -> BTreeMap<String, u64> {
     total
 }
 
+/// The filter's usage counters (`prefix_router.usage.<name>.endpoint.<addr>`)
+/// of every Envoy in `envoys`, summed over the instances by name.
+pub fn usage_counts_of(envoys: &[Envoy]) -> BTreeMap<String, u64> {
+    const PREFIX: &str = "prefix_router.usage.";
+    let mut total = BTreeMap::new();
+    for envoy in envoys {
+        let stats = envoy
+            .admin_get("/stats?filter=prefix_router.usage")
+            .unwrap_or_default();
+        for line in stats.lines() {
+            let Some((name, value)) = line.split_once(": ") else {
+                continue;
+            };
+            let Some(at) = name.find(PREFIX) else {
+                continue;
+            };
+            let counter = &name[at + PREFIX.len()..];
+            let counter = counter.split(".endpoint.").next().unwrap_or(counter);
+            if let Ok(value) = value.trim().parse::<u64>() {
+                *total.entry(counter.to_string()).or_insert(0) += value;
+            }
+        }
+    }
+    total
+}
+
 /// [`decision_counts_of`] once they add up to at least `decided`, polled for
 /// at most `within`: the filter hands its counters to Envoy on its 1 s tick,
 /// so the last second's decisions show up to a second late. After `within`

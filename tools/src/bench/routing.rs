@@ -31,8 +31,8 @@ use serde::Serialize;
 
 use super::engine_load::poll_counts_of;
 use super::fleet::{
-    counts_between, find_sim_exe, hit_rate_between, settled_decision_counts, start_envoy, SimFleet,
-    Strategy,
+    counts_between, find_sim_exe, hit_rate_between, settled_decision_counts, start_envoy,
+    usage_counts_of, SimFleet, Strategy,
 };
 use super::load_average;
 use super::peers::{Peer, SglangRouter, DATA_PEERS, SYNTHETIC_PEERS};
@@ -191,13 +191,14 @@ pub fn kv_blocks_for(workload: &Workload) -> usize {
 /// KV blocks per instance of [`INSTANCES`] so that `reused` tokens fill
 /// [`SHARED_FRACTION_OF_FLEET_CACHE`] of the fleet's cache.
 pub fn kv_blocks_for_tokens(reused: usize) -> usize {
-    kv_blocks_over(reused, INSTANCES)
+    kv_blocks_over(reused, INSTANCES, SHARED_FRACTION_OF_FLEET_CACHE)
 }
 
-/// [`kv_blocks_for_tokens`] over `instances` instances.
-pub fn kv_blocks_over(reused: usize, instances: usize) -> usize {
+/// KV blocks per instance of `instances` so that `reused` tokens fill
+/// `fraction` of the fleet's cache.
+pub fn kv_blocks_over(reused: usize, instances: usize, fraction: f64) -> usize {
     let block_size = SimConfig::default().block_size;
-    let fleet_tokens = reused as f64 / SHARED_FRACTION_OF_FLEET_CACHE;
+    let fleet_tokens = reused as f64 / fraction;
     ((fleet_tokens / instances.max(1) as f64) / block_size as f64).ceil() as usize
 }
 
@@ -244,6 +245,9 @@ pub struct RoutingOptions {
     /// Simulated instances in the fleet ([`INSTANCES`] unless told); the
     /// fleet's KV cache stays the same size, split over them.
     pub instances: usize,
+    /// The fraction of the fleet's KV cache the reused tokens fill
+    /// ([`SHARED_FRACTION_OF_FLEET_CACHE`] unless told).
+    pub reused_fraction: f64,
 }
 
 impl RoutingOptions {
@@ -281,6 +285,7 @@ impl RoutingOptions {
             sim_exe: None,
             max_run: Duration::from_secs(180),
             instances: INSTANCES,
+            reused_fraction: SHARED_FRACTION_OF_FLEET_CACHE,
         })
     }
 
@@ -388,6 +393,10 @@ pub struct StrategyResult {
     /// skipped, failures by reason; `prefix_router.engine.poll*` on
     /// `/stats`, summed over the arm's Envoys); empty without `engine_load`.
     pub engine_polls: std::collections::BTreeMap<String, u64>,
+    /// The filter's `prefix_router.usage.*` counters over the measured run,
+    /// summed over instances and Envoys (responses read, with usage, with
+    /// `cached_tokens`, index misses...); empty without the filter.
+    pub filter_usage: std::collections::BTreeMap<String, u64>,
     pub latency_p50_ms: f64,
     /// Simulated seconds the measured run lasted.
     pub duration_s: f64,
@@ -437,6 +446,8 @@ pub struct RoutingReport {
     pub envoy_version: &'static str,
     pub envoy_workers: u32,
     pub instances: usize,
+    /// The fraction of the fleet's KV cache the reused tokens were sized to.
+    pub reused_fraction: f64,
     pub time_scale: f64,
     pub runs: usize,
     pub cold_start: &'static str,
@@ -486,6 +497,7 @@ pub fn run(opts: &RoutingOptions, progress: &mut dyn FnMut(&str)) -> anyhow::Res
         envoy_version: ENVOY_VERSION,
         envoy_workers: opts.envoy_workers,
         instances: opts.instances,
+        reused_fraction: opts.reused_fraction,
         time_scale: opts.time_scale,
         runs: opts.runs.max(1),
         cold_start: "per arm and run: POST /reset_prefix_cache on every instance, a fresh Envoy \
@@ -523,7 +535,7 @@ fn run_plan(
     progress: &mut dyn FnMut(&str),
 ) -> anyhow::Result<WorkloadResult> {
     let reused = reused_tokens_with(&plan.workload, corpus);
-    let kv_blocks = kv_blocks_over(reused, opts.instances);
+    let kv_blocks = kv_blocks_over(reused, opts.instances, opts.reused_fraction);
     let template = sim_template(&plan.workload, kv_blocks, opts.time_scale);
     let instance_tokens = (kv_blocks * template.block_size) as f64;
     let arrivals = if plan.workload.is_conversation_replay() {
@@ -554,7 +566,7 @@ fn run_plan(
             let result = run_peer(runtime, opts, plan, &fleet, peer, run as u64, corpus)
                 .with_context(|| format!("{} (run {})", peer.name(), run + 1))?;
             progress(&format!(
-                "  {:<34} hit {:>5.1}%  TTFT p50 {:>6.0} p90 {:>6.0} ms  {:.2} req/s  share {:.1}-{:.1}%{}{}  failures {}  ({:.0} s)",
+                "  {:<34} hit {:>5.1}%  TTFT p50 {:>6.0} p90 {:>6.0} ms  {:.2} req/s  share {:.1}-{:.1}%{}{}{}  failures {}  ({:.0} s)",
                 peer.name(),
                 result.hit_rate * 100.0,
                 result.ttft_p50_ms,
@@ -570,6 +582,14 @@ fn run_plan(
                     .adapter_loads_per_1000
                     .zip(result.adapter_loads_limit_per_1000)
                     .map(|(l, limit)| format!("  adapter loads {l:.1} per 1,000 (limit {limit:.1})"))
+                    .unwrap_or_default(),
+                result
+                    .filter_usage
+                    .get("reported_cached")
+                    .map(|with| format!(
+                        "  index misses {} of {with} with cached_tokens",
+                        result.filter_usage.get("index_misses").unwrap_or(&0)
+                    ))
                     .unwrap_or_default(),
                 result.failures,
                 result.wall_s
@@ -626,6 +646,8 @@ fn sim_template(workload: &Workload, kv_blocks: usize, time_scale: f64) -> SimCo
         time_scale,
         max_loras,
         lora_modules,
+        // As the engines the filter learns from run.
+        prompt_tokens_details: true,
         ..SimConfig::default()
     }
 }
@@ -672,6 +694,7 @@ fn median_result(mut runs: Vec<StrategyResult>) -> StrategyResult {
     out.groups_split = middle.groups_split;
     out.decisions = middle.decisions.clone();
     out.engine_polls = middle.engine_polls.clone();
+    out.filter_usage = middle.filter_usage.clone();
     out
 }
 
@@ -784,8 +807,13 @@ fn run_peer(
         Front::Envoys(envoys) => poll_counts_of(envoys),
         _ => Default::default(),
     };
+    let usage = || match &front {
+        Front::Envoys(envoys) => usage_counts_of(envoys),
+        _ => Default::default(),
+    };
     let decisions_before = decisions(sent);
     let polls_before = polls();
+    let usage_before = usage();
     let with_adapters = matches!(plan.workload, Workload::Lora { .. });
     let before = runtime.block_on(fleet.cache_counters())?;
     let loads_before = runtime.block_on(fleet.lora_loads())?;
@@ -816,6 +844,7 @@ fn run_peer(
     sent += report.requests;
     let decisions = counts_between(&decisions_before, &decisions(sent));
     let engine_polls = counts_between(&polls_before, &polls());
+    let filter_usage = counts_between(&usage_before, &usage());
     drop(front);
     let (hit_rate, _) = hit_rate_between(&before, &after);
     let instance_hit_rates = fleet
@@ -855,6 +884,7 @@ fn run_peer(
         groups_split: report.groups_split,
         decisions,
         engine_polls,
+        filter_usage,
         latency_p50_ms: report.latency_p50_ms,
         duration_s: report.duration_s,
         wall_s: started.elapsed().as_secs_f64(),
@@ -1228,6 +1258,7 @@ mod tests {
             groups_split: 0,
             decisions: [(format!("{mark}-kind"), 3)].into_iter().collect(),
             engine_polls: Default::default(),
+            filter_usage: Default::default(),
             latency_p50_ms: 1.0,
             duration_s: 1.0,
             wall_s: 2.0,
@@ -1278,6 +1309,7 @@ mod tests {
             envoy_version: ENVOY_VERSION,
             envoy_workers: 1,
             instances: INSTANCES,
+            reused_fraction: SHARED_FRACTION_OF_FLEET_CACHE,
             time_scale: 8.0,
             runs: 3,
             cold_start: "",
