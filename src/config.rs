@@ -406,13 +406,17 @@ pub struct AdaptersConfig {
 }
 
 impl AdaptersConfig {
-    /// The adapter a request names, hashed: the `header`'s value where the
-    /// request carries it once, else the body's `model`. None: a base model,
-    /// or no name. Any bytes, any length: only their hash is kept.
-    pub fn adapter_of(&self, header: Option<&[u8]>, model: Option<&str>) -> Option<u64> {
+    /// The adapter a request names: the `header`'s value where the request
+    /// carries it once, else the body's `model`. None: a base model, or no
+    /// name. Any bytes, any length: decisions keep only its xxh3.
+    pub fn adapter_name<'a>(
+        &self,
+        header: Option<&'a [u8]>,
+        model: Option<&'a str>,
+    ) -> Option<&'a [u8]> {
         let name = header.or(model.map(str::as_bytes))?;
         let base = self.base_models.iter().any(|b| b.as_bytes() == name);
-        (!name.is_empty() && !base).then(|| xxhash_rust::xxh3::xxh3_64(name))
+        (!name.is_empty() && !base).then_some(name)
     }
 }
 
@@ -2261,16 +2265,19 @@ mod tests {
             ),
             (1, 256, None)
         );
-        assert_eq!(adapters.adapter_of(None, Some("llama")), None);
-        assert_eq!(adapters.adapter_of(None, None), None);
-        assert_eq!(adapters.adapter_of(None, Some("")), None);
-        let sql = adapters.adapter_of(None, Some("sql-lora"));
-        assert!(sql.is_some());
-        assert_ne!(sql, adapters.adapter_of(None, Some("sql-lora2")));
+        assert_eq!(adapters.adapter_name(None, Some("llama")), None);
+        assert_eq!(adapters.adapter_name(None, None), None);
+        assert_eq!(adapters.adapter_name(None, Some("")), None);
+        let sql: Option<&[u8]> = Some(b"sql-lora");
+        assert_eq!(adapters.adapter_name(None, Some("sql-lora")), sql);
         // The header wins over the body; any bytes are a name.
-        assert_eq!(adapters.adapter_of(Some(b"sql-lora"), Some("llama")), sql);
-        assert_eq!(adapters.adapter_of(Some(b"llama"), Some("sql-lora")), None);
-        assert!(adapters.adapter_of(Some(&[0xff, 0, 0x80]), None).is_some());
+        assert_eq!(adapters.adapter_name(Some(b"sql-lora"), Some("llama")), sql);
+        assert_eq!(
+            adapters.adapter_name(Some(b"llama"), Some("sql-lora")),
+            None
+        );
+        let odd: &[u8] = &[0xff, 0, 0x80];
+        assert_eq!(adapters.adapter_name(Some(odd), None), Some(odd));
         let c = parse(&format!(
             r#"{{{fleet}, "adapters": {{"base_models": ["a", "b"], "header": "X-Adapter", "min_instances": 2, "max_instances": 3}}}}"#
         ))

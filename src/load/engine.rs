@@ -29,7 +29,7 @@ pub struct EngineLoad {
 }
 
 /// The adapters an engine lists in `/v1/models`, as a Bloom filter of their
-/// names' xxh3 ([`crate::config::AdaptersConfig::adapter_of`]): one record
+/// names' xxh3 ([`crate::config::AdaptersConfig::adapter_name`]): one record
 /// of fixed size whatever the count. It may say an instance serves an
 /// adapter it does not list (then the request goes as without the list),
 /// never that it does not serve one it lists.

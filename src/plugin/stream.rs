@@ -5,6 +5,8 @@
 
 use std::rc::Rc;
 
+use xxhash_rust::xxh3::xxh3_64;
+
 use super::metric_ids::MetricIds;
 use super::vm::Vm;
 use super::{warn_on_error, Flow};
@@ -432,9 +434,10 @@ impl Stream {
         let now = vm.now_ms();
         let random = vm.random();
         let policy = Rc::clone(&self.policy);
-        let adapter = self.config.adapters.as_ref().and_then(|a| {
-            a.adapter_of(self.adapter_header.as_deref(), derivation.model.as_deref())
+        let adapter_name = self.config.adapters.as_ref().and_then(|a| {
+            a.adapter_name(self.adapter_header.as_deref(), derivation.model.as_deref())
         });
+        let adapter = adapter_name.map(xxh3_64);
         let listener = self.config.counting == Counting::Listener;
         // Until an upstream filter is seen counting, a request left to one
         // keeps what counting it here at the response needs.
@@ -474,9 +477,7 @@ impl Stream {
         self.metrics.increment_decision(vm, routed.headers.kind);
         if let Some(adapter) = routed.headers.adapter {
             self.metrics.record_adapter(vm, adapter);
-            let name =
-                (self.adapter_header.as_deref()).or(derivation.model.as_deref().map(str::as_bytes));
-            if let Some(name) = name {
+            if let Some(name) = adapter_name {
                 let fleet = self.config.fleet.as_deref();
                 vm.set_adapter_instances(fleet, name, adapter.set_size);
             }
