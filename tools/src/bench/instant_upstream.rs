@@ -1,7 +1,8 @@
 //! The upstreams of the overhead benchmark, a fleet of 7 on one thread: hyper
 //! servers (one current-thread runtime) that read each request body to its
 //! end and answer 200 at once with a vLLM-shaped chat completion and its
-//! `usage` ([`COMPLETION`], what the filter reads back), so what is measured
+//! `usage` ([`COMPLETION`], or [`STREAMED`] where the body asks for a
+//! stream: what the filter reads back), so what is measured
 //! is Envoy and the filter, not an upstream. It counts requests that carried the routing key header, which
 //! proves the filter really ran (or really did not) in each configuration.
 //! Started with a metrics body, it answers `GET /metrics` with it, as an
@@ -26,6 +27,25 @@ use tokio::sync::oneshot;
 /// What every request is answered with: a chat completion as vLLM sends it
 /// with `--enable-prompt-tokens-details`, usage last.
 pub const COMPLETION: &[u8] = br#"{"id":"chatcmpl-3f6d9c2a8b1e4f07","object":"chat.completion","created":1764979200,"model":"meta-llama/Llama-3.1-70B-Instruct","choices":[{"index":0,"message":{"role":"assistant","content":"The document describes a routing filter that sends each request to the instance whose cache already holds the start of its prompt, so the shared part is not computed again and the first token arrives sooner.","refusal":null,"tool_calls":[]},"logprobs":null,"finish_reason":"stop","stop_reason":null}],"service_tier":null,"system_fingerprint":null,"usage":{"prompt_tokens":2048,"total_tokens":2096,"completion_tokens":48,"prompt_tokens_details":{"cached_tokens":1792}},"prompt_logprobs":null,"kv_transfer_params":null}"#;
+
+/// What a request whose body sets `"stream":true` is answered with: vLLM's
+/// event stream of chunks, the last with the usage (as with
+/// `stream_options.include_usage`), then `[DONE]`.
+pub const STREAMED: &[u8] = concat!(
+    r#"data: {"id":"chatcmpl-3f6d9c2a8b1e4f07","object":"chat.completion.chunk","created":1764979200,"model":"meta-llama/Llama-3.1-70B-Instruct","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],"usage":null}"#,
+    "\n\n",
+    r#"data: {"id":"chatcmpl-3f6d9c2a8b1e4f07","object":"chat.completion.chunk","created":1764979200,"model":"meta-llama/Llama-3.1-70B-Instruct","choices":[{"index":0,"delta":{"content":"The document describes a routing filter that sends each request to the instance whose cache already holds the start of its prompt."},"logprobs":null,"finish_reason":null}],"usage":null}"#,
+    "\n\n",
+    r#"data: {"id":"chatcmpl-3f6d9c2a8b1e4f07","object":"chat.completion.chunk","created":1764979200,"model":"meta-llama/Llama-3.1-70B-Instruct","choices":[{"index":0,"delta":{"content":""},"logprobs":null,"finish_reason":"stop","stop_reason":null}],"usage":null}"#,
+    "\n\n",
+    r#"data: {"id":"chatcmpl-3f6d9c2a8b1e4f07","object":"chat.completion.chunk","created":1764979200,"model":"meta-llama/Llama-3.1-70B-Instruct","choices":[],"usage":{"prompt_tokens":2048,"total_tokens":2096,"completion_tokens":48,"prompt_tokens_details":{"cached_tokens":1792}}}"#,
+    "\n\ndata: [DONE]\n\n"
+)
+.as_bytes();
+
+/// The end of a body that asks for a stream ([`STREAMED`]): the overhead
+/// benchmark's bodies end with their `stream` and `temperature` fields.
+const STREAM_ASKED: &[u8] = br#""stream":true"#;
 
 /// Requests seen, with and without the key header, and body bytes read.
 #[derive(Debug, Default)]
@@ -196,11 +216,16 @@ async fn serve(
                     }
                     let mut body = request.into_body();
                     let mut bytes = 0u64;
+                    // The body's last 64 bytes, where a stream is asked for.
+                    let mut tail = Vec::with_capacity(128);
                     while let Some(Ok(frame)) = body.frame().await {
                         if let Some(data) = frame.data_ref() {
                             bytes += data.len() as u64;
+                            tail.extend_from_slice(&data[data.len().saturating_sub(64)..]);
+                            tail.drain(..tail.len().saturating_sub(64));
                         }
                     }
+                    let streamed = tail.windows(STREAM_ASKED.len()).any(|w| w == STREAM_ASKED);
                     let counter = if keyed {
                         &counts.keyed
                     } else {
@@ -208,10 +233,15 @@ async fn serve(
                     };
                     counter.fetch_add(1, Ordering::Relaxed);
                     counts.body_bytes.fetch_add(bytes, Ordering::Relaxed);
-                    let mut response = Response::new(Full::new(Bytes::from_static(COMPLETION)));
+                    let (answer, content_type) = if streamed {
+                        (STREAMED, "text/event-stream")
+                    } else {
+                        (COMPLETION, "application/json")
+                    };
+                    let mut response = Response::new(Full::new(Bytes::from_static(answer)));
                     response.headers_mut().insert(
                         hyper::header::CONTENT_TYPE,
-                        hyper::header::HeaderValue::from_static("application/json"),
+                        hyper::header::HeaderValue::from_static(content_type),
                     );
                     response.headers_mut().insert(
                         "x-served-by",
@@ -244,5 +274,9 @@ mod tests {
             })
         );
         assert!(serde_json::from_slice::<serde_json::Value>(COMPLETION).is_ok());
+        assert_eq!(
+            scan(Framing::EventStream, STREAMED),
+            scan(Framing::Json, COMPLETION)
+        );
     }
 }

@@ -128,6 +128,9 @@ pub struct Case {
     pub prefix_length: usize,
     /// The target for the added p50, if the case has one.
     pub target: Option<P50Target>,
+    /// The body asks for a streamed answer (the upstreams send an event
+    /// stream, its usage in the last event).
+    pub stream: bool,
 }
 
 /// A case's target for the p50 the filter adds.
@@ -149,7 +152,7 @@ impl P50Target {
     }
 }
 
-/// The overhead benchmark's five cases.
+/// The overhead benchmark's six cases.
 pub fn cases() -> Vec<Case> {
     const KIB: usize = 1024;
     vec![
@@ -160,6 +163,7 @@ pub fn cases() -> Vec<Case> {
             body_bytes: 8 * KIB,
             prefix_length: 4096,
             target: Some(P50Target::OverFloor(100.0)),
+            stream: false,
         },
         Case {
             name: "invoke-256KiB-prefix-64KiB",
@@ -168,6 +172,7 @@ pub fn cases() -> Vec<Case> {
             body_bytes: 256 * KIB,
             prefix_length: 65536,
             target: None,
+            stream: false,
         },
         Case {
             name: "chat-8KiB",
@@ -176,6 +181,16 @@ pub fn cases() -> Vec<Case> {
             body_bytes: 8 * KIB,
             prefix_length: 4096,
             target: Some(P50Target::OverFloor(100.0)),
+            stream: false,
+        },
+        Case {
+            name: "chat-8KiB-stream",
+            api: "chat",
+            path: "/v1/chat/completions",
+            body_bytes: 8 * KIB,
+            prefix_length: 4096,
+            target: None,
+            stream: true,
         },
         Case {
             name: "chat-64KiB",
@@ -184,6 +199,7 @@ pub fn cases() -> Vec<Case> {
             body_bytes: 64 * KIB,
             prefix_length: 4096,
             target: None,
+            stream: false,
         },
         Case {
             name: "chat-1MiB",
@@ -192,16 +208,23 @@ pub fn cases() -> Vec<Case> {
             body_bytes: 1024 * KIB,
             prefix_length: 4096,
             target: Some(P50Target::AtMost(600.0)),
+            stream: false,
         },
     ]
 }
 
 impl Case {
     fn body(&self) -> Bytes {
-        Bytes::from(match self.api {
+        let body = match self.api {
             "invoke" => bodies::invoke_body(self.body_bytes, 42),
             _ => bodies::chat_body(self.body_bytes, 42),
-        })
+        };
+        if !self.stream {
+            return Bytes::from(body);
+        }
+        // The same size: `"stream":false` becomes `"stream":true ` .
+        let text = String::from_utf8(body).unwrap_or_default();
+        Bytes::from(text.replacen(r#""stream":false"#, r#""stream":true "#, 1))
     }
 }
 
@@ -954,12 +977,16 @@ mod tests {
                 "invoke-8KiB-prefix-4KiB",
                 "invoke-256KiB-prefix-64KiB",
                 "chat-8KiB",
+                "chat-8KiB-stream",
                 "chat-64KiB",
                 "chat-1MiB"
             ]
         );
         for case in &cases {
-            assert_eq!(case.body().len(), case.body_bytes, "{}", case.name);
+            let body = case.body();
+            assert_eq!(body.len(), case.body_bytes, "{}", case.name);
+            let asked = body.windows(14).any(|w| w == br#""stream":true "#);
+            assert_eq!(asked, case.stream, "{}", case.name);
         }
     }
 
