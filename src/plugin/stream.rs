@@ -69,7 +69,7 @@ struct UsageWatch {
     /// `None` once a chunk could not be read: the usage is then unknown.
     scanner: Option<UsageScanner>,
     address: String,
-    matched_bytes: Option<u64>,
+    /// LONGEST_PREFIX: what the decision predicted there.
     prediction: Option<Prediction>,
 }
 
@@ -238,8 +238,8 @@ impl Stream {
             self.use_orca_report(vm, report, address);
         }
         let predicted = predicted.filter(|_| self.config.read_usage);
-        if let (Some((_, matched_bytes)), Some(address)) = (predicted, &instance) {
-            self.watch_usage(vm, address, matched_bytes);
+        if let (Some(_), Some(address)) = (predicted, &instance) {
+            self.watch_usage(vm, address);
         }
         if let (Some(header), Some((kind, matched))) = (&self.config.decision_header, self.decided)
         {
@@ -292,12 +292,7 @@ impl Stream {
 
     /// A 2xx response from `address` to a prefix-aware decision, not
     /// content-encoded: its body is scanned for the engine's usage.
-    fn watch_usage<H: Host + Clone>(
-        &mut self,
-        vm: &mut Vm<H>,
-        address: &str,
-        matched_bytes: Option<u64>,
-    ) {
+    fn watch_usage<H: Host + Clone>(&mut self, vm: &mut Vm<H>, address: &str) {
         let header = |name: &str| match vm.host().response_header_value(name) {
             Ok(value) => value,
             Err(status) => {
@@ -319,7 +314,6 @@ impl Stream {
         self.usage_watch = Some(UsageWatch {
             scanner: Some(UsageScanner::new(framing)),
             address: address.to_string(),
-            matched_bytes,
             prediction: self.prediction.take(),
         });
     }
@@ -335,7 +329,8 @@ impl Stream {
             _ => Verdict::Unchecked,
         };
         let fleet = self.config.fleet.as_deref();
-        for (counter, amount) in UsageCounter::amounts(usage, watch.matched_bytes, verdict) {
+        let matched_bytes = watch.prediction.map(|p| p.matched_bytes);
+        for (counter, amount) in UsageCounter::amounts(usage, matched_bytes, verdict) {
             vm.count_usage(fleet, counter, &watch.address, amount);
         }
         if let Verdict::Missed {
