@@ -10,6 +10,7 @@ use anyhow::{anyhow, Context as _};
 use serde_json::json;
 use serde_yaml::Value;
 
+use super::fleet::{counters_after, summed_over};
 use crate::envoy::{Envoy, EnvoyBuilder};
 
 /// The cluster `engine_load.cluster` names.
@@ -75,39 +76,15 @@ pub fn polls_engines(plugin_config: &serde_json::Value) -> bool {
 /// `wasmcustom.prefix_router.engine.*`). Gauges (requests, KV usage, sample
 /// age per instance) are left out: they are not counts.
 pub fn poll_counts(stats: &str) -> BTreeMap<String, u64> {
-    const PREFIX: &str = "prefix_router.engine.";
-    let mut counts = BTreeMap::new();
-    for line in stats.lines() {
-        let Some((name, value)) = line.split_once(": ") else {
-            continue;
-        };
-        let Some(at) = name.find(PREFIX) else {
-            continue;
-        };
-        let kind = &name[at + PREFIX.len()..];
-        if !kind.starts_with("poll") {
-            continue;
-        }
-        if let Ok(value) = value.trim().parse::<u64>() {
-            *counts.entry(kind.to_string()).or_insert(0) += value;
-        }
-    }
-    counts
+    counters_after(stats, "prefix_router.engine.", |kind| {
+        kind.starts_with("poll").then_some(kind)
+    })
 }
 
 /// [`poll_counts`] of every Envoy in `envoys`, summed (an Envoy whose admin
 /// interface does not answer adds nothing).
 pub fn poll_counts_of(envoys: &[Envoy]) -> BTreeMap<String, u64> {
-    let mut total = BTreeMap::new();
-    for envoy in envoys {
-        let stats = envoy
-            .admin_get("/stats?filter=prefix_router.engine")
-            .unwrap_or_default();
-        for (kind, count) in poll_counts(&stats) {
-            *total.entry(kind).or_insert(0) += count;
-        }
-    }
-    total
+    summed_over(envoys, "prefix_router.engine", poll_counts)
 }
 
 #[cfg(test)]

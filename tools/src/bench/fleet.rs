@@ -224,17 +224,48 @@ pub fn decision_counts(stats: &str) -> BTreeMap<String, u64> {
     counts
 }
 
-/// The filter's decision counts of every Envoy in `envoys`, summed. An Envoy
-/// whose admin interface does not answer adds nothing (the counts are a
-/// side figure of the report).
+/// The filter's decision counts of every Envoy in `envoys`, summed.
 pub fn decision_counts_of(envoys: &[Envoy]) -> BTreeMap<String, u64> {
+    summed_over(envoys, "prefix_router", decision_counts)
+}
+
+/// The counters of an admin `/stats` text whose names hold `prefix`, summed
+/// by `key` of what follows it (left out where `key` gives None).
+pub fn counters_after(
+    stats: &str,
+    prefix: &str,
+    key: impl Fn(&str) -> Option<&str>,
+) -> BTreeMap<String, u64> {
+    let mut counts = BTreeMap::new();
+    for line in stats.lines() {
+        let Some((name, value)) = line.split_once(": ") else {
+            continue;
+        };
+        let Some(rest) = name.find(prefix).map(|at| &name[at + prefix.len()..]) else {
+            continue;
+        };
+        if let (Some(key), Ok(value)) = (key(rest), value.trim().parse::<u64>()) {
+            *counts.entry(key.to_string()).or_insert(0) += value;
+        }
+    }
+    counts
+}
+
+/// `parse` of the `/stats?filter=<filter>` of every Envoy in `envoys`,
+/// summed. An Envoy whose admin interface does not answer adds nothing (the
+/// counts are a side figure of the report).
+pub fn summed_over(
+    envoys: &[Envoy],
+    filter: &str,
+    parse: impl Fn(&str) -> BTreeMap<String, u64>,
+) -> BTreeMap<String, u64> {
     let mut total = BTreeMap::new();
     for envoy in envoys {
         let stats = envoy
-            .admin_get("/stats?filter=prefix_router")
+            .admin_get(&format!("/stats?filter={filter}"))
             .unwrap_or_default();
-        for (kind, count) in decision_counts(&stats) {
-            *total.entry(kind).or_insert(0) += count;
+        for (key, count) in parse(&stats) {
+            *total.entry(key).or_insert(0) += count;
         }
     }
     total
@@ -243,27 +274,11 @@ pub fn decision_counts_of(envoys: &[Envoy]) -> BTreeMap<String, u64> {
 /// The filter's usage counters (`prefix_router.usage.<name>.endpoint.<addr>`)
 /// of every Envoy in `envoys`, summed over the instances by name.
 pub fn usage_counts_of(envoys: &[Envoy]) -> BTreeMap<String, u64> {
-    const PREFIX: &str = "prefix_router.usage.";
-    let mut total = BTreeMap::new();
-    for envoy in envoys {
-        let stats = envoy
-            .admin_get("/stats?filter=prefix_router.usage")
-            .unwrap_or_default();
-        for line in stats.lines() {
-            let Some((name, value)) = line.split_once(": ") else {
-                continue;
-            };
-            let Some(at) = name.find(PREFIX) else {
-                continue;
-            };
-            let counter = &name[at + PREFIX.len()..];
-            let counter = counter.split(".endpoint.").next().unwrap_or(counter);
-            if let Ok(value) = value.trim().parse::<u64>() {
-                *total.entry(counter.to_string()).or_insert(0) += value;
-            }
-        }
-    }
-    total
+    summed_over(envoys, "prefix_router.usage", |stats| {
+        counters_after(stats, "prefix_router.usage.", |rest| {
+            rest.split(".endpoint.").next()
+        })
+    })
 }
 
 /// [`decision_counts_of`] once they add up to at least `decided`, polled for
