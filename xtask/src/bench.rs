@@ -185,6 +185,7 @@ mod tests {
             envoy_workers: None,
             instances: None,
             reused_percent: None,
+            restart_after: None,
         };
         assert!(needs_bench_python(&args(&[], &[])));
         assert!(needs_bench_python(&args(&["multi-turn", "rag"], &[])));

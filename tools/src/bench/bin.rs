@@ -178,6 +178,9 @@ fn run_routing(args: &RoutingArgs) -> anyhow::Result<()> {
     if let Some(percent) = args.reused_percent {
         opts.reused_fraction = f64::from(percent) / 100.0;
     }
+    opts.restart_after = args
+        .restart_after
+        .map(|seconds| std::time::Duration::from_secs(u64::from(seconds)));
     eprintln!(
         "routing: {} vllm-sim instances, Envoy {} with {} worker(s), time scale {}",
         opts.instances,

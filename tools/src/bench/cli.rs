@@ -61,7 +61,7 @@ impl OverheadArgs {
 }
 
 /// `routing [--quick] [--workloads NAME,...] [--peers NAME,...] [--runs N] [--envoy-workers N]
-/// [--instances N] [--reused-percent P]`.
+/// [--instances N] [--reused-percent P] [--restart-after S]`.
 #[derive(Debug, Clone, PartialEq, Eq, Args)]
 pub struct RoutingArgs {
     /// A shorter run with the same fields (one run; under 3 minutes for the
@@ -105,6 +105,10 @@ pub struct RoutingArgs {
     /// filter's index believes more than they hold.
     #[arg(long, value_parser = clap::value_parser!(u16).range(10..=1000))]
     pub reused_percent: Option<u16>,
+    /// Restart the first instance (its connections drop, its cache empties)
+    /// this many seconds into each measured run.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=3600))]
+    pub restart_after: Option<u16>,
 }
 
 impl RoutingArgs {
@@ -135,6 +139,9 @@ impl RoutingArgs {
         }
         if let Some(percent) = self.reused_percent {
             args.extend(["--reused-percent".to_string(), percent.to_string()]);
+        }
+        if let Some(seconds) = self.restart_after {
+            args.extend(["--restart-after".to_string(), seconds.to_string()]);
         }
         args
     }
@@ -262,6 +269,7 @@ mod tests {
                         envoy_workers,
                         instances: envoy_workers.map(|_| 32),
                         reused_percent: runs.map(|_| 200),
+                        restart_after: runs.map(|_| 30),
                     };
                     assert!(
                         matches!(parse(routing.to_args()), BenchCommand::Routing(r) if r == routing)

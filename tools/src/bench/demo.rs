@@ -147,6 +147,7 @@ pub fn run(opts: &DemoOptions, print: &mut dyn FnMut(&str)) -> anyhow::Result<De
             max_run: Duration::from_secs(60),
             instances: routing::INSTANCES,
             reused_fraction: routing::SHARED_FRACTION_OF_FLEET_CACHE,
+            restart_after: None,
         };
         reports.push(routing::run(&routing_opts, print)?);
     }

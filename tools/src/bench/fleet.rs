@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -86,31 +87,53 @@ pub fn find_sim_exe() -> anyhow::Result<PathBuf> {
 
 /// Seven (or `count`) simulated instances `vllm-1` .. `vllm-N`.
 pub struct SimFleet {
-    processes: Vec<SimProcess>,
+    exe: PathBuf,
+    /// Each instance's configuration and process (locked to restart it).
+    instances: Vec<(SimConfig, Mutex<SimProcess>)>,
 }
+
+/// How long a `vllm-sim` process may take to announce its address.
+const SIM_READY_WITHIN: Duration = Duration::from_secs(10);
 
 impl SimFleet {
     pub fn start(exe: &Path, count: usize, template: &SimConfig) -> anyhow::Result<Self> {
-        let mut processes = Vec::with_capacity(count);
+        let mut instances = Vec::with_capacity(count);
         for i in 1..=count {
             let cfg = SimConfig {
                 name: format!("vllm-{i}"),
                 ..template.clone()
             };
-            processes.push(
-                SimProcess::spawn(exe, &cfg, Duration::from_secs(10))
-                    .with_context(|| format!("starting {}", cfg.name))?,
-            );
+            let process = SimProcess::spawn(exe, &cfg, SIM_READY_WITHIN)
+                .with_context(|| format!("starting {}", cfg.name))?;
+            instances.push((cfg, Mutex::new(process)));
         }
-        Ok(SimFleet { processes })
+        Ok(SimFleet {
+            exe: exe.to_path_buf(),
+            instances,
+        })
+    }
+
+    fn each<T>(&self, f: impl Fn(&SimProcess) -> T) -> Vec<T> {
+        self.instances
+            .iter()
+            .map(|(_, process)| f(&process.lock().unwrap_or_else(|e| e.into_inner())))
+            .collect()
     }
 
     pub fn addrs(&self) -> Vec<SocketAddr> {
-        self.processes.iter().map(|p| p.addr).collect()
+        self.each(|p| p.addr)
     }
 
     pub fn names(&self) -> Vec<String> {
-        self.processes.iter().map(|p| p.name.clone()).collect()
+        self.each(|p| p.name.clone())
+    }
+
+    /// Restarts instance `index` (0-based) on its address: its connections
+    /// drop and its prefix cache starts empty.
+    pub fn restart(&self, index: usize) -> anyhow::Result<()> {
+        let (cfg, process) = self.instances.get(index).context("no such instance")?;
+        let mut process = process.lock().unwrap_or_else(|e| e.into_inner());
+        process.restart(&self.exe, cfg, SIM_READY_WITHIN)
     }
 
     /// Empties every instance's prefix cache (they must be idle).
@@ -143,7 +166,7 @@ impl SimFleet {
 
     /// Every instance's prefix-cache counters, in instance order.
     pub async fn cache_counters(&self) -> anyhow::Result<Vec<CacheCounters>> {
-        let mut all = Vec::with_capacity(self.processes.len());
+        let mut all = Vec::with_capacity(self.instances.len());
         for addr in self.addrs() {
             all.push(scrape_cache_counters(addr).await?);
         }

@@ -248,6 +248,8 @@ pub struct RoutingOptions {
     /// The fraction of the fleet's KV cache the reused tokens fill
     /// ([`SHARED_FRACTION_OF_FLEET_CACHE`] unless told).
     pub reused_fraction: f64,
+    /// Restart the first instance this long into each measured run.
+    pub restart_after: Option<Duration>,
 }
 
 impl RoutingOptions {
@@ -286,6 +288,7 @@ impl RoutingOptions {
             max_run: Duration::from_secs(180),
             instances: INSTANCES,
             reused_fraction: SHARED_FRACTION_OF_FLEET_CACHE,
+            restart_after: None,
         })
     }
 
@@ -448,6 +451,8 @@ pub struct RoutingReport {
     pub instances: usize,
     /// The fraction of the fleet's KV cache the reused tokens were sized to.
     pub reused_fraction: f64,
+    /// Seconds into each measured run the first instance was restarted.
+    pub restart_after_s: Option<f64>,
     pub time_scale: f64,
     pub runs: usize,
     pub cold_start: &'static str,
@@ -498,6 +503,7 @@ pub fn run(opts: &RoutingOptions, progress: &mut dyn FnMut(&str)) -> anyhow::Res
         envoy_workers: opts.envoy_workers,
         instances: opts.instances,
         reused_fraction: opts.reused_fraction,
+        restart_after_s: opts.restart_after.map(|d| d.as_secs_f64()),
         time_scale: opts.time_scale,
         runs: opts.runs.max(1),
         cold_start: "per arm and run: POST /reset_prefix_cache on every instance, a fresh Envoy \
@@ -817,14 +823,26 @@ fn run_peer(
     let with_adapters = matches!(plan.workload, Workload::Lora { .. });
     let before = runtime.block_on(fleet.cache_counters())?;
     let loads_before = runtime.block_on(fleet.lora_loads())?;
-    let report: Report = runtime.block_on(run_workload(
-        &url,
-        &plan.workload,
-        &RunOptions {
-            keep_records: with_adapters,
-            ..run_options(MEASURED_SEED + run, plan.requests)
-        },
-    ))?;
+    let measured = RunOptions {
+        keep_records: with_adapters,
+        ..run_options(MEASURED_SEED + run, plan.requests)
+    };
+    let report: Report = std::thread::scope(|scope| {
+        let (done, finished) = std::sync::mpsc::channel::<()>();
+        if let Some(after) = opts.restart_after {
+            scope.spawn(move || {
+                // Unless the run ends first.
+                if finished.recv_timeout(after).is_err() {
+                    if let Err(error) = fleet.restart(0) {
+                        eprintln!("restarting the first instance: {error:#}");
+                    }
+                }
+            });
+        }
+        let report = runtime.block_on(run_workload(&url, &plan.workload, &measured));
+        let _ = done.send(());
+        report
+    })?;
     let after = runtime.block_on(fleet.cache_counters())?;
     let loads = runtime.block_on(fleet.lora_loads())? - loads_before;
     let (adapter_loads_per_1000, adapter_loads_limit_per_1000) = if with_adapters {
@@ -1310,6 +1328,7 @@ mod tests {
             envoy_workers: 1,
             instances: INSTANCES,
             reused_fraction: SHARED_FRACTION_OF_FLEET_CACHE,
+            restart_after_s: None,
             time_scale: 8.0,
             runs: 3,
             cold_start: "",

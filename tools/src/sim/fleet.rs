@@ -86,9 +86,40 @@ impl SimProcess {
     /// loopback port and waits, at most `ready_timeout`, for it to announce
     /// its address.
     pub fn spawn(exe: &Path, cfg: &SimConfig, ready_timeout: Duration) -> anyhow::Result<Self> {
+        Self::spawn_on(exe, cfg, 0, ready_timeout)
+    }
+
+    /// Kills the instance (its connections drop, its cache is gone) and
+    /// starts it again on the same address, as an engine restarts.
+    pub fn restart(
+        &mut self,
+        exe: &Path,
+        cfg: &SimConfig,
+        ready_timeout: Duration,
+    ) -> anyhow::Result<()> {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let restarted = Self::spawn_on(exe, cfg, self.addr.port(), ready_timeout)?;
+        // The dead child is reaped: dropping the old value kills nothing alive.
+        *self = restarted;
+        Ok(())
+    }
+
+    fn spawn_on(
+        exe: &Path,
+        cfg: &SimConfig,
+        port: u16,
+        ready_timeout: Duration,
+    ) -> anyhow::Result<Self> {
+        let mut args = sim_args(cfg);
+        if let Some(value) = args.iter().position(|a| a == "--port").map(|at| at + 1) {
+            if let Some(slot) = args.get_mut(value) {
+                *slot = port.to_string();
+            }
+        }
         let mut command = Command::new(exe);
         command
-            .args(sim_args(cfg))
+            .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
