@@ -5,7 +5,8 @@
 //! it runs the test that kills an instance last.
 //!
 //! - A conversation stays on one instance, and vLLM reports its history
-//!   cached (`usage.prompt_tokens_details.cached_tokens`).
+//!   cached (`usage.prompt_tokens_details.cached_tokens`); the filter's
+//!   usage counters hold what vLLM sent, streamed or not.
 //! - The poller reads every instance's real `/metrics` without a failure.
 //! - An adapter unloaded from the instance its requests go to (gone from
 //!   its `/v1/models`) is served elsewhere after a poll, and there again
@@ -110,6 +111,36 @@ fn chat(envoy: &Envoy, model: &str, messages: &Value) -> (u16, Option<String>, V
     (status, instance, body)
 }
 
+/// A streamed chat completion through `envoy` that asks for its usage: the
+/// status, the instance the decision header names, and the usage of the
+/// last event that has one.
+fn chat_streamed(envoy: &Envoy, model: &str, messages: &Value) -> (u16, Option<String>, Value) {
+    let body = json!({
+        "model": model, "messages": messages, "max_tokens": 4, "temperature": 0,
+        "stream": true, "stream_options": {"include_usage": true},
+    });
+    let response = ureq::post(&format!("{}/v1/chat/completions", envoy.base_url()))
+        .timeout(Duration::from_secs(300))
+        .set("content-type", "application/json")
+        .send_string(&body.to_string())
+        .unwrap_or_else(|error| panic!("no streamed answer: {error}"));
+    let status = response.status();
+    let instance = response
+        .header(DECISION_HEADER)
+        .and_then(|d| d.split("; ").find_map(|f| f.strip_prefix("instance=")))
+        .map(str::to_string);
+    let text = response.into_string().unwrap_or_default();
+    let usage = text
+        .lines()
+        .filter_map(|line| line.strip_prefix("data: "))
+        .filter_map(|data| serde_json::from_str::<Value>(data).ok())
+        .map(|event| event["usage"].clone())
+        .filter(|usage| !usage.is_null())
+        .last()
+        .unwrap_or_else(|| panic!("no usage in the stream: {text}"));
+    (status, instance, usage)
+}
+
 /// A short question no other shares (vLLM's CPU blocks are 128 tokens: it
 /// never hits).
 fn question(n: usize) -> Value {
@@ -128,6 +159,8 @@ fn a_conversation_stays_on_one_instance_and_vllm_reports_its_history_cached() {
         json!({"role": "system", "content": format!("Answer from this contract. {document}")}),
     ];
     let mut instances = Vec::new();
+    // (prompt_tokens, cached_tokens) of every answer, as the client read them.
+    let mut reported = Vec::new();
     for turn in 0..4 {
         messages.push(json!({"role": "user", "content": format!("Summarise clause {turn}.")}));
         let (status, instance, body) = chat(&envoy, &fleet.model, &Value::from(messages.clone()));
@@ -148,10 +181,45 @@ fn a_conversation_stays_on_one_instance_and_vllm_reports_its_history_cached() {
             .unwrap_or("");
         messages.push(json!({"role": "assistant", "content": answer}));
         instances.push(instance.expect("the decision names the instance"));
+        reported.push((prompt, cached));
     }
+    // A fifth turn streamed, its usage in the last event.
+    messages.push(json!({"role": "user", "content": "Summarise clause 4."}));
+    let (status, instance, usage) = chat_streamed(&envoy, &fleet.model, &Value::from(messages));
+    assert_eq!(status, 200, "{usage}");
+    instances.push(instance.expect("the decision names the instance"));
+    let prompt = usage["prompt_tokens"].as_u64().expect("prompt_tokens");
+    let cached = usage["prompt_tokens_details"]["cached_tokens"].as_u64();
+    assert!(cached.is_some_and(|c| c * 10 >= prompt * 8), "{usage}");
+    reported.push((prompt, cached));
     assert!(
         instances.iter().all(|i| *i == instances[0]),
         "{instances:?}"
+    );
+    // The filter read every usage vLLM sent, streamed or not, as sent.
+    let counter =
+        |name: &str| filter_counter(&envoy, &format!("usage.{name}.endpoint.{}", instances[0]));
+    wait_for_counter(
+        &envoy,
+        &format!("usage.responses.endpoint.{}", instances[0]),
+        5,
+    );
+    let with_cached = reported.iter().filter(|(_, c)| c.is_some()).count() as u64;
+    assert_eq!(
+        [
+            counter("responses"),
+            counter("reported"),
+            counter("reported_cached"),
+            counter("prompt_tokens"),
+            counter("cached_tokens"),
+        ],
+        [
+            5,
+            5,
+            with_cached,
+            reported.iter().map(|(p, _)| p).sum(),
+            reported.iter().filter_map(|(_, c)| *c).sum(),
+        ]
     );
 }
 
