@@ -439,15 +439,9 @@ impl PrefixIndex {
     ) -> Remembered {
         let now = u32::try_from(now_ms / 1000).unwrap_or(u32::MAX);
         let from = from.min(chain.len());
-        let (start, stamp) = match from.checked_sub(1).and_then(|i| Some((i, *chain.get(i)?))) {
-            None => (0, now),
-            Some((i, known)) => {
-                let record = reads.get(self, tables, self.bucket_of_block(chain, i));
-                match record.last_used(known, holder) {
-                    Some(used) if now.saturating_sub(used) < REFRESH_SECS => (from, used),
-                    _ => (0, now),
-                }
-            }
+        let (start, stamp) = match self.last_used(tables, chain, from, holder, reads) {
+            Some(used) if now.saturating_sub(used) < REFRESH_SECS => (from, used),
+            _ => (0, now),
         };
         let mut blocks: Vec<(u64, u64)> = chain
             .iter()
