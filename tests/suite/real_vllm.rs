@@ -88,10 +88,9 @@ fn envoy(fleet: &Fleet, workers: u32, more: Value) -> Envoy {
     envoy
 }
 
-/// A chat completion through `envoy`: its status, the instance the decision
-/// header names, and the body.
-fn chat(envoy: &Envoy, model: &str, messages: &Value) -> (u16, Option<String>, Value) {
-    let body = json!({"model": model, "messages": messages, "max_tokens": 4, "temperature": 0});
+/// POSTs `body` to `envoy`'s chat completions: the status, the instance the
+/// decision header names, and the body as text.
+fn post_chat(envoy: &Envoy, body: &Value) -> (u16, Option<String>, String) {
     let response = ureq::post(&format!("{}/v1/chat/completions", envoy.base_url()))
         .timeout(Duration::from_secs(300))
         .set("content-type", "application/json")
@@ -106,7 +105,14 @@ fn chat(envoy: &Envoy, model: &str, messages: &Value) -> (u16, Option<String>, V
         .header(DECISION_HEADER)
         .and_then(|d| d.split("; ").find_map(|f| f.strip_prefix("instance=")))
         .map(str::to_string);
-    let text = response.into_string().unwrap_or_default();
+    (status, instance, response.into_string().unwrap_or_default())
+}
+
+/// A chat completion through `envoy`: its status, the instance the decision
+/// header names, and the body.
+fn chat(envoy: &Envoy, model: &str, messages: &Value) -> (u16, Option<String>, Value) {
+    let body = json!({"model": model, "messages": messages, "max_tokens": 4, "temperature": 0});
+    let (status, instance, text) = post_chat(envoy, &body);
     let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
     (status, instance, body)
 }
@@ -119,17 +125,7 @@ fn chat_streamed(envoy: &Envoy, model: &str, messages: &Value) -> (u16, Option<S
         "model": model, "messages": messages, "max_tokens": 4, "temperature": 0,
         "stream": true, "stream_options": {"include_usage": true},
     });
-    let response = ureq::post(&format!("{}/v1/chat/completions", envoy.base_url()))
-        .timeout(Duration::from_secs(300))
-        .set("content-type", "application/json")
-        .send_string(&body.to_string())
-        .unwrap_or_else(|error| panic!("no streamed answer: {error}"));
-    let status = response.status();
-    let instance = response
-        .header(DECISION_HEADER)
-        .and_then(|d| d.split("; ").find_map(|f| f.strip_prefix("instance=")))
-        .map(str::to_string);
-    let text = response.into_string().unwrap_or_default();
+    let (status, instance, text) = post_chat(envoy, &body);
     let usage = text
         .lines()
         .filter_map(|line| line.strip_prefix("data: "))
@@ -137,7 +133,7 @@ fn chat_streamed(envoy: &Envoy, model: &str, messages: &Value) -> (u16, Option<S
         .map(|event| event["usage"].clone())
         .filter(|usage| !usage.is_null())
         .last()
-        .unwrap_or_else(|| panic!("no usage in the stream: {text}"));
+        .unwrap_or_else(|| panic!("no usage in the stream ({status}): {text}"));
     (status, instance, usage)
 }
 
