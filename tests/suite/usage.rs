@@ -339,9 +339,12 @@ fn an_engine_that_lost_its_cache_is_no_longer_believed_to_hold_older_prompts() {
     };
     // Eight first turns: the filter learns the bytes per token from them.
     let placed: Vec<String> = (0..8).map(|n| send(conversation(n, false)).0).collect();
-    let lost = placed[0].clone();
-    let older_there = (1..8).find(|&n| placed[n] == lost);
-    let elsewhere = (1..8).find(|&n| placed[n] != lost);
+    // The miss is on the last conversation placed on its instance, so the
+    // instance's older one was used no later (their seconds may differ).
+    let last = 7;
+    let lost = placed[last].clone();
+    let older_there = (0..last).find(|&n| placed[n] == lost);
+    let elsewhere = (0..last).find(|&n| placed[n] != lost);
     let (Some(older_there), Some(elsewhere)) = (older_there, elsewhere) else {
         panic!("both instances hold conversations: {placed:?}");
     };
@@ -352,7 +355,7 @@ fn an_engine_that_lost_its_cache_is_no_longer_believed_to_hold_older_prompts() {
         .find(|sim| sim.addr().to_string() == lost)
         .expect("a vllm-sim");
     assert!(sim.engine().reset_prefix_cache(), "an idle instance");
-    let (at, matched) = send(conversation(0, true));
+    let (at, matched) = send(conversation(last, true));
     assert_eq!((at.as_str(), matched > 0), (lost.as_str(), true));
     let misses = format!("usage.index_misses.endpoint.{lost}");
     wait_for_counter(&envoy, &misses, 1);
