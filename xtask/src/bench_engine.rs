@@ -29,8 +29,9 @@
 //! (`vllm:prefix_cache_hits_total` / `vllm:prefix_cache_queries_total`
 //! deltas), the prompt tokens it computed
 //! (`vllm:prompt_tokens_by_source_total{source="local_compute"}` delta), the
-//! sum of `usage.prompt_tokens_details.cached_tokens`, and which instance
-//! served each group; JSON in `target/bench/engine/vllm.json`, the instances'
+//! sum of `usage.prompt_tokens_details.cached_tokens`, which instance
+//! served each group, and, for the default, how far the filter's prediction
+//! (`matched=` bytes, in tokens) was from the `cached_tokens` reported; JSON in `target/bench/engine/vllm.json`, the instances'
 //! logs next to it. About 10 minutes on 2 cores after the install; the
 //! install is several GB (about 6 GB of venv).
 //!
@@ -264,6 +265,9 @@ fn start_servers(model: &Path, out_dir: &Path, strategy: &str) -> anyhow::Result
 struct Job {
     group: usize,
     body: String,
+    /// Bytes of the messages' text: about what the filter counts as the
+    /// prompt, to turn its matched bytes into tokens.
+    text_bytes: usize,
 }
 
 /// Deterministic prose-like text: `count` words from a fixed list, seeded.
@@ -329,11 +333,16 @@ fn workload(shape: &Shape) -> Vec<Job> {
     for i in 0..shape.requests {
         // A fixed shuffle of groups: every strategy gets the same sequence.
         let group = (i * 7 + i / shape.groups) % shape.groups;
+        let question = format!(
+            "Question {i}: {}",
+            words(50_000 + i as u64, shape.question_words)
+        );
+        let text_bytes = shared[group].len() + question.len();
         let mut body = serde_json::json!({
             "model": "smollm2",
             "messages": [
                 {"role": "system", "content": shared[group]},
-                {"role": "user", "content": format!("Question {i}: {}", words(50_000 + i as u64, shape.question_words))},
+                {"role": "user", "content": question},
             ],
             "max_tokens": MAX_TOKENS,
             "temperature": 0,
@@ -345,6 +354,7 @@ fn workload(shape: &Shape) -> Vec<Job> {
         jobs.push(Job {
             group,
             body: body.to_string(),
+            text_bytes,
         });
     }
     jobs
@@ -357,6 +367,13 @@ struct Sample {
     served_by: String,
     /// `usage.prompt_tokens_details.cached_tokens`, when the server reported usage.
     cached_tokens: Option<u64>,
+    /// `usage.prompt_tokens`, when the server reported usage.
+    prompt_tokens: Option<u64>,
+    /// LONGEST_PREFIX: the prompt bytes the filter predicted the instance
+    /// held (`matched=` in its decision header).
+    matched_bytes: Option<u64>,
+    /// The job's [`Job::text_bytes`].
+    text_bytes: usize,
 }
 
 /// Where a job is sent: the chat URL, and the instance that serves it if
@@ -422,13 +439,12 @@ fn one_request(url: &str, served_by: &str, job: &Job) -> anyhow::Result<Sample> 
             ),
             other => anyhow!("request failed: {other}"),
         })?;
-    let served_by = response
-        .header(DECISION_HEADER)
-        .and_then(decided_instance)
-        .unwrap_or(served_by)
-        .to_string();
+    let decision = response.header(DECISION_HEADER).unwrap_or_default();
+    let served_by = decided_instance(decision).unwrap_or(served_by).to_string();
+    let matched_bytes = decided_matched_bytes(decision);
     let mut ttft = None;
     let mut cached_tokens = None;
+    let mut prompt_tokens = None;
     for line in BufReader::new(response.into_reader()).lines() {
         let line = line?;
         let Some(data) = line.strip_prefix("data: ") else {
@@ -451,6 +467,7 @@ fn one_request(url: &str, served_by: &str, job: &Job) -> anyhow::Result<Sample> 
                     .as_u64()
                     .unwrap_or(0),
             );
+            prompt_tokens = usage["prompt_tokens"].as_u64();
         }
     }
     Ok(Sample {
@@ -458,6 +475,9 @@ fn one_request(url: &str, served_by: &str, job: &Job) -> anyhow::Result<Sample> 
         ttft: ttft.ok_or_else(|| anyhow!("no content chunk in the stream"))?,
         served_by,
         cached_tokens,
+        prompt_tokens,
+        matched_bytes,
+        text_bytes: job.text_bytes,
     })
 }
 
@@ -467,6 +487,45 @@ fn decided_instance(decision: &str) -> Option<&str> {
     decision
         .split(';')
         .find_map(|field| field.trim().strip_prefix("instance="))
+}
+
+/// The prompt bytes the filter predicted held: `matched=<bytes>` in its
+/// decision header under LONGEST_PREFIX.
+fn decided_matched_bytes(decision: &str) -> Option<u64> {
+    decision
+        .split(';')
+        .find_map(|field| field.trim().strip_prefix("matched="))
+        .and_then(|bytes| bytes.parse().ok())
+}
+
+/// The filter's prediction against what vLLM reported cached, in tokens,
+/// over the requests with a prediction: the median of |predicted - cached|,
+/// and the same with the cached tokens cut at the filter's window (the
+/// first `prefix_length` bytes, all the index sees). Bytes become tokens at
+/// each request's own ratio of text bytes to prompt tokens.
+fn prediction_gaps(samples: &[Sample], prefix_length: u64) -> Option<(f64, f64)> {
+    let mut whole = Vec::new();
+    let mut windowed = Vec::new();
+    for s in samples {
+        let (Some(matched), Some(cached), Some(prompt)) =
+            (s.matched_bytes, s.cached_tokens, s.prompt_tokens)
+        else {
+            continue;
+        };
+        if matched == 0 {
+            continue;
+        }
+        let tokens_per_byte = prompt as f64 / s.text_bytes.max(1) as f64;
+        let predicted = matched as f64 * tokens_per_byte;
+        let window = prefix_length.min(s.text_bytes as u64) as f64 * tokens_per_byte;
+        whole.push((predicted - cached as f64).abs());
+        windowed.push((predicted - (cached as f64).min(window)).abs());
+    }
+    if whole.is_empty() {
+        return None;
+    }
+    let median = |v: Vec<f64>| stats::percentile(&stats::sorted(v), 50.0);
+    Some((median(whole), median(windowed)))
 }
 
 struct Row {
@@ -589,6 +648,9 @@ const VLLM_SHAPE: Shape = Shape {
     include_usage: true,
 };
 const VLLM_INSTANCES: usize = 3;
+/// The filter's default `prefix_length` under LONGEST_PREFIX: the most of a
+/// prompt its index sees.
+const FILTER_PREFIX_LENGTH: u64 = 16_384;
 
 /// `target/bench/engine`: the runs' JSON and the instances' logs.
 fn engine_out_dir() -> PathBuf {
@@ -726,6 +788,7 @@ fn lora_workload() -> Vec<Job> {
             Job {
                 group: adapter,
                 body: body.to_string(),
+                text_bytes: 0,
             }
         })
         .collect()
@@ -940,10 +1003,12 @@ struct VllmRow {
     share: Vec<usize>,
     /// Polls of the instances' `/metrics` the filter made (`engine_load` arms).
     engine_polls: Option<u64>,
+    /// LONGEST_PREFIX: [`prediction_gaps`], in tokens.
+    prediction_gaps: Option<(f64, f64)>,
 }
 
 impl VllmRow {
-    const HEADER: &'static str = "| arm | TTFT p50 (ms) | TTFT p90 (ms) | req/s | vLLM hit rate | prompt tokens computed | cached_tokens (usage) | instances per group | requests per instance |\n|---|---|---|---|---|---|---|---|---|";
+    const HEADER: &'static str = "| arm | TTFT p50 (ms) | TTFT p90 (ms) | req/s | vLLM hit rate | prompt tokens computed | cached_tokens (usage) | instances per group | requests per instance | predicted - cached, median (tokens; within prefix_length) |\n|---|---|---|---|---|---|---|---|---|---|";
 
     fn new(
         arm: Peer,
@@ -970,12 +1035,13 @@ impl VllmRow {
             instances_per_group: instances_per_group(samples),
             share: share(samples, addrs),
             engine_polls,
+            prediction_gaps: prediction_gaps(samples, FILTER_PREFIX_LENGTH),
         }
     }
 
     fn line(&self) -> String {
         format!(
-            "| {}{} | {:.0} | {:.0} | {:.2} | {:.1}% | {:.0} | {} | {:.2} | {:?} |",
+            "| {}{} | {:.0} | {:.0} | {:.2} | {:.1}% | {:.0} | {} | {:.2} | {:?} | {} |",
             self.arm,
             self.engine_polls
                 .map(|p| format!(" ({p} polls)"))
@@ -988,6 +1054,9 @@ impl VllmRow {
             self.cached_tokens,
             self.instances_per_group,
             self.share,
+            self.prediction_gaps
+                .map(|(whole, windowed)| format!("{whole:.0}; {windowed:.0}"))
+                .unwrap_or_default(),
         )
     }
 
@@ -1004,6 +1073,8 @@ impl VllmRow {
             "instances_per_group": self.instances_per_group,
             "requests_per_instance": self.share,
             "engine_polls": self.engine_polls,
+            "prediction_gap_tokens": self.prediction_gaps.map(|g| g.0),
+            "prediction_gap_in_window_tokens": self.prediction_gaps.map(|g| g.1),
         })
     }
 }
@@ -1023,6 +1094,41 @@ mod tests {
             Some("10.0.0.2:8000")
         );
         assert_eq!(decided_instance("overflow"), None);
+    }
+
+    #[test]
+    fn reads_the_matched_bytes_of_a_longest_prefix_decision() {
+        let header = "matched; instance=10.0.0.2:8000; matched=1536; cost 0.5 = load 0.0 + prefill 0.5 + share 0.0";
+        assert_eq!(decided_matched_bytes(header), Some(1536));
+        assert_eq!(
+            decided_matched_bytes("prefix; instance=10.0.0.1:8000"),
+            None
+        );
+    }
+
+    #[test]
+    fn the_prediction_gap_turns_bytes_into_tokens_and_cuts_at_the_window() {
+        let sample = |matched: u64, cached: u64| Sample {
+            group: 0,
+            ttft: Duration::ZERO,
+            served_by: String::new(),
+            cached_tokens: Some(cached),
+            prompt_tokens: Some(4000),
+            matched_bytes: Some(matched),
+            // 5 bytes a token: the window of 16,000 bytes is 3,200 tokens.
+            text_bytes: 20_000,
+        };
+        // Predicted 3,000, 3,200 and 1,000 tokens; the cold one is left out.
+        let samples = [
+            sample(15_000, 3_072),
+            sample(16_000, 3_840),
+            sample(5_000, 0),
+            sample(0, 0),
+        ];
+        let (whole, windowed) = prediction_gaps(&samples, 16_000).unwrap();
+        assert_eq!(whole, 640.0);
+        assert_eq!(windowed, 72.0);
+        assert_eq!(prediction_gaps(&samples[3..], 16_000), None);
     }
 
     #[test]
@@ -1112,6 +1218,9 @@ vllm:prompt_tokens_by_source_total{engine="0",model_name="smollm2",source="exter
             ttft: Duration::ZERO,
             served_by: served_by.to_string(),
             cached_tokens: None,
+            prompt_tokens: None,
+            matched_bytes: None,
+            text_bytes: 0,
         };
         // Two slots: 0, 1, 0 (resident), 2 (evicts 1), 1 (evicts 0) on one
         // instance; 0 on another.
