@@ -82,18 +82,10 @@ impl Found {
 
 /// The engine's load in `body` (see the module documentation).
 pub fn parse(body: &[u8], series: &Series) -> Result<EngineLoad, BodyFault> {
-    let body = within_cap(body);
     let mut running = Found::default();
     let mut waiting = Found::default();
     let mut kv = Found::default();
-    for line in body.split(|b| *b == b'\n') {
-        let line = line.strip_suffix(b"\r").unwrap_or(line);
-        if line.is_empty() || line.first() == Some(&b'#') {
-            continue;
-        }
-        let Some((name, value)) = sample(line) else {
-            continue;
-        };
+    for (name, _, value) in samples(body) {
         let slot = if name == series.running.as_bytes() {
             &mut running
         } else if name == series.waiting.as_bytes() {
@@ -149,9 +141,22 @@ fn within_cap(body: &[u8]) -> &[u8] {
     }
 }
 
-/// A sample line's metric name and value text, or None if the line is not
-/// one (`name [{labels}] value [timestamp]`).
-fn sample(line: &[u8]) -> Option<(&[u8], &[u8])> {
+/// The sample lines of `body` (within [`MAX_BODY_BYTES`]): each one's
+/// metric name, label block (`{...}`, or empty) and value text. Comments,
+/// empty lines and lines that are no sample are skipped.
+pub(crate) fn samples(body: &[u8]) -> impl Iterator<Item = (&[u8], &[u8], &[u8])> {
+    within_cap(body).split(|b| *b == b'\n').filter_map(|line| {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        if line.first() == Some(&b'#') {
+            return None;
+        }
+        sample(line)
+    })
+}
+
+/// A sample line's metric name, label block and value text, or None if the
+/// line is not one (`name [{labels}] value [timestamp]`).
+fn sample(line: &[u8]) -> Option<(&[u8], &[u8], &[u8])> {
     let name_end = line
         .iter()
         .position(|b| *b == b'{' || *b == b' ' || *b == b'\t')?;
@@ -159,8 +164,11 @@ fn sample(line: &[u8]) -> Option<(&[u8], &[u8])> {
     if name.is_empty() {
         return None;
     }
+    let mut labels: &[u8] = &[];
     if rest.first() == Some(&b'{') {
-        rest = rest.get(labels_end(rest)?..)?;
+        let end = labels_end(rest)?;
+        labels = rest.get(..end)?;
+        rest = rest.get(end..)?;
     }
     let rest = trim_start(rest);
     let value_end = rest
@@ -168,7 +176,36 @@ fn sample(line: &[u8]) -> Option<(&[u8], &[u8])> {
         .position(|b| *b == b' ' || *b == b'\t')
         .unwrap_or(rest.len());
     let value = rest.get(..value_end)?;
-    (!value.is_empty()).then_some((name, value))
+    (!value.is_empty()).then_some((name, labels, value))
+}
+
+/// The value of label `key` in a label block (`{a="x",b="y"}`), with its
+/// `\\`, `\"` and `\n` escapes undone; None if the block has no such label.
+pub(crate) fn label_value(labels: &[u8], key: &[u8]) -> Option<Vec<u8>> {
+    let mut rest = labels.strip_prefix(b"{")?;
+    loop {
+        rest = trim_start(rest);
+        rest = rest.strip_prefix(b",").map_or(rest, trim_start);
+        let equals = rest.iter().position(|b| *b == b'=')?;
+        let name = trim_start(rest.get(..equals)?).trim_ascii_end();
+        rest = trim_start(rest.get(equals + 1..)?).strip_prefix(b"\"")?;
+        let mut value = Vec::new();
+        let mut bytes = rest.iter().enumerate();
+        let end = loop {
+            match bytes.next()? {
+                (at, b'"') => break at,
+                (_, b'\\') => value.push(match bytes.next()?.1 {
+                    b'n' => b'\n',
+                    other => *other,
+                }),
+                (_, byte) => value.push(*byte),
+            }
+        };
+        if name == key {
+            return Some(value);
+        }
+        rest = rest.get(end + 1..)?;
+    }
 }
 
 /// Where the label block that `text` starts with ends (just past its `}`),
@@ -245,6 +282,22 @@ vllm:kv_cache_usage_perc{engine=\"1\"} 0.9
 vllm:kv_cache_usage_perc{engine=\"2\"} 0.5
 ";
         assert_eq!(parse(body.as_bytes(), &vllm()), Ok(load(7, 1, Some(900))));
+    }
+
+    #[test]
+    fn reads_a_label_value_wherever_it_stands_and_undoes_its_escapes() {
+        let labels = br#"{a="1", b = "x\"}\\y\nz",c="",d="}"}"#;
+        assert_eq!(label_value(labels, b"a").as_deref(), Some(&b"1"[..]));
+        assert_eq!(
+            label_value(labels, b"b").as_deref(),
+            Some(&b"x\"}\\y\nz"[..])
+        );
+        assert_eq!(label_value(labels, b"c").as_deref(), Some(&b""[..]));
+        assert_eq!(label_value(labels, b"d").as_deref(), Some(&b"}"[..]));
+        assert_eq!(label_value(labels, b"e"), None);
+        for broken in [&b""[..], b"{", b"{a}", b"{a=1}", br#"{a="1"#] {
+            assert_eq!(label_value(broken, b"a"), None, "{broken:?}");
+        }
     }
 
     #[test]

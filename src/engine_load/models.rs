@@ -4,10 +4,21 @@
 //! that an adapter's requests go only where it is loaded. Read as a
 //! `serde_json::Value` (the configuration's reader, already in the .wasm);
 //! only the names' hashes are kept.
+//!
+//! Which of them are in one of its `--max-loras` slots now, from
+//! `vllm:lora_requests_info` in the `/metrics` the load poll reads: the
+//! adapters with requests running or waiting. An idle adapter is absent from
+//! it, so it confirms where an adapter is resident and never denies.
 
 use serde_json::Value;
+use xxhash_rust::xxh3::xxh3_64;
 
+use super::metrics_text::{label_value, samples};
 use crate::load::ServedAdapters;
+
+/// vLLM's gauge of the adapters in use: one series per state it has been
+/// in, valued with the time it was last in it.
+pub const LORA_REQUESTS_INFO: &str = "vllm:lora_requests_info";
 
 /// The path polled beside the metrics path while `adapters` is configured.
 pub const MODELS_PATH: &str = "/v1/models";
@@ -31,10 +42,40 @@ pub fn served_adapters(status: Option<u32>, body: &[u8]) -> Option<ServedAdapter
     Some(served)
 }
 
+/// The adapters with requests running or waiting in the engine's latest
+/// state in `vllm:lora_requests_info` (the series with the largest value);
+/// None: the body has no such series.
+pub fn active_adapters(metrics_body: &[u8]) -> Option<ServedAdapters> {
+    let mut latest: Option<(f64, &[u8])> = None;
+    for (name, labels, value) in samples(metrics_body) {
+        if name != LORA_REQUESTS_INFO.as_bytes() {
+            continue;
+        }
+        let Some(seen) = std::str::from_utf8(value)
+            .ok()
+            .and_then(|v| v.parse::<f64>().ok())
+            .filter(|v| v.is_finite())
+        else {
+            continue;
+        };
+        if latest.is_none_or(|(last, _)| seen > last) {
+            latest = Some((seen, labels));
+        }
+    }
+    let (_, labels) = latest?;
+    let mut active = ServedAdapters::default();
+    for key in [&b"running_lora_adapters"[..], b"waiting_lora_adapters"] {
+        let list = label_value(labels, key).unwrap_or_default();
+        for name in list.split(|b| *b == b',').filter(|n| !n.is_empty()) {
+            active.insert(xxh3_64(name));
+        }
+    }
+    Some(active)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use xxhash_rust::xxh3::xxh3_64;
 
     /// vLLM 0.32's answer with one adapter loaded (trimmed of permissions).
     const VLLM: &str = r#"{"object":"list","data":[{"id":"HuggingFaceTB/SmolLM2-135M-Instruct","object":"model","created":1764979200,"owned_by":"vllm","root":"/models/smollm2","parent":null,"max_model_len":2048,"permission":[]},{"id":"a\u00e9-0","object":"model","created":1764979200,"owned_by":"vllm","root":"/adapters/a0","parent":"HuggingFaceTB/SmolLM2-135M-Instruct","max_model_len":null,"permission":[]}]}"#;
@@ -65,6 +106,44 @@ mod tests {
             (Some(200), oversized.as_bytes()),
         ] {
             assert_eq!(served_adapters(status, body), None, "{status:?}");
+        }
+    }
+
+    /// vLLM 0.32's gauge after three states: the last seen is the current.
+    const LORA_INFO: &str = "\
+# HELP vllm:lora_requests_info Running stats on lora requests.
+# TYPE vllm:lora_requests_info gauge
+vllm:lora_requests_info{max_lora=\"2\",running_lora_adapters=\"a0\",waiting_lora_adapters=\"\"} 1.7650e+09
+vllm:lora_requests_info{max_lora=\"2\",running_lora_adapters=\"a1,a\\\"2\",waiting_lora_adapters=\"a3\"} 1.7650000042e+09
+vllm:lora_requests_info{max_lora=\"2\",running_lora_adapters=\"\",waiting_lora_adapters=\"\"} 1.7650000041e+09
+vllm:num_requests_running{engine=\"0\"} 2
+";
+
+    #[test]
+    fn the_latest_lora_state_names_the_adapters_running_and_waiting() {
+        let active = active_adapters(LORA_INFO.as_bytes()).expect("the gauge");
+        for adapter in ["a1", "a\"2", "a3"] {
+            assert!(active.contains(xxh3_64(adapter.as_bytes())), "{adapter}");
+        }
+        // Running in an older state only, or never.
+        assert!(!active.contains(xxh3_64(b"a0")));
+        assert!(!active.contains(xxh3_64(b"a\\\"2")));
+    }
+
+    #[test]
+    fn an_idle_engine_runs_no_adapter_and_one_without_the_gauge_says_nothing() {
+        let idle = "vllm:lora_requests_info{max_lora=\"2\",running_lora_adapters=\"\",waiting_lora_adapters=\"\"} 5\n";
+        assert_eq!(
+            active_adapters(idle.as_bytes()),
+            Some(ServedAdapters::default())
+        );
+        for body in [
+            "vllm:num_requests_running 2\n",
+            "",
+            "vllm:lora_requests_info{running_lora_adapters=\"a0\"} NaN\n",
+            "vllm:lora_requests_info{running_lora_adapters=\"a0 5\n",
+        ] {
+            assert_eq!(active_adapters(body.as_bytes()), None, "{body:?}");
         }
     }
 }

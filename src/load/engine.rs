@@ -15,7 +15,7 @@
 use super::codec::{Reader, Writer};
 use super::table::Record;
 
-const ENGINE_VERSION: u8 = 2;
+const ENGINE_VERSION: u8 = 3;
 
 /// What the engine reported: its running and waiting requests and, where it
 /// exports it, the share of its KV cache in use.
@@ -105,6 +105,9 @@ pub(crate) struct EngineRecord {
     pub(crate) base_in_flight: u32,
     /// The adapters its last `/v1/models` answer listed; None: not known.
     pub(crate) served: Option<ServedAdapters>,
+    /// The adapters with requests running or waiting in the sample
+    /// (`vllm:lora_requests_info`); None: not reported.
+    pub(crate) active_adapters: Option<ServedAdapters>,
 }
 
 impl EngineRecord {
@@ -153,16 +156,21 @@ const NO_KV_USAGE: u16 = u16::MAX;
 
 impl Record for EngineRecord {
     fn encode(&self) -> Vec<u8> {
-        let mut w = Writer::with_capacity(31 + SERVED_BYTES);
+        let lists = [&self.served, &self.active_adapters];
+        let flags = lists.iter().enumerate().fold(0u8, |flags, (at, list)| {
+            flags | u8::from(list.is_some()) << at
+        });
+        let mut w = Writer::with_capacity(32 + 2 * SERVED_BYTES);
         w.u8(ENGINE_VERSION)
             .u64(self.addr_hash)
             .u64(self.sampled_at_ms)
             .u32(self.load.running)
             .u32(self.load.waiting)
             .u16(self.load.kv_usage_permille.unwrap_or(NO_KV_USAGE))
-            .u32(self.base_in_flight);
-        if let Some(served) = &self.served {
-            w.bytes(&served.bits);
+            .u32(self.base_in_flight)
+            .u8(flags);
+        for list in lists.into_iter().flatten() {
+            w.bytes(&list.bits);
         }
         w.finish()
     }
@@ -178,12 +186,16 @@ impl Record for EngineRecord {
         let waiting = r.u32()?;
         let kv = r.u16()?;
         let base_in_flight = r.u32()?;
-        let served = if r.is_empty() {
-            None
-        } else {
+        let flags = r.u8()?;
+        let mut list = |at: u8| -> Option<Option<ServedAdapters>> {
+            if flags & (1 << at) == 0 {
+                return Some(None);
+            }
             let bits = r.bytes(SERVED_BYTES)?.try_into().ok()?;
-            Some(ServedAdapters { bits })
+            Some(Some(ServedAdapters { bits }))
         };
+        let served = list(0)?;
+        let active_adapters = list(1)?;
         r.is_empty().then_some(Self {
             addr_hash,
             sampled_at_ms,
@@ -194,6 +206,7 @@ impl Record for EngineRecord {
             },
             base_in_flight,
             served,
+            active_adapters,
         })
     }
 }
@@ -213,6 +226,7 @@ mod tests {
             },
             base_in_flight: base,
             served: None,
+            active_adapters: None,
         }
     }
 
@@ -232,14 +246,23 @@ mod tests {
         // A hundred listed adapters in 1,024 bits: a few unlisted ones pass.
         assert!(unlisted < 100, "{unlisted} of 1,000 unlisted adapters pass");
         assert!(!ServedAdapters::default().contains(listed[0]));
-        let record = EngineRecord {
-            served: Some(served),
-            ..sample(3, 2, Some(450), 1)
-        };
-        assert_eq!(EngineRecord::decode(&record.encode()), Some(record));
-        let mut cut = record.encode();
-        cut.pop();
-        assert_eq!(EngineRecord::decode(&cut), None);
+        let mut active = ServedAdapters::default();
+        active.insert(listed[7]);
+        for (served, active_adapters) in [
+            (Some(served), None),
+            (None, Some(active)),
+            (Some(served), Some(active)),
+        ] {
+            let record = EngineRecord {
+                served,
+                active_adapters,
+                ..sample(3, 2, Some(450), 1)
+            };
+            assert_eq!(EngineRecord::decode(&record.encode()), Some(record));
+            let mut cut = record.encode();
+            cut.pop();
+            assert_eq!(EngineRecord::decode(&cut), None);
+        }
     }
 
     #[test]

@@ -217,6 +217,9 @@ pub struct Candidate {
     pub placed_bytes: u64,
     /// The adapters its engine lists (with a fresh sample); None: not known.
     pub served: Option<ServedAdapters>,
+    /// The adapters with requests running or waiting on its engine (with a
+    /// fresh sample); None: not reported.
+    pub active_adapters: Option<ServedAdapters>,
     /// Its forget mark ([`crate::usage::check`]): the prefix index does not
     /// believe its entries last used at or before this second.
     pub forgotten_through: u32,
@@ -234,14 +237,22 @@ impl Candidate {
             recent: 0,
             placed_bytes: 0,
             served: None,
+            active_adapters: None,
             forgotten_through: 0,
         }
     }
 
-    /// Whether the instance may serve `adapter`: its engine lists it, or
-    /// what it lists is not known.
+    /// Whether the instance may serve `adapter`: its engine lists it, runs
+    /// it, or what it lists is not known.
     pub fn may_serve(&self, adapter: u64) -> bool {
-        self.served.is_none_or(|served| served.contains(adapter))
+        self.served.is_none_or(|served| served.contains(adapter)) || self.runs(adapter)
+    }
+
+    /// Whether its engine has requests for `adapter` running or waiting
+    /// (then the adapter is in one of its slots, or about to be).
+    pub fn runs(&self, adapter: u64) -> bool {
+        self.active_adapters
+            .is_some_and(|active| active.contains(adapter))
     }
 
     /// The local in-flight count at which this instance's load reaches

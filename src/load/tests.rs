@@ -1053,6 +1053,7 @@ fn engine_sample(store: &MemoryStore, slot: u16, address: &str, load: EngineLoad
         load,
         base_in_flight: 0,
         served: None,
+        active_adapters: None,
     };
     let key = format!("prefix-router/default/v3/engine/{slot}");
     store.set(&key, &record.encode(), None).expect("written");

@@ -17,14 +17,16 @@ use super::vm::{define_metric, Vm};
 use super::warn_on_error;
 use crate::config::{Config, EngineLoadConfig};
 use crate::engine_load::metrics_text::MAX_BODY_BYTES;
-use crate::engine_load::models::{served_adapters, MAX_MODELS_BODY_BYTES, MODELS_PATH};
+use crate::engine_load::models::{
+    active_adapters, served_adapters, MAX_MODELS_BODY_BYTES, MODELS_PATH,
+};
 use crate::engine_load::poller::{judge, Change, PollFault, Poller};
 use crate::engine_load::{
     poll_failure_counter_name, KV_USAGE_GAUGE_PREFIX, POLLS, POLLS_SKIPPED, REQUESTS_GAUGE_PREFIX,
     SAMPLE_AGE_GAUGE_PREFIX,
 };
 use crate::host::{Host, MetricKind};
-use crate::load::{EngineLoad, InstanceRef, PollerKind};
+use crate::load::{EngineLoad, InstanceRef, PollerKind, ServedAdapters};
 use crate::metrics::{fleet_stat_name, instance_stat_name, FleetIds};
 
 /// The header that names the instance a poll is for, `ip:port`: what an
@@ -141,7 +143,15 @@ fn poll_round<H: Host + Clone>(
         return;
     }
     for instance in state.poller.give_up(now, engine.timeout_ms) {
-        finish(vm, state, config, &instance, Err(PollFault::Timeout), now);
+        finish(
+            vm,
+            state,
+            config,
+            &instance,
+            Err(PollFault::Timeout),
+            None,
+            now,
+        );
     }
     state.targets_read_ms = now;
     let targets = vm.with_tracker(config, |t| t.engine_poll_targets(now));
@@ -175,7 +185,7 @@ fn poll_round<H: Host + Clone>(
                 "Envoy refused the call through cluster {}: {status}",
                 engine.cluster
             ));
-            finish(vm, state, config, &instance, Err(fault), now);
+            finish(vm, state, config, &instance, Err(fault), None, now);
         }
     }
     if now.saturating_sub(state.last_age_publish_ms) >= AGE_GAUGE_PERIOD_MS {
@@ -267,7 +277,12 @@ pub fn answer<H: Host + Clone>(
             engine.timeout_ms,
             &engine.series,
         );
-        finish(vm, &mut state, config, &instance, verdict, now);
+        // With `adapters`, the same body says which adapters are in use.
+        let active = config
+            .adapters
+            .as_ref()
+            .and_then(|_| active_adapters(&body));
+        finish(vm, &mut state, config, &instance, verdict, active, now);
     }
     vm.put_engine_polling(state);
 }
@@ -306,21 +321,25 @@ pub(super) fn read_answer(
     (status, body)
 }
 
-/// One poll of `instance` ended: the sample is stored (or cleared), the
-/// gauges and failure stats move, and a change of state is logged.
+/// One poll of `instance` ended: the sample (with the adapters in use, if
+/// read) is stored (or cleared), the gauges and failure stats move, and a
+/// change of state is logged.
 fn finish<H: Host + Clone>(
     vm: &mut Vm<H>,
     state: &mut EnginePolling,
     config: &Config,
     instance: &InstanceRef,
     verdict: Result<EngineLoad, PollFault>,
+    active_adapters: Option<ServedAdapters>,
     now: u64,
 ) {
     let address = &*instance.address;
     match &verdict {
         Ok(load) => {
             let load = *load;
-            vm.with_tracker(config, |t| t.store_engine_sample(instance, load, now));
+            vm.with_tracker(config, |t| {
+                t.store_engine_sample(instance, load, active_adapters, now)
+            });
             state.last_sample_ms.insert(address.to_string(), now);
             publish_sample(vm.host(), state, config.fleet.as_deref(), address, &load);
         }

@@ -505,33 +505,38 @@ fn a_report_without_a_poll_sample_or_without_engine_load_is_not_used() {
     assert!(!calls.contains(&report_read), "{calls:?}");
 }
 
-/// The adapters each instance's engine lists, as decisions read them
-/// (another VM of the same Envoy, through shared data).
-fn served_as_read(s: &Setup, json: &str, adapter: &str) -> Vec<(String, Option<bool>)> {
+/// The candidates as decisions read them (another VM of the same Envoy,
+/// through shared data), by address.
+fn candidates_as_read(s: &Setup, json: &str) -> Vec<crate::load::Candidate> {
     use crate::load::LoadView;
     let mut other = setup_on(Rc::clone(&s.store), json);
     let now = other.vm.now_ms();
     let config = other.config.clone();
-    let hash = xxhash_rust::xxh3::xxh3_64(adapter.as_bytes());
     let engine = config.engine_load.as_ref().unwrap();
     let view = crate::load::EngineView {
         max_age_ms: engine.max_age_ms,
         bounds: engine.bounds(),
     };
-    let mut read: Vec<(String, Option<bool>)> = other.vm.with_tracker(&config, |t| {
+    let mut read = other.vm.with_tracker(&config, |t| {
         t.set_engine_view(Some(view));
         t.candidates(now)
-            .into_iter()
-            .map(|c| {
-                (
-                    c.instance.address.to_string(),
-                    c.served.map(|s| s.contains(hash)),
-                )
-            })
-            .collect()
     });
-    read.sort();
+    read.sort_by(|a, b| a.instance.address.cmp(&b.instance.address));
     read
+}
+
+/// Whether each instance's engine lists `adapter` (None: not known).
+fn served_as_read(s: &Setup, json: &str, adapter: &str) -> Vec<(String, Option<bool>)> {
+    let hash = xxhash_rust::xxh3::xxh3_64(adapter.as_bytes());
+    candidates_as_read(s, json)
+        .into_iter()
+        .map(|c| {
+            (
+                c.instance.address.to_string(),
+                c.served.map(|s| s.contains(hash)),
+            )
+        })
+        .collect()
 }
 
 #[test]
@@ -609,4 +614,76 @@ fn with_adapters_each_poll_also_reads_the_adapters_the_engine_lists() {
         .tick()
         .iter()
         .all(|c| c.header(":path") == Some("/metrics")));
+}
+
+#[test]
+fn with_adapters_the_metrics_say_which_adapters_each_engine_runs() {
+    let json = format!(
+        r#"{{"instances": ["{A}", "{B}"], "include_model": true,
+            "adapters": {{"base_models": ["base"]}}, "engine_load": {ENGINE}}}"#
+    );
+    let mut s = setup_on(Rc::new(MemoryStore::new()), &json);
+    let lora_info = |running: &str, at: u32| {
+        let mut metrics = body(1, 0, 0.1);
+        metrics.extend_from_slice(
+            format!(
+                "vllm:lora_requests_info{{max_lora=\"2\",waiting_lora_adapters=\"\",running_lora_adapters=\"{running}\"}} {at}\n"
+            )
+            .as_bytes(),
+        );
+        metrics
+    };
+    let (a_metrics, b_metrics) = (lora_info("lora-1,lora-2", 7), lora_info("lora-2", 7));
+    for call in s.tick() {
+        let answer = match (call.header(":authority"), call.header(":path")) {
+            (Some(A), Some("/metrics")) => Some((200, &a_metrics[..])),
+            (Some(B), Some("/metrics")) => Some((200, &b_metrics[..])),
+            _ => Some((200, &br#"{"data":[]}"#[..])),
+        };
+        s.answer(&call, answer);
+    }
+    let runs = |s: &Setup, adapter: &str| -> Vec<bool> {
+        let hash = xxhash_rust::xxh3::xxh3_64(adapter.as_bytes());
+        candidates_as_read(s, &json)
+            .iter()
+            .map(|c| c.runs(hash))
+            .collect()
+    };
+    assert_eq!(runs(&s, "lora-1"), [true, false]);
+    assert_eq!(runs(&s, "lora-2"), [true, true]);
+    // Listed by neither /v1/models, yet A may serve lora-1: it runs it.
+    let hash = xxhash_rust::xxh3::xxh3_64(b"lora-1");
+    let may: Vec<bool> = candidates_as_read(&s, &json)
+        .iter()
+        .map(|c| c.may_serve(hash))
+        .collect();
+    assert_eq!(may, [true, false]);
+    // The next samples: A idle now, B's body without the gauge.
+    s.host.advance_ms(600);
+    let idle = lora_info("", 9);
+    let plain = body(0, 0, 0.1);
+    for call in s.tick() {
+        let answer = match (call.header(":authority"), call.header(":path")) {
+            (Some(A), Some("/metrics")) => Some((200, &idle[..])),
+            (Some(B), Some("/metrics")) => Some((200, &plain[..])),
+            _ => None,
+        };
+        s.answer(&call, answer);
+    }
+    assert_eq!(runs(&s, "lora-2"), [false, false]);
+    let reported: Vec<bool> = candidates_as_read(&s, &json)
+        .iter()
+        .map(|c| c.active_adapters.is_some())
+        .collect();
+    assert_eq!(reported, [true, false]);
+    // Without adapters the gauge is not read.
+    let json = format!(r#"{{"instances": ["{A}", "{B}"], "engine_load": {ENGINE}}}"#);
+    let mut s = setup_on(Rc::new(MemoryStore::new()), &json);
+    for call in s.tick() {
+        s.answer(&call, Some((200, &a_metrics[..])));
+    }
+    let read = candidates_as_read(&s, &json);
+    assert!(read
+        .iter()
+        .all(|c| c.load == 1 && c.active_adapters.is_none()));
 }

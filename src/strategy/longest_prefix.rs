@@ -27,8 +27,9 @@
 //! Filters: a request for a LoRA adapter (`adapters`) goes to instances
 //! whose engine lists it, if any does, and is served by the adapter's set
 //! ([`adapter_set`]): the first of the adapter's rendezvous order, more as
-//! they load, and the instances that hold a prefix of the prompt; outside
-//! the set only when every instance in it is full.
+//! they load, the instances that hold a prefix of the prompt, and those
+//! whose engine runs the adapter (`vllm:lora_requests_info`); outside the
+//! set only when every instance in it is full.
 //! An instance over a fleet-wide engine bound is left out while
 //! another is within the bounds. Picker: the lowest cost; ties go to the
 //! highest rendezvous rank of the prompt's opening, so replicas that see the
@@ -416,15 +417,15 @@ impl LongestPrefix {
                 let min = usize::try_from(sets.min_instances).unwrap_or(usize::MAX);
                 let grown: Vec<u16> = in_set.iter().skip(min).map(|c| c.instance.slot).collect();
                 // An instance that holds a prefix of the prompt (salted by
-                // the adapter) served the adapter: it serves it too.
+                // the adapter) served the adapter, and one whose engine runs
+                // it has it in a slot: they serve it too.
                 let found = load.longest_held(&blocks.chain, &rest, now_ms);
-                if found.blocks > 0 {
-                    let (holders, others) = rest
-                        .into_iter()
-                        .partition(|c: &Candidate| found.holders.contains(&c.instance.slot));
-                    in_set.extend::<Vec<Candidate>>(holders);
-                    rest = others;
-                }
+                let (serving, others) = rest.into_iter().partition(|c: &Candidate| {
+                    c.runs(adapter)
+                        || (found.blocks > 0 && found.holders.contains(&c.instance.slot))
+                });
+                in_set.extend::<Vec<Candidate>>(serving);
+                rest = others;
                 let size = in_set.len();
                 (Some([in_set, rest]), Some((size, grown)))
             }

@@ -95,13 +95,15 @@ impl<S: SharedStore> LoadTracker<S> {
             .collect()
     }
 
-    /// Stores `load`, just read from `instance`'s engine, with this Envoy's
-    /// in-flight count on it now (all worker VMs). False if the instance no
-    /// longer holds its slot or the write did not get through.
+    /// Stores `load` and the adapters in use (`active_adapters`), just read
+    /// from `instance`'s engine, with this Envoy's in-flight count on it now
+    /// (all worker VMs). False if the instance no longer holds its slot or
+    /// the write did not get through.
     pub fn store_engine_sample(
         &mut self,
         instance: &InstanceRef,
         load: EngineLoad,
+        active_adapters: Option<ServedAdapters>,
         now_ms: u64,
     ) -> bool {
         let Some(base_in_flight) = self.in_flight(instance, now_ms) else {
@@ -116,6 +118,7 @@ impl<S: SharedStore> LoadTracker<S> {
                 base_in_flight,
                 // Its `/v1/models` answer stands until the next.
                 served: stored.served.filter(|_| stored.addr_hash == hash),
+                active_adapters,
             };
             true
         })
@@ -331,7 +334,7 @@ mod tests {
         let mut reader = tracker(&store, 2);
         let instance = poller.engine_poll_targets(1_000).pop().unwrap();
         assert_eq!(&*instance.address, A);
-        assert!(poller.store_engine_sample(&instance, load(3), 1_000));
+        assert!(poller.store_engine_sample(&instance, load(3), None, 1_000));
         let record = reader.engine_sample(&instance, 500, 1_000).unwrap();
         assert_eq!((record.load, record.sampled_at_ms), (load(3), 1_000));
         assert_eq!(reader.engine_sample(&instance, 500, 1_501), None, "too old");
@@ -341,7 +344,7 @@ mod tests {
             address: "10.9.9.9:1".into(),
         };
         assert_eq!(reader.engine_sample(&stranger, 500, 1_100), None);
-        assert!(poller.store_engine_sample(&instance, load(4), 1_600));
+        assert!(poller.store_engine_sample(&instance, load(4), None, 1_600));
         assert!(reader.engine_sample(&instance, 500, 1_700).is_some());
         poller.clear_engine_sample(&instance, 1_750);
         assert_eq!(poller.engine_sample(&instance, 500, 1_750), None);
@@ -354,11 +357,11 @@ mod tests {
         let mut poller = tracker(&store, 1);
         let mut reader = tracker(&store, 2);
         let instance = poller.engine_poll_targets(1_000).pop().unwrap();
-        poller.store_engine_sample(&instance, load(3), 1_000);
+        poller.store_engine_sample(&instance, load(3), None, 1_000);
         let reads = store.reads();
         assert!(reader.engine_sample(&instance, 5_000, 1_000).is_some());
         assert_eq!(store.reads(), reads + 1);
-        poller.store_engine_sample(&instance, load(7), 1_010);
+        poller.store_engine_sample(&instance, load(7), None, 1_010);
         let reads = store.reads() - 1;
         let cached = reader.engine_sample(&instance, 5_000, 1_000 + ENGINE_CACHE_MS - 1);
         assert_eq!(cached.map(|r| r.load.running), Some(3), "the cached copy");

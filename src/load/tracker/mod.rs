@@ -852,6 +852,7 @@ impl<S: SharedStore> LoadTracker<S> {
         candidate.engine_room = sample.room(&view.bounds, candidate.in_flight);
         candidate.over_bounds = sample.over(&view.bounds, candidate.in_flight);
         candidate.served = sample.served;
+        candidate.active_adapters = sample.active_adapters;
     }
 }
 

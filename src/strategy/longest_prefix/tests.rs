@@ -23,6 +23,8 @@ struct Fleet {
     kv_full: Vec<u16>,
     /// The adapters each instance's engine lists (None: not known).
     served: Vec<Option<ServedAdapters>>,
+    /// The adapters each instance's engine runs (None: not reported).
+    active: Vec<Option<ServedAdapters>>,
     recent: RecentChoices,
 }
 
@@ -106,6 +108,7 @@ impl LoadView for Fleet {
                 }
                 candidate.over_bounds |= self.kv_full.contains(&slot);
                 candidate.served = self.served.get(usize::from(slot)).copied().flatten();
+                candidate.active_adapters = self.active.get(usize::from(slot)).copied().flatten();
                 candidate
             })
             .collect()
@@ -1348,6 +1351,56 @@ fn an_instance_holding_the_adapters_conversation_is_in_its_set() {
     let other = conversation("", 4, 1);
     let (slot, _) = route_adapter(&mut fleet, &policy, &other[0], Some(adapter));
     assert_eq!(slot, adapter_order(&mut fleet, adapter)[0]);
+}
+
+#[test]
+fn an_instance_whose_engine_runs_the_adapter_joins_its_set() {
+    // Cap 1, held in flight: the set's one instance and the instance whose
+    // engine runs the adapter take the first two requests; without the
+    // engine's report the second goes outside the set.
+    let policy = with_adapters(1, 1, 1, 100);
+    let ask = |i: usize| {
+        prompt(&record(
+            "user",
+            &format!("question {i} {}", "x".repeat(600)),
+        ))
+    };
+    let mut running = ServedAdapters::default();
+    running.insert(42);
+    for reported in [false, true] {
+        let mut fleet = Fleet::new(7);
+        fleet.hold = true;
+        let order = adapter_order(&mut fleet, 42);
+        let runner = order[4];
+        if reported {
+            fleet.active = vec![Some(ServedAdapters::default()); 7];
+            fleet.active[usize::from(runner)] = Some(running);
+        }
+        let routed: Vec<_> = (0..2)
+            .map(|i| route_adapter(&mut fleet, &policy, &ask(i), Some(42)))
+            .collect();
+        let slots: Vec<u16> = routed.iter().map(|(slot, _)| *slot).collect();
+        let placements: Vec<_> = routed
+            .iter()
+            .map(|(_, a)| a.map(|a| (a.placement, a.set_size)))
+            .collect();
+        if reported {
+            assert!(
+                slots.contains(&order[0]) && slots.contains(&runner),
+                "{slots:?}"
+            );
+            assert_eq!(placements, [Some((AdapterPlacement::InSet, 2)); 2]);
+        } else {
+            assert_eq!(slots[0], order[0]);
+            assert_eq!(
+                placements,
+                [
+                    Some((AdapterPlacement::InSet, 1)),
+                    Some((AdapterPlacement::OutsideSet, 1))
+                ]
+            );
+        }
+    }
 }
 
 #[test]
