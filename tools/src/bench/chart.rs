@@ -22,6 +22,7 @@ fn colour(peer: Peer) -> &'static str {
         Peer::LongestPrefix(_) | Peer::LoadMargin(_) => "#4292c6",
         Peer::Balanced => "#08519c",
         Peer::Adapters => "#e7298a",
+        Peer::AdaptersEngine => "#ce1256",
         Peer::PrefixAwareEngine => "#7570b3",
         Peer::Replicated { arm, envoys: 2 } => match arm {
             Peer::Balanced => "#66c2a5",

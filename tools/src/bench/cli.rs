@@ -78,7 +78,9 @@ pub struct RoutingArgs {
     /// (FIXED_PREFIX at prefix_length N), longest-B (LONGEST_PREFIX with
     /// block_bytes B), margin-M (LONGEST_PREFIX with load_margin M),
     /// balanced (LONGEST_PREFIX with cold_placement BALANCED),
-    /// prefix-aware-engine (prefix-aware with engine_load), sglang, oracle,
+    /// prefix-aware-engine (prefix-aware with engine_load), adapters
+    /// (prefix-aware with adapters), adapters-engine (adapters with
+    /// engine_load), sglang, oracle,
     /// ARM-N-envoys (ARM, an arm through one Envoy, through N Envoys the load
     /// generator alternates between: e.g. prefix-aware-2-envoys,
     /// balanced-3-envoys), baseline-ARM (ARM, an arm through Envoy, with the

@@ -41,6 +41,9 @@ pub enum Peer {
     /// [`Peer::Filter`]`(PrefixAware)` with `adapters` (the base model
     /// [`super::bodies::MODEL`]): each LoRA adapter served by its set.
     Adapters,
+    /// [`Peer::Adapters`] with `engine_load` as [`Peer::PrefixAwareEngine`]:
+    /// the engines also say which adapters they run.
+    AdaptersEngine,
     /// [`Peer::Filter`]`(PrefixAware)` with `engine_load` (the cluster
     /// [`super::engine_load::ENGINE_CLUSTER`], every other field at its
     /// default): decisions weigh each instance by its engine's running +
@@ -95,6 +98,7 @@ impl Peer {
             Peer::LoadMargin(margin) => format!("PREFIX_AWARE (longest, load margin {margin})"),
             Peer::Balanced => "PREFIX_AWARE (longest, BALANCED)".to_string(),
             Peer::Adapters => "PREFIX_AWARE (longest) + adapters".to_string(),
+            Peer::AdaptersEngine => "PREFIX_AWARE (longest) + adapters + engine load".to_string(),
             Peer::PrefixAwareEngine => "PREFIX_AWARE (longest) + engine load".to_string(),
             Peer::Replicated { arm, envoys } => format!("{}, {envoys} Envoys", arm.name()),
             Peer::SglangCacheAware => "sglang-router cache_aware".to_string(),
@@ -114,6 +118,7 @@ impl Peer {
             Peer::LoadMargin(margin) => format!("margin-{margin}"),
             Peer::Balanced => "balanced".into(),
             Peer::Adapters => "adapters".into(),
+            Peer::AdaptersEngine => "adapters-engine".into(),
             Peer::PrefixAwareEngine => "prefix-aware-engine".into(),
             Peer::Replicated { arm, envoys } => format!("{}-{envoys}-envoys", arm.cli_name()),
             Peer::SglangCacheAware => "sglang".into(),
@@ -168,6 +173,7 @@ impl Peer {
             "prefix-aware" => Peer::Filter(Strategy::PrefixAware),
             "balanced" => Peer::Balanced,
             "adapters" => Peer::Adapters,
+            "adapters-engine" => Peer::AdaptersEngine,
             "prefix-aware-engine" => Peer::PrefixAwareEngine,
             "sglang" => Peer::SglangCacheAware,
             "oracle" => Peer::Oracle,
@@ -214,6 +220,13 @@ impl Peer {
             Peer::Adapters => (
                 Strategy::PrefixAware,
                 json!({"adapters": {"base_models": [super::bodies::MODEL]}}),
+            ),
+            Peer::AdaptersEngine => (
+                Strategy::PrefixAware,
+                json!({
+                    "adapters": {"base_models": [super::bodies::MODEL]},
+                    "engine_load": engine_load_config(None),
+                }),
             ),
             Peer::Balanced => (
                 Strategy::PrefixAware,
@@ -279,6 +292,12 @@ impl Peer {
                 "filter strategy PREFIX_AWARE at its defaults with adapters {{base_models: [{}]}}: each \
                  adapter's requests within its set (rendezvous on the adapter, grown past the load bound)",
                 super::bodies::MODEL
+            ),
+            Peer::AdaptersEngine => format!(
+                "{}, with engine_load {{cluster: {}}}: the instances whose engine runs an adapter \
+                 (vllm:lora_requests_info) join its set",
+                Peer::Adapters.mechanism(),
+                super::engine_load::ENGINE_CLUSTER
             ),
             Peer::Balanced => "filter strategy PREFIX_AWARE, match LONGEST_PREFIX, cold_placement BALANCED, \
                  other fields at their defaults"
@@ -436,6 +455,7 @@ mod tests {
                 Peer::LoadMargin(16),
                 Peer::Balanced,
                 Peer::Adapters,
+                Peer::AdaptersEngine,
                 Peer::PrefixAwareEngine,
                 Peer::Replicated {
                     arm: &Peer::Filter(Strategy::PrefixAware),
