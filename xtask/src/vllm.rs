@@ -42,8 +42,37 @@ const PEFT: &str = "peft==0.18.1";
 pub const SERVED_MODEL: &str = "smollm2";
 /// LoRA adapter slots per instance (`--max-loras`) when serving adapters.
 pub const MAX_LORAS: usize = 2;
-/// Per instance, in GiB: 46,592 tokens of this model each.
-pub const KV_CACHE_GIB: u32 = 1;
+/// The instances' weights and KV cache: their type, and the KV cache per
+/// instance in GiB (46,592 tokens of this model either way).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Precision {
+    pub dtype: &'static str,
+    pub kv_cache_gib: u32,
+}
+
+impl Precision {
+    /// bf16 where the CPU has AVX-512; float32 where it has only AVX2, on
+    /// which vLLM's CPU backend emulates bf16 several times slower than it
+    /// computes float32 (docs/benchmarks.md, "Engine").
+    pub fn of_this_cpu() -> Self {
+        let cpuinfo = fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        Self::for_cpu_flags(&cpuinfo)
+    }
+
+    fn for_cpu_flags(cpuinfo: &str) -> Self {
+        if cpuinfo.split_whitespace().any(|flag| flag == "avx512f") {
+            Precision {
+                dtype: "bfloat16",
+                kv_cache_gib: 1,
+            }
+        } else {
+            Precision {
+                dtype: "float32",
+                kv_cache_gib: 2,
+            }
+        }
+    }
+}
 
 /// Packages the wheel requires that are installed otherwise (torch from
 /// PyPI's regular build) or not at all (audio and video decoding).
@@ -446,6 +475,7 @@ impl VllmFleet {
         adapters: &[(String, PathBuf)],
     ) -> anyhow::Result<Self> {
         let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        let precision = Precision::of_this_cpu();
         let mut fleet = VllmFleet {
             instances: Vec::new(),
         };
@@ -464,7 +494,7 @@ impl VllmFleet {
                 .arg(&install.model)
                 .args(["--served-model-name", SERVED_MODEL])
                 .args(["--host", "127.0.0.1", "--port", &port.to_string()])
-                .args(["--dtype", "bfloat16", "--max-model-len", "4096"])
+                .args(["--dtype", precision.dtype, "--max-model-len", "4096"])
                 .args(["--max-num-seqs", "16", "--enforce-eager"])
                 .args(["--enable-prefix-caching", "--enable-prompt-tokens-details"]);
             if !adapters.is_empty() {
@@ -480,7 +510,7 @@ impl VllmFleet {
             }
             scratch_env(&mut command, &scratch);
             command
-                .env("VLLM_CPU_KVCACHE_SPACE", KV_CACHE_GIB.to_string())
+                .env("VLLM_CPU_KVCACHE_SPACE", precision.kv_cache_gib.to_string())
                 .env("VLLM_CPU_OMP_THREADS_BIND", core.to_string())
                 // `POST /reset_prefix_cache` is served only in dev mode.
                 .env("VLLM_SERVER_DEV_MODE", "1")
@@ -585,6 +615,18 @@ fn log_tail(log: &Path) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::Precision;
+
+    #[test]
+    fn float32_and_twice_the_kv_gib_on_a_cpu_without_avx512() {
+        let avx2 = "flags\t\t: fpu sse2 avx avx2 fma\n";
+        let avx512 = "flags\t\t: fpu sse2 avx avx2 avx512f avx512bw\n";
+        assert_eq!(Precision::for_cpu_flags(avx2).dtype, "float32");
+        assert_eq!(Precision::for_cpu_flags(avx2).kv_cache_gib, 2);
+        assert_eq!(Precision::for_cpu_flags(avx512).dtype, "bfloat16");
+        assert_eq!(Precision::for_cpu_flags(avx512).kv_cache_gib, 1);
+    }
+
     use super::*;
 
     #[test]
