@@ -281,6 +281,7 @@ pub fn answer<H: Host + Clone>(
         let active = config
             .adapters
             .as_ref()
+            .filter(|_| verdict.is_ok())
             .and_then(|_| active_adapters(&body));
         finish(vm, &mut state, config, &instance, verdict, active, now);
     }
