@@ -482,21 +482,26 @@ fn one_request(url: &str, served_by: &str, job: &Job) -> anyhow::Result<Sample> 
     })
 }
 
-/// The instance in the filter's decision header: `<decision>; instance=<ip:port>`,
-/// with `; matched=<bytes>` after it under LONGEST_PREFIX.
-fn decided_instance(decision: &str) -> Option<&str> {
-    decision
-        .split(';')
-        .find_map(|field| field.trim().strip_prefix("instance="))
+/// The value of `name=` in the filter's decision header:
+/// `<decision>; instance=<ip:port>`, with `; matched=<bytes>` after it under
+/// LONGEST_PREFIX.
+fn decision_field<'a>(decision: &'a str, name: &str) -> Option<&'a str> {
+    decision.split(';').find_map(|field| {
+        field
+            .trim()
+            .strip_prefix(name)
+            .and_then(|rest| rest.strip_prefix('='))
+    })
 }
 
-/// The prompt bytes the filter predicted held: `matched=<bytes>` in its
-/// decision header under LONGEST_PREFIX.
+/// The instance in the filter's decision header.
+fn decided_instance(decision: &str) -> Option<&str> {
+    decision_field(decision, "instance")
+}
+
+/// The prompt bytes the filter predicted held (`matched=`).
 fn decided_matched_bytes(decision: &str) -> Option<u64> {
-    decision
-        .split(';')
-        .find_map(|field| field.trim().strip_prefix("matched="))
-        .and_then(|bytes| bytes.parse().ok())
+    decision_field(decision, "matched").and_then(|bytes| bytes.parse().ok())
 }
 
 /// The filter's prediction against what vLLM reported cached, in tokens,
@@ -735,6 +740,7 @@ pub fn run_vllm() -> anyhow::Result<()> {
         rows.push(row);
     }
     let run_s = started.elapsed().as_secs_f64() - startup_s;
+    let precision = fleet.precision;
     drop(fleet);
     println!("\n{}", VllmRow::HEADER);
     for row in &rows {
@@ -748,8 +754,8 @@ pub fn run_vllm() -> anyhow::Result<()> {
         "requests_per_arm": VLLM_SHAPE.requests,
         "clients": VLLM_CLIENTS,
         "max_tokens": MAX_TOKENS,
-        "dtype": vllm::Precision::of_this_cpu().dtype,
-        "kv_cache_gib_per_instance": vllm::Precision::of_this_cpu().kv_cache_gib,
+        "dtype": precision.dtype,
+        "kv_cache_gib_per_instance": precision.kv_cache_gib,
         "startup_s": startup_s,
         "arms_s": run_s,
         "arms": rows.iter().map(VllmRow::json).collect::<Vec<_>>(),

@@ -454,6 +454,8 @@ impl VllmInstance {
 /// process group) when dropped, whatever happened meanwhile.
 pub struct VllmFleet {
     pub instances: Vec<VllmInstance>,
+    /// What every instance runs in.
+    pub precision: Precision,
 }
 
 /// How long `/health` may take to answer 200: one instance alone takes 61 to
@@ -475,10 +477,11 @@ impl VllmFleet {
         adapters: &[(String, PathBuf)],
     ) -> anyhow::Result<Self> {
         let cores = std::thread::available_parallelism().map_or(1, usize::from);
-        let precision = Precision::of_this_cpu();
         let mut fleet = VllmFleet {
             instances: Vec::new(),
+            precision: Precision::of_this_cpu(),
         };
+        let precision = fleet.precision;
         fs::create_dir_all(logs)?;
         let started = Instant::now();
         for i in 0..count {
