@@ -539,12 +539,17 @@ fn served_as_read(s: &Setup, json: &str, adapter: &str) -> Vec<(String, Option<b
         .collect()
 }
 
-#[test]
-fn with_adapters_each_poll_also_reads_the_adapters_the_engine_lists() {
-    let json = format!(
+/// A and B with `adapters` and engine load.
+fn with_adapters() -> String {
+    format!(
         r#"{{"instances": ["{A}", "{B}"], "include_model": true,
             "adapters": {{"base_models": ["base"]}}, "engine_load": {ENGINE}}}"#
-    );
+    )
+}
+
+#[test]
+fn with_adapters_each_poll_also_reads_the_adapters_the_engine_lists() {
+    let json = with_adapters();
     let mut s = setup_on(Rc::new(MemoryStore::new()), &json);
     let calls = s.tick();
     let path_of = |address: &str, path: &str| {
@@ -618,10 +623,7 @@ fn with_adapters_each_poll_also_reads_the_adapters_the_engine_lists() {
 
 #[test]
 fn with_adapters_the_metrics_say_which_adapters_each_engine_runs() {
-    let json = format!(
-        r#"{{"instances": ["{A}", "{B}"], "include_model": true,
-            "adapters": {{"base_models": ["base"]}}, "engine_load": {ENGINE}}}"#
-    );
+    let json = with_adapters();
     let mut s = setup_on(Rc::new(MemoryStore::new()), &json);
     let lora_info = |running: &str, at: u32| {
         let mut metrics = body(1, 0, 0.1);
