@@ -193,13 +193,9 @@ fn a_conversation_stays_on_one_instance_and_vllm_reports_its_history_cached() {
         "{instances:?}"
     );
     // The filter read every usage vLLM sent, streamed or not, as sent.
-    let counter =
-        |name: &str| filter_counter(&envoy, &format!("usage.{name}.endpoint.{}", instances[0]));
-    wait_for_counter(
-        &envoy,
-        &format!("usage.responses.endpoint.{}", instances[0]),
-        5,
-    );
+    let stat = |name: &str| format!("usage.{name}.endpoint.{}", instances[0]);
+    let counter = |name: &str| filter_counter(&envoy, &stat(name));
+    wait_for_counter(&envoy, &stat("responses"), 5);
     let with_cached = reported.iter().filter(|(_, c)| c.is_some()).count() as u64;
     assert_eq!(
         [
