@@ -488,7 +488,8 @@ impl Stream {
             }
         }
         self.decided = Some((routed.headers.kind, routed.headers.matched_bytes));
-        self.prediction = prediction_of(&routed.headers, &self.config, now);
+        let model = derivation.model.as_deref().map(|m| xxh3_64(m.as_bytes()));
+        self.prediction = prediction_of(&routed.headers, &self.config, model, now);
         if self.config.decision_header.is_some() {
             self.explained = routed.headers.explained.clone();
         }
@@ -578,10 +579,14 @@ impl Stream {
     }
 }
 
-/// Whether a decision of `kind` predicted where the prompt's prefix is
-/// cached (a prefix-aware decision with a key).
-/// What a LONGEST_PREFIX decision predicted of the instance it named.
-fn prediction_of(headers: &RouteHeaders, config: &Config, now_ms: u64) -> Option<Prediction> {
+/// What a LONGEST_PREFIX decision predicted of the instance it named, for
+/// a request for `model` (hashed).
+fn prediction_of(
+    headers: &RouteHeaders,
+    config: &Config,
+    model: Option<u64>,
+    now_ms: u64,
+) -> Option<Prediction> {
     let prompt_bytes = headers.prompt_bytes?;
     Some(Prediction {
         matched_bytes: headers.matched_bytes?,
@@ -590,9 +595,12 @@ fn prediction_of(headers: &RouteHeaders, config: &Config, now_ms: u64) -> Option
         whole_prompt: prompt_bytes < u64::try_from(config.prefix_length).unwrap_or(u64::MAX),
         held_since_s: headers.held_since_s,
         decided_s: u32::try_from(now_ms / 1000).unwrap_or(u32::MAX),
+        model,
     })
 }
 
+/// Whether a decision of `kind` predicted where the prompt's prefix is
+/// cached (a prefix-aware decision with a key).
 fn predicts(kind: DecisionKind) -> bool {
     !matches!(
         kind,

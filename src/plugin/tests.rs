@@ -1112,3 +1112,36 @@ fn a_miss_on_a_recent_holding_is_counted_and_forgets_nothing() {
     assert_eq!(again, at);
     assert!(decision.contains("matched=2000"), "{decision}");
 }
+
+#[test]
+fn each_model_s_bytes_per_token_judge_its_own_responses() {
+    let instances = ["10.0.0.1:8000", "10.0.0.2:8000"];
+    let (host, mut vm, root) = configured_as(
+        r#"{"decision_header":"x-decision","instances":["10.0.0.1:8000","10.0.0.2:8000"]}"#,
+    );
+    let chat = |model: &str, seed: u8| -> Vec<u8> {
+        let text = String::from_utf8(invoke_body(seed)).unwrap();
+        format!(r#"{{"model":"{model}","messages":[{{"role":"user","content":"{text}"}}]}}"#)
+            .into_bytes()
+    };
+    let mut answer = |body: &[u8], usage: &[u8]| {
+        let headers = [(":path", "/v1/chat/completions")];
+        let (mut stream, _) = request(&host, &mut vm, &root, &headers, Some(body));
+        let chosen = host.request_header(HOST_HEADER).expect("an instance named");
+        respond_with_body(&host, &mut vm, &mut stream, &chosen, &JSON_OK, &[usage]);
+        root.tick(&mut vm);
+        instances
+            .iter()
+            .map(|at| usage_count(&host, UsageCounter::IndexMisses, at))
+            .sum::<i64>()
+    };
+    // 2,000-byte prompts: 1,000 tokens to model "a", 250 to model "b".
+    for seed in 1..=8 {
+        assert_eq!(answer(&chat("a", seed), &usage_body(1_000, 0)), 0);
+        assert_eq!(answer(&chat("b", seed), &usage_body(250, 0)), 0);
+    }
+    // Over every prompt the ratio is between: "b"'s held 150 of its 250
+    // tokens would look like a miss, "a"'s 300 of its 1,000 like a hold.
+    assert_eq!(answer(&chat("b", 1), &usage_body(250, 150)), 0, "held");
+    assert_eq!(answer(&chat("a", 1), &usage_body(1_000, 300)), 1, "missed");
+}

@@ -21,7 +21,7 @@ use crate::metrics::{
     UsageCounter,
 };
 use crate::steering;
-use crate::usage::check::{check, Prediction, TokenBytes, Verdict};
+use crate::usage::check::{check, ModelTokenBytes, Prediction, Verdict};
 use crate::usage::Usage;
 
 /// Most instances one VM defines a per-instance stat for, of each kind (the
@@ -77,8 +77,9 @@ pub struct Vm<H: Host + Clone> {
     discovery_polling: DiscoveryPolling,
     /// An unreadable ORCA load report was warned about.
     orca_fault_warned: bool,
-    /// Bytes per token of the prompts this VM routed, from their usage.
-    token_bytes: TokenBytes,
+    /// Bytes per token of the prompts this VM routed, per model, from their
+    /// usage.
+    token_bytes: ModelTokenBytes,
 }
 
 impl<H: Host + Clone> Vm<H> {
@@ -100,7 +101,7 @@ impl<H: Host + Clone> Vm<H> {
             engine_polling: EnginePolling::default(),
             discovery_polling: DiscoveryPolling::default(),
             orca_fault_warned: false,
-            token_bytes: TokenBytes::default(),
+            token_bytes: ModelTokenBytes::default(),
         }
     }
 
@@ -143,7 +144,7 @@ impl<H: Host + Clone> Vm<H> {
     }
 
     /// Judges a response's usage against its decision's prediction,
-    /// learning this VM's bytes per token from it.
+    /// learning this VM's bytes per token for the model from it.
     pub fn check_usage(&mut self, prediction: &Prediction, usage: Usage) -> Verdict {
         check(prediction, usage, &mut self.token_bytes)
     }

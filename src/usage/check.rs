@@ -14,7 +14,8 @@
 //! sent it there) needs nothing: the decision recorded the whole prompt.
 //!
 //! The index counts bytes and engines count tokens: the bytes per token are
-//! learned from the responses whose whole prompt the index saw.
+//! learned per model (tokenizers differ) from the responses whose whole
+//! prompt the index saw.
 
 use super::Usage;
 
@@ -67,6 +68,49 @@ impl TokenBytes {
     }
 }
 
+/// Models whose bytes per token are learned apart; a prompt for another
+/// model, or for one not learned yet, counts at every prompt's ratio.
+const MODELS: usize = 16;
+
+/// Bytes per token per model (the body's `model`, hashed), and over every
+/// prompt.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ModelTokenBytes {
+    every: TokenBytes,
+    models: Vec<(u64, TokenBytes)>,
+}
+
+impl ModelTokenBytes {
+    /// Learns from a response for `model` whose whole prompt was
+    /// `prompt_bytes` long and counted `prompt_tokens`.
+    pub fn learn(&mut self, model: Option<u64>, prompt_bytes: u64, prompt_tokens: u64) {
+        self.every.learn(prompt_bytes, prompt_tokens);
+        let Some(model) = model else { return };
+        let at = match self.models.iter().position(|(m, _)| *m == model) {
+            Some(at) => at,
+            None if self.models.len() < MODELS => {
+                self.models.push((model, TokenBytes::default()));
+                self.models.len() - 1
+            }
+            None => return,
+        };
+        if let Some((_, token_bytes)) = self.models.get_mut(at) {
+            token_bytes.learn(prompt_bytes, prompt_tokens);
+        }
+    }
+
+    /// The ratio to count `model`'s prompts at: its own once learned.
+    pub fn of(&self, model: Option<u64>) -> &TokenBytes {
+        model
+            .and_then(|model| {
+                self.models
+                    .iter()
+                    .find(|(m, t)| *m == model && t.milli().is_some())
+            })
+            .map_or(&self.every, |(_, token_bytes)| token_bytes)
+    }
+}
+
 /// What a decision predicted for the instance it chose.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Prediction {
@@ -81,6 +125,8 @@ pub struct Prediction {
     pub held_since_s: Option<u32>,
     /// When the decision was made (seconds of the host clock).
     pub decided_s: u32,
+    /// The body's `model`, hashed, where the key includes it.
+    pub model: Option<u64>,
 }
 
 /// See the module documentation.
@@ -97,13 +143,14 @@ pub enum Verdict {
 }
 
 /// Learns from `usage` and judges `prediction` by it.
-pub fn check(prediction: &Prediction, usage: Usage, token_bytes: &mut TokenBytes) -> Verdict {
+pub fn check(prediction: &Prediction, usage: Usage, token_bytes: &mut ModelTokenBytes) -> Verdict {
+    let model = prediction.model;
     if prediction.whole_prompt {
-        token_bytes.learn(prediction.prompt_bytes, usage.prompt_tokens);
+        token_bytes.learn(model, prediction.prompt_bytes, usage.prompt_tokens);
     }
     let (Some(cached), Some(predicted)) = (
         usage.cached_tokens,
-        token_bytes.tokens_of(prediction.matched_bytes),
+        token_bytes.of(model).tokens_of(prediction.matched_bytes),
     ) else {
         return Verdict::Unchecked;
     };
@@ -125,10 +172,10 @@ mod tests {
     use super::*;
 
     /// Four bytes per token, learned.
-    fn learned() -> TokenBytes {
-        let mut token_bytes = TokenBytes::default();
+    fn learned() -> ModelTokenBytes {
+        let mut token_bytes = ModelTokenBytes::default();
         for _ in 0..LEARN_SAMPLES {
-            token_bytes.learn(4_000, 1_000);
+            token_bytes.learn(None, 4_000, 1_000);
         }
         token_bytes
     }
@@ -140,6 +187,7 @@ mod tests {
             whole_prompt: false,
             held_since_s,
             decided_s: 1_000,
+            model: None,
         }
     }
 
@@ -152,7 +200,7 @@ mod tests {
 
     #[test]
     fn bytes_per_token_are_used_only_once_learned_from_whole_prompts() {
-        let mut token_bytes = TokenBytes::default();
+        let mut token_bytes = ModelTokenBytes::default();
         let whole = Prediction {
             whole_prompt: true,
             ..prediction(4_000, Some(0))
@@ -163,15 +211,81 @@ mod tests {
         }
         let cut = prediction(4_000, Some(0));
         check(&cut, usage(1, Some(0)), &mut token_bytes);
-        assert_eq!(token_bytes.milli(), None, "a cut prompt teaches nothing");
+        assert_eq!(
+            token_bytes.of(None).milli(),
+            None,
+            "a cut prompt teaches nothing"
+        );
         check(&whole, usage(2_000, Some(0)), &mut token_bytes);
-        assert_eq!(token_bytes.milli(), Some(4_000));
-        assert_eq!(token_bytes.tokens_of(4_000), Some(1_000));
+        assert_eq!(token_bytes.of(None).milli(), Some(4_000));
+        assert_eq!(token_bytes.of(None).tokens_of(4_000), Some(1_000));
+    }
+
+    /// `model`'s whole prompts of `milli` thousandths of a byte per token.
+    fn teach(token_bytes: &mut ModelTokenBytes, model: u64, milli: u64, times: u32) {
+        for _ in 0..times {
+            token_bytes.learn(Some(model), milli * 1_000, 1_000_000);
+        }
+    }
+
+    #[test]
+    fn each_model_counts_at_its_own_ratio_once_learned() {
+        let mut token_bytes = ModelTokenBytes::default();
+        teach(&mut token_bytes, 1, 3_000, LEARN_SAMPLES);
+        teach(&mut token_bytes, 2, 5_000, LEARN_SAMPLES - 1);
+        assert_eq!(token_bytes.of(Some(1)).milli(), Some(3_000));
+        // Not learned yet, or never seen: every prompt's ratio.
+        let every = token_bytes.of(None).milli().unwrap();
+        assert!((3_000..5_000).contains(&every), "{every}");
+        assert_eq!(token_bytes.of(Some(2)).milli(), Some(every));
+        assert_eq!(token_bytes.of(Some(3)).milli(), Some(every));
+        teach(&mut token_bytes, 2, 5_000, 1);
+        assert_eq!(token_bytes.of(Some(2)).milli(), Some(5_000));
+        // A miss judged at the model's ratio: 8,000 bytes are 1,600 of its
+        // tokens, of which 900 held is more than half.
+        let verdict = check(
+            &Prediction {
+                model: Some(2),
+                ..prediction(8_000, Some(0))
+            },
+            usage(3_000, Some(900)),
+            &mut token_bytes,
+        );
+        assert_eq!(verdict, Verdict::Held);
+        let at_model_1 = check(
+            &Prediction {
+                model: Some(1),
+                ..prediction(8_000, Some(0))
+            },
+            usage(3_000, Some(900)),
+            &mut token_bytes,
+        );
+        assert!(
+            matches!(at_model_1, Verdict::Missed { .. }),
+            "{at_model_1:?}"
+        );
+    }
+
+    #[test]
+    fn models_past_the_bound_count_at_every_prompts_ratio() {
+        let mut token_bytes = ModelTokenBytes::default();
+        for model in 0..MODELS as u64 {
+            teach(&mut token_bytes, model, 4_000, LEARN_SAMPLES);
+        }
+        let extra = MODELS as u64;
+        teach(&mut token_bytes, extra, 9_000, 64);
+        assert!(token_bytes.of(Some(0)).milli() == Some(4_000));
+        let every = token_bytes.of(None).milli();
+        assert_eq!(token_bytes.of(Some(extra)).milli(), every);
+        assert_ne!(every, Some(9_000));
     }
 
     #[test]
     fn the_average_follows_a_new_ratio_and_bounds_an_impossible_one() {
-        let mut token_bytes = learned();
+        let mut token_bytes = TokenBytes::default();
+        for _ in 0..LEARN_SAMPLES {
+            token_bytes.learn(4_000, 1_000);
+        }
         for _ in 0..64 {
             token_bytes.learn(3_000, 1_000);
         }
