@@ -9,7 +9,9 @@
 //! - A hot adapter's set grows along that order, and its requests spread.
 //! - Base-model requests go where they go without `adapters`.
 //! - With `engine_load`, an adapter's requests go only to instances whose
-//!   `/v1/models` lists it, and leave one after it is unloaded there.
+//!   `/v1/models` lists it, and leave one after it is unloaded there; an
+//!   instance whose engine runs the adapter (`vllm:lora_requests_info`)
+//!   joins the adapter's set.
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -334,4 +336,60 @@ fn with_engine_load_an_adapter_goes_only_where_its_engine_lists_it() {
         let reply = send(&runtime, proxy.listener_addr(), vec![ask(q)], 1).remove(0);
         assert_eq!(reply.served_by(), Some(order[4].as_str()), "request {q}");
     }
+}
+
+#[test]
+fn with_engine_load_an_instance_whose_engine_runs_the_adapter_joins_its_set() {
+    let runtime = runtime();
+    let sims = sims(&runtime);
+    let config = serde_json::json!({
+        "decision_header": DECISION_HEADER,
+        "instances": ["127.0.0.1:8001"],
+        "adapters": {"base_models": [MODEL]},
+        "engine_load": {"cluster": "engine_metrics", "interval_ms": 100},
+    });
+    let proxy = Envoy::builder()
+        .upstreams(sims.iter().map(SimServer::addr))
+        .plugin_config(config.to_string())
+        .concurrency(1)
+        .start()
+        .expect("Envoy");
+    wait_for_counter(&proxy, "engine.polls", 3 * INSTANCES as u64);
+    let ask = |q: usize| chat("lora-5", &format!("question {q}"), 4);
+    let first = send(&runtime, proxy.listener_addr(), vec![ask(0)], 1).remove(0);
+    assert!(decision(&first).ends_with("set=1"), "{}", decision(&first));
+    let home = first.served_by().unwrap_or_default().to_string();
+    // Another instance runs the adapter: a long answer asked of it directly,
+    // which this Envoy neither sent nor indexed.
+    let runner = (1..=INSTANCES)
+        .find(|i| format!("vllm-{i}") != home)
+        .map(|i| &sims[i - 1])
+        .expect("another instance");
+    let long_answer = runtime.spawn(client::send_all(
+        runner.addr(),
+        vec![chat("lora-5", "a long answer", 2_000)],
+        1,
+    ));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !runs(runner, "lora-5") {
+        assert!(std::time::Instant::now() < deadline, "lora-5 never ran");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // Two rounds of polls since: every instance's gauge has been read.
+    let polls = filter_counter(&proxy, "engine.polls");
+    wait_for_counter(&proxy, "engine.polls", polls + 2 * INSTANCES as u64);
+    assert!(runs(runner, "lora-5"), "still running");
+    let reply = send(&runtime, proxy.listener_addr(), vec![ask(1)], 1).remove(0);
+    assert!(decision(&reply).ends_with("set=2"), "{}", decision(&reply));
+    long_answer.abort();
+}
+
+/// Whether `sim`'s latest `vllm:lora_requests_info` state runs `adapter`.
+fn runs(sim: &SimServer, adapter: &str) -> bool {
+    let metrics = sim.engine().lora_metrics().expect("adapter slots");
+    metrics
+        .states
+        .iter()
+        .max_by(|a, b| a.2.total_cmp(&b.2))
+        .is_some_and(|(running, _, _)| running.split(',').any(|a| a == adapter))
 }
