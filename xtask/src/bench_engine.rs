@@ -52,7 +52,7 @@ use std::io::{BufRead as _, BufReader};
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context as _};
@@ -272,6 +272,8 @@ fn start_servers(model: &Path, out_dir: &Path, strategy: &str) -> anyhow::Result
 /// One request of the workload.
 struct Job {
     group: usize,
+    /// A job whose answer this one waits for (a conversation's last turn).
+    after: Option<usize>,
     body: String,
     /// Bytes of the messages' text: about what the filter counts as the
     /// prompt, to turn its matched bytes into tokens.
@@ -361,6 +363,7 @@ fn workload(shape: &Shape) -> Vec<Job> {
         }
         jobs.push(Job {
             group,
+            after: None,
             body: body.to_string(),
             text_bytes,
         });
@@ -420,6 +423,10 @@ fn conversation_workload(conversations: usize) -> Vec<Job> {
             });
             jobs.push(Job {
                 group: conversation,
+                // The same conversation's previous turn.
+                after: turn
+                    .checked_sub(1)
+                    .map(|t| t * conversations + conversation),
                 body: body.to_string(),
                 text_bytes,
             });
@@ -453,35 +460,50 @@ fn through_proxy(base_url: &str) -> impl Fn(&Job) -> (String, String) + Sync + '
     move |_| (format!("{base_url}/v1/chat/completions"), "?".to_string())
 }
 
-/// Sends `jobs` in order from `clients` concurrent clients.
+/// Sends `jobs` in order from `clients` concurrent clients; a job with
+/// [`Job::after`] is sent once that job is answered.
 fn drive(target: Target<'_>, jobs: &[Job], clients: usize) -> anyhow::Result<Vec<Sample>> {
-    let next = Arc::new(Mutex::new(0usize));
-    let samples = Arc::new(Mutex::new(Vec::new()));
-    std::thread::scope(|scope| -> anyhow::Result<()> {
-        let mut handles = Vec::new();
-        for _ in 0..clients {
-            let next = Arc::clone(&next);
-            let samples = Arc::clone(&samples);
-            handles.push(scope.spawn(move || -> anyhow::Result<()> {
-                loop {
-                    let index = {
-                        let mut n = next.lock().map_err(|_| anyhow!("poisoned"))?;
-                        let index = *n;
-                        *n += 1;
-                        index
-                    };
-                    let Some(job) = jobs.get(index) else {
-                        return Ok(());
-                    };
-                    let (url, served_by) = target(job);
-                    let sample = one_request(&url, &served_by, job)?;
-                    samples
-                        .lock()
-                        .map_err(|_| anyhow!("poisoned"))?
-                        .push(sample);
+    let next = Mutex::new(0usize);
+    let samples = Mutex::new(Vec::new());
+    // Which jobs are answered, and whether a client failed (nobody waits then).
+    let answered = (Mutex::new((vec![false; jobs.len()], false)), Condvar::new());
+    let client = || -> anyhow::Result<()> {
+        loop {
+            let index = {
+                let mut n = next.lock().map_err(|_| anyhow!("poisoned"))?;
+                let index = *n;
+                *n += 1;
+                index
+            };
+            let Some(job) = jobs.get(index) else {
+                return Ok(());
+            };
+            if let Some(after) = job.after {
+                let (lock, changed) = &answered;
+                let mut state = lock.lock().map_err(|_| anyhow!("poisoned"))?;
+                while !state.0.get(after).copied().unwrap_or(true) && !state.1 {
+                    state = changed.wait(state).map_err(|_| anyhow!("poisoned"))?;
                 }
-            }));
+            }
+            let (url, served_by) = target(job);
+            let sample = one_request(&url, &served_by, job);
+            let (lock, changed) = &answered;
+            {
+                let mut state = lock.lock().map_err(|_| anyhow!("poisoned"))?;
+                match state.0.get_mut(index) {
+                    Some(done) if sample.is_ok() => *done = true,
+                    _ => state.1 = true,
+                }
+            }
+            changed.notify_all();
+            samples
+                .lock()
+                .map_err(|_| anyhow!("poisoned"))?
+                .push(sample?);
         }
+    };
+    std::thread::scope(|scope| -> anyhow::Result<()> {
+        let handles: Vec<_> = (0..clients).map(|_| scope.spawn(client)).collect();
         for handle in handles {
             handle
                 .join()
@@ -489,7 +511,7 @@ fn drive(target: Target<'_>, jobs: &[Job], clients: usize) -> anyhow::Result<Vec
         }
         Ok(())
     })?;
-    let samples = std::mem::take(&mut *samples.lock().map_err(|_| anyhow!("poisoned"))?);
+    let samples = samples.into_inner().map_err(|_| anyhow!("poisoned"))?;
     Ok(samples)
 }
 
@@ -935,6 +957,7 @@ fn lora_workload() -> Vec<Job> {
             });
             Job {
                 group: adapter,
+                after: None,
                 body: body.to_string(),
                 text_bytes: 0,
             }
@@ -1407,6 +1430,13 @@ vllm:prompt_tokens_by_source_total{engine="0",model_name="smollm2",source="exter
                     "the prompt only grows"
                 );
             }
+            // Sent after the same conversation's previous turn is answered.
+            let previous_turn = job.after.map(|after| &jobs[after]);
+            assert_eq!(
+                previous_turn.map(|p| p.group),
+                last.get(&job.group).map(|_| job.group)
+            );
+            assert!(previous_turn.is_none_or(|p| p.text_bytes < job.text_bytes));
             last.insert(job.group, messages);
         }
         // About 1.05 tokens a word (the shared prefixes' 2,850 words are
