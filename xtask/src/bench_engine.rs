@@ -57,7 +57,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context as _};
 use prefix_router_tools::bench::engine_load::poll_counts_of;
-use prefix_router_tools::bench::fleet::{start_envoy, Strategy};
+use prefix_router_tools::bench::fleet::{start_envoy, usage_counts_of, Strategy};
 use prefix_router_tools::bench::peers::Peer;
 use prefix_router_tools::bench::stats;
 use prefix_router_tools::child;
@@ -894,14 +894,14 @@ fn run_vllm_arm(
     }
     let before = scrape_all(addrs)?;
     let arm_started = Instant::now();
-    let (samples, engine_polls) = match arm.plugin_config(addrs) {
+    let (samples, filter) = match arm.plugin_config(addrs) {
         Some(mut plugin) => {
             plugin["decision_header"] = DECISION_HEADER.into();
             let envoy = start_envoy(&plugin, addrs, Some(wasm), 2)?;
             let base_url = envoy.base_url();
             let samples = drive(&through_proxy(&base_url), jobs, VLLM_CLIENTS)?;
-            let polls = poll_counts_of(std::slice::from_ref(&envoy));
-            (samples, polls.get("polls").copied())
+            let counts = FilterCounts::of(&envoy, samples.len());
+            (samples, Some(counts))
         }
         None => {
             // The oracle: group g on instance g mod N, straight to it.
@@ -918,14 +918,42 @@ fn run_vllm_arm(
     let elapsed = arm_started.elapsed();
     let after = scrape_all(addrs)?;
     Ok(VllmRow::new(
-        arm,
-        &samples,
-        elapsed,
-        &before,
-        &after,
-        addrs,
-        engine_polls,
+        arm, &samples, elapsed, &before, &after, addrs, filter,
     ))
+}
+
+/// What the filter's own counters said of an arm behind Envoy.
+#[derive(Debug, Clone, Copy, Default)]
+struct FilterCounts {
+    /// Polls of the instances' `/metrics` (`engine_load` arms).
+    engine_polls: Option<u64>,
+    /// Responses read for `usage`, and those whose usage had `cached_tokens`.
+    usage_read: u64,
+    usage_with_cached: u64,
+}
+
+impl FilterCounts {
+    /// `envoy`'s counts once the usage of all `requests` is counted, or as
+    /// they are after two of the filter's 1 s ticks (arms whose decisions
+    /// read no usage).
+    fn of(envoy: &Envoy, requests: usize) -> Self {
+        let deadline = Instant::now() + Duration::from_millis(2_500);
+        let usage = loop {
+            let usage = usage_counts_of(std::slice::from_ref(envoy));
+            let read = usage.get("responses").copied().unwrap_or(0);
+            if read >= requests as u64 || Instant::now() > deadline {
+                break usage;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        FilterCounts {
+            engine_polls: poll_counts_of(std::slice::from_ref(envoy))
+                .get("polls")
+                .copied(),
+            usage_read: usage.get("responses").copied().unwrap_or(0),
+            usage_with_cached: usage.get("reported_cached").copied().unwrap_or(0),
+        }
+    }
 }
 
 /// LoRA adapters each instance serves in `--lora`.
@@ -1177,14 +1205,14 @@ struct VllmRow {
     cached_tokens: u64,
     instances_per_group: f64,
     share: Vec<usize>,
-    /// Polls of the instances' `/metrics` the filter made (`engine_load` arms).
-    engine_polls: Option<u64>,
+    /// The filter's counters (arms behind Envoy).
+    filter: Option<FilterCounts>,
     /// LONGEST_PREFIX: [`prediction_gaps`], in tokens.
     prediction_gaps: Option<(f64, f64)>,
 }
 
 impl VllmRow {
-    const HEADER: &'static str = "| arm | TTFT p50 (ms) | TTFT p90 (ms) | req/s | vLLM hit rate | prompt tokens computed | cached_tokens (usage) | instances per group | requests per instance | predicted - cached, median (tokens; within prefix_length) |\n|---|---|---|---|---|---|---|---|---|---|";
+    const HEADER: &'static str = "| arm | TTFT p50 (ms) | TTFT p90 (ms) | req/s | vLLM hit rate | prompt tokens computed | cached_tokens (usage) | instances per group | requests per instance | predicted - cached, median (tokens; within prefix_length) | responses the filter read usage from; with cached_tokens |\n|---|---|---|---|---|---|---|---|---|---|---|";
 
     fn new(
         arm: Peer,
@@ -1193,7 +1221,7 @@ impl VllmRow {
         before: &[EngineCounters],
         after: &[EngineCounters],
         addrs: &[SocketAddr],
-        engine_polls: Option<u64>,
+        filter: Option<FilterCounts>,
     ) -> Self {
         let delta = |field: fn(&EngineCounters) -> f64| -> f64 {
             after.iter().map(field).sum::<f64>() - before.iter().map(field).sum::<f64>()
@@ -1210,7 +1238,7 @@ impl VllmRow {
             cached_tokens: samples.iter().filter_map(|s| s.cached_tokens).sum(),
             instances_per_group: instances_per_group(samples),
             share: share(samples, addrs),
-            engine_polls,
+            filter,
             prediction_gaps: prediction_gaps(samples, FILTER_PREFIX_LENGTH),
         }
     }
@@ -1245,7 +1273,13 @@ impl VllmRow {
                     stats::median(&shares) as usize
                 })
                 .collect(),
-            engine_polls: of_some(|r| r.engine_polls.map(|p| p as f64)).map(|p| p as u64),
+            filter: first.and_then(|r| r.filter).map(|_| FilterCounts {
+                engine_polls: of_some(|r| r.filter?.engine_polls.map(|p| p as f64))
+                    .map(|p| p as u64),
+                usage_read: of(|r| r.filter.map_or(0.0, |f| f.usage_read as f64)) as u64,
+                usage_with_cached: of(|r| r.filter.map_or(0.0, |f| f.usage_with_cached as f64))
+                    as u64,
+            }),
             prediction_gaps: of_some(|r| r.prediction_gaps.map(|g| g.0))
                 .zip(of_some(|r| r.prediction_gaps.map(|g| g.1))),
         }
@@ -1253,9 +1287,10 @@ impl VllmRow {
 
     fn line(&self) -> String {
         format!(
-            "| {}{} | {:.0} | {:.0} | {:.2} | {:.1}% | {:.0} | {} | {:.2} | {:?} | {} |",
+            "| {}{} | {:.0} | {:.0} | {:.2} | {:.1}% | {:.0} | {} | {:.2} | {:?} | {} | {} |",
             self.arm,
-            self.engine_polls
+            self.filter
+                .and_then(|f| f.engine_polls)
                 .map(|p| format!(" ({p} polls)"))
                 .unwrap_or_default(),
             self.ttft_p50_ms,
@@ -1268,6 +1303,9 @@ impl VllmRow {
             self.share,
             self.prediction_gaps
                 .map(|(whole, windowed)| format!("{whole:.0}; {windowed:.0}"))
+                .unwrap_or_default(),
+            self.filter
+                .map(|f| format!("{}; {}", f.usage_read, f.usage_with_cached))
                 .unwrap_or_default(),
         )
     }
@@ -1284,7 +1322,9 @@ impl VllmRow {
             "cached_tokens": self.cached_tokens,
             "instances_per_group": self.instances_per_group,
             "requests_per_instance": self.share,
-            "engine_polls": self.engine_polls,
+            "engine_polls": self.filter.and_then(|f| f.engine_polls),
+            "usage_read": self.filter.map(|f| f.usage_read),
+            "usage_with_cached_tokens": self.filter.map(|f| f.usage_with_cached),
             "prediction_gap_tokens": self.prediction_gaps.map(|g| g.0),
             "prediction_gap_in_window_tokens": self.prediction_gaps.map(|g| g.1),
         })
