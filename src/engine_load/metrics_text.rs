@@ -95,10 +95,7 @@ pub fn parse(body: &[u8], series: &Series) -> Result<EngineLoad, BodyFault> {
         } else {
             continue;
         };
-        let parsed = std::str::from_utf8(value)
-            .ok()
-            .and_then(|v| v.parse::<f64>().ok())
-            .filter(|v| v.is_finite() && *v >= 0.0);
+        let parsed = number(value).filter(|v| *v >= 0.0);
         match parsed {
             Some(v) => slot.add(v),
             None => {
@@ -128,6 +125,14 @@ pub fn parse(body: &[u8], series: &Series) -> Result<EngineLoad, BodyFault> {
         waiting,
         kv_usage_permille,
     })
+}
+
+/// A sample's value text as a finite number.
+pub(crate) fn number(value: &[u8]) -> Option<f64> {
+    std::str::from_utf8(value)
+        .ok()
+        .and_then(|v| v.parse::<f64>().ok())
+        .filter(|v| v.is_finite())
 }
 
 /// `body`, or its first [`MAX_BODY_BYTES`] cut at the last complete line.

@@ -13,8 +13,8 @@
 use serde_json::Value;
 use xxhash_rust::xxh3::xxh3_64;
 
-use super::metrics_text::{label_value, samples};
-use crate::load::ServedAdapters;
+use super::metrics_text::{label_value, number, samples};
+use crate::load::AdapterNames;
 
 /// vLLM's gauge of the adapters in use: one series per state it has been
 /// in, valued with the time it was last in it.
@@ -28,12 +28,12 @@ pub const MAX_MODELS_BODY_BYTES: usize = 256 * 1024;
 
 /// The names a `/v1/models` answer lists, hashed as the filter hashes an
 /// adapter's name; None: no usable answer (then nothing is denied).
-pub fn served_adapters(status: Option<u32>, body: &[u8]) -> Option<ServedAdapters> {
+pub fn served_adapters(status: Option<u32>, body: &[u8]) -> Option<AdapterNames> {
     if status != Some(200) || body.len() > MAX_MODELS_BODY_BYTES {
         return None;
     }
     let list: Value = serde_json::from_slice(body).ok()?;
-    let mut served = ServedAdapters::default();
+    let mut served = AdapterNames::default();
     for card in list.get("data")?.as_array()? {
         served.insert(xxhash_rust::xxh3::xxh3_64(
             card.get("id")?.as_str()?.as_bytes(),
@@ -45,17 +45,13 @@ pub fn served_adapters(status: Option<u32>, body: &[u8]) -> Option<ServedAdapter
 /// The adapters with requests running or waiting in the engine's latest
 /// state in `vllm:lora_requests_info` (the series with the largest value);
 /// None: the body has no such series.
-pub fn active_adapters(metrics_body: &[u8]) -> Option<ServedAdapters> {
+pub fn active_adapters(metrics_body: &[u8]) -> Option<AdapterNames> {
     let mut latest: Option<(f64, &[u8])> = None;
     for (name, labels, value) in samples(metrics_body) {
         if name != LORA_REQUESTS_INFO.as_bytes() {
             continue;
         }
-        let Some(seen) = std::str::from_utf8(value)
-            .ok()
-            .and_then(|v| v.parse::<f64>().ok())
-            .filter(|v| v.is_finite())
-        else {
+        let Some(seen) = number(value) else {
             continue;
         };
         if latest.is_none_or(|(last, _)| seen > last) {
@@ -63,7 +59,7 @@ pub fn active_adapters(metrics_body: &[u8]) -> Option<ServedAdapters> {
         }
     }
     let (_, labels) = latest?;
-    let mut active = ServedAdapters::default();
+    let mut active = AdapterNames::default();
     for key in [&b"running_lora_adapters"[..], b"waiting_lora_adapters"] {
         let list = label_value(labels, key).unwrap_or_default();
         for name in list.split(|b| *b == b',').filter(|n| !n.is_empty()) {
@@ -87,7 +83,7 @@ mod tests {
         assert!(served.contains(xxh3_64(b"HuggingFaceTB/SmolLM2-135M-Instruct")));
         assert!(!served.contains(xxh3_64(b"a1")));
         let empty = served_adapters(Some(200), br#"{"object":"list","data":[]}"#);
-        assert_eq!(empty, Some(ServedAdapters::default()));
+        assert_eq!(empty, Some(AdapterNames::default()));
     }
 
     #[test]
@@ -135,7 +131,7 @@ vllm:num_requests_running{engine=\"0\"} 2
         let idle = "vllm:lora_requests_info{max_lora=\"2\",running_lora_adapters=\"\",waiting_lora_adapters=\"\"} 5\n";
         assert_eq!(
             active_adapters(idle.as_bytes()),
-            Some(ServedAdapters::default())
+            Some(AdapterNames::default())
         );
         for body in [
             "vllm:num_requests_running 2\n",

@@ -28,31 +28,31 @@ pub struct EngineLoad {
     pub kv_usage_permille: Option<u16>,
 }
 
-/// The adapters an engine lists in `/v1/models`, as a Bloom filter of their
-/// names' xxh3 ([`crate::config::AdaptersConfig::adapter_name`]): one record
-/// of fixed size whatever the count. It may say an instance serves an
-/// adapter it does not list (then the request goes as without the list),
-/// never that it does not serve one it lists.
+/// A set of adapter names (the adapters an engine lists in `/v1/models`, or
+/// those its requests run or wait for), as a Bloom filter of the names' xxh3
+/// ([`crate::config::AdaptersConfig::adapter_name`]): one record of fixed
+/// size whatever the count. It may hold a name it was not given (then the
+/// request goes as without the list), never miss one it was.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ServedAdapters {
-    bits: [u8; SERVED_BYTES],
+pub struct AdapterNames {
+    bits: [u8; NAMES_BYTES],
 }
 
-impl Default for ServedAdapters {
+impl Default for AdapterNames {
     fn default() -> Self {
         Self {
-            bits: [0; SERVED_BYTES],
+            bits: [0; NAMES_BYTES],
         }
     }
 }
 
-const SERVED_BYTES: usize = 128;
-const SERVED_BITS: u64 = SERVED_BYTES as u64 * 8;
+const NAMES_BYTES: usize = 128;
+const NAMES_BITS: u64 = NAMES_BYTES as u64 * 8;
 
-impl ServedAdapters {
+impl AdapterNames {
     /// The filter's two bits for `adapter`: from either half of its hash.
     fn bits(adapter: u64) -> [u64; 2] {
-        [adapter % SERVED_BITS, (adapter >> 32) % SERVED_BITS]
+        [adapter % NAMES_BITS, (adapter >> 32) % NAMES_BITS]
     }
 
     pub fn insert(&mut self, adapter: u64) {
@@ -104,10 +104,10 @@ pub(crate) struct EngineRecord {
     /// arrived (all worker VMs).
     pub(crate) base_in_flight: u32,
     /// The adapters its last `/v1/models` answer listed; None: not known.
-    pub(crate) served: Option<ServedAdapters>,
+    pub(crate) served: Option<AdapterNames>,
     /// The adapters with requests running or waiting in the sample
     /// (`vllm:lora_requests_info`); None: not reported.
-    pub(crate) active_adapters: Option<ServedAdapters>,
+    pub(crate) active_adapters: Option<AdapterNames>,
 }
 
 impl EngineRecord {
@@ -160,7 +160,7 @@ impl Record for EngineRecord {
         let flags = lists.iter().enumerate().fold(0u8, |flags, (at, list)| {
             flags | u8::from(list.is_some()) << at
         });
-        let mut w = Writer::with_capacity(32 + 2 * SERVED_BYTES);
+        let mut w = Writer::with_capacity(32 + 2 * NAMES_BYTES);
         w.u8(ENGINE_VERSION)
             .u64(self.addr_hash)
             .u64(self.sampled_at_ms)
@@ -187,12 +187,12 @@ impl Record for EngineRecord {
         let kv = r.u16()?;
         let base_in_flight = r.u32()?;
         let flags = r.u8()?;
-        let mut list = |at: u8| -> Option<Option<ServedAdapters>> {
+        let mut list = |at: u8| -> Option<Option<AdapterNames>> {
             if flags & (1 << at) == 0 {
                 return Some(None);
             }
-            let bits = r.bytes(SERVED_BYTES)?.try_into().ok()?;
-            Some(Some(ServedAdapters { bits }))
+            let bits = r.bytes(NAMES_BYTES)?.try_into().ok()?;
+            Some(Some(AdapterNames { bits }))
         };
         let served = list(0)?;
         let active_adapters = list(1)?;
@@ -232,7 +232,7 @@ mod tests {
 
     #[test]
     fn served_adapters_round_trip_and_never_deny_a_listed_adapter() {
-        let mut served = ServedAdapters::default();
+        let mut served = AdapterNames::default();
         let listed: Vec<u64> = (0..100u64)
             .map(|a| xxhash_rust::xxh3::xxh3_64(format!("lora-{a}").as_bytes()))
             .collect();
@@ -245,8 +245,8 @@ mod tests {
             .count();
         // A hundred listed adapters in 1,024 bits: a few unlisted ones pass.
         assert!(unlisted < 100, "{unlisted} of 1,000 unlisted adapters pass");
-        assert!(!ServedAdapters::default().contains(listed[0]));
-        let mut active = ServedAdapters::default();
+        assert!(!AdapterNames::default().contains(listed[0]));
+        let mut active = AdapterNames::default();
         active.insert(listed[7]);
         for (served, active_adapters) in [
             (Some(served), None),

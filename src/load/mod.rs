@@ -44,7 +44,7 @@ pub use tracker::{
 
 use crate::headers::PENDING_MARK;
 
-pub use engine::{EngineBounds, EngineLoad, EngineView, ServedAdapters};
+pub use engine::{AdapterNames, EngineBounds, EngineLoad, EngineView};
 pub use instances::{FAILED_RETRY_MS, SUSPECT_MS};
 pub use prefix_index::Remembered;
 pub(crate) use prefix_index::SPAN_BLOCKS;
@@ -216,10 +216,10 @@ pub struct Candidate {
     /// Prompt bytes this worker placed there ([`RecentChoices::placed_bytes`]).
     pub placed_bytes: u64,
     /// The adapters its engine lists (with a fresh sample); None: not known.
-    pub served: Option<ServedAdapters>,
+    pub served: Option<AdapterNames>,
     /// The adapters with requests running or waiting on its engine (with a
     /// fresh sample); None: not reported.
-    pub active_adapters: Option<ServedAdapters>,
+    pub active_adapters: Option<AdapterNames>,
     /// Its forget mark ([`crate::usage::check`]): the prefix index does not
     /// believe its entries last used at or before this second.
     pub forgotten_through: u32,

@@ -26,7 +26,7 @@ use crate::engine_load::{
     SAMPLE_AGE_GAUGE_PREFIX,
 };
 use crate::host::{Host, MetricKind};
-use crate::load::{EngineLoad, InstanceRef, PollerKind, ServedAdapters};
+use crate::load::{AdapterNames, EngineLoad, InstanceRef, PollerKind};
 use crate::metrics::{fleet_stat_name, instance_stat_name, FleetIds};
 
 /// The header that names the instance a poll is for, `ip:port`: what an
@@ -331,7 +331,7 @@ fn finish<H: Host + Clone>(
     config: &Config,
     instance: &InstanceRef,
     verdict: Result<EngineLoad, PollFault>,
-    active_adapters: Option<ServedAdapters>,
+    active_adapters: Option<AdapterNames>,
     now: u64,
 ) {
     let address = &*instance.address;

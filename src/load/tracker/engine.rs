@@ -7,7 +7,7 @@
 use super::super::engine::EngineRecord;
 use super::super::lease::{self, Heartbeat, Lease};
 use super::super::table::{Change, Tables, Updated};
-use super::super::{EngineLoad, InstanceRef, LoadView, ServedAdapters};
+use super::super::{AdapterNames, EngineLoad, InstanceRef, LoadView};
 use super::registry::Lookup;
 use super::{addr_hash, copy_is_fresh, last_read_again, BySlot, LoadTracker};
 use crate::shared::SharedStore;
@@ -103,7 +103,7 @@ impl<S: SharedStore> LoadTracker<S> {
         &mut self,
         instance: &InstanceRef,
         load: EngineLoad,
-        active_adapters: Option<ServedAdapters>,
+        active_adapters: Option<AdapterNames>,
         now_ms: u64,
     ) -> bool {
         let Some(base_in_flight) = self.in_flight(instance, now_ms) else {
@@ -129,7 +129,7 @@ impl<S: SharedStore> LoadTracker<S> {
     pub fn store_served_adapters(
         &mut self,
         instance: &InstanceRef,
-        served: Option<ServedAdapters>,
+        served: Option<AdapterNames>,
         now_ms: u64,
     ) -> bool {
         let hash = addr_hash(&instance.address);

@@ -3,7 +3,7 @@ use std::collections::HashMap;
 use super::*;
 use crate::extract::PrefixSource;
 use crate::key::KeyMaterial;
-use crate::load::{HeldPrefix, InstanceRef, RecentChoices, ServedAdapters, Target};
+use crate::load::{AdapterNames, HeldPrefix, InstanceRef, RecentChoices, Target};
 
 /// A fleet as the policy sees it: in-flight counts, an exact prefix
 /// index (block hash -> slots), claims that respect the cap.
@@ -22,9 +22,9 @@ struct Fleet {
     /// Instances over the fleet-wide bound of KV-cache usage.
     kv_full: Vec<u16>,
     /// The adapters each instance's engine lists (None: not known).
-    served: Vec<Option<ServedAdapters>>,
+    served: Vec<Option<AdapterNames>>,
     /// The adapters each instance's engine runs (None: not reported).
-    active: Vec<Option<ServedAdapters>>,
+    active: Vec<Option<AdapterNames>>,
     recent: RecentChoices,
 }
 
@@ -1365,7 +1365,7 @@ fn an_instance_whose_engine_runs_the_adapter_joins_its_set() {
             &format!("question {i} {}", "x".repeat(600)),
         ))
     };
-    let mut running = ServedAdapters::default();
+    let mut running = AdapterNames::default();
     running.insert(42);
     for reported in [false, true] {
         let mut fleet = Fleet::new(7);
@@ -1373,7 +1373,7 @@ fn an_instance_whose_engine_runs_the_adapter_joins_its_set() {
         let order = adapter_order(&mut fleet, 42);
         let runner = order[4];
         if reported {
-            fleet.active = vec![Some(ServedAdapters::default()); 7];
+            fleet.active = vec![Some(AdapterNames::default()); 7];
             fleet.active[usize::from(runner)] = Some(running);
         }
         let routed: Vec<_> = (0..2)
@@ -1412,7 +1412,7 @@ fn an_adapter_goes_only_to_instances_whose_engine_lists_it_or_whose_list_is_unkn
     let mut fleet = Fleet::new(7);
     let order = adapter_order(&mut fleet, 42);
     let listing = |adapters: &[u64]| {
-        let mut served = ServedAdapters::default();
+        let mut served = AdapterNames::default();
         adapters.iter().for_each(|&a| served.insert(a));
         Some(served)
     };
