@@ -13,10 +13,11 @@
 //!   presumed to hold a later turn's history unless the index knows another
 //!   holder of the conversation: the earlier turns went there, through this
 //!   Envoy or a replica whose index this one does not see. System messages
-//!   that set no instance apart count as held everywhere: those more than
-//!   half the fleet holds, or whose holders took more than their share of
-//!   recent decisions (a prompt every conversation shares, not one group's),
-//!   so that they spread instead of piling up.
+//!   that set no instance apart count as held everywhere: those shorter
+//!   than a request weighs ([`REQUEST_BYTES`]), those more than half the
+//!   fleet holds, or whose holders took more than their share of recent
+//!   decisions (a prompt every conversation shares, not one group's), so
+//!   that they spread instead of piling up.
 //! - **load**: its requests in flight past the load bound, twice the least
 //!   loaded instance's plus `load_margin`, [`REQUEST_BYTES`] each.
 //! - **share**: only for a request that adds to text this Envoy placed (a
@@ -584,15 +585,16 @@ impl LongestPrefix {
             .filter(|c| holds_longest(c))
             .map(|c| c.recent)
             .sum();
-        // System messages, and nothing of the request's own, that most of
-        // the fleet holds or that their holders took past their share for
-        // (a prompt that is all system messages, held whole, is one sent
-        // again).
+        // System messages, and nothing of the request's own, that save less
+        // prefill than a request weighs, that most of the fleet holds, or
+        // that their holders took past their share for (a prompt that is
+        // all system messages, held whole, is one sent again).
         let system_only = found.blocks > 0
             && found.blocks < blocks.chain.len()
             && longest_bytes <= blocks.cuts[0];
         let common = system_only
-            && (most(found.holders.len(), candidates.len())
+            && (longest_bytes < usize::try_from(REQUEST_BYTES).unwrap_or(usize::MAX)
+                || most(found.holders.len(), candidates.len())
                 || past_their_share(
                     found.holders.len(),
                     candidates.len(),

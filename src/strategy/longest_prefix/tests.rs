@@ -1,4 +1,4 @@
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use super::*;
 use crate::extract::PrefixSource;
@@ -1450,4 +1450,31 @@ fn an_adapter_goes_only_to_instances_whose_engine_lists_it_or_whose_list_is_unkn
         route_adapter(&mut fleet, &policy, &ask(9), Some(42)).0,
         order[0]
     );
+}
+
+#[test]
+fn a_short_system_prompt_sets_no_instance_apart() {
+    // Worth less prefill than a request in flight: each first turn goes
+    // where its opening ranks first, from the first conversation on.
+    let policy = LongestPrefix::new(64, 4, true, ColdPlacement::Consistent, None);
+    let system = record("system", "You are a helpful support assistant.");
+    let mut fleet = Fleet::new(3);
+    let mut homes = HashSet::new();
+    for id in 0..8 {
+        let first_turn = &conversation(&system, id, 1)[0];
+        let (kind, slot) = fleet.route(&policy, first_turn);
+        assert_eq!(
+            (kind, slot),
+            (DecisionKind::Cold, top_two(first_turn, 3)[0]),
+            "{id}"
+        );
+        homes.insert(slot);
+    }
+    assert!(homes.len() > 1, "{homes:?}");
+    // A longer one still draws new conversations to its holder.
+    let system = record("system", &"shared system prompt ".repeat(60));
+    let mut fleet = Fleet::new(3);
+    let (_, holder) = fleet.route(&policy, &conversation(&system, 0, 1)[0]);
+    let (kind, slot) = fleet.route(&policy, &conversation(&system, 1, 1)[0]);
+    assert_eq!((kind, slot), (DecisionKind::Matched, holder));
 }
