@@ -276,16 +276,10 @@ fn base_model_requests_route_as_without_adapters() {
     assert!(instances.len() >= 3, "{with:?}");
 }
 
-#[test]
-fn with_engine_load_an_adapter_goes_only_where_its_engine_lists_it() {
-    let runtime = runtime();
-    let sims = sims(&runtime);
-    let order = adapter_order(&sims, "lora-3");
-    let sim_named = |name: &str| &sims[name["vllm-".len()..].parse::<usize>().unwrap() - 1];
-    // Loaded only on the third and fifth of its order.
-    for name in [&order[0], &order[1], &order[3]] {
-        assert!(sim_named(name).engine().remove_adapter("lora-3"));
-    }
+/// An Envoy in front of `sims` with `adapters` and `engine_load` polling
+/// every 100 ms, once three rounds of polls were sent: every instance's
+/// lists have been read.
+fn envoy_with_engine_load(sims: &[SimServer]) -> Envoy {
     let config = serde_json::json!({
         "decision_header": DECISION_HEADER,
         "instances": ["127.0.0.1:8001"],
@@ -298,8 +292,21 @@ fn with_engine_load_an_adapter_goes_only_where_its_engine_lists_it() {
         .concurrency(1)
         .start()
         .expect("Envoy");
-    // Three rounds of polls sent: every instance's list has been read.
     wait_for_counter(&proxy, "engine.polls", 3 * INSTANCES as u64);
+    proxy
+}
+
+#[test]
+fn with_engine_load_an_adapter_goes_only_where_its_engine_lists_it() {
+    let runtime = runtime();
+    let sims = sims(&runtime);
+    let order = adapter_order(&sims, "lora-3");
+    let sim_named = |name: &str| &sims[name["vllm-".len()..].parse::<usize>().unwrap() - 1];
+    // Loaded only on the third and fifth of its order.
+    for name in [&order[0], &order[1], &order[3]] {
+        assert!(sim_named(name).engine().remove_adapter("lora-3"));
+    }
+    let proxy = envoy_with_engine_load(&sims);
     let ask = |q: usize| chat("lora-3", &format!("question {q}"), 4);
     for q in 0..6 {
         let reply = send(&runtime, proxy.listener_addr(), vec![ask(q)], 1).remove(0);
@@ -342,19 +349,7 @@ fn with_engine_load_an_adapter_goes_only_where_its_engine_lists_it() {
 fn with_engine_load_an_instance_whose_engine_runs_the_adapter_joins_its_set() {
     let runtime = runtime();
     let sims = sims(&runtime);
-    let config = serde_json::json!({
-        "decision_header": DECISION_HEADER,
-        "instances": ["127.0.0.1:8001"],
-        "adapters": {"base_models": [MODEL]},
-        "engine_load": {"cluster": "engine_metrics", "interval_ms": 100},
-    });
-    let proxy = Envoy::builder()
-        .upstreams(sims.iter().map(SimServer::addr))
-        .plugin_config(config.to_string())
-        .concurrency(1)
-        .start()
-        .expect("Envoy");
-    wait_for_counter(&proxy, "engine.polls", 3 * INSTANCES as u64);
+    let proxy = envoy_with_engine_load(&sims);
     let ask = |q: usize| chat("lora-5", &format!("question {q}"), 4);
     let first = send(&runtime, proxy.listener_addr(), vec![ask(0)], 1).remove(0);
     assert!(decision(&first).ends_with("set=1"), "{}", decision(&first));
