@@ -488,7 +488,7 @@ impl Stream {
             }
         }
         self.decided = Some((routed.headers.kind, routed.headers.matched_bytes));
-        let model = derivation.model.as_deref().map(|m| xxh3_64(m.as_bytes()));
+        let model = derivation.model.as_deref();
         self.prediction = prediction_of(&routed.headers, &self.config, model, now);
         if self.config.decision_header.is_some() {
             self.explained = routed.headers.explained.clone();
@@ -580,11 +580,11 @@ impl Stream {
 }
 
 /// What a LONGEST_PREFIX decision predicted of the instance it named, for
-/// a request for `model` (hashed).
+/// a request for `model`.
 fn prediction_of(
     headers: &RouteHeaders,
     config: &Config,
-    model: Option<u64>,
+    model: Option<&str>,
     now_ms: u64,
 ) -> Option<Prediction> {
     let prompt_bytes = headers.prompt_bytes?;
@@ -595,7 +595,7 @@ fn prediction_of(
         whole_prompt: prompt_bytes < u64::try_from(config.prefix_length).unwrap_or(u64::MAX),
         held_since_s: headers.held_since_s,
         decided_s: u32::try_from(now_ms / 1000).unwrap_or(u32::MAX),
-        model,
+        model: model.map(|m| xxh3_64(m.as_bytes())),
     })
 }
 

@@ -86,16 +86,12 @@ impl ModelTokenBytes {
     pub fn learn(&mut self, model: Option<u64>, prompt_bytes: u64, prompt_tokens: u64) {
         self.every.learn(prompt_bytes, prompt_tokens);
         let Some(model) = model else { return };
-        let at = match self.models.iter().position(|(m, _)| *m == model) {
-            Some(at) => at,
-            None if self.models.len() < MODELS => {
-                self.models.push((model, TokenBytes::default()));
-                self.models.len() - 1
-            }
-            None => return,
-        };
-        if let Some((_, token_bytes)) = self.models.get_mut(at) {
+        if let Some((_, token_bytes)) = self.models.iter_mut().find(|(m, _)| *m == model) {
             token_bytes.learn(prompt_bytes, prompt_tokens);
+        } else if self.models.len() < MODELS {
+            let mut token_bytes = TokenBytes::default();
+            token_bytes.learn(prompt_bytes, prompt_tokens);
+            self.models.push((model, token_bytes));
         }
     }
 
@@ -241,25 +237,18 @@ mod tests {
         assert_eq!(token_bytes.of(Some(3)).milli(), Some(every));
         teach(&mut token_bytes, 2, 5_000, 1);
         assert_eq!(token_bytes.of(Some(2)).milli(), Some(5_000));
-        // A miss judged at the model's ratio: 8,000 bytes are 1,600 of its
-        // tokens, of which 900 held is more than half.
-        let verdict = check(
-            &Prediction {
-                model: Some(2),
+        // 900 tokens held of a predicted 8,000 bytes, judged at each model's
+        // ratio: of model 2's 1,600 tokens more than half, of model 1's
+        // 2,666 less.
+        let mut judged = |model: u64| {
+            let predicted = Prediction {
+                model: Some(model),
                 ..prediction(8_000, Some(0))
-            },
-            usage(3_000, Some(900)),
-            &mut token_bytes,
-        );
-        assert_eq!(verdict, Verdict::Held);
-        let at_model_1 = check(
-            &Prediction {
-                model: Some(1),
-                ..prediction(8_000, Some(0))
-            },
-            usage(3_000, Some(900)),
-            &mut token_bytes,
-        );
+            };
+            check(&predicted, usage(3_000, Some(900)), &mut token_bytes)
+        };
+        assert_eq!(judged(2), Verdict::Held);
+        let at_model_1 = judged(1);
         assert!(
             matches!(at_model_1, Verdict::Missed { .. }),
             "{at_model_1:?}"
