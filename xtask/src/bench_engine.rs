@@ -384,7 +384,13 @@ const TURNS: usize = 6;
 /// `--workload conversation`'s size: one conversation more than one
 /// instance holds at their last turns.
 fn conversations_for(cache_tokens: u64) -> usize {
-    usize::try_from(cache_tokens / CONVERSATION_TOKENS).unwrap_or(usize::MAX) + 1
+    one_more_than_holds(cache_tokens, CONVERSATION_TOKENS)
+}
+
+/// One more prefix of `tokens_each` than a cache of `cache_tokens` holds:
+/// the fleet holds them all only if each stays on one instance.
+fn one_more_than_holds(cache_tokens: u64, tokens_each: u64) -> usize {
+    usize::try_from(cache_tokens / tokens_each).unwrap_or(usize::MAX) + 1
 }
 
 /// `conversations` chats of [`TURNS`] turns behind one short system prompt,
@@ -483,6 +489,10 @@ fn drive(target: Target<'_>, jobs: &[Job], clients: usize) -> anyhow::Result<Vec
                 let mut state = lock.lock().map_err(|_| anyhow!("poisoned"))?;
                 while !state.0.get(after).copied().unwrap_or(true) && !state.1 {
                     state = changed.wait(state).map_err(|_| anyhow!("poisoned"))?;
+                }
+                // The client that failed reports it; nothing more is sent.
+                if state.1 {
+                    return Ok(());
                 }
             }
             let (url, served_by) = target(job);
@@ -742,7 +752,7 @@ const REQUESTS_PER_GROUP: usize = 5;
 /// group more than one instance holds, so the fleet's cache holds every
 /// group's prefix only if each stays on one instance.
 fn vllm_shape(cache_tokens: u64) -> Shape {
-    let groups = usize::try_from(cache_tokens / PREFIX_TOKENS).unwrap_or(usize::MAX) + 1;
+    let groups = one_more_than_holds(cache_tokens, PREFIX_TOKENS);
     Shape {
         groups,
         requests: groups * REQUESTS_PER_GROUP,
