@@ -36,9 +36,13 @@ impl Relay {
     }
 
     /// Closes the port and cuts every relayed connection.
-    pub fn stop(&mut self) {
-        // Dropping a JoinSet aborts its tasks, and with them their sockets.
-        self.tasks = None;
+    pub async fn stop(&mut self) {
+        // Aborted tasks drop their sockets when they next run: wait for that,
+        // so that a connection made after this returns is refused, not
+        // accepted and then cut.
+        if let Some(mut tasks) = self.tasks.take() {
+            tasks.shutdown().await;
+        }
     }
 
     /// Listens on the same port again (after [`Relay::stop`]).

@@ -67,7 +67,7 @@ fn served_by_victim(harness: &Harness) -> usize {
 async fn a_retry_leaves_the_overridden_instance_when_its_connection_fails() {
     const REQUESTS: u64 = 12;
     let (harness, mut relay) = start(|b| b.without_filter()).await;
-    relay.stop();
+    relay.stop().await;
     let dead = relay.addr();
     for n in 0..REQUESTS {
         let request = Outgoing::post("/invocations", format!("request {n}"))
@@ -104,7 +104,7 @@ async fn an_instance_that_dies_loses_no_request_and_is_chosen_again_once_back() 
         "the instance that dies served before"
     );
 
-    relay.stop();
+    relay.stop().await;
     let dead = relay.addr();
     // Envoy has seen its pooled connections there close (a request written
     // on one before that fails, as the instance may have read it: never
