@@ -1,9 +1,10 @@
 //! The fleet read from Envoy's admin as the plugin runs it (`discovery`):
 //! from the root tick, the one VM that holds the discovery lease asks the
 //! admin for the cluster's hosts every `interval_ms` and writes the healthy
-//! ones to shared data; every VM reads that list on its tick, and its
-//! decisions take it as the configured fleet (`instances`). Requests never
-//! wait on the admin: they use the last list read.
+//! ones to shared data; every VM reads that list on its tick (and, until it
+//! has one, on each request), and its decisions take it as the configured
+//! fleet (`instances`). Requests never wait on the admin: they use the last
+//! list read.
 //!
 //! What the request and its answer look like is [`crate::discovery`].
 
@@ -61,11 +62,30 @@ pub struct DiscoveryPolling {
 }
 
 impl DiscoveryPolling {
-    /// The fleet of `cluster` as this VM last read it (empty before).
-    pub fn fleet(&self, cluster: &str) -> Rc<[String]> {
-        self.clusters
-            .get(cluster)
-            .map_or_else(|| Rc::from(Vec::new()), |c| Rc::clone(&c.fleet))
+    /// The fleet of `cluster` as this VM last read it. A VM without one yet
+    /// reads the shared list now: its requests can come before its first
+    /// tick after the list was written, and would see no fleet.
+    pub fn fleet(&mut self, host: &impl Host, cluster: &str) -> Rc<[String]> {
+        let state = self.clusters.entry(cluster.to_string()).or_default();
+        if state.fleet.is_empty() {
+            state.read_shared_list(host, cluster);
+        }
+        Rc::clone(&state.fleet)
+    }
+}
+
+impl ClusterState {
+    /// One shared-data read of `cluster`'s list, decoded only if it changed
+    /// since this VM last read it.
+    fn read_shared_list(&mut self, host: &impl Host, cluster: &str) {
+        let (list, cas) = host.get(&list_key(cluster));
+        if cas.is_none() || cas != self.list_cas {
+            self.list_cas = cas;
+            let hosts = discovery::decode(&list.unwrap_or_default());
+            if *self.fleet != *hosts {
+                self.fleet = Rc::from(hosts);
+            }
+        }
     }
 }
 
@@ -95,16 +115,9 @@ pub fn tick<H: Host + Clone>(
         .lease
         .hold(vm, config, PollerKind::Discovery, lease_ms(discovery), now);
     let cluster = state.clusters.entry(discovery.cluster.clone()).or_default();
-    // Every tick: one shared-data read, so a new list reaches every VM soon
-    // after the one that reads the admin; decoded only when it changed.
-    let (list, cas) = vm.host().get(&list_key(&discovery.cluster));
-    if cas.is_none() || cas != cluster.list_cas {
-        cluster.list_cas = cas;
-        let hosts = discovery::decode(&list.unwrap_or_default());
-        if *cluster.fleet != *hosts {
-            cluster.fleet = Rc::from(hosts);
-        }
-    }
+    // Every tick, so a new list reaches every VM soon after the one that
+    // reads the admin.
+    cluster.read_shared_list(vm.host(), &discovery.cluster);
     if holding {
         if let Some((_, sent_ms)) = cluster.open {
             if now.saturating_sub(sent_ms) > discovery.timeout_ms() + GIVE_UP_GRACE_MS {

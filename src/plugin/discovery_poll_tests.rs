@@ -55,7 +55,7 @@ impl Setup {
             .http_call_response(&mut self.vm, call.token, headers, size);
     }
 
-    fn fleet(&self) -> Vec<String> {
+    fn fleet(&mut self) -> Vec<String> {
         self.vm.discovered_fleet(&self.config).unwrap().to_vec()
     }
 }
@@ -93,6 +93,21 @@ fn one_vm_reads_the_admin_and_every_vm_decides_with_the_healthy_hosts() {
     assert_eq!(first.tick().len(), 1);
     assert_eq!(first.host.counter(READS), 2);
     assert_eq!(second.host.counter(READS), 0);
+}
+
+/// A VM whose tick read the shared list before the first answer decides
+/// with the list from its next request on, not from its next tick.
+#[test]
+fn a_vm_without_a_list_reads_it_at_its_next_decision() {
+    let store = Rc::new(MemoryStore::new());
+    let mut first = setup_on(Rc::clone(&store));
+    let mut second = setup_on(store);
+    second.host.set_entropy(Some(0xBEEF));
+    let calls = first.tick();
+    assert!(second.tick().is_empty(), "the first VM holds the lease");
+    assert!(second.fleet().is_empty(), "no list written yet");
+    first.answer(&calls[0], Some((200, ANSWER)));
+    assert_eq!(second.fleet(), ["10.0.0.1:8000", "10.0.0.2:8000"]);
 }
 
 #[test]

@@ -127,9 +127,9 @@ impl<H: Host + Clone> Vm<H> {
 
     /// With `discovery`, the fleet last read from Envoy's admin, which
     /// `config`'s decisions take as their `instances`.
-    pub fn discovered_fleet(&self, config: &Config) -> Option<Rc<[String]>> {
+    pub fn discovered_fleet(&mut self, config: &Config) -> Option<Rc<[String]>> {
         let discovery = config.discovery.as_ref()?;
-        Some(self.discovery_polling.fleet(&discovery.cluster))
+        Some(self.discovery_polling.fleet(&self.host, &discovery.cluster))
     }
 
     /// The engine-load poller's state (tests).
