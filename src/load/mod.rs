@@ -223,6 +223,9 @@ pub struct Candidate {
     /// Its forget mark ([`crate::usage::check`]): the prefix index does not
     /// believe its entries last used at or before this second.
     pub forgotten_through: u32,
+    /// In the fleet as configured (`instances`) or read from Envoy's admin
+    /// (`discovery`), not only learned from traffic.
+    pub listed: bool,
 }
 
 impl Candidate {
@@ -239,6 +242,7 @@ impl Candidate {
             served: None,
             active_adapters: None,
             forgotten_through: 0,
+            listed: false,
         }
     }
 

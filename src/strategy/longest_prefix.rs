@@ -436,8 +436,10 @@ impl LongestPrefix {
             Some(tiers) => tiers.iter().map(Vec::as_slice).collect(),
             None => vec![all.as_slice()],
         };
-        // An adapter's request stays on the set, never left to Maglev.
-        let listed = self.fleet_listed || set.is_some();
+        // A known fleet (configured, or read from Envoy's admin) has every
+        // prompt placed here, under the cap; an adapter's request stays on
+        // its set. Else Maglev places what sets no instance apart.
+        let listed = self.fleet_listed || set.is_some() || all.iter().any(|c| c.listed);
         let mut chosen = None;
         let mut some_within = false;
         // The tiers whose every candidate refused its claim.
@@ -499,7 +501,7 @@ impl LongestPrefix {
             Some(chosen) => chosen,
             // Instances not learned yet may have room: Maglev on a salted
             // opening explores them (salts 1..=8, as FIXED_PREFIX's).
-            None if !self.fleet_listed && set.is_none() && some_within => {
+            None if !listed && some_within => {
                 let salt = u8::try_from(random % 8).unwrap_or_default() + 1;
                 return Self::by_maglev(DecisionKind::Overflow, salted_key(&opening_key, salt));
             }

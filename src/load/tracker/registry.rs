@@ -714,6 +714,7 @@ impl Registry {
             };
             let mut candidate = Candidate::local(instance, in_flight);
             candidate.forgotten_through = record.forgotten_through_s;
+            candidate.listed = copy.listed;
             out.push(candidate);
         }
         out

@@ -26,6 +26,8 @@ struct Fleet {
     /// The adapters each instance's engine runs (None: not reported).
     active: Vec<Option<AdapterNames>>,
     recent: RecentChoices,
+    /// Its instances are in a fleet read from Envoy's admin (`discovery`).
+    listed: bool,
 }
 
 impl Fleet {
@@ -109,6 +111,7 @@ impl LoadView for Fleet {
                 candidate.over_bounds |= self.kv_full.contains(&slot);
                 candidate.served = self.served.get(usize::from(slot)).copied().flatten();
                 candidate.active_adapters = self.active.get(usize::from(slot)).copied().flatten();
+                candidate.listed = self.listed;
                 candidate
             })
             .collect()
@@ -845,6 +848,31 @@ fn an_unlisted_fleet_leaves_cold_prompts_to_maglev_and_explores_when_full() {
         Some(salted_key(&blocks.opening_key(), 6))
     );
     assert_eq!(fleet.in_flight, vec![3, 3], "nothing counted past the cap");
+}
+
+/// With `discovery` the configuration lists no instance, but the fleet is
+/// known: a cold prompt is placed here and claimed under the cap, as in a
+/// configured fleet, not left to Maglev (which maps a prompt's every copy to
+/// one instance, however many are in flight there).
+#[test]
+fn a_fleet_read_from_envoys_admin_places_cold_prompts_under_the_cap() {
+    let policy = LongestPrefix::new(3, 100, false, ColdPlacement::Consistent, None);
+    let mut fleet = Fleet::new(2);
+    fleet.hold = true;
+    fleet.listed = true;
+    let blocks = prompt(&record("user", "the same new question"));
+    let mut served = Vec::new();
+    for _ in 0..4 {
+        let routed = policy.decide(&blocks, None, &mut fleet, 0, 0);
+        assert!(routed.ticket.is_some(), "{:?}", routed.headers);
+        served.push(routed.headers.host_override.unwrap());
+    }
+    // The first choice up to the cap, the fourth on the other.
+    let mut counts = fleet.in_flight.clone();
+    counts.sort_unstable();
+    assert_eq!(counts, [1, 3], "{served:?}");
+    assert!(served[1..3].iter().all(|s| *s == served[0]), "{served:?}");
+    assert_ne!(served[3], served[0]);
 }
 
 #[test]

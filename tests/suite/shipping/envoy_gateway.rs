@@ -602,17 +602,11 @@ fn without_the_client_traffic_policy_a_40_kb_prompt_is_refused() {
     }
 }
 
-/// Overflow through the cluster the BackendTrafficPolicy makes: a burst on
-/// one conversation past `concurrency_threshold` puts at most that many on
-/// its pod; the filter names the pod of every request in the host header and
-/// Envoy's override_host sends each one to exactly the pod named, those it
-/// sends elsewhere included. Every request is held 5 s at its pod, so the
-/// whole burst is in flight at once. The pods are known from Envoy's admin
-/// (`discovery`, through the cluster the EnvoyPatchPolicy adds), not from
-/// traffic: the burst is the conversation's second request.
-#[test]
-fn envoy_gateway_generated_config_overflows_to_the_pod_the_filter_names() {
-    let fleet = UpstreamFleet::start(3).unwrap();
+/// The example policies in front of `pods` pods, and the plugin's
+/// `concurrency_threshold`, once the filter read the pods from Envoy's
+/// admin (`discovery`, through the cluster the EnvoyPatchPolicy adds), not
+/// from traffic.
+fn discovered(fleet: &UpstreamFleet) -> (Envoy, usize) {
     let envoy = start(generated_config(
         &with_the_example_policies(),
         &fleet.addrs(),
@@ -621,8 +615,6 @@ fn envoy_gateway_generated_config_overflows_to_the_pod_the_filter_names() {
         ["concurrency_threshold"]
         .as_u64()
         .unwrap() as usize;
-    // The filter counts in the listener and reads the pods from Envoy's
-    // admin (`discovery`): no request has taught it any.
     wait_until(
         Duration::from_secs(10),
         || {
@@ -630,25 +622,24 @@ fn envoy_gateway_generated_config_overflows_to_the_pod_the_filter_names() {
                 .stat("wasmcustom.prefix_router.discovery.instances")
                 .unwrap()
         },
-        |pods| *pods == Some(3),
-        |pods| format!("the filter read {pods:?} pods from Envoy's admin, not 3"),
+        |pods| *pods == Some(fleet.addrs().len() as u64),
+        |pods| format!("the filter read {pods:?} pods from Envoy's admin"),
     );
-    let body = chat_body("the hot conversation", 2000, "q");
-    let target = post_chat(&envoy, &body, Duration::from_secs(10))
-        .unwrap()
-        .header("x-served-by")
-        .unwrap()
-        .to_string();
-    let before = fleet.records().len();
-    let burst = threshold + 4;
-    let served: Vec<String> = std::thread::scope(|scope| {
-        let requests: Vec<_> = (0..burst)
-            .map(|_| {
-                scope.spawn(|| {
+    (envoy, threshold)
+}
+
+/// Sends `bodies` at once, each held 5 s at its pod so that all are in
+/// flight together; the pod that served each.
+fn burst(envoy: &Envoy, bodies: &[String]) -> Vec<String> {
+    std::thread::scope(|scope| {
+        let requests: Vec<_> = bodies
+            .iter()
+            .map(|body| {
+                scope.spawn(move || {
                     ureq::post(&format!("{}/v1/chat/completions", envoy.base_url()))
                         .timeout(Duration::from_secs(20))
                         .set(prefix_router_tools::upstream::HOLD_HEADER, "5000")
-                        .send_string(&body)
+                        .send_string(body)
                         .map_err(Box::new)
                         .unwrap_or_else(|e| panic!("burst: {e}"))
                         .header("x-served-by")
@@ -658,28 +649,19 @@ fn envoy_gateway_generated_config_overflows_to_the_pod_the_filter_names() {
             })
             .collect();
         requests.into_iter().map(|r| r.join().unwrap()).collect()
-    });
-    // The cap holds on the conversation's pod; the rest went elsewhere.
-    let on_target = served.iter().filter(|pod| **pod == target).count();
-    assert!(
-        on_target <= threshold && served.len() == burst,
-        "the burst's pods: {served:?}"
-    );
+    })
+}
+
+/// Every request `fleet` received from the `from`th on named the pod that
+/// served it in the host header: Envoy's override_host sent it to exactly
+/// the pod the filter chose, not where Maglev maps its key.
+fn assert_each_named_its_pod(fleet: &UpstreamFleet, from: usize) {
     let address_of: BTreeMap<String, String> = fleet
         .names()
         .into_iter()
         .zip(fleet.addrs().iter().map(SocketAddr::to_string))
         .collect();
-    let records = fleet.records();
-    let elsewhere = records[before..]
-        .iter()
-        .filter(|record| record.instance != target)
-        .count();
-    assert!(
-        elsewhere >= burst - threshold,
-        "the burst's pods: {served:?}"
-    );
-    for record in &records[before..] {
+    for record in &fleet.records()[from..] {
         assert_eq!(
             record.header(HOST_HEADER),
             Some(address_of[&record.instance].as_str()),
@@ -687,4 +669,48 @@ fn envoy_gateway_generated_config_overflows_to_the_pod_the_filter_names() {
             record.instance
         );
     }
+}
+
+/// Overflow through the cluster the BackendTrafficPolicy makes: a burst on
+/// one conversation past `concurrency_threshold` puts at most that many on
+/// its pod; the filter names the pod of every request in the host header and
+/// Envoy's override_host sends each one to exactly the pod named, those it
+/// sends elsewhere included. The burst is the conversation's second request.
+#[test]
+fn envoy_gateway_generated_config_overflows_to_the_pod_the_filter_names() {
+    let fleet = UpstreamFleet::start(3).unwrap();
+    let (envoy, threshold) = discovered(&fleet);
+    let body = chat_body("the hot conversation", 2000, "q");
+    let target = post_chat(&envoy, &body, Duration::from_secs(10))
+        .unwrap()
+        .header("x-served-by")
+        .unwrap()
+        .to_string();
+    let before = fleet.records().len();
+    let served = burst(&envoy, &vec![body; threshold + 4]);
+    // The cap holds on the conversation's pod; the rest went elsewhere.
+    let on_target = served.iter().filter(|pod| **pod == target).count();
+    assert!(on_target <= threshold, "the burst's pods: {served:?}");
+    assert_each_named_its_pod(&fleet, before);
+}
+
+/// New conversations behind one system prompt, all at once: none is held
+/// anywhere yet, and still at most `concurrency_threshold` go to the pod
+/// they all rank first; the filter places them itself over the pods it
+/// read, rather than leaving them to Maglev, which maps them all alike.
+#[test]
+fn envoy_gateway_generated_config_caps_a_burst_of_new_conversations() {
+    let fleet = UpstreamFleet::start(3).unwrap();
+    let (envoy, threshold) = discovered(&fleet);
+    let bodies = vec![chat_body("a new prompt", 2000, "q"); threshold + 4];
+    let served = burst(&envoy, &bodies);
+    let mut per_pod: BTreeMap<&str, usize> = BTreeMap::new();
+    for pod in &served {
+        *per_pod.entry(pod).or_default() += 1;
+    }
+    assert!(
+        per_pod.values().all(|n| *n <= threshold),
+        "the burst's pods: {per_pod:?}"
+    );
+    assert_each_named_its_pod(&fleet, 0);
 }
