@@ -66,10 +66,12 @@ impl DiscoveryPolling {
     /// reads the shared list now: its requests can come before its first
     /// tick after the list was written, and would see no fleet.
     pub fn fleet(&mut self, host: &impl Host, cluster: &str) -> Rc<[String]> {
-        let state = self.clusters.entry(cluster.to_string()).or_default();
-        if state.fleet.is_empty() {
-            state.read_shared_list(host, cluster);
+        // Looked up by `&str`: no key is allocated on a request once a list is read.
+        if let Some(state) = self.clusters.get(cluster).filter(|s| !s.fleet.is_empty()) {
+            return Rc::clone(&state.fleet);
         }
+        let state = self.clusters.entry(cluster.to_string()).or_default();
+        state.read_shared_list(host, cluster);
         Rc::clone(&state.fleet)
     }
 }

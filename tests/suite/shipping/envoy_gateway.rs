@@ -602,10 +602,10 @@ fn without_the_client_traffic_policy_a_40_kb_prompt_is_refused() {
     }
 }
 
-/// The example policies in front of `pods` pods, and the plugin's
-/// `concurrency_threshold`, once the filter read the pods from Envoy's
-/// admin (`discovery`, through the cluster the EnvoyPatchPolicy adds), not
-/// from traffic.
+/// Envoy with the example policies in front of `fleet`'s pods, and the
+/// plugin's `concurrency_threshold`, once the filter read the pods from
+/// Envoy's admin (`discovery`, through the cluster the EnvoyPatchPolicy
+/// adds), not from traffic.
 fn discovered(fleet: &UpstreamFleet) -> (Envoy, usize) {
     let envoy = start(generated_config(
         &with_the_example_policies(),
@@ -691,13 +691,21 @@ fn envoy_gateway_generated_config_overflows_to_the_pod_the_filter_names() {
     // The cap holds on the conversation's pod; the rest went elsewhere.
     let on_target = served.iter().filter(|pod| **pod == target).count();
     assert!(on_target <= threshold, "the burst's pods: {served:?}");
+    let elsewhere = fleet.records()[before..]
+        .iter()
+        .filter(|record| record.instance != target)
+        .count();
+    assert!(
+        elsewhere >= served.len() - threshold,
+        "the burst's pods: {served:?}"
+    );
     assert_each_named_its_pod(&fleet, before);
 }
 
-/// New conversations behind one system prompt, all at once: none is held
-/// anywhere yet, and still at most `concurrency_threshold` go to the pod
-/// they all rank first; the filter places them itself over the pods it
-/// read, rather than leaving them to Maglev, which maps them all alike.
+/// Copies of one new prompt, all at once: none is held anywhere yet, and
+/// still at most `concurrency_threshold` go to the pod they all rank first;
+/// the filter places them itself over the pods it read, rather than leaving
+/// them to Maglev, which maps them all alike.
 #[test]
 fn envoy_gateway_generated_config_caps_a_burst_of_new_conversations() {
     let fleet = UpstreamFleet::start(3).unwrap();
