@@ -18,7 +18,7 @@ use harness::relay::Relay;
 use harness::{wait_until, Harness, Outgoing, KEY_HEADER};
 use prefix_router::load::FAILED_RETRY_MS;
 use prefix_router_tools::envoy::{Envoy, EnvoyBuilder};
-use prefix_router_tools::upstream::UpstreamFleet;
+use prefix_router_tools::upstream::{UpstreamFleet, HOLD_HEADER};
 
 /// Envoy's worker threads: each runs its own VM, deciding on its own.
 const WORKERS: u32 = 2;
@@ -81,6 +81,38 @@ async fn a_retry_leaves_the_overridden_instance_when_its_connection_fails() {
         host_counter(&harness.envoy, dead, "cx_connect_fail"),
         REQUESTS,
         "every first attempt went where the override header said"
+    );
+}
+
+/// The shipped route and cluster alone: more refused connections at once
+/// than Envoy's default of 3 retries in flight per cluster, each retry held
+/// by its instance (as a generation is), are all retried, none answered 503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_refused_connections_is_retried_in_full_while_the_retries_run() {
+    const BURST: usize = 8;
+    let (harness, mut relay) = start(|b| b.without_filter()).await;
+    relay.stop().await;
+    let dead = relay.addr();
+    let requests = (0..BURST)
+        .map(|n| {
+            Outgoing::post("/invocations", format!("request {n}"))
+                .header(HOST_HEADER, dead.to_string())
+                .header(KEY_HEADER, format!("{n:016x}"))
+                .header(HOLD_HEADER, "1500")
+        })
+        .collect();
+    let outcomes = shoot_all(harness.envoy.listener_addr(), requests).await;
+    let overflowed = harness
+        .envoy
+        .stat("cluster.vllm.upstream_rq_retry_overflow")
+        .expect("admin /stats")
+        .unwrap_or(0);
+    assert_all_ok(&outcomes, "a burst at a dead instance");
+    assert_eq!(overflowed, 0, "retries refused by the circuit breaker");
+    assert_eq!(
+        host_counter(&harness.envoy, dead, "cx_connect_fail"),
+        BURST as u64,
+        "every first attempt went to the dead instance"
     );
 }
 
