@@ -21,7 +21,6 @@ pub fn policy_for(config: &Config) -> Policy {
             Policy::LongestPrefix(LongestPrefix::new(
                 config.concurrency_threshold,
                 config.load_margin,
-                !config.instances.is_empty(),
                 config.cold_placement,
                 config.adapters.as_ref().map(|a| AdapterSets {
                     min_instances: a.min_instances,
@@ -267,24 +266,12 @@ mod tests {
         let c = Config::parse(br#"{"concurrency_threshold":3,"load_margin":5}"#).unwrap();
         assert_eq!(
             policy_for(&c),
-            Policy::LongestPrefix(LongestPrefix::new(
-                3,
-                5,
-                false,
-                ColdPlacement::Consistent,
-                None
-            ))
+            Policy::LongestPrefix(LongestPrefix::new(3, 5, ColdPlacement::Consistent, None))
         );
         let c = Config::parse(br#"{"cold_placement":"BALANCED"}"#).unwrap();
         assert_eq!(
             policy_for(&c),
-            Policy::LongestPrefix(LongestPrefix::new(
-                10,
-                4,
-                false,
-                ColdPlacement::Balanced,
-                None
-            ))
+            Policy::LongestPrefix(LongestPrefix::new(10, 4, ColdPlacement::Balanced, None))
         );
         let c = config(r#"{"concurrency_threshold":5,"host_header":null}"#);
         assert_eq!(

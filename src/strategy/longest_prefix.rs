@@ -43,10 +43,10 @@
 //! cheapest; a refused claim goes to the next in order; with every instance
 //! full, the least loaded takes it, counted past the cap.
 //!
-//! A fleet that is not listed (`instances`) is learned from traffic: a
-//! prompt whose prefix sets no known instance apart goes by Maglev on its
-//! opening, over every host Envoy has, and the index learns where it went
-//! from the response.
+//! A fleet that is not listed (`instances`, or read by `discovery`) is
+//! learned from traffic: a prompt whose prefix sets no known instance apart
+//! goes by Maglev on its opening, over every host Envoy has, and the index
+//! learns where it went from the response.
 //!
 //! The chosen instance is named in the host-override header; the key header
 //! carries the opening's hash, so Envoy falls back to Maglev on it, as every
@@ -91,8 +91,6 @@ pub struct LongestPrefix {
     pub concurrency_threshold: u32,
     /// The load bound's slack above twice the least loaded instance.
     pub load_margin: u32,
-    /// The configuration lists the fleet (`instances`).
-    pub fleet_listed: bool,
     /// How a prompt no instance holds is placed among tied instances.
     pub cold_placement: ColdPlacement,
     /// LoRA adapters' sets (`adapters`); `None`: none.
@@ -368,14 +366,12 @@ impl LongestPrefix {
     pub fn new(
         concurrency_threshold: u32,
         load_margin: u32,
-        fleet_listed: bool,
         cold_placement: ColdPlacement,
         adapters: Option<AdapterSets>,
     ) -> Self {
         Self {
             concurrency_threshold: concurrency_threshold.max(1),
             load_margin,
-            fleet_listed,
             cold_placement,
             adapters,
         }
@@ -439,7 +435,7 @@ impl LongestPrefix {
         // A known fleet (configured, or read from Envoy's admin) has every
         // prompt placed here, under the cap; an adapter's request stays on
         // its set. Else Maglev places what sets no instance apart.
-        let listed = self.fleet_listed || set.is_some() || all.iter().any(|c| c.listed);
+        let listed = set.is_some() || all.iter().any(|c| c.listed);
         let mut chosen = None;
         let mut some_within = false;
         // The tiers whose every candidate refused its claim.

@@ -26,7 +26,8 @@ struct Fleet {
     /// The adapters each instance's engine runs (None: not reported).
     active: Vec<Option<AdapterNames>>,
     recent: RecentChoices,
-    /// Its instances are in a fleet read from Envoy's admin (`discovery`).
+    /// Its instances are listed (`instances`) or read from Envoy's admin
+    /// (`discovery`); false: learned from traffic.
     listed: bool,
 }
 
@@ -34,6 +35,7 @@ impl Fleet {
     fn new(instances: usize) -> Self {
         Fleet {
             in_flight: vec![0; instances],
+            listed: true,
             ..Fleet::default()
         }
     }
@@ -185,7 +187,7 @@ fn conversation(system: &str, id: usize, turns: usize) -> Vec<PromptBlocks> {
 
 #[test]
 fn a_conversation_stays_on_the_instance_of_its_first_turn() {
-    let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent, None);
+    let policy = LongestPrefix::new(10, 2, ColdPlacement::Consistent, None);
     let mut fleet = Fleet::new(7);
     let turns = conversation("", 1, 5);
     let (kind, first) = fleet.route(&policy, &turns[0]);
@@ -214,7 +216,7 @@ fn distinct_prompt(id: usize) -> PromptBlocks {
 
 #[test]
 fn a_later_turn_this_index_lacks_keeps_its_openings_first_choice_as_a_holder_would() {
-    let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent, None);
+    let policy = LongestPrefix::new(10, 2, ColdPlacement::Consistent, None);
     let question = record("user", &format!("conversation 7 {}", "q".repeat(300)));
     let first_turn = prompt(&question);
     let history = question + &record("assistant", &"a".repeat(4000));
@@ -253,7 +255,7 @@ fn a_later_turn_this_index_lacks_keeps_its_openings_first_choice_as_a_holder_wou
 #[test]
 fn balanced_cold_placement_evens_the_shares_consistent_is_a_binomial() {
     let spread = |placement: ColdPlacement| {
-        let policy = LongestPrefix::new(10, 1000, true, placement, None);
+        let policy = LongestPrefix::new(10, 1000, placement, None);
         let mut fleet = Fleet::new(7);
         let mut shares = [0usize; 7];
         for id in 0..1400 {
@@ -290,7 +292,7 @@ fn balanced_cold_placement_evens_the_bytes_placed_not_the_request_counts() {
         prompt(&record("user", &format!("document {id} {body}")))
     };
     let placed = |placement: ColdPlacement| {
-        let policy = LongestPrefix::new(10, 1000, true, placement, None);
+        let policy = LongestPrefix::new(10, 1000, placement, None);
         let mut fleet = Fleet::new(7);
         let mut bytes = [0usize; 7];
         let mut requests = [0usize; 7];
@@ -322,7 +324,7 @@ fn balanced_cold_placement_evens_the_bytes_placed_not_the_request_counts() {
 
 #[test]
 fn balanced_keeps_short_prompts_and_later_turns_on_their_first_choice() {
-    let policy = LongestPrefix::new(10, 1000, true, ColdPlacement::Balanced, None);
+    let policy = LongestPrefix::new(10, 1000, ColdPlacement::Balanced, None);
     let mut fleet = Fleet::new(7);
     // Placing a long document on every instance but one.
     let spare = top_two(&distinct_prompt(0), 7)[0];
@@ -384,7 +386,7 @@ fn balanced_keeps_short_prompts_and_later_turns_on_their_first_choice() {
 fn replicas_that_saw_different_traffic_place_a_cold_prompt_on_one_of_two() {
     for placement in [ColdPlacement::Balanced, ColdPlacement::Consistent] {
         let balanced = placement == ColdPlacement::Balanced;
-        let policy = LongestPrefix::new(10, 1000, true, placement, None);
+        let policy = LongestPrefix::new(10, 1000, placement, None);
         let (mut a, mut b) = (Fleet::new(7), Fleet::new(7));
         // Each replica saw other prompts first, and the same ones
         // unevenly: the bytes each placed per instance differ.
@@ -413,7 +415,7 @@ fn replicas_that_saw_different_traffic_place_a_cold_prompt_on_one_of_two() {
 
 #[test]
 fn cold_placement_is_the_same_on_every_replica_and_spreads() {
-    let policy = LongestPrefix::new(10, 1000, true, ColdPlacement::Consistent, None);
+    let policy = LongestPrefix::new(10, 1000, ColdPlacement::Consistent, None);
     let system = record("system", &"shared system prompt ".repeat(300));
     let mut shares = [0usize; 7];
     for id in 0..700 {
@@ -432,7 +434,7 @@ fn cold_placement_is_the_same_on_every_replica_and_spreads() {
 
 #[test]
 fn a_system_prompt_every_conversation_shares_spreads_them_over_every_instance() {
-    let policy = LongestPrefix::new(10, 1000, true, ColdPlacement::Consistent, None);
+    let policy = LongestPrefix::new(10, 1000, ColdPlacement::Consistent, None);
     let system = record("system", &"shared system prompt ".repeat(300));
     let mut fleet = Fleet::new(7);
     let mut shares = [0usize; 7];
@@ -470,7 +472,7 @@ fn a_system_prompt_every_conversation_shares_spreads_them_over_every_instance() 
 
 #[test]
 fn a_groups_own_system_prompt_attracts_its_new_questions() {
-    let policy = LongestPrefix::new(10, 1000, true, ColdPlacement::Consistent, None);
+    let policy = LongestPrefix::new(10, 1000, ColdPlacement::Consistent, None);
     let mut fleet = Fleet::new(7);
     let mut instances_of: HashMap<usize, Vec<u16>> = HashMap::new();
     let mut matched = 0;
@@ -495,7 +497,7 @@ fn a_groups_own_system_prompt_attracts_its_new_questions() {
 
 #[test]
 fn questions_about_one_document_stay_together() {
-    let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent, None);
+    let policy = LongestPrefix::new(10, 2, ColdPlacement::Consistent, None);
     let mut fleet = Fleet::new(7);
     let document = "a pasted document ".repeat(200);
     let ask = |q: &str| prompt(&record("user", &format!("{document}\n\n{q}")));
@@ -519,7 +521,7 @@ fn note_recent(fleet: &mut Fleet, per_slot: &[u32]) {
 
 #[test]
 fn a_holder_past_its_share_gives_a_conversation_to_an_instance_within_its_share() {
-    let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent, None);
+    let policy = LongestPrefix::new(10, 2, ColdPlacement::Consistent, None);
     let mut fleet = Fleet::new(7);
     let turns = conversation("", 3, 4);
     let (_, first) = fleet.route(&policy, &turns[0]);
@@ -556,7 +558,7 @@ fn a_holder_past_its_share_gives_a_conversation_to_an_instance_within_its_share(
 
 #[test]
 fn a_holder_keeps_a_conversation_within_its_share_with_few_decisions_or_much_held() {
-    let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent, None);
+    let policy = LongestPrefix::new(10, 2, ColdPlacement::Consistent, None);
     let shares_past = |counts_first: u32, others: u32, turns: &[PromptBlocks]| {
         let mut fleet = Fleet::new(7);
         let (_, first) = fleet.route(&policy, &turns[0]);
@@ -589,7 +591,7 @@ fn a_holder_keeps_a_conversation_within_its_share_with_few_decisions_or_much_hel
 
 #[test]
 fn a_groups_system_prompt_counts_in_what_its_holder_holds_the_fleets_does_not() {
-    let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent, None);
+    let policy = LongestPrefix::new(10, 2, ColdPlacement::Consistent, None);
     let system = record("system", &"group prompt ".repeat(200));
     // A conversation's second turn matches past the system prompt into
     // its own text: the first question, one block of it.
@@ -621,7 +623,7 @@ fn a_groups_system_prompt_counts_in_what_its_holder_holds_the_fleets_does_not() 
 
 #[test]
 fn a_single_prompt_sent_again_stays_with_its_holder_whatever_the_shares() {
-    let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent, None);
+    let policy = LongestPrefix::new(10, 2, ColdPlacement::Consistent, None);
     let mut fleet = Fleet::new(7);
     let question = prompt(&record("user", &format!("question {}", "why ".repeat(40))));
     let (_, first) = fleet.route(&policy, &question);
@@ -636,7 +638,7 @@ fn a_single_prompt_sent_again_stays_with_its_holder_whatever_the_shares() {
 
 #[test]
 fn a_new_question_about_a_document_moves_off_a_holder_past_its_share() {
-    let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent, None);
+    let policy = LongestPrefix::new(10, 2, ColdPlacement::Consistent, None);
     let mut fleet = Fleet::new(7);
     let document = "a short pasted note ".repeat(20);
     let ask = |q: &str| prompt(&record("user", &format!("{document}\n\n{q}")));
@@ -663,7 +665,7 @@ fn a_new_question_about_a_document_moves_off_a_holder_past_its_share() {
 
 #[test]
 fn a_turn_whose_previous_turn_another_replica_routed_stays_past_the_share() {
-    let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent, None);
+    let policy = LongestPrefix::new(10, 2, ColdPlacement::Consistent, None);
     let turns = conversation("", 6, 3);
     // Replica A routes the first turn, replica B the second (B's index
     // lacks the conversation: the opening's first choice), A the third.
@@ -694,7 +696,7 @@ fn conversations_of_uneven_lengths_share_the_requests_evenly() {
     // by a hash. Placed by their openings alone, the instances' request
     // counts are a binomial of conversations times their lengths, wider
     // than the bounds below; `share` moves a few conversations early.
-    let policy = LongestPrefix::new(64, 1000, true, ColdPlacement::Consistent, None);
+    let policy = LongestPrefix::new(64, 1000, ColdPlacement::Consistent, None);
     let mut fleet = Fleet::new(7);
     let mut served = [0usize; 7];
     let mut rebalanced = 0;
@@ -736,7 +738,7 @@ fn conversations_of_uneven_lengths_share_the_requests_evenly() {
 #[test]
 fn a_holder_loaded_past_the_margin_is_passed_over_and_the_cap_is_exact() {
     // A cap above the bound, so that the bound alone moves it.
-    let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent, None);
+    let policy = LongestPrefix::new(10, 2, ColdPlacement::Consistent, None);
     let mut fleet = Fleet::new(4);
     fleet.hold = true;
     let turns = conversation("", 7, 2);
@@ -762,7 +764,7 @@ fn a_holder_loaded_past_the_margin_is_passed_over_and_the_cap_is_exact() {
     assert_eq!(kind, DecisionKind::Moved);
     assert_ne!(other, home);
     // At the cap on every instance but one: that one, whatever holds.
-    let policy = LongestPrefix::new(3, 2, true, ColdPlacement::Consistent, None);
+    let policy = LongestPrefix::new(3, 2, ColdPlacement::Consistent, None);
     fleet.in_flight = vec![3; 4];
     fleet.in_flight[3] = 2;
     let (_, slot) = fleet.route(&policy, &turns[1]);
@@ -776,7 +778,7 @@ fn a_holder_loaded_past_the_margin_is_passed_over_and_the_cap_is_exact() {
 
 #[test]
 fn a_contended_claim_still_names_the_instance_uncounted() {
-    let policy = LongestPrefix::new(3, 2, true, ColdPlacement::Consistent, None);
+    let policy = LongestPrefix::new(3, 2, ColdPlacement::Consistent, None);
     let mut fleet = Fleet::new(3);
     fleet.contended = true;
     let blocks = prompt(&record("user", "hello"));
@@ -788,7 +790,7 @@ fn a_contended_claim_still_names_the_instance_uncounted() {
 
 #[test]
 fn with_no_instance_known_maglev_on_the_opening_decides() {
-    let policy = LongestPrefix::new(3, 2, true, ColdPlacement::Consistent, None);
+    let policy = LongestPrefix::new(3, 2, ColdPlacement::Consistent, None);
     let mut fleet = Fleet::new(0);
     let blocks = prompt(&record("user", "hello"));
     let routed = policy.decide(&blocks, None, &mut fleet, 0, 0);
@@ -800,7 +802,7 @@ fn with_no_instance_known_maglev_on_the_opening_decides() {
 
 #[test]
 fn matched_and_placed_bytes_report_what_the_chosen_instance_held_and_gains() {
-    let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent, None);
+    let policy = LongestPrefix::new(10, 2, ColdPlacement::Consistent, None);
     let mut fleet = Fleet::new(3);
     let turns = conversation("", 3, 2);
     let first = policy.decide(&turns[0], None, &mut fleet, 0, 0);
@@ -825,8 +827,9 @@ fn matched_and_placed_bytes_report_what_the_chosen_instance_held_and_gains() {
 
 #[test]
 fn an_unlisted_fleet_leaves_cold_prompts_to_maglev_and_explores_when_full() {
-    let policy = LongestPrefix::new(3, 2, false, ColdPlacement::Consistent, None);
+    let policy = LongestPrefix::new(3, 2, ColdPlacement::Consistent, None);
     let mut fleet = Fleet::new(2);
+    fleet.listed = false;
     fleet.hold = true;
     let blocks = prompt(&record("user", "a cold question"));
     let routed = policy.decide(&blocks, None, &mut fleet, 0, 0);
@@ -850,16 +853,15 @@ fn an_unlisted_fleet_leaves_cold_prompts_to_maglev_and_explores_when_full() {
     assert_eq!(fleet.in_flight, vec![3, 3], "nothing counted past the cap");
 }
 
-/// With `discovery` the configuration lists no instance, but the fleet is
-/// known: a cold prompt is placed here and claimed under the cap, as in a
-/// configured fleet, not left to Maglev (which maps a prompt's every copy to
-/// one instance, however many are in flight there).
+/// A known fleet (listed, or read from Envoy's admin by `discovery`): a cold
+/// prompt is placed here and claimed under the cap, not left to Maglev
+/// (which maps a prompt's every copy to one instance, however many are in
+/// flight there).
 #[test]
-fn a_fleet_read_from_envoys_admin_places_cold_prompts_under_the_cap() {
-    let policy = LongestPrefix::new(3, 100, false, ColdPlacement::Consistent, None);
+fn a_known_fleet_places_cold_prompts_under_the_cap() {
+    let policy = LongestPrefix::new(3, 100, ColdPlacement::Consistent, None);
     let mut fleet = Fleet::new(2);
     fleet.hold = true;
-    fleet.listed = true;
     let blocks = prompt(&record("user", "the same new question"));
     let mut served = Vec::new();
     for _ in 0..4 {
@@ -877,7 +879,7 @@ fn a_fleet_read_from_envoys_admin_places_cold_prompts_under_the_cap() {
 
 #[test]
 fn a_moved_request_reports_and_extends_what_its_new_instance_held() {
-    let policy = LongestPrefix::new(10, 0, true, ColdPlacement::Consistent, None);
+    let policy = LongestPrefix::new(10, 0, ColdPlacement::Consistent, None);
     let mut fleet = Fleet::new(2);
     let turns = conversation("", 5, 3);
     let (_, home) = fleet.route(&policy, &turns[0]);
@@ -964,7 +966,7 @@ fn a_holder_may_be_a_request_past_the_bound_per_kib_it_holds() {
 
 #[test]
 fn a_long_held_prefix_stays_at_a_load_that_moves_a_short_one() {
-    let policy = LongestPrefix::new(64, 2, true, ColdPlacement::Consistent, None);
+    let policy = LongestPrefix::new(64, 2, ColdPlacement::Consistent, None);
     let long = prompt(&record("user", &"a document ".repeat(745)));
     let short = prompt(&record("user", &"b question ".repeat(50)));
     assert!(long.prefix_bytes >= 8 * 1024 && short.prefix_bytes < 1024);
@@ -985,7 +987,7 @@ fn a_long_held_prefix_stays_at_a_load_that_moves_a_short_one() {
 
 #[test]
 fn load_other_proxies_sent_moves_a_prompt_off_its_holder() {
-    let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent, None);
+    let policy = LongestPrefix::new(10, 2, ColdPlacement::Consistent, None);
     let mut fleet = Fleet::new(4);
     let turns = conversation("", 3, 2);
     let (_, home) = fleet.route(&policy, &turns[0]);
@@ -1006,7 +1008,7 @@ fn load_other_proxies_sent_moves_a_prompt_off_its_holder() {
 
 #[test]
 fn the_fleet_wide_bound_passes_an_instance_over_while_another_is_within_it() {
-    let policy = LongestPrefix::new(10, 1000, true, ColdPlacement::Consistent, None);
+    let policy = LongestPrefix::new(10, 1000, ColdPlacement::Consistent, None);
     let mut fleet = Fleet::new(4);
     fleet.max_requests = Some(3);
     let turns = conversation("", 4, 2);
@@ -1031,7 +1033,7 @@ fn the_fleet_wide_bound_passes_an_instance_over_while_another_is_within_it() {
 /// the others' load bound: the prompt stays on the instance that holds it.
 #[test]
 fn an_instance_over_a_bound_does_not_set_the_load_bound() {
-    let policy = LongestPrefix::new(100, 4, true, ColdPlacement::Consistent, None);
+    let policy = LongestPrefix::new(100, 4, ColdPlacement::Consistent, None);
     let mut fleet = Fleet::new(3);
     let turns = conversation("", 6, 2);
     let (_, home) = fleet.route(&policy, &turns[0]);
@@ -1051,9 +1053,10 @@ fn an_instance_over_a_bound_does_not_set_the_load_bound() {
 /// instance is over a fleet-wide bound: Maglev could pick that one.
 #[test]
 fn an_unlisted_fleet_places_cold_prompts_among_its_instances_while_one_is_over_a_bound() {
-    let policy = LongestPrefix::new(10, 4, false, ColdPlacement::Consistent, None);
+    let policy = LongestPrefix::new(10, 4, ColdPlacement::Consistent, None);
     let blocks = distinct_prompt(3);
     let mut fleet = Fleet::new(4);
+    fleet.listed = false;
     let routed = policy.decide(&blocks, None, &mut fleet, 0, 0);
     assert_eq!(routed.headers.host_override, None, "left to Maglev");
     let first = top_two(&blocks, 4)[0];
@@ -1069,8 +1072,9 @@ fn an_unlisted_fleet_places_cold_prompts_among_its_instances_while_one_is_over_a
 #[test]
 fn at_the_bound_everywhere_the_least_loaded_takes_the_request() {
     for listed in [true, false] {
-        let policy = LongestPrefix::new(10, 1000, listed, ColdPlacement::Consistent, None);
+        let policy = LongestPrefix::new(10, 1000, ColdPlacement::Consistent, None);
         let mut fleet = Fleet::new(3);
+        fleet.listed = listed;
         fleet.max_requests = Some(3);
         fleet.engine = vec![Some(9), Some(3), Some(5)];
         fleet.in_flight = vec![0, 1, 1];
@@ -1082,7 +1086,7 @@ fn at_the_bound_everywhere_the_least_loaded_takes_the_request() {
 
 #[test]
 fn claims_stay_within_the_room_the_engines_report() {
-    let policy = LongestPrefix::new(10, 1000, true, ColdPlacement::Consistent, None);
+    let policy = LongestPrefix::new(10, 1000, ColdPlacement::Consistent, None);
     let mut fleet = Fleet::new(4);
     fleet.hold = true;
     fleet.max_requests = Some(4);
@@ -1155,7 +1159,7 @@ fn a_tie_goes_to_the_openings_rank_and_balanced_weighs_the_two_best() {
 fn a_prompt_of_system_messages_alone_sent_again_stays_with_its_holder_past_the_share() {
     // A group's long system prompt that fills the whole prefix: every
     // request of the group is the same prefix, held whole.
-    let policy = LongestPrefix::new(10, 2, true, ColdPlacement::Consistent, None);
+    let policy = LongestPrefix::new(10, 2, ColdPlacement::Consistent, None);
     let mut fleet = Fleet::new(7);
     let group = prompt(&record("system", &"group prompt ".repeat(400)));
     let (_, first) = fleet.route(&policy, &group);
@@ -1172,13 +1176,7 @@ fn with_adapters(min: u32, max: u32, threshold: u32, margin: u32) -> LongestPref
         min_instances: min,
         max_instances: max,
     };
-    LongestPrefix::new(
-        threshold,
-        margin,
-        true,
-        ColdPlacement::Consistent,
-        Some(sets),
-    )
+    LongestPrefix::new(threshold, margin, ColdPlacement::Consistent, Some(sets))
 }
 
 /// Routes `blocks` for `adapter`: the instance chosen and the adapter's part
@@ -1218,7 +1216,7 @@ fn adapter_order(fleet: &mut Fleet, adapter: u64) -> Vec<u16> {
 #[test]
 fn an_adapters_requests_stay_on_its_set_and_base_model_requests_route_as_before() {
     let policy = with_adapters(1, 1024, 10, 4);
-    let plain = LongestPrefix::new(10, 4, true, ColdPlacement::Consistent, None);
+    let plain = LongestPrefix::new(10, 4, ColdPlacement::Consistent, None);
     let mut fleet = Fleet::new(7);
     let home = adapter_order(&mut fleet, 42)[0];
     // Eight: within an instance's even share of a worker's first
@@ -1361,7 +1359,7 @@ fn replicas_agree_on_an_adapters_order_whatever_order_they_list_the_fleet_in() {
 #[test]
 fn an_instance_holding_the_adapters_conversation_is_in_its_set() {
     let policy = with_adapters(1, 1, 10, 4);
-    let plain = LongestPrefix::new(10, 4, true, ColdPlacement::Consistent, None);
+    let plain = LongestPrefix::new(10, 4, ColdPlacement::Consistent, None);
     let mut fleet = Fleet::new(7);
     let turns = conversation("", 3, 2);
     let (held_by, _) = route_adapter(&mut fleet, &plain, &turns[0], None);
@@ -1484,7 +1482,7 @@ fn an_adapter_goes_only_to_instances_whose_engine_lists_it_or_whose_list_is_unkn
 fn a_short_system_prompt_sets_no_instance_apart() {
     // Worth less prefill than a request in flight: each first turn goes
     // where its opening ranks first, from the first conversation on.
-    let policy = LongestPrefix::new(64, 4, true, ColdPlacement::Consistent, None);
+    let policy = LongestPrefix::new(64, 4, ColdPlacement::Consistent, None);
     let system = record("system", "You are a helpful support assistant.");
     let mut fleet = Fleet::new(3);
     let mut homes = HashSet::new();
