@@ -109,10 +109,12 @@ async fn a_burst_of_refused_connections_is_retried_in_full_while_the_retries_run
         .unwrap_or(0);
     assert_all_ok(&outcomes, "a burst at a dead instance");
     assert_eq!(overflowed, 0, "retries refused by the circuit breaker");
-    assert_eq!(
-        host_counter(&harness.envoy, dead, "cx_connect_fail"),
-        BURST as u64,
-        "every first attempt went to the dead instance"
+    // Outlier detection ejects the instance at its 5th failure in a row;
+    // requests chosen after that skip it. Five is past the default of 3.
+    let tried = host_counter(&harness.envoy, dead, "cx_connect_fail");
+    assert!(
+        tried >= 5,
+        "{tried} first attempts at the dead instance: fewer than Envoy's default allows retried"
     );
 }
 
