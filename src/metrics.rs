@@ -133,10 +133,13 @@ pub enum UsageCounter {
     /// Responses whose engine held under half of the predicted prefix
     /// ([`crate::usage::check`]).
     IndexMisses,
+    /// Misses that moved the instance's forget mark: the index stopped
+    /// believing its holdings used up to then.
+    IndexForgets,
 }
 
 impl UsageCounter {
-    pub const ALL: [UsageCounter; 7] = [
+    pub const ALL: [UsageCounter; 8] = [
         UsageCounter::Responses,
         UsageCounter::Reported,
         UsageCounter::ReportedCached,
@@ -144,6 +147,7 @@ impl UsageCounter {
         UsageCounter::CachedTokens,
         UsageCounter::MatchedBytes,
         UsageCounter::IndexMisses,
+        UsageCounter::IndexForgets,
     ];
 
     /// The name before `.endpoint.<address>`.
@@ -156,6 +160,7 @@ impl UsageCounter {
             UsageCounter::CachedTokens => "prefix_router.usage.cached_tokens",
             UsageCounter::MatchedBytes => "prefix_router.usage.matched_bytes",
             UsageCounter::IndexMisses => "prefix_router.usage.index_misses",
+            UsageCounter::IndexForgets => "prefix_router.usage.index_forgets",
         }
     }
 
@@ -187,6 +192,9 @@ impl UsageCounter {
                 UsageCounter::IndexMisses,
                 one_if(matches!(verdict, Verdict::Missed { .. })),
             ),
+            // Only the tracker knows whether the mark moved (the stream
+            // counts it); defined here, at 0, with the others.
+            (UsageCounter::IndexForgets, 0),
         ]
     }
 }
@@ -427,7 +435,8 @@ mod tests {
                 (PromptTokens, 0),
                 (CachedTokens, 0),
                 (MatchedBytes, 0),
-                (IndexMisses, 0)
+                (IndexMisses, 0),
+                (IndexForgets, 0)
             ]
         );
         let no_cached = Usage {
@@ -443,7 +452,8 @@ mod tests {
                 (PromptTokens, 40),
                 (CachedTokens, 0),
                 (MatchedBytes, 0),
-                (IndexMisses, 0)
+                (IndexMisses, 0),
+                (IndexForgets, 0)
             ]
         );
         let cached = Usage {
@@ -459,14 +469,15 @@ mod tests {
                 (PromptTokens, 40),
                 (CachedTokens, 32),
                 (MatchedBytes, 128),
-                (IndexMisses, 0)
+                (IndexMisses, 0),
+                (IndexForgets, 0)
             ]
         );
         let missed = Verdict::Missed {
             forget_through_s: None,
         };
         let amounts = UsageCounter::amounts(Some(cached), Some(4096), missed);
-        assert_eq!(amounts.last(), Some(&(IndexMisses, 1)));
+        assert_eq!(amounts[IndexMisses.index()], (IndexMisses, 1));
         for (i, (counter, _)) in UsageCounter::amounts(None, None, Verdict::Unchecked)
             .iter()
             .enumerate()

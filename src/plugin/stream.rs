@@ -338,9 +338,12 @@ impl Stream {
         } = verdict
         {
             let now = vm.now_ms();
-            vm.with_tracker(&self.config, |t| {
+            let moved = vm.with_tracker(&self.config, |t| {
                 t.forget_held_through(&watch.address, through_s, now)
             });
+            if moved {
+                vm.count_usage(fleet, UsageCounter::IndexForgets, &watch.address, 1);
+            }
         }
     }
 

@@ -1075,6 +1075,7 @@ fn an_engine_that_lost_a_settled_prefix_makes_the_index_forget_its_older_holding
     assert!(decision.contains("matched=1792"), "{decision}");
     root.tick(&mut vm);
     assert_eq!(usage_count(&host, UsageCounter::IndexMisses, &lost_on), 1);
+    assert_eq!(usage_count(&host, UsageCounter::IndexForgets, &lost_on), 1);
     // Its other prompt of the same age is no longer believed held there;
     // the other instance's is, and so is the turn recorded since.
     let held = usage_body(500, 448);
@@ -1108,6 +1109,7 @@ fn a_miss_on_a_recent_holding_is_counted_and_forgets_nothing() {
     let (at, _) = decide_and_answer(&host, &mut vm, &root, &invoke_body(1), &cold);
     root.tick(&mut vm);
     assert_eq!(usage_count(&host, UsageCounter::IndexMisses, &at), 1);
+    assert_eq!(usage_count(&host, UsageCounter::IndexForgets, &at), 0);
     let (again, decision) = decide_and_answer(&host, &mut vm, &root, &invoke_body(1), &cold);
     assert_eq!(again, at);
     assert!(decision.contains("matched=2000"), "{decision}");

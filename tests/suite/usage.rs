@@ -359,6 +359,9 @@ fn an_engine_that_lost_its_cache_is_no_longer_believed_to_hold_older_prompts() {
     assert_eq!((at.as_str(), matched > 0), (lost.as_str(), true));
     let misses = format!("usage.index_misses.endpoint.{lost}");
     wait_for_counter(&envoy, &misses, 1);
+    // That miss moved the instance's forget mark.
+    let forgets = format!("usage.index_forgets.endpoint.{lost}");
+    assert_eq!(filter_counter(&envoy, &forgets), 1);
     // Its other conversation is cold now; the other instance's is matched.
     let (_, matched) = send(conversation(older_there, true));
     assert_eq!(matched, 0, "conversation {older_there} still believed held");
@@ -366,4 +369,5 @@ fn an_engine_that_lost_its_cache_is_no_longer_believed_to_hold_older_prompts() {
     assert_eq!(at, placed[elsewhere]);
     assert!(matched > 0, "conversation {elsewhere} forgotten on {at}");
     assert_eq!(filter_counter(&envoy, &misses), 1);
+    assert_eq!(filter_counter(&envoy, &forgets), 1);
 }

@@ -330,22 +330,24 @@ impl<S: SharedStore> LoadTracker<S> {
     /// `address`'s engine no longer holds a prefix the index had it hold
     /// since `through_s` (seconds): its forget mark moves there, so no
     /// decision believes its entries used then or earlier. Never moves back.
-    pub fn forget_held_through(&mut self, address: &str, through_s: u32, now_ms: u64) {
+    /// True if it moved (not already there, by another worker or miss).
+    pub fn forget_held_through(&mut self, address: &str, through_s: u32, now_ms: u64) -> bool {
         let behind = self
             .registry
             .copy_of(&self.tables, address, now_ms)
             .is_some_and(|record| record.forgotten_through_s < through_s);
-        if behind {
-            let (tables, columns) = (&self.tables, &mut self.columns);
-            self.registry
-                .change_record(tables, columns, address, now_ms, |record| {
-                    if record.forgotten_through_s >= through_s {
-                        return Change::Keep(false);
-                    }
-                    record.forgotten_through_s = through_s;
-                    Change::Write(true)
-                });
+        if !behind {
+            return false;
         }
+        let (tables, columns) = (&self.tables, &mut self.columns);
+        self.registry
+            .change_record(tables, columns, address, now_ms, |record| {
+                if record.forgotten_through_s >= through_s {
+                    return Change::Keep(false);
+                }
+                record.forgotten_through_s = through_s;
+                Change::Write(true)
+            })
     }
 
     /// A request is going to `address`: if its failed mark lapsed, this
