@@ -36,9 +36,9 @@ use crate::extract::PrefixSource;
 use crate::key::KeyMaterial;
 use crate::load::SPAN_BLOCKS;
 
-/// The opening of a raw-byte prompt, which has no messages: the first KiB
-/// (a fixed prefix of 1024 kept 97 % of the achievable hits on ShareGPT
-/// conversations, see `docs/benchmarks.md`).
+/// The opening of a raw-byte prompt, which has no messages: the first KiB,
+/// the fixed prefix that comes nearest the oracle on conversations
+/// (`docs/benchmarks.md`).
 pub const RAW_OPENING_BYTES: usize = 1024;
 
 /// The most of the first own message the opening takes: enough to tell

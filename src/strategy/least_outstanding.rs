@@ -1,9 +1,8 @@
 //! LEAST_OUTSTANDING_REQUESTS: hand the request to Envoy's `least_request`
 //! cluster (`selection_method: FULL_SCAN`), selected through the route header.
 //! Envoy knows every healthy host, including ones this filter never saw, and
-//! its in-flight count is one atomic per host shared by all workers: measured
-//! spread of 0-1 requests (see `docs/design.md`), which the filter's
-//! own counts could not beat.
+//! its in-flight count is one atomic per host shared by all workers, which
+//! the filter's own counts could not beat (`docs/design.md`).
 
 use super::{DecisionKind, RouteHeaders, Routed, RoutingPolicy};
 use crate::headers::LEAST_REQUEST_ROUTE;

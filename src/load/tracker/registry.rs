@@ -23,12 +23,11 @@ const SEED_RETRY_MS: u64 = 1_000;
 
 /// How long a VM decides on the instance records and registry epoch it read
 /// before reading them again. Reading every instance's record is most of a
-/// decision's host calls (7 of 11 shared-data reads for a held prompt over 7
-/// instances, about 3 µs each inside Envoy), and what decisions compare in
-/// them, other VMs' in-flight counts, changes at the pace requests start and
-/// end: an inference request lasts tens of milliseconds at the least, so a
-/// count seen 5 ms late is the count of the same requests but those the other
-/// VMs started or ended meanwhile. This VM's own counts are exact in every
+/// decision's host calls, and what decisions compare in them, other VMs'
+/// in-flight counts, changes at the pace requests start and end: an
+/// inference request lasts tens of milliseconds at the least, so a count
+/// seen 5 ms late is the count of the same requests but those the other VMs
+/// started or ended meanwhile. This VM's own counts are exact in every
 /// decision (kept locally), its own changes to a record are seen at once
 /// (the copy is dropped), and every write still goes by compare-and-swap on
 /// a read of the same decision, so the cap stays exact; a claim that finds a
@@ -39,14 +38,12 @@ pub const RECORD_CACHE_MS: u64 = 5;
 /// first; the others stand as they are until a later decision or the tick
 /// (which reads every record each second) reads them. A decision over a
 /// large fleet then reads shared data as often as one over a few instances,
-/// rather than once per instance (about 3 µs each inside Envoy): over 64
-/// listed instances a held prompt's decision reads 13 times, not 67, and
-/// Envoy's p50 per request fell by 41 to 70 µs, in every round
-/// (`cargo xtask bench overhead --instances 64 --baseline-wasm`). Past the
-/// budget, what a copy may miss is other VMs' counts since it was read (at
-/// most a tick old), the same kind of lag as the copies' own; the cap still
-/// holds by the claim's compare-and-swap. A fleet of up to this many
-/// instances reads every expired copy.
+/// rather than once per instance (`cargo xtask bench overhead --instances
+/// 64` measures the difference). Past the budget, what a copy may miss is
+/// other VMs' counts since it was read (at most a tick old), the same kind
+/// of lag as the copies' own; the cap still holds by the claim's
+/// compare-and-swap. A fleet of up to this many instances reads every
+/// expired copy.
 pub const RECORD_READS_PER_DECISION: usize = 8;
 
 /// What [`Registry::find_slot`] does with an address it does not find.
@@ -189,10 +186,9 @@ impl Registry {
 
     /// The configured instances. Every tracker call of a request applies
     /// its plugin's list, so an unchanged one costs one comparison of the
-    /// list as given (a lookup of each address in the set cost 12 µs a
-    /// request over 64 instances, 78 over 256: `cargo bench --bench
-    /// per_request`). A new list is registered at the next
-    /// [`Self::seed_configured`].
+    /// list as given, not a lookup of each address in the set (`cargo bench
+    /// --bench per_request` over 64 and 256 instances). A new list is
+    /// registered at the next [`Self::seed_configured`].
     pub(super) fn set_configured(&mut self, instances: &[String]) {
         if self.configured_list != instances {
             self.configured_list = instances.to_vec();
