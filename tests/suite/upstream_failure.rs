@@ -60,26 +60,30 @@ fn served_by_victim(harness: &Harness) -> usize {
         .unwrap_or(0)
 }
 
+/// Request `n`, its override header naming the instance at `host`.
+fn overridden_to(host: SocketAddr, n: usize) -> Outgoing {
+    Outgoing::post("/invocations", format!("request {n}"))
+        .header(HOST_HEADER, host.to_string())
+        .header(KEY_HEADER, format!("{n:016x}"))
+}
+
 /// The shipped route and cluster alone (no filter): a request whose override
 /// header names an instance that refuses connections tries it first, then
 /// is retried on another instance (MAGLEV, skipping the hosts tried).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_leaves_the_overridden_instance_when_its_connection_fails() {
-    const REQUESTS: u64 = 12;
+    const REQUESTS: usize = 12;
     let (harness, mut relay) = start(|b| b.without_filter()).await;
     relay.stop().await;
     let dead = relay.addr();
     for n in 0..REQUESTS {
-        let request = Outgoing::post("/invocations", format!("request {n}"))
-            .header(HOST_HEADER, dead.to_string())
-            .header(KEY_HEADER, format!("{n:016x}"));
-        let reply = harness.send(request).await;
+        let reply = harness.send(overridden_to(dead, n)).await;
         assert_eq!(reply.status, 200, "request {n}: {}", reply.text());
         assert!(reply.served_by().is_some_and(|s| s != "instance-7"));
     }
     assert_eq!(
         host_counter(&harness.envoy, dead, "cx_connect_fail"),
-        REQUESTS,
+        REQUESTS as u64,
         "every first attempt went where the override header said"
     );
 }
@@ -94,12 +98,7 @@ async fn a_burst_of_refused_connections_is_retried_in_full_while_the_retries_run
     relay.stop().await;
     let dead = relay.addr();
     let requests = (0..BURST)
-        .map(|n| {
-            Outgoing::post("/invocations", format!("request {n}"))
-                .header(HOST_HEADER, dead.to_string())
-                .header(KEY_HEADER, format!("{n:016x}"))
-                .header(HOLD_HEADER, "1500")
-        })
+        .map(|n| overridden_to(dead, n).header(HOLD_HEADER, "1500"))
         .collect();
     let outcomes = shoot_all(harness.envoy.listener_addr(), requests).await;
     let overflowed = harness

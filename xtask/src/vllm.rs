@@ -193,18 +193,14 @@ pub fn ensure_vllm() -> anyhow::Result<VllmInstall> {
     let _ = fs::remove_file(&marker);
     let venv = install.root.join("venv");
     let python = venv.join("bin/python");
-    fs::create_dir_all(&install.root)?;
-    let fresh = !python.is_file();
-    if let Some(free) = free_gb(&install.root).filter(|_| fresh) {
-        if free < INSTALL_GB {
+    fs::create_dir_all(install.root.join("tmp"))?;
+    if !python.is_file() {
+        if let Some(free) = free_gb(&install.root).filter(|free| *free < INSTALL_GB) {
             bail!(
                 "installing vLLM needs about {INSTALL_GB} GB free under {}; {free} GB are",
                 install.root.display()
             );
         }
-    }
-    fs::create_dir_all(install.root.join("tmp"))?;
-    if fresh {
         run(Command::new("python3").arg("-m").arg("venv").arg(&venv))
             .context("creating the venv (needs python3 with venv)")?;
     }

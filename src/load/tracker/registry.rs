@@ -26,7 +26,7 @@ const SEED_RETRY_MS: u64 = 1_000;
 /// decision's host calls, and what decisions compare in them, other VMs'
 /// in-flight counts, changes at the pace requests start and end: an
 /// inference request lasts tens of milliseconds at the least, so a count
-/// seen 5 ms late is the count of the same requests but those the other VMs
+/// seen this late is the count of the same requests but those the other VMs
 /// started or ended meanwhile. This VM's own counts are exact in every
 /// decision (kept locally), its own changes to a record are seen at once
 /// (the copy is dropped), and every write still goes by compare-and-swap on
