@@ -212,7 +212,11 @@ impl Stream {
             .engine_load
             .as_ref()
             .and_then(|_| orca_report(vm.host()));
-        let predicted = self.decided.filter(|(kind, _)| predicts(*kind));
+        // A prediction is checked against the usage only: with `read_usage` off,
+        // the response is not asked where it came from for it.
+        let predicted = self
+            .decided
+            .filter(|(kind, _)| self.config.read_usage && predicts(*kind));
         let wanted = check
             || predicted.is_some()
             || self.config.decision_header.is_some()
@@ -237,7 +241,6 @@ impl Stream {
         if let (Some(report), Some(address)) = (&report, &instance) {
             self.use_orca_report(vm, report, address);
         }
-        let predicted = predicted.filter(|_| self.config.read_usage);
         if let (Some(_), Some(address)) = (predicted, &instance) {
             self.watch_usage(vm, address);
         }

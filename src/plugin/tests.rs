@@ -401,20 +401,22 @@ fn the_decision_header_names_the_kind_and_the_instance() {
     );
     stream.on_done(&mut vm);
 
-    let (host, mut vm, root) = configured("{}");
-    // The cluster's upstream filter counts in this VM.
-    upstream(&host, &mut vm, &root, &[(":path", "/invocations")], B).on_done(&mut vm);
-    host.set_property("upstream.address", None);
-    let mut stream = invoke(&host, &mut vm, &root, 2);
-    host.set_property("upstream.address", Some(A));
-    host.take_calls();
-    stream.on_response_headers(&mut vm);
-    assert_eq!(
-        host.take_calls(),
-        USAGE_WATCH_CALLS,
-        "no decision header, counted upstream: only read for its usage"
-    );
-    stream.on_done(&mut vm);
+    // No decision header, counted upstream: read for its usage only.
+    for (json, read) in [
+        ("{}", &USAGE_WATCH_CALLS[..]),
+        (r#"{"read_usage": false}"#, &[]),
+    ] {
+        let (host, mut vm, root) = configured(json);
+        // The cluster's upstream filter counts in this VM.
+        upstream(&host, &mut vm, &root, &[(":path", "/invocations")], B).on_done(&mut vm);
+        host.set_property("upstream.address", None);
+        let mut stream = invoke(&host, &mut vm, &root, 2);
+        host.set_property("upstream.address", Some(A));
+        host.take_calls();
+        stream.on_response_headers(&mut vm);
+        assert_eq!(host.take_calls(), read, "{json}");
+        stream.on_done(&mut vm);
+    }
 }
 
 #[test]
