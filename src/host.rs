@@ -61,9 +61,8 @@ pub trait Host: SharedStore {
     fn replace_request_header(&self, name: &str, value: &[u8]) -> Result<(), HostStatus>;
     fn remove_request_header(&self, name: &str) -> Result<(), HostStatus>;
     fn replace_response_header(&self, name: &str, value: &[u8]) -> Result<(), HostStatus>;
-    /// One response header's value (the first, if it repeats); `None` if
-    /// the response has no such header.
-    fn response_header_value(&self, name: &str) -> Result<Option<Vec<u8>>, HostStatus>;
+    /// Every response header, in one call.
+    fn response_headers(&self) -> Result<HeaderMap, HostStatus>;
     /// Up to `len` bytes of the buffered request body from `start`; `None`
     /// if there is no body buffer.
     fn request_body(&self, start: usize, len: usize) -> Result<Option<Vec<u8>>, HostStatus>;
@@ -131,8 +130,8 @@ impl<T: Host + ?Sized> Host for std::rc::Rc<T> {
     fn replace_response_header(&self, name: &str, value: &[u8]) -> Result<(), HostStatus> {
         (**self).replace_response_header(name, value)
     }
-    fn response_header_value(&self, name: &str) -> Result<Option<Vec<u8>>, HostStatus> {
-        (**self).response_header_value(name)
+    fn response_headers(&self) -> Result<HeaderMap, HostStatus> {
+        (**self).response_headers()
     }
     fn request_body(&self, start: usize, len: usize) -> Result<Option<Vec<u8>>, HostStatus> {
         (**self).request_body(start, len)
@@ -324,13 +323,6 @@ mod abi {
             return_map_data: *mut *mut u8,
             return_map_size: *mut usize,
         ) -> u32;
-        fn proxy_get_header_map_value(
-            map_type: u32,
-            key_data: *const u8,
-            key_size: usize,
-            return_value_data: *mut *mut u8,
-            return_value_size: *mut usize,
-        ) -> u32;
         fn proxy_replace_header_map_value(
             map_type: u32,
             key_data: *const u8,
@@ -439,23 +431,6 @@ mod abi {
             STATUS_OK => HeaderMap::decode(&unsafe { take(data, size) })
                 .ok_or(HostStatus(STATUS_SERIALIZATION_FAILURE)),
             STATUS_NOT_FOUND => Ok(HeaderMap::default()),
-            other => Err(HostStatus(other)),
-        }
-    }
-
-    /// One header of `map`; `None` if it has none of that name.
-    fn get_header(map: u32, name: &str) -> Result<Option<Vec<u8>>, HostStatus> {
-        let mut data: *mut u8 = null_mut();
-        let mut size: usize = 0;
-        // SAFETY: as in `get_header_map`.
-        let status = unsafe {
-            proxy_get_header_map_value(map, name.as_ptr(), name.len(), &mut data, &mut size)
-        };
-        match status {
-            // SAFETY: see `take`. Envoy answers Ok with an empty value for
-            // a missing header as well.
-            STATUS_OK => Ok(Some(unsafe { take(data, size) }).filter(|v| !v.is_empty())),
-            STATUS_NOT_FOUND => Ok(None),
             other => Err(HostStatus(other)),
         }
     }
@@ -621,8 +596,8 @@ mod abi {
         fn replace_response_header(&self, name: &str, value: &[u8]) -> Result<(), HostStatus> {
             replace_header(MAP_HTTP_RESPONSE_HEADERS, name, value)
         }
-        fn response_header_value(&self, name: &str) -> Result<Option<Vec<u8>>, HostStatus> {
-            get_header(MAP_HTTP_RESPONSE_HEADERS, name)
+        fn response_headers(&self) -> Result<HeaderMap, HostStatus> {
+            get_header_map(MAP_HTTP_RESPONSE_HEADERS)
         }
         fn request_body(&self, start: usize, len: usize) -> Result<Option<Vec<u8>>, HostStatus> {
             get_buffer(BUFFER_HTTP_REQUEST_BODY, start, len)

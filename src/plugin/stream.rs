@@ -207,16 +207,19 @@ impl Stream {
         }
         let check = count.as_ref().is_some_and(ListenerCount::check_at_response);
         let placed_by_envoy = self.placed_by_envoy.take();
-        let report = self
-            .config
-            .engine_load
-            .as_ref()
-            .and_then(|_| orca_report(vm.host()));
         // A prediction is checked against the usage only: with `read_usage` off,
         // the response is not asked where it came from for it.
         let predicted = self
             .decided
             .filter(|(kind, _)| self.config.read_usage && predicts(*kind));
+        // One host call for all the headers read below.
+        let headers = (self.config.engine_load.is_some() || predicted.is_some())
+            .then(|| response_headers(vm.host()));
+        let report = headers
+            .as_ref()
+            .filter(|_| self.config.engine_load.is_some())
+            .and_then(|headers| headers.get(orca::REPORT_HEADER))
+            .filter(|report| !report.is_empty());
         let wanted = check
             || predicted.is_some()
             || self.config.decision_header.is_some()
@@ -238,11 +241,11 @@ impl Stream {
                 t.remember_where_served(chain, address, now)
             });
         }
-        if let (Some(report), Some(address)) = (&report, &instance) {
+        if let (Some(report), Some(address)) = (report, &instance) {
             self.use_orca_report(vm, report, address);
         }
-        if let (Some(_), Some(address)) = (predicted, &instance) {
-            self.watch_usage(vm, address);
+        if let (Some(_), Some(headers), Some(address)) = (predicted, &headers, &instance) {
+            self.watch_usage(headers, address);
         }
         if let (Some(header), Some((kind, matched))) = (&self.config.decision_header, self.decided)
         {
@@ -295,25 +298,21 @@ impl Stream {
 
     /// A 2xx response from `address` to a prefix-aware decision, not
     /// content-encoded: its body is scanned for the engine's usage.
-    fn watch_usage<H: Host + Clone>(&mut self, vm: &mut Vm<H>, address: &str) {
-        let header = |name: &str| match vm.host().response_header_value(name) {
-            Ok(value) => value,
-            Err(status) => {
-                log::debug!("prefix-router: cannot read response header {name}: {status}");
-                None
-            }
-        };
-        let success = header(":status").is_some_and(|status| status.first() == Some(&b'2'));
+    fn watch_usage(&mut self, headers: &HeaderMap, address: &str) {
+        let success = headers
+            .get(":status")
+            .is_some_and(|status| status.first() == Some(&b'2'));
         if !success {
             return;
         }
         // Compressed bodies are not decoded: no usage, and not counted.
-        let encoded = header("content-encoding")
-            .is_some_and(|encoding| !encoding.eq_ignore_ascii_case(b"identity"));
+        let encoded = headers.get("content-encoding").is_some_and(|encoding| {
+            !encoding.is_empty() && !encoding.eq_ignore_ascii_case(b"identity")
+        });
         if encoded {
             return;
         }
-        let framing = Framing::of_content_type(header("content-type").as_deref());
+        let framing = Framing::of_content_type(headers.get("content-type"));
         self.usage_watch = Some(UsageWatch {
             scanner: Some(UsageScanner::new(framing)),
             address: address.to_string(),
@@ -642,19 +641,13 @@ fn transport_failure(host: &impl Host) -> Option<String> {
     }
 }
 
-/// The response's ORCA load report, if it carries one (a host refusal reads
-/// as none: the report only refines a figure the poll gives anyway).
-fn orca_report(host: &impl Host) -> Option<Vec<u8>> {
-    match host.response_header_value(orca::REPORT_HEADER) {
-        Ok(value) => value,
-        Err(status) => {
-            log::debug!(
-                "prefix-router: cannot read {}: {status}",
-                orca::REPORT_HEADER
-            );
-            None
-        }
-    }
+/// The response's headers, in one host call (none, logged, if the host
+/// refuses them).
+fn response_headers(host: &impl Host) -> HeaderMap {
+    host.response_headers().unwrap_or_else(|status| {
+        log::debug!("prefix-router: cannot read the response headers: {status}");
+        HeaderMap::default()
+    })
 }
 
 /// All request headers in one host call (empty, with a warning, if the

@@ -22,7 +22,7 @@ const B: &str = "10.0.0.2:8000";
 
 /// What a response to a prefix-aware decision is read for: where it came
 /// from and whether its body is scanned for the usage.
-const USAGE_WATCH_CALLS: [&str; 2] = ["property upstream.address", "response_header_value :status"];
+const USAGE_WATCH_CALLS: [&str; 2] = ["response_headers", "property upstream.address"];
 
 /// [`configured_as`] with `match: FIXED_PREFIX` unless `json` names a
 /// match: most of these tests pin the mechanics of Maglev keys.

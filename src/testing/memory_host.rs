@@ -318,9 +318,16 @@ impl Host for MemoryHost {
         Ok(())
     }
 
-    fn response_header_value(&self, name: &str) -> Result<Option<Vec<u8>>, HostStatus> {
-        self.log(format!("response_header_value {name}"));
-        Ok(self.response_header(name).map(String::into_bytes))
+    fn response_headers(&self) -> Result<HeaderMap, HostStatus> {
+        self.log("response_headers".into());
+        self.fails("response_headers")?;
+        let pairs = self
+            .response_headers
+            .borrow()
+            .iter()
+            .map(|(n, v)| (n.as_bytes().to_vec(), v.clone()))
+            .collect();
+        Ok(HeaderMap::from_pairs(pairs))
     }
 
     fn request_body(&self, start: usize, len: usize) -> Result<Option<Vec<u8>>, HostStatus> {
