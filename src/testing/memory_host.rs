@@ -280,6 +280,15 @@ fn header(map: &[(String, Vec<u8>)], name: &str) -> Option<String> {
         .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
 }
 
+/// `map` as one host call hands a header map over.
+fn header_map(map: &[(String, Vec<u8>)]) -> HeaderMap {
+    HeaderMap::from_pairs(
+        map.iter()
+            .map(|(n, v)| (n.as_bytes().to_vec(), v.clone()))
+            .collect(),
+    )
+}
+
 fn replace(map: &mut Vec<(String, Vec<u8>)>, name: &str, value: &[u8]) {
     map.retain(|(n, _)| !n.eq_ignore_ascii_case(name));
     map.push((name.to_ascii_lowercase(), value.to_vec()));
@@ -289,13 +298,7 @@ impl Host for MemoryHost {
     fn request_headers(&self) -> Result<HeaderMap, HostStatus> {
         self.log("request_headers".into());
         self.fails("request_headers")?;
-        let pairs = self
-            .request_headers
-            .borrow()
-            .iter()
-            .map(|(n, v)| (n.as_bytes().to_vec(), v.clone()))
-            .collect();
-        Ok(HeaderMap::from_pairs(pairs))
+        Ok(header_map(&self.request_headers.borrow()))
     }
 
     fn replace_request_header(&self, name: &str, value: &[u8]) -> Result<(), HostStatus> {
@@ -321,13 +324,7 @@ impl Host for MemoryHost {
     fn response_headers(&self) -> Result<HeaderMap, HostStatus> {
         self.log("response_headers".into());
         self.fails("response_headers")?;
-        let pairs = self
-            .response_headers
-            .borrow()
-            .iter()
-            .map(|(n, v)| (n.as_bytes().to_vec(), v.clone()))
-            .collect();
-        Ok(HeaderMap::from_pairs(pairs))
+        Ok(header_map(&self.response_headers.borrow()))
     }
 
     fn request_body(&self, start: usize, len: usize) -> Result<Option<Vec<u8>>, HostStatus> {
