@@ -214,21 +214,18 @@ fn fleet_load_bound(candidates: &[Candidate], margin: u32) -> u32 {
 /// An adapter's set among `candidates`, and the others that serve it: of
 /// the instances whose engine lists the adapter (or whose list is not
 /// known; all, if none lists it), the set is the first of the adapter's
-/// rendezvous order (every replica computes the same), in that order. It has `min_instances`, and one more while every
-/// instance in it is at or past the load `bound`, an engine bound or its
-/// share of this worker's recent decisions ([`past_share`]), up to
-/// `max_instances`: a hot adapter spreads, a cool one holds few of the
-/// fleet's adapter slots, and the set shrinks back as its load falls.
+/// rendezvous order (every replica computes the same), in that order. It has
+/// `min_instances`, and one more while every instance in it is at or past
+/// the load `bound` or an engine bound, up to `max_instances`: a hot adapter
+/// spreads, a cool one holds few of the fleet's adapter slots (each
+/// instance it joins loads it), and the set shrinks back as its load falls.
 pub fn adapter_set(
     adapter: u64,
     candidates: &[Candidate],
     bound: u32,
     sets: AdapterSets,
 ) -> (Vec<Candidate>, Vec<Candidate>) {
-    let total_recent: u32 = candidates.iter().map(|c| c.recent).sum();
-    let loaded = |c: &Candidate| {
-        c.load >= bound || c.over_bounds || past_share(c.recent, total_recent, candidates.len()) > 0
-    };
+    let loaded = |c: &Candidate| c.load >= bound || c.over_bounds;
     let min = usize::try_from(sets.min_instances).unwrap_or(usize::MAX);
     let max = usize::try_from(sets.max_instances).unwrap_or(usize::MAX);
     let mut rest: Vec<Candidate> = candidates

@@ -168,8 +168,7 @@ fn an_adapters_requests_stay_on_its_first_instance_through_either_envoy() {
     let proxies = [envoy(&sims, true, 4), envoy(&sims, true, 4)];
     let adapters = four_adapters(&sims);
     // Four questions each, one at a time, through the two Envoys in turn:
-    // eight decisions per Envoy, within any instance's share of them, so no
-    // set grows.
+    // no instance is ever loaded, so no set grows.
     let requests = |proxy: usize| {
         (0..4)
             .flat_map(|q| adapters.iter().map(move |a| (a, q)))
