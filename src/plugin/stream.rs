@@ -212,12 +212,12 @@ impl Stream {
         let predicted = self
             .decided
             .filter(|(kind, _)| self.config.read_usage && predicts(*kind));
+        let engine_load = self.config.engine_load.is_some();
         // One host call for all the headers read below.
-        let headers = (self.config.engine_load.is_some() || predicted.is_some())
-            .then(|| response_headers(vm.host()));
+        let headers = (engine_load || predicted.is_some()).then(|| response_headers(vm.host()));
         let report = headers
             .as_ref()
-            .filter(|_| self.config.engine_load.is_some())
+            .filter(|_| engine_load)
             .and_then(|headers| headers.get(orca::REPORT_HEADER))
             .filter(|report| !report.is_empty());
         let wanted = check
