@@ -28,10 +28,10 @@ pub fn policy_for(config: &Config) -> Policy {
                 }),
             ))
         }
-        Strategy::PrefixAware => Policy::PrefixAware(PrefixAware::new(
-            config.concurrency_threshold,
-            config.host_header.is_some(),
-        )),
+        Strategy::PrefixAware => Policy::PrefixAware(PrefixAware {
+            engine_load: config.engine_load.is_some(),
+            ..PrefixAware::new(config.concurrency_threshold, config.host_header.is_some())
+        }),
         Strategy::LeastOutstandingRequests => Policy::LeastOutstanding(LeastOutstanding),
         Strategy::Random => Policy::Random(RandomPolicy),
     }

@@ -287,8 +287,6 @@ pub struct HeldPrefix {
 pub trait LoadView {
     /// The learned target of `key`, if known, fresh, and still registered.
     fn target_of(&mut self, key: &str, now_ms: u64) -> Option<Target>;
-    /// Requests in flight on `instance` across all live worker VMs.
-    fn in_flight(&mut self, instance: &InstanceRef, now_ms: u64) -> Option<u32>;
     /// Marks one request of `key` as pending (about to be routed before its
     /// target is known), then looks the target up again: if another worker
     /// learned it meanwhile, withdraws the mark and returns the target (claim
@@ -305,40 +303,17 @@ pub trait LoadView {
         cap: Option<u32>,
         now_ms: u64,
     ) -> Claim;
-    /// The fresh instance other than `exclude` with the least load (ties
-    /// broken by `random`); one within the fleet-wide engine bounds if any.
-    fn least_busy_other(
-        &mut self,
-        exclude: &InstanceRef,
-        random: u64,
-        now_ms: u64,
-    ) -> Option<Candidate>;
-    /// With engine load on: `instance` weighed by its engine's sample (its
-    /// load and the fleet-wide bounds), if it is fresh. None when engine
-    /// load is off: the policies then see only this Envoy's counts.
-    fn engine_candidate(&mut self, instance: &InstanceRef, now_ms: u64) -> Option<Candidate> {
-        let _ = (instance, now_ms);
-        None
-    }
     /// Every fresh instance (the configured and the learned ones) with its
-    /// in-flight count.
-    fn candidates(&mut self, now_ms: u64) -> Vec<Candidate> {
-        let _ = now_ms;
-        Vec::new()
-    }
+    /// in-flight count, weighed by its engine's sample with engine load on.
+    fn candidates(&mut self, now_ms: u64) -> Vec<Candidate>;
     /// The longest prefix of `chain` the prefix index says one of
     /// `candidates` holds.
-    fn longest_held(&mut self, chain: &[u64], candidates: &[Candidate], now_ms: u64) -> HeldPrefix {
-        let _ = (chain, candidates, now_ms);
-        HeldPrefix::default()
-    }
+    fn longest_held(&mut self, chain: &[u64], candidates: &[Candidate], now_ms: u64) -> HeldPrefix;
     /// Counts a decision for `instance` that placed `placed_bytes` of
     /// prompt there (past what it was known to hold) in this worker's
     /// recent choices (what [`Candidate::recent`] and
     /// [`Candidate::placed_bytes`] report).
-    fn note_chosen(&mut self, instance: &InstanceRef, placed_bytes: u64) {
-        let _ = (instance, placed_bytes);
-    }
+    fn note_chosen(&mut self, instance: &InstanceRef, placed_bytes: u64);
     /// Records in the prefix index that `instance` now holds all of `chain`,
     /// of which it was known to hold the first `known` blocks; returns when
     /// that known holding was last recorded before (seconds), if it was.
@@ -349,8 +324,5 @@ pub trait LoadView {
         instance: &InstanceRef,
         candidates: &[Candidate],
         now_ms: u64,
-    ) -> Option<u32> {
-        let _ = (chain, known, instance, candidates, now_ms);
-        None
-    }
+    ) -> Option<u32>;
 }

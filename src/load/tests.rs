@@ -63,6 +63,16 @@ fn candidate_addresses(tracker: &mut LoadTracker<Rc<MemoryStore>>, now: u64) -> 
     all
 }
 
+/// Where a full target's key would overflow, from the candidates `w` reads.
+fn least_busy_other<S: SharedStore>(
+    w: &mut LoadTracker<S>,
+    target: &InstanceRef,
+    random: u64,
+    now: u64,
+) -> Option<Candidate> {
+    crate::strategy::least_busy_other(&w.candidates(now), target, random).cloned()
+}
+
 fn instance(tracker: &mut LoadTracker<Rc<MemoryStore>>, key: &str, now: u64) -> InstanceRef {
     tracker
         .target_of(key, now)
@@ -271,7 +281,7 @@ fn least_busy_other_picks_the_emptiest_fresh_instance() {
     let _b2 = w2.upstream_started(start(B, None), 2);
     let _c1 = w1.upstream_started(start(C, None), 2);
     // w2 learns the instances w1 registered without waiting for a tick.
-    let other = w2.least_busy_other(&target, 0, 3).expect("a candidate");
+    let other = least_busy_other(&mut w2, &target, 0, 3).expect("a candidate");
     assert_eq!((&*other.instance.address, other.in_flight), (C, 1));
     assert_eq!(
         other.load, other.in_flight,
@@ -279,27 +289,8 @@ fn least_busy_other_picks_the_emptiest_fresh_instance() {
     );
     // C unseen for instance_ttl while B was just seen: B is the only candidate.
     serve(&mut w1, start(B, None), 5_002);
-    let other = w1.least_busy_other(&target, 0, 5_003).expect("a candidate");
+    let other = least_busy_other(&mut w1, &target, 0, 5_003).expect("a candidate");
     assert_eq!(&*other.instance.address, B);
-}
-
-#[test]
-fn ties_are_broken_by_the_random_argument() {
-    let store = Rc::new(MemoryStore::new());
-    let mut w = worker(&store, 1);
-    let addrs: Vec<String> = (0..6).map(|i| format!("10.0.1.{i}:80")).collect();
-    for addr in &addrs {
-        serve(&mut w, start(addr, Some(addr)), 1);
-    }
-    let target = instance(&mut w, &addrs[0], 1);
-    let picked: std::collections::BTreeSet<String> = (0..64)
-        .filter_map(|r| {
-            w.least_busy_other(&target, r, 2)
-                .map(|c| c.instance.address.to_string())
-        })
-        .collect();
-    assert!(picked.len() >= 3, "ties spread over candidates: {picked:?}");
-    assert!(!picked.contains(&addrs[0]));
 }
 
 #[test]
@@ -311,8 +302,7 @@ fn a_nominated_host_envoy_did_not_use_stops_being_a_candidate() {
     }
     let target = instance(&mut w, A, 1);
     assert_eq!(
-        w.least_busy_other(&target, 0, 2)
-            .map(|c| c.instance.address.to_string()),
+        least_busy_other(&mut w, &target, 0, 2).map(|c| c.instance.address.to_string()),
         Some(B.into())
     );
     // The decision nominated B, but Envoy fell back to A: B is gone.
@@ -323,7 +313,7 @@ fn a_nominated_host_envoy_did_not_use_stops_being_a_candidate() {
         counted: Some(B),
     };
     serve(&mut w, gone, 3);
-    assert_eq!(w.least_busy_other(&target, 0, 4), None);
+    assert_eq!(least_busy_other(&mut w, &target, 0, 4), None);
 }
 
 #[test]
@@ -870,21 +860,20 @@ fn configured_instances_are_overflow_candidates_before_any_traffic() {
     let target = instance(&mut w, "k", 1);
     let picked: std::collections::BTreeSet<String> = (0..64)
         .filter_map(|r| {
-            w.least_busy_other(&target, r, 2)
-                .map(|c| c.instance.address.to_string())
+            least_busy_other(&mut w, &target, r, 2).map(|c| c.instance.address.to_string())
         })
         .collect();
     let others: std::collections::BTreeSet<String> = fleet[1..].iter().cloned().collect();
     assert_eq!(picked, others, "every configured instance but the target");
     // Another VM of the same Envoy, configured alike, knows them too.
     let mut w2 = configured(&store, 2, &fleet);
-    assert!(w2.least_busy_other(&target, 0, 3).is_some());
+    assert!(least_busy_other(&mut w2, &target, 0, 3).is_some());
     // Without the list, nothing but the target is known.
     let store = Rc::new(MemoryStore::new());
     let mut bare = worker(&store, 1);
     serve(&mut bare, start(&fleet[0], Some("k")), 1);
     let target = instance(&mut bare, "k", 1);
-    assert_eq!(bare.least_busy_other(&target, 0, 2), None);
+    assert_eq!(least_busy_other(&mut bare, &target, 0, 2), None);
 }
 
 #[test]
@@ -899,8 +888,7 @@ fn a_configured_instance_is_never_forgotten_a_learned_one_is() {
     let quiet = 1 + 3 * config().instance_ttl_ms;
     let picked: std::collections::BTreeSet<String> = (0..32)
         .filter_map(|r| {
-            w.least_busy_other(&target, r, quiet)
-                .map(|c| c.instance.address.to_string())
+            least_busy_other(&mut w, &target, r, quiet).map(|c| c.instance.address.to_string())
         })
         .collect();
     let expected: std::collections::BTreeSet<String> = listed.iter().cloned().collect();
@@ -911,7 +899,7 @@ fn a_configured_instance_is_never_forgotten_a_learned_one_is() {
     };
     let candidates: Vec<String> = (0..32)
         .filter_map(|r| {
-            w.least_busy_other(&other_target, r, quiet)
+            least_busy_other(&mut w, &other_target, r, quiet)
                 .map(|c| c.instance.address.to_string())
         })
         .collect();
@@ -922,7 +910,7 @@ fn a_configured_instance_is_never_forgotten_a_learned_one_is() {
     // Dropped from the configuration: an ordinary learned instance again.
     w.set_configured_instances(&[]);
     assert_eq!(
-        w.least_busy_other(&target, 0, quiet),
+        least_busy_other(&mut w, &target, 0, quiet),
         None,
         "no longer listed, unseen for the TTL"
     );
@@ -945,8 +933,7 @@ fn ticks_keep_configured_instances_fresh_for_vms_that_do_not_list_them() {
     bare.tick(now);
     let picked: std::collections::BTreeSet<String> = (0..32)
         .filter_map(|r| {
-            bare.least_busy_other(&target, r, now)
-                .map(|c| c.instance.address.to_string())
+            least_busy_other(&mut bare, &target, r, now).map(|c| c.instance.address.to_string())
         })
         .collect();
     let expected: std::collections::BTreeSet<String> = listed[1..].iter().cloned().collect();
@@ -961,8 +948,7 @@ fn a_configured_instance_envoy_did_not_use_is_suspect_until_it_serves() {
     serve(&mut w, start(A, Some(A)), 1);
     let target = instance(&mut w, A, 1);
     assert_eq!(
-        w.least_busy_other(&target, 0, 2)
-            .map(|c| c.instance.address.to_string()),
+        least_busy_other(&mut w, &target, 0, 2).map(|c| c.instance.address.to_string()),
         Some(B.into())
     );
     let gone = UpstreamStart {
@@ -974,13 +960,13 @@ fn a_configured_instance_envoy_did_not_use_is_suspect_until_it_serves() {
     serve(&mut w, gone, 3);
     w.tick(4_000);
     assert_eq!(
-        w.least_busy_other(&target, 0, 4_001),
+        least_busy_other(&mut w, &target, 0, 4_001),
         None,
         "listed but gone"
     );
     serve(&mut w, start(B, None), 4_002);
     assert!(
-        w.least_busy_other(&target, 0, 4_003).is_some(),
+        least_busy_other(&mut w, &target, 0, 4_003).is_some(),
         "served again"
     );
 }
@@ -1029,8 +1015,7 @@ fn nine_overflows_at_threshold_three_spread_over_six_other_instances() {
                 instance: other,
                 in_flight: load,
                 ..
-            } = w
-                .least_busy_other(&target, i.wrapping_mul(0x9E37_79B9) + attempt, 2)
+            } = least_busy_other(w, &target, i.wrapping_mul(0x9E37_79B9) + attempt, 2)
                 .expect("a candidate");
             match w.claim(&other, None, Some(load + 1), 2) {
                 Claim::Claimed(ticket) => Some((other.address, ticket)),
@@ -1099,7 +1084,13 @@ fn candidates_are_weighed_by_fresh_engine_samples_of_their_own_address() {
     assert_eq!(now[C], (0, 0, false));
     // The overflow choice avoids the instance at the fleet-wide bound.
     let (on_a, on_c) = (instance(&mut w, A, 3), instance(&mut w, C, 3));
-    assert_eq!(w.engine_candidate(&on_a, 3).map(|c| c.load), Some(5));
+    assert_eq!(
+        w.candidates(3)
+            .into_iter()
+            .find(|c| c.instance == on_a)
+            .map(|c| c.load),
+        Some(5)
+    );
     // The overflow choice takes an instance within the bounds before a
     // less loaded one over them: A with one request but its KV cache 95 %
     // used (bound 90 %), B with two requests of this Envoy.
@@ -1116,7 +1107,7 @@ fn candidates_are_weighed_by_fresh_engine_samples_of_their_own_address() {
         w.upstream_started(start(B, None), later),
     ];
     assert_eq!(weighed(&mut w, later)[A], (1, 1, true));
-    let other = w.least_busy_other(&on_c, 0, later).expect("one");
+    let other = least_busy_other(&mut w, &on_c, 0, later).expect("one");
     assert_eq!((&*other.instance.address, other.load), (B, 2));
     // Older than max_age_ms: back to this Envoy's counts.
     assert_eq!(weighed(&mut w, later + 501)[A], (1, 1, false));
@@ -1309,7 +1300,7 @@ fn a_failed_instance_is_skipped_until_it_answers() {
     assert_eq!(candidate_addresses(&mut w2, later), [A], "on every worker");
     assert!(w2.target_of("on-b", later).is_none(), "no key's target");
     let on_a = instance(&mut w2, "on-a", later);
-    assert!(w2.least_busy_other(&on_a, 0, later).is_none());
+    assert!(least_busy_other(&mut w2, &on_a, 0, later).is_none());
     // A request sent there before the mark (or by Envoy's own choice)
     // starting does not clear it: only an answer does.
     serve(&mut w2, start(B, None), later + 1);

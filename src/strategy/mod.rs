@@ -21,7 +21,7 @@ pub use least_outstanding::LeastOutstanding;
 pub use longest_prefix::{
     AdapterDecision, AdapterPlacement, AdapterSets, Cost, Explained, LongestPrefix,
 };
-pub use prefix_aware::{salted_key, PrefixAware};
+pub use prefix_aware::{least_busy_other, salted_key, PrefixAware};
 pub use random::RandomPolicy;
 
 use crate::load::{LoadView, Ticket};

@@ -16,9 +16,7 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use super::{DecisionKind, RouteHeaders, Routed, RoutingPolicy};
 use crate::headers::PENDING_MARK;
-#[cfg(test)]
-use crate::load::Candidate;
-use crate::load::{Claim, InstanceRef, LoadView, Target, Ticket};
+use crate::load::{Candidate, Claim, InstanceRef, LoadView, Target, Ticket};
 
 /// Salts tried for one overflow (bounds the lookups per request).
 const DEFAULT_MAX_SALTS: u8 = 8;
@@ -36,6 +34,27 @@ pub fn salted_key(key: &str, salt: u8) -> String {
     )
 }
 
+/// Where a full target's key overflows with the host header: the other
+/// instance within the fleet-wide engine bounds, then with the least load;
+/// equal ones by a hash of the slot seeded with the decision's random
+/// number, so concurrent overflows spread.
+pub fn least_busy_other<'a>(
+    candidates: &'a [Candidate],
+    exclude: &InstanceRef,
+    random: u64,
+) -> Option<&'a Candidate> {
+    candidates
+        .iter()
+        .filter(|c| c.instance.slot != exclude.slot && c.instance.address != exclude.address)
+        .min_by_key(|c| {
+            (
+                c.over_bounds,
+                c.load,
+                xxh3_64_with_seed(&c.instance.slot.to_le_bytes(), random),
+            )
+        })
+}
+
 /// See the module documentation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PrefixAware {
@@ -46,6 +65,9 @@ pub struct PrefixAware {
     pub host_override: bool,
     /// Salts tried per overflow.
     pub max_salts: u8,
+    /// Engine load on: the target is weighed by its engine's sample before
+    /// it is claimed (a read of every instance; off, the claim alone).
+    pub engine_load: bool,
 }
 
 impl PrefixAware {
@@ -54,6 +76,7 @@ impl PrefixAware {
             concurrency_threshold: concurrency_threshold.max(1),
             host_override,
             max_salts: DEFAULT_MAX_SALTS,
+            engine_load: false,
         }
     }
 
@@ -130,7 +153,11 @@ impl PrefixAware {
     ) -> Routed {
         if self.host_override {
             for attempt in 1..=OVERFLOW_ATTEMPTS {
-                let Some(other) = load.least_busy_other(&target.instance, random, now_ms) else {
+                // Read again at each attempt: a refused claim means the
+                // counts moved since the last read.
+                let candidates = load.candidates(now_ms);
+                let Some(other) = least_busy_other(&candidates, &target.instance, random).cloned()
+                else {
                     break;
                 };
                 if (other.over_bounds, other.load) >= (target_over, target_load) {
@@ -166,11 +193,13 @@ impl PrefixAware {
     ) -> Routed {
         let mut best: Option<(String, InstanceRef, u32)> = None;
         let mut unexplored: Option<String> = None;
+        let mut candidates: Option<Vec<Candidate>> = None;
         for salt in 1..=self.max_salts {
             let salted = salted_key(key, salt);
             match load.target_of(&salted, now_ms).map(|t| t.instance) {
                 Some(instance) if instance.slot != target.instance.slot => {
-                    let Some(in_flight) = load.in_flight(&instance, now_ms) else {
+                    let candidates = candidates.get_or_insert_with(|| load.candidates(now_ms));
+                    let Some(in_flight) = in_flight_of(candidates, &instance) else {
                         continue;
                     };
                     if best.as_ref().is_none_or(|(_, _, b)| in_flight < *b) {
@@ -215,6 +244,14 @@ impl PrefixAware {
     }
 }
 
+/// This Envoy's requests in flight on `instance`, if it is a candidate.
+fn in_flight_of(candidates: &[Candidate], instance: &InstanceRef) -> Option<u32> {
+    candidates
+        .iter()
+        .find(|c| c.instance == *instance)
+        .map(|c| c.in_flight)
+}
+
 impl RoutingPolicy for PrefixAware {
     fn decide(
         &self,
@@ -241,7 +278,13 @@ impl RoutingPolicy for PrefixAware {
         };
         // With engine load on: the target weighed by its engine's sample; at
         // a fleet-wide bound its keys overflow as at this Envoy's cap.
-        let weighed = load.engine_candidate(&target.instance, now_ms);
+        let weighed = if self.engine_load {
+            load.candidates(now_ms)
+                .into_iter()
+                .find(|c| c.instance == target.instance)
+        } else {
+            None
+        };
         if let Some(over) = weighed.as_ref().filter(|c| c.over_bounds) {
             return self.overflow(key, &target, over.load, true, load, random, now_ms);
         }
@@ -264,7 +307,7 @@ mod tests {
     use std::collections::HashMap;
 
     use super::*;
-    use crate::load::Ticket;
+    use crate::load::{HeldPrefix, Ticket};
 
     const KEY: &str = "0123456789abcdef";
 
@@ -326,9 +369,6 @@ mod tests {
         fn target_of(&mut self, key: &str, _now_ms: u64) -> Option<Target> {
             self.target(key)
         }
-        fn in_flight(&mut self, instance: &InstanceRef, _now_ms: u64) -> Option<u32> {
-            Some(self.loads.get(&instance.slot).copied().unwrap_or(0))
-        }
         fn route_blind(&mut self, key: &str, _now_ms: u64) -> Option<Target> {
             self.blind.push(key.to_string());
             self.target(key)
@@ -358,21 +398,36 @@ mod tests {
                 }
             }
         }
-        fn least_busy_other(
-            &mut self,
-            _exclude: &InstanceRef,
-            _random: u64,
-            _now_ms: u64,
-        ) -> Option<Candidate> {
-            self.others
-                .iter()
-                .map(|i| self.weighed(i))
-                .min_by_key(|c| (c.over_bounds, c.load))
+        /// The instances it knows: targets (salted or not) and `others`.
+        fn candidates(&mut self, _now_ms: u64) -> Vec<Candidate> {
+            let mut known: Vec<InstanceRef> = self.targets.values().cloned().collect();
+            known.extend(self.others.iter().cloned());
+            known.sort_by_key(|i| i.slot);
+            known.dedup();
+            known.iter().map(|i| self.weighed(i)).collect()
         }
-        fn engine_candidate(&mut self, instance: &InstanceRef, _now_ms: u64) -> Option<Candidate> {
-            self.engine
-                .contains_key(&instance.slot)
-                .then(|| self.weighed(instance))
+        fn longest_held(&mut self, _: &[u64], _: &[Candidate], _: u64) -> HeldPrefix {
+            unreachable!("a key's policy reads no prefix index")
+        }
+        fn note_chosen(&mut self, _: &InstanceRef, _: u64) {
+            unreachable!("a key's policy keeps no recent choices")
+        }
+        fn remember_held(
+            &mut self,
+            _: &[u64],
+            _: usize,
+            _: &InstanceRef,
+            _: &[Candidate],
+            _: u64,
+        ) -> Option<u32> {
+            unreachable!("a key's policy records nothing in the prefix index")
+        }
+    }
+
+    fn weighing(policy: PrefixAware) -> PrefixAware {
+        PrefixAware {
+            engine_load: true,
+            ..policy
         }
     }
 
@@ -436,7 +491,7 @@ mod tests {
         script.others = vec![instance(2), instance(3)];
         script.engine.insert(2, (5, false));
         script.engine.insert(3, (2, false));
-        let routed = PrefixAware::new(3, true).decide(Some(KEY), &mut script, 0, 0);
+        let routed = weighing(PrefixAware::new(3, true)).decide(Some(KEY), &mut script, 0, 0);
         assert_eq!(routed.headers.kind, DecisionKind::Overflow);
         assert_eq!(
             routed.headers.host_override,
@@ -456,13 +511,13 @@ mod tests {
         script.engine.insert(1, (8, true));
         script.others = vec![instance(2)];
         script.engine.insert(2, (9, true));
-        let routed = PrefixAware::new(3, true).decide(Some(KEY), &mut script, 0, 0);
+        let routed = weighing(PrefixAware::new(3, true)).decide(Some(KEY), &mut script, 0, 0);
         assert_eq!(routed.headers.kind, DecisionKind::Prefix);
         assert_eq!(routed.headers.host_override, None);
         assert_eq!(routed.ticket, Some(ticket(1)));
         // Over the bound but less loaded than the target: moved there.
         script.engine.insert(2, (7, true));
-        let routed = PrefixAware::new(3, true).decide(Some(KEY), &mut script, 0, 0);
+        let routed = weighing(PrefixAware::new(3, true)).decide(Some(KEY), &mut script, 0, 0);
         assert_eq!(routed.headers.kind, DecisionKind::Overflow);
         assert_eq!(
             routed.headers.host_override,
@@ -478,7 +533,7 @@ mod tests {
         script.engine.insert(1, (4, false));
         script.others = vec![instance(2)];
         script.engine.insert(2, (6, false));
-        let routed = PrefixAware::new(3, true).decide(Some(KEY), &mut script, 0, 0);
+        let routed = weighing(PrefixAware::new(3, true)).decide(Some(KEY), &mut script, 0, 0);
         assert_eq!(routed.headers.kind, DecisionKind::Prefix);
         assert_eq!(routed.headers.host_override, None);
     }
@@ -487,9 +542,14 @@ mod tests {
     fn overflow_claims_the_least_busy_only_if_no_other_worker_took_it_meanwhile() {
         let mut script = script_with_full_target(3);
         script.others = vec![instance(2), instance(3)];
+        // Two idle others; a decision whose random number ranks 2 first.
+        let idle = [instance(2), instance(3)].map(|i| Candidate::local(i, 0));
+        let random = (0..)
+            .find(|r| least_busy_other(&idle, &instance(1), *r).map(|c| c.instance.slot) == Some(2))
+            .expect("some random number ranks instance 2 first");
         // Another worker claims instance 2 between our read and our claim.
         script.raced = Some(2);
-        let routed = PrefixAware::new(3, true).decide(Some(KEY), &mut script, 0, 0);
+        let routed = PrefixAware::new(3, true).decide(Some(KEY), &mut script, random, 0);
         assert_eq!(routed.headers.kind, DecisionKind::Overflow);
         assert_eq!(
             routed.headers.host_override,
@@ -527,6 +587,31 @@ mod tests {
             ],
             "three refused capped claims, then the last attempt claims uncapped"
         );
+    }
+
+    #[test]
+    fn overflow_goes_to_the_least_busy_other_within_the_bounds_ties_by_the_random_number() {
+        let weighed = |slot: u16, load: u32, over_bounds: bool| Candidate {
+            load,
+            over_bounds,
+            ..Candidate::local(instance(slot), 0)
+        };
+        let target = instance(1);
+        let all = [
+            weighed(1, 0, false),
+            weighed(2, 4, false),
+            weighed(3, 1, true),
+        ];
+        let pick = |all: &[Candidate], random| {
+            least_busy_other(all, &target, random).map(|c| c.instance.slot)
+        };
+        assert_eq!(pick(&all, 0), Some(2), "within the bounds, though busier");
+        assert_eq!(pick(&all[..1], 0), None, "the target alone");
+        let tied: Vec<Candidate> = (1..=6).map(|slot| weighed(slot, 2, false)).collect();
+        let picked: std::collections::BTreeSet<u16> =
+            (0..64).filter_map(|random| pick(&tied, random)).collect();
+        assert!(picked.len() >= 3, "ties spread: {picked:?}");
+        assert!(!picked.contains(&1));
     }
 
     #[test]

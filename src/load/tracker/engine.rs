@@ -7,7 +7,7 @@
 use super::super::engine::EngineRecord;
 use super::super::lease::{self, Heartbeat, Lease};
 use super::super::table::{Change, Tables, Updated};
-use super::super::{AdapterNames, EngineLoad, InstanceRef, LoadView};
+use super::super::{AdapterNames, EngineLoad, InstanceRef};
 use super::registry::Lookup;
 use super::{addr_hash, copy_is_fresh, last_read_again, BySlot, LoadTracker};
 use crate::shared::SharedStore;

@@ -535,16 +535,6 @@ impl<S: SharedStore> LoadView for LoadTracker<S> {
         })
     }
 
-    fn in_flight(&mut self, instance: &InstanceRef, now_ms: u64) -> Option<u32> {
-        let record = self
-            .registry
-            .record_for(&self.tables, instance.slot, &instance.address)?;
-        Some(
-            self.columns
-                .total(&self.tables, instance.slot, &record, now_ms),
-        )
-    }
-
     fn route_blind(&mut self, key: &str, now_ms: u64) -> Option<Target> {
         // Mark first, then look again: either this lookup sees a target a
         // worker learned meanwhile, or that worker's claims see the mark.
@@ -595,45 +585,8 @@ impl<S: SharedStore> LoadView for LoadTracker<S> {
         claim
     }
 
-    fn least_busy_other(
-        &mut self,
-        exclude: &InstanceRef,
-        random: u64,
-        now_ms: u64,
-    ) -> Option<Candidate> {
-        let others = self
-            .fresh_candidates(now_ms)
-            .into_iter()
-            .filter(|c| c.instance.slot != exclude.slot && c.instance.address != exclude.address);
-        // Within the engine bounds first, then the least load; equal ones
-        // by a hash of the slot seeded with the decision's random number,
-        // so concurrent overflows spread.
-        others.min_by_key(|c| {
-            (
-                c.over_bounds,
-                c.load,
-                xxh3_64_with_seed(&c.instance.slot.to_le_bytes(), random),
-            )
-        })
-    }
-
     fn candidates(&mut self, now_ms: u64) -> Vec<Candidate> {
         self.fresh_candidates(now_ms)
-    }
-
-    fn engine_candidate(&mut self, instance: &InstanceRef, now_ms: u64) -> Option<Candidate> {
-        let view = self.engine_view?;
-        let record = self
-            .registry
-            .record_for(&self.tables, instance.slot, &instance.address)
-            .filter(|record| self.registry.is_fresh(record, now_ms))?;
-        let in_flight = self
-            .columns
-            .total(&self.tables, instance.slot, &record, now_ms);
-        let mut candidate = Candidate::local(instance.clone(), in_flight);
-        candidate.forgotten_through = record.forgotten_through_s;
-        self.weigh(&mut candidate, view, now_ms, None);
-        Some(candidate)
     }
 
     fn longest_held(&mut self, chain: &[u64], candidates: &[Candidate], now_ms: u64) -> HeldPrefix {
@@ -757,6 +710,18 @@ impl IndexSession {
 }
 
 impl<S: SharedStore> LoadTracker<S> {
+    /// Requests in flight on `instance` across all live worker VMs, fresh
+    /// or not.
+    pub fn in_flight(&mut self, instance: &InstanceRef, now_ms: u64) -> Option<u32> {
+        let record = self
+            .registry
+            .record_for(&self.tables, instance.slot, &instance.address)?;
+        Some(
+            self.columns
+                .total(&self.tables, instance.slot, &record, now_ms),
+        )
+    }
+
     /// LONGEST_PREFIX, at the response of a request Envoy placed (Maglev,
     /// no host override): records that the instance at `address` holds
     /// `chain`, if it is a fresh instance.

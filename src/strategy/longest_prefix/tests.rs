@@ -72,9 +72,6 @@ impl LoadView for Fleet {
     fn target_of(&mut self, _: &str, _: u64) -> Option<Target> {
         None
     }
-    fn in_flight(&mut self, i: &InstanceRef, _: u64) -> Option<u32> {
-        self.in_flight.get(usize::from(i.slot)).copied()
-    }
     fn route_blind(&mut self, _: &str, _: u64) -> Option<Target> {
         None
     }
@@ -92,9 +89,6 @@ impl LoadView for Fleet {
             addr_hash: 0,
             owner: 0,
         })
-    }
-    fn least_busy_other(&mut self, _: &InstanceRef, _: u64, _: u64) -> Option<Candidate> {
-        None
     }
     fn candidates(&mut self, _: u64) -> Vec<Candidate> {
         (0..self.in_flight.len() as u16)
