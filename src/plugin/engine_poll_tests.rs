@@ -499,6 +499,27 @@ fn a_report_without_a_poll_sample_or_without_engine_load_is_not_used() {
     );
     let calls = off.host.take_calls();
     assert!(!calls.iter().any(|c| c == "response_headers"), "{calls:?}");
+    // Read for the usage, without engine_load: the report is in the headers
+    // read, and still not used.
+    let mut usage = setup_on(
+        Rc::new(MemoryStore::new()),
+        &format!(r#"{{"instances": ["{A}", "{B}"]}}"#),
+    );
+    for report in [
+        "TEXT named_metrics.kv_cache_usage_perc=0.5",
+        "TEXT named_metrics.kv_cache_usage_perc=high",
+    ] {
+        let (stream, chosen) = route_invoke(&mut usage, 5);
+        usage.host.take_calls();
+        respond(&mut usage, stream, &chosen, Some(report));
+        let calls = usage.host.take_calls();
+        assert!(calls.iter().any(|c| c == "response_headers"), "{calls:?}");
+    }
+    assert_eq!(usage.counter("prefix_router.engine.orca_reports"), 0);
+    assert_eq!(
+        usage.counter("prefix_router.engine.orca_reports_unreadable"),
+        0
+    );
 }
 
 /// The candidates as decisions read them (another VM of the same Envoy,
