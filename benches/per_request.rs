@@ -30,7 +30,7 @@ use prefix_router::request::{
 };
 use prefix_router::shared::MemoryStore;
 use prefix_router::steering;
-use prefix_router::strategy::RoutingPolicy;
+use prefix_router::strategy::{RecentChoices, RoutingPolicy};
 use prefix_router::usage::{Framing, UsageScanner};
 
 /// Envoy's body callbacks deliver up to this much at once here.
@@ -264,6 +264,7 @@ fn route_prompts_over(
     };
     let addresses: Vec<&str> = serving.iter().map(String::as_str).collect();
     let mut tracker = tracker_over(&config, &store, now_ms, &addresses);
+    let mut recent = RecentChoices::default();
     let mut n = 0u64;
     let mut derivation = derivation;
     let route = move || {
@@ -285,7 +286,14 @@ fn route_prompts_over(
             }
         }
         let random = n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        let routed = policy.route(&derivation, adapter, &mut tracker, random, now_ms);
+        let routed = policy.route(
+            &derivation,
+            adapter,
+            &mut tracker,
+            &mut recent,
+            random,
+            now_ms,
+        );
         let decision = &routed.headers;
         let address = decision.host_override.as_deref().unwrap_or(&serving[0]);
         let start = UpstreamStart {

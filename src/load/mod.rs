@@ -30,7 +30,6 @@ mod lease;
 mod mark;
 mod pending;
 mod prefix_index;
-mod recent;
 mod routes;
 mod table;
 mod tracker;
@@ -48,7 +47,6 @@ pub use engine::{AdapterNames, EngineBounds, EngineLoad, EngineView};
 pub use instances::{FAILED_RETRY_MS, SUSPECT_MS};
 pub use prefix_index::Remembered;
 pub(crate) use prefix_index::SPAN_BLOCKS;
-pub use recent::{RecentChoices, RECENT_WINDOW};
 
 /// Instance slots of the registry by default ([`LoadConfig::max_instances`]):
 /// the most instances one Envoy tracks, so the most `instances` may list. A
@@ -210,11 +208,6 @@ pub struct Candidate {
     pub engine_room: Option<u32>,
     /// At or over a fleet-wide engine bound (requests or KV usage).
     pub over_bounds: bool,
-    /// This worker's decisions for it among its last [`RECENT_WINDOW`]
-    /// ([`RecentChoices`]).
-    pub recent: u32,
-    /// Prompt bytes this worker placed there ([`RecentChoices::placed_bytes`]).
-    pub placed_bytes: u64,
     /// The adapters its engine lists (with a fresh sample); None: not known.
     pub served: Option<AdapterNames>,
     /// The adapters with requests running or waiting on its engine (with a
@@ -237,8 +230,6 @@ impl Candidate {
             load: in_flight,
             engine_room: None,
             over_bounds: false,
-            recent: 0,
-            placed_bytes: 0,
             served: None,
             active_adapters: None,
             forgotten_through: 0,
@@ -309,11 +300,6 @@ pub trait LoadView {
     /// The longest prefix of `chain` the prefix index says one of
     /// `candidates` holds.
     fn longest_held(&mut self, chain: &[u64], candidates: &[Candidate], now_ms: u64) -> HeldPrefix;
-    /// Counts a decision for `instance` that placed `placed_bytes` of
-    /// prompt there (past what it was known to hold) in this worker's
-    /// recent choices (what [`Candidate::recent`] and
-    /// [`Candidate::placed_bytes`] report).
-    fn note_chosen(&mut self, instance: &InstanceRef, placed_bytes: u64);
     /// Records in the prefix index that `instance` now holds all of `chain`,
     /// of which it was known to hold the first `known` blocks; returns when
     /// that known holding was last recorded before (seconds), if it was.

@@ -608,32 +608,6 @@ fn a_forgotten_idle_instance_gives_its_slot_to_a_new_one() {
     w.release(t, 10_003);
 }
 
-#[test]
-fn a_new_instance_in_a_reused_slot_has_no_recent_choices_of_the_old_one() {
-    let mut w = one_slot_worker();
-    let t = w.upstream_started(start(A, None), 0).expect("counted");
-    w.release(t, 1);
-    let on_a = w.candidates(2);
-    assert_eq!(on_a.len(), 1);
-    for _ in 0..5 {
-        w.note_chosen(&on_a[0].instance, 4_000);
-    }
-    let again = w.candidates(3);
-    assert_eq!((again[0].recent, again[0].placed_bytes), (5, 20_000));
-    // A forgotten, B takes its slot.
-    let t = w
-        .upstream_started(start(B, None), 10_002)
-        .expect("A idle and stale: reused");
-    w.release(t, 10_003);
-    let on_b = w.candidates(10_004);
-    assert_eq!(on_b.len(), 1);
-    assert_eq!(
-        (on_b[0].instance.slot, &*on_b[0].instance.address),
-        (on_a[0].instance.slot, B)
-    );
-    assert_eq!((on_b[0].recent, on_b[0].placed_bytes), (0, 0));
-}
-
 fn blind<'a>(address: &'a str, key: &'a str) -> UpstreamStart<'a> {
     UpstreamStart {
         counted: Some(PENDING_MARK),

@@ -449,14 +449,15 @@ impl Stream {
             max_age_ms: engine.max_age_ms,
             bounds: engine.bounds(),
         });
-        let (routed, placed_by_envoy, keep, check_due) = vm.with_tracker(&self.config, |t| {
+        let (routed, placed_by_envoy, keep, check_due) = {
+            let (t, recent) = vm.decision_state(&self.config);
             // The deciding configuration's fleet, also when it lists none
             // (a configuration update that removed the list), and index
             // size (an upstream filter's configuration need not repeat it).
             t.set_configured_instances(instances);
             t.set_index_bytes(index_bytes);
             t.set_engine_view(engine_view);
-            let routed = policy.route(derivation, adapter, t, random, now);
+            let routed = policy.route(derivation, adapter, t, recent, random, now);
             // A LONGEST_PREFIX request Envoy placed: indexed where it went,
             // and counted there if no upstream filter does, at the response.
             let placed_by_envoy = routed.headers.host_override.is_none()
@@ -466,7 +467,7 @@ impl Stream {
             let key = routed.headers.key.as_deref().filter(|_| keep);
             let check_due = key.is_some_and(|key| t.response_check_due(key, now));
             (routed, placed_by_envoy, keep, check_due)
-        });
+        };
         for (name, value) in steering::header_writes(&self.config, &routed.headers) {
             warn_on_error(
                 "write header",

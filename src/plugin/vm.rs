@@ -21,6 +21,7 @@ use crate::metrics::{
     UsageCounter,
 };
 use crate::steering;
+use crate::strategy::RecentChoices;
 use crate::usage::check::{check, ModelTokenBytes, Prediction, Verdict};
 use crate::usage::Usage;
 
@@ -43,6 +44,8 @@ pub struct Vm<H: Host + Clone> {
     host: H,
     /// Created on first use (its nonce needs the random source).
     tracker: Option<LoadTracker<H>>,
+    /// Where this VM's last decisions went (LONGEST_PREFIX's own state).
+    recent: RecentChoices,
     /// When this VM last ran the tick's work (0: never).
     last_tick_ms: u64,
     /// In-flight gauge ids by instance address.
@@ -87,6 +90,7 @@ impl<H: Host + Clone> Vm<H> {
         Vm {
             host,
             tracker: None,
+            recent: RecentChoices::default(),
             last_tick_ms: 0,
             gauges: FleetIds::default(),
             placed_counters: FleetIds::default(),
@@ -230,15 +234,21 @@ impl<H: Host + Clone> Vm<H> {
         output
     }
 
-    /// Runs `f` on this VM's tracker, creating it on first use. The tracker is
-    /// shared by every plugin of the VM, so each call applies the caller's own
-    /// `instance_ttl_ms` (and `instances`, when it lists any) rather than
-    /// whichever plugin configured last.
+    /// Runs `f` on this VM's tracker ([`Self::decision_state`]).
     pub fn with_tracker<R>(
         &mut self,
         config: &Config,
         f: impl FnOnce(&mut LoadTracker<H>) -> R,
     ) -> R {
+        f(self.decision_state(config).0)
+    }
+
+    /// This VM's tracker, created on first use, and its recent decisions:
+    /// what a decision reads. The tracker is shared by every plugin of the
+    /// VM, so each call applies the caller's own `instance_ttl_ms` (and
+    /// `instances`, when it lists any) rather than whichever plugin
+    /// configured last.
+    pub fn decision_state(&mut self, config: &Config) -> (&mut LoadTracker<H>, &mut RecentChoices) {
         let nonce = if self.tracker.is_none() {
             self.random()
         } else {
@@ -254,7 +264,7 @@ impl<H: Host + Clone> Vm<H> {
         if !config.instances.is_empty() {
             tracker.set_configured_instances(&config.instances);
         }
-        f(tracker)
+        (tracker, &mut self.recent)
     }
 
     /// Counts one increment of counter `id`, handed to Envoy on the tick.

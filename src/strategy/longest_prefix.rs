@@ -54,9 +54,9 @@
 
 use std::rc::Rc;
 
-use xxhash_rust::xxh3::xxh3_64_with_seed;
+use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
-use super::{salted_key, DecisionKind, RouteHeaders, Routed};
+use super::{salted_key, DecisionKind, RecentChoices, RouteHeaders, Routed};
 use crate::blocks::PromptBlocks;
 use crate::config::ColdPlacement;
 use crate::load::{Candidate, Claim, LoadView, Ticket};
@@ -284,25 +284,28 @@ pub struct Ranking<'a> {
 }
 
 /// Scores every eligible candidate and orders them, the cheapest first.
-/// `held[i]` is what `candidates[i]` holds of the prompt; `bound` is the
-/// fleet's load bound ([`fleet_load_bound`]).
+/// `held[i]` is what `candidates[i]` holds of the prompt; `recent`, where
+/// this worker's last decisions went; `bound` is the fleet's load bound
+/// ([`fleet_load_bound`]).
 pub fn score<'a>(
     candidates: &'a [Candidate],
     held: &[Held],
     prompt: &Prompt,
+    recent: &RecentChoices,
     bound: u32,
 ) -> Ranking<'a> {
     // Over a fleet-wide engine bound: out while another is within them.
     let some_within = candidates.iter().any(|c| !c.over_bounds);
     let eligible = |c: &Candidate| !c.over_bounds || !some_within;
-    let total_recent: u32 = candidates.iter().map(|c| c.recent).sum();
+    let recent_of = |c: &Candidate| recent.count(c.instance.slot);
+    let total_recent: u32 = candidates.iter().map(recent_of).sum();
     let mut scored: Vec<Scored<'a>> = candidates
         .iter()
         .zip(held)
         .filter(|(c, _)| eligible(c))
         .map(|(c, &held)| {
             let share = if prompt.extends_placed {
-                past_share(c.recent, total_recent, candidates.len())
+                past_share(recent_of(c), total_recent, candidates.len())
             } else {
                 0
             };
@@ -324,7 +327,7 @@ pub fn score<'a>(
     // every replica ranks.
     scored.sort_unstable_by_key(|s| {
         let recent = if prompt.extends_placed {
-            s.candidate.recent
+            recent_of(s.candidate)
         } else {
             0
         };
@@ -333,9 +336,8 @@ pub fn score<'a>(
     // BALANCED: of two tied best, the one this worker placed fewer bytes on.
     if prompt.balances {
         if let [first, second, ..] = scored.as_mut_slice() {
-            if first.cost == second.cost
-                && first.candidate.placed_bytes > second.candidate.placed_bytes
-            {
+            let placed = |s: &Scored<'_>| recent.placed_bytes(s.candidate.instance.slot);
+            if first.cost == second.cost && placed(first) > placed(second) {
                 std::mem::swap(first, second);
             }
         }
@@ -395,6 +397,7 @@ impl LongestPrefix {
         blocks: &PromptBlocks,
         adapter: Option<u64>,
         load: &mut dyn LoadView,
+        recent: &mut RecentChoices,
         random: u64,
         now_ms: u64,
     ) -> Routed {
@@ -402,6 +405,9 @@ impl LongestPrefix {
         let all = load.candidates(now_ms);
         if all.is_empty() {
             return Self::by_maglev(DecisionKind::Cold, opening_key);
+        }
+        for c in &all {
+            recent.seat(c.instance.slot, xxh3_64(c.instance.address.as_bytes()));
         }
         let bound = fleet_load_bound(&all, self.load_margin);
         // An adapter's set, then the rest of the fleet; else the fleet.
@@ -441,10 +447,10 @@ impl LongestPrefix {
             if candidates.is_empty() {
                 continue;
             }
-            let Some(read) = self.read(blocks, candidates, listed, load, now_ms) else {
+            let Some(read) = self.read(blocks, candidates, listed, load, recent, now_ms) else {
                 return Self::by_maglev(DecisionKind::Cold, opening_key);
             };
-            let ranking = score(candidates, &read.held, &read.prompt, bound);
+            let ranking = score(candidates, &read.held, &read.prompt, recent, bound);
             some_within |= ranking.some_within;
             let Some((scored, ticket)) = self.claim(&ranking, load, now_ms) else {
                 full.push((tier, ranking));
@@ -539,7 +545,7 @@ impl LongestPrefix {
         // was not a holder) and that it now holds the prompt.
         let matched_bytes = blocks.bytes_of(known);
         let placed_bytes = u64::try_from(blocks.placed_bytes(matched_bytes)).unwrap_or(u64::MAX);
-        load.note_chosen(&candidate.instance, placed_bytes);
+        recent.note(candidate.instance.slot, placed_bytes);
         let held_since_s =
             load.remember_held(&blocks.chain, known, &candidate.instance, &all, now_ms);
         let address = candidate.instance.address.to_string();
@@ -569,16 +575,18 @@ impl LongestPrefix {
         candidates: &[Candidate],
         listed: bool,
         load: &mut dyn LoadView,
+        recent: &RecentChoices,
         now_ms: u64,
     ) -> Option<Read> {
         let found = load.longest_held(&blocks.chain, candidates, now_ms);
         let longest_bytes = blocks.bytes_of(found.blocks);
         let holds_longest = |c: &Candidate| found.holders.contains(&c.instance.slot);
-        let total_recent: u32 = candidates.iter().map(|c| c.recent).sum();
+        let recent_of = |c: &Candidate| recent.count(c.instance.slot);
+        let total_recent: u32 = candidates.iter().map(recent_of).sum();
         let holders_recent: u32 = candidates
             .iter()
             .filter(|c| holds_longest(c))
-            .map(|c| c.recent)
+            .map(recent_of)
             .sum();
         // System messages, and nothing of the request's own, that save less
         // prefill than a request weighs, that most of the fleet holds, or
@@ -619,7 +627,7 @@ impl LongestPrefix {
             && system_bytes > 0
             && system_bytes < longest_bytes
             && candidates.iter().any(|c| {
-                holds_longest(c) && past_share(c.recent, total_recent, candidates.len()) > 0
+                holds_longest(c) && past_share(recent_of(c), total_recent, candidates.len()) > 0
             })
             && {
                 let system = blocks.chain.get(..blocks.padding.0).unwrap_or_default();

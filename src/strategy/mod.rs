@@ -13,6 +13,7 @@ mod least_outstanding;
 mod longest_prefix;
 mod prefix_aware;
 mod random;
+mod recent;
 
 #[cfg(test)]
 mod scenarios;
@@ -23,6 +24,7 @@ pub use longest_prefix::{
 };
 pub use prefix_aware::{least_busy_other, salted_key, PrefixAware};
 pub use random::RandomPolicy;
+pub use recent::{RecentChoices, RECENT_WINDOW};
 
 use crate::load::{LoadView, Ticket};
 use crate::request::KeyDerivation;
@@ -178,18 +180,20 @@ impl RoutingPolicy for Policy {
 impl Policy {
     /// Decides for a request as its reading derived it: LONGEST_PREFIX on
     /// the prompt's blocks (and the LoRA adapter it names, hashed), every
-    /// other policy on the key.
+    /// other policy on the key. `recent`: where this worker's last decisions
+    /// went, which LONGEST_PREFIX reads and adds to.
     pub fn route(
         &self,
         derivation: &KeyDerivation,
         adapter: Option<u64>,
         load: &mut dyn LoadView,
+        recent: &mut RecentChoices,
         random: u64,
         now_ms: u64,
     ) -> Routed {
         match (self, &derivation.blocks) {
             (Policy::LongestPrefix(p), Some(blocks)) => {
-                p.decide(blocks, adapter, load, random, now_ms)
+                p.decide(blocks, adapter, load, recent, random, now_ms)
             }
             _ => self.decide(derivation.key.as_deref(), load, random, now_ms),
         }

@@ -409,9 +409,6 @@ mod tests {
         fn longest_held(&mut self, _: &[u64], _: &[Candidate], _: u64) -> HeldPrefix {
             unreachable!("a key's policy reads no prefix index")
         }
-        fn note_chosen(&mut self, _: &InstanceRef, _: u64) {
-            unreachable!("a key's policy keeps no recent choices")
-        }
         fn remember_held(
             &mut self,
             _: &[u64],

@@ -11,7 +11,6 @@ use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 use super::engine::EngineView;
 use super::mark::UpstreamFilterMark;
 use super::prefix_index::{BucketReads, Holder, PrefixEntry, PrefixIndex, Remembered};
-use super::recent::RecentChoices;
 use super::table::{Change, Tables, Updated};
 use super::{
     Candidate, Claim, HeldPrefix, InstanceLoad, InstanceRef, LoadConfig, LoadView, Target, Ticket,
@@ -65,8 +64,6 @@ pub struct LoadTracker<S: SharedStore> {
     engine_view: Option<EngineView>,
     /// Engine samples as this VM last read them.
     engine_cache: engine::EngineCache,
-    /// Where this VM's recent decisions went.
-    recent: RecentChoices,
 }
 
 /// Whether this VM's copy of a shared record, read at `read_ms`, may still
@@ -164,7 +161,6 @@ impl<S: SharedStore> LoadTracker<S> {
             index_sized: false,
             engine_view: None,
             engine_cache: engine::EngineCache::default(),
-            recent: RecentChoices::default(),
             config,
         }
     }
@@ -604,10 +600,6 @@ impl<S: SharedStore> LoadView for LoadTracker<S> {
         }
     }
 
-    fn note_chosen(&mut self, instance: &InstanceRef, placed_bytes: u64) {
-        self.recent.note(instance.slot, placed_bytes);
-    }
-
     fn remember_held(
         &mut self,
         chain: &[u64],
@@ -777,13 +769,6 @@ impl<S: SharedStore> LoadTracker<S> {
         let mut candidates = self
             .registry
             .candidates(&self.tables, &mut self.columns, now_ms);
-        for candidate in &mut candidates {
-            let slot = candidate.instance.slot;
-            self.recent
-                .seat(slot, addr_hash(&candidate.instance.address));
-            candidate.recent = self.recent.count(slot);
-            candidate.placed_bytes = self.recent.placed_bytes(slot);
-        }
         if let Some(view) = self.engine_view {
             let last = self.engine_copies_read_again(
                 candidates.iter().map(|c| c.instance.slot),

@@ -3,7 +3,8 @@ use std::collections::{HashMap, HashSet};
 use super::*;
 use crate::extract::PrefixSource;
 use crate::key::KeyMaterial;
-use crate::load::{AdapterNames, HeldPrefix, InstanceRef, RecentChoices, Target};
+use crate::load::{AdapterNames, HeldPrefix, InstanceRef, Target};
+use crate::strategy::RecentChoices;
 
 /// A fleet as the policy sees it: in-flight counts, an exact prefix
 /// index (block hash -> slots), claims that respect the cap.
@@ -26,6 +27,9 @@ struct Fleet {
     /// The adapters each instance's engine runs (None: not reported).
     active: Vec<Option<AdapterNames>>,
     recent: RecentChoices,
+    /// Slot 0 holds another instance than `Fleet::instance(0)` (the first
+    /// one left, this one took its slot).
+    reseated: bool,
     /// Its instances are listed (`instances`) or read from Envoy's admin
     /// (`discovery`); false: learned from traffic.
     listed: bool,
@@ -45,8 +49,22 @@ impl Fleet {
             address: format!("10.0.0.{slot}:8000").into(),
         }
     }
+    /// `policy`'s decision for `blocks` over this fleet and its recent
+    /// choices.
+    fn decide(
+        &mut self,
+        policy: &LongestPrefix,
+        blocks: &PromptBlocks,
+        adapter: Option<u64>,
+        random: u64,
+    ) -> Routed {
+        let mut recent = std::mem::take(&mut self.recent);
+        let routed = policy.decide(blocks, adapter, self, &mut recent, random, 0);
+        self.recent = recent;
+        routed
+    }
     fn route(&mut self, policy: &LongestPrefix, blocks: &PromptBlocks) -> (DecisionKind, u16) {
-        let routed = policy.decide(blocks, None, self, 0, 0);
+        let routed = self.decide(policy, blocks, None, 0);
         let host = routed
             .headers
             .host_override
@@ -94,9 +112,14 @@ impl LoadView for Fleet {
         (0..self.in_flight.len() as u16)
             .map(|slot| {
                 let in_flight = self.in_flight[usize::from(slot)];
-                let mut candidate = Candidate::local(Fleet::instance(slot), in_flight);
-                candidate.recent = self.recent.count(slot);
-                candidate.placed_bytes = self.recent.placed_bytes(slot);
+                let instance = match slot {
+                    0 if self.reseated => InstanceRef {
+                        slot,
+                        address: "10.0.9.9:8000".into(),
+                    },
+                    _ => Fleet::instance(slot),
+                };
+                let mut candidate = Candidate::local(instance, in_flight);
                 if let Some(engine) = self.engine.get(usize::from(slot)).copied().flatten() {
                     candidate.load = (engine + in_flight).max(in_flight);
                     candidate.engine_room = self
@@ -127,9 +150,6 @@ impl LoadView for Fleet {
             }
         }
         HeldPrefix::default()
-    }
-    fn note_chosen(&mut self, instance: &InstanceRef, placed_bytes: u64) {
-        self.recent.note(instance.slot, placed_bytes);
     }
     fn remember_held(
         &mut self,
@@ -776,7 +796,7 @@ fn a_contended_claim_still_names_the_instance_uncounted() {
     let mut fleet = Fleet::new(3);
     fleet.contended = true;
     let blocks = prompt(&record("user", "hello"));
-    let routed = policy.decide(&blocks, None, &mut fleet, 0, 0);
+    let routed = fleet.decide(&policy, &blocks, None, 0);
     assert!(routed.headers.host_override.is_some());
     assert_eq!(routed.ticket, None);
     assert_eq!(routed.headers.counted, None);
@@ -787,7 +807,7 @@ fn with_no_instance_known_maglev_on_the_opening_decides() {
     let policy = LongestPrefix::new(3, 2, ColdPlacement::Consistent, None);
     let mut fleet = Fleet::new(0);
     let blocks = prompt(&record("user", "hello"));
-    let routed = policy.decide(&blocks, None, &mut fleet, 0, 0);
+    let routed = fleet.decide(&policy, &blocks, None, 0);
     assert_eq!(routed.headers.kind, DecisionKind::Cold);
     assert_eq!(routed.headers.key, Some(blocks.opening_key()));
     assert_eq!(routed.headers.host_override, None);
@@ -799,11 +819,11 @@ fn matched_and_placed_bytes_report_what_the_chosen_instance_held_and_gains() {
     let policy = LongestPrefix::new(10, 2, ColdPlacement::Consistent, None);
     let mut fleet = Fleet::new(3);
     let turns = conversation("", 3, 2);
-    let first = policy.decide(&turns[0], None, &mut fleet, 0, 0);
+    let first = fleet.decide(&policy, &turns[0], None, 0);
     assert_eq!(first.headers.matched_bytes, Some(0));
     assert_eq!(first.placed_bytes, turns[0].prefix_bytes as u64);
     drop(first);
-    let second = policy.decide(&turns[1], None, &mut fleet, 0, 0);
+    let second = fleet.decide(&policy, &turns[1], None, 0);
     // Turn 0 is its opening (its first message, cut as a block of its
     // own): all of it is a prefix of turn 1.
     assert_eq!(turns[0].cuts[1], turns[0].prefix_bytes);
@@ -814,7 +834,7 @@ fn matched_and_placed_bytes_report_what_the_chosen_instance_held_and_gains() {
         (turns[1].prefix_bytes - opening) as u64
     );
     drop(second);
-    let again = policy.decide(&turns[1], None, &mut fleet, 0, 0);
+    let again = fleet.decide(&policy, &turns[1], None, 0);
     assert_eq!(again.placed_bytes, 0, "a repeated prompt adds nothing");
     drop(again);
 }
@@ -826,7 +846,7 @@ fn an_unlisted_fleet_leaves_cold_prompts_to_maglev_and_explores_when_full() {
     fleet.listed = false;
     fleet.hold = true;
     let blocks = prompt(&record("user", "a cold question"));
-    let routed = policy.decide(&blocks, None, &mut fleet, 0, 0);
+    let routed = fleet.decide(&policy, &blocks, None, 0);
     assert_eq!(routed.headers.kind, DecisionKind::Cold);
     assert_eq!(routed.headers.key, Some(blocks.opening_key()));
     assert_eq!(routed.headers.host_override, None);
@@ -837,7 +857,7 @@ fn an_unlisted_fleet_leaves_cold_prompts_to_maglev_and_explores_when_full() {
     assert_eq!(fleet.route(&policy, &blocks), (DecisionKind::Matched, 1));
     // Every known instance full: a salted opening lets Maglev explore.
     fleet.in_flight = vec![3, 3];
-    let routed = policy.decide(&blocks, None, &mut fleet, 5, 0);
+    let routed = fleet.decide(&policy, &blocks, None, 5);
     assert_eq!(routed.headers.kind, DecisionKind::Overflow);
     assert_eq!(routed.headers.host_override, None);
     assert_eq!(
@@ -859,7 +879,7 @@ fn a_known_fleet_places_cold_prompts_under_the_cap() {
     let blocks = prompt(&record("user", "the same new question"));
     let mut served = Vec::new();
     for _ in 0..4 {
-        let routed = policy.decide(&blocks, None, &mut fleet, 0, 0);
+        let routed = fleet.decide(&policy, &blocks, None, 0);
         assert!(routed.ticket.is_some(), "{:?}", routed.headers);
         served.push(routed.headers.host_override.unwrap());
     }
@@ -888,7 +908,7 @@ fn a_moved_request_reports_and_extends_what_its_new_instance_held() {
     fleet.in_flight = vec![0, 0];
     // Past its bound: turn 1's prefix (a KiB) allows it one request.
     fleet.in_flight[usize::from(other)] = 2;
-    let routed = policy.decide(&turns[2], None, &mut fleet, 0, 0);
+    let routed = fleet.decide(&policy, &turns[2], None, 0);
     assert_eq!(routed.headers.kind, DecisionKind::Moved);
     let turn0 = turns[0].prefix_bytes as u64;
     assert_eq!(routed.headers.matched_bytes, Some(turn0));
@@ -930,6 +950,7 @@ fn a_holder_may_be_a_request_past_the_bound_per_kib_it_holds() {
             &candidates,
             &held,
             &prompt,
+            &RecentChoices::default(),
             fleet_load_bound(&candidates, 2),
         );
         assert_eq!(ranking.bound, 2);
@@ -1051,7 +1072,7 @@ fn an_unlisted_fleet_places_cold_prompts_among_its_instances_while_one_is_over_a
     let blocks = distinct_prompt(3);
     let mut fleet = Fleet::new(4);
     fleet.listed = false;
-    let routed = policy.decide(&blocks, None, &mut fleet, 0, 0);
+    let routed = fleet.decide(&policy, &blocks, None, 0);
     assert_eq!(routed.headers.host_override, None, "left to Maglev");
     let first = top_two(&blocks, 4)[0];
     fleet.kv_full = vec![first];
@@ -1099,6 +1120,24 @@ fn claims_stay_within_the_room_the_engines_report() {
 }
 
 #[test]
+fn an_instance_in_a_departed_ones_slot_starts_with_none_of_its_recent_choices() {
+    let policy = LongestPrefix::new(64, 2, ColdPlacement::Consistent, None);
+    let mut fleet = Fleet::new(1);
+    let blocks = prompt(&"a question ".repeat(100));
+    for _ in 0..5 {
+        fleet.decide(&policy, &blocks, None, 0);
+    }
+    assert_eq!(fleet.recent.count(0), 5);
+    fleet.reseated = true;
+    let routed = fleet.decide(&policy, &blocks, None, 0);
+    assert_eq!(
+        routed.headers.host_override.as_deref(),
+        Some("10.0.9.9:8000")
+    );
+    assert_eq!(fleet.recent.count(0), 1, "this decision only");
+}
+
+#[test]
 fn share_counts_decisions_past_even_plus_the_slack() {
     assert_eq!(past_share(38, 256, 7), 0);
     assert_eq!(past_share(40, 256, 7), 2);
@@ -1113,12 +1152,12 @@ fn share_counts_decisions_past_even_plus_the_slack() {
 #[test]
 fn a_tie_goes_to_the_openings_rank_and_balanced_weighs_the_two_best() {
     let candidates: Vec<Candidate> = (0..5)
-        .map(|slot| {
-            let mut c = Candidate::local(Fleet::instance(slot), 0);
-            c.placed_bytes = 1000 * u64::from(slot);
-            c
-        })
+        .map(|slot| Candidate::local(Fleet::instance(slot), 0))
         .collect();
+    let mut recent = RecentChoices::default();
+    for slot in 0..5 {
+        recent.note(slot, 1000 * u64::from(slot));
+    }
     let held = [Held {
         bytes: 0,
         longest: false,
@@ -1130,11 +1169,17 @@ fn a_tie_goes_to_the_openings_rank_and_balanced_weighs_the_two_best() {
         balances: false,
     };
     let slots = |prompt: &Prompt| -> Vec<u16> {
-        score(&candidates, &held, prompt, fleet_load_bound(&candidates, 2))
-            .order
-            .iter()
-            .map(|s| s.candidate.instance.slot)
-            .collect()
+        score(
+            &candidates,
+            &held,
+            prompt,
+            &recent,
+            fleet_load_bound(&candidates, 2),
+        )
+        .order
+        .iter()
+        .map(|s| s.candidate.instance.slot)
+        .collect()
     };
     let mut by_rank: Vec<u16> = (0..5).collect();
     by_rank.sort_by_key(|&s| std::cmp::Reverse(rank(42, &Fleet::instance(s).address)));
@@ -1181,7 +1226,7 @@ fn route_adapter(
     blocks: &PromptBlocks,
     adapter: Option<u64>,
 ) -> (u16, Option<AdapterDecision>) {
-    let routed = policy.decide(blocks, adapter, fleet, 0, 0);
+    let routed = fleet.decide(policy, blocks, adapter, 0);
     let host = routed
         .headers
         .host_override
