@@ -30,7 +30,7 @@ use prefix_router::request::{
 };
 use prefix_router::shared::MemoryStore;
 use prefix_router::steering;
-use prefix_router::strategy::{RecentChoices, RoutingPolicy};
+use prefix_router::strategy::{RecentChoices, RouteRequest};
 use prefix_router::usage::{Framing, UsageScanner};
 
 /// Envoy's body callbacks deliver up to this much at once here.
@@ -192,6 +192,7 @@ fn route_requests(strategy: &str) -> impl FnMut() {
     let mut now_ms = 1_000_000u64;
     let mut tracker = tracker_with_instances(&config, &Rc::new(MemoryStore::new()), now_ms);
     let keys: Vec<String> = (0..50u64).map(|k| format!("{k:016x}")).collect();
+    let mut recent = RecentChoices::default();
     let mut n = 0usize;
     move || {
         n += 1;
@@ -199,7 +200,11 @@ fn route_requests(strategy: &str) -> impl FnMut() {
         let k = n % keys.len();
         let key = &keys[k];
         let random = (n as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        let routed = policy.decide(Some(key), &mut tracker, random, now_ms);
+        let request = RouteRequest {
+            key: Some(key),
+            ..RouteRequest::default()
+        };
+        let routed = policy.route(request, &mut tracker, &mut recent, random, now_ms);
         let decision = &routed.headers;
         let address = decision
             .host_override
@@ -286,14 +291,8 @@ fn route_prompts_over(
             }
         }
         let random = n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        let routed = policy.route(
-            &derivation,
-            adapter,
-            &mut tracker,
-            &mut recent,
-            random,
-            now_ms,
-        );
+        let request = RouteRequest::of(&derivation, adapter);
+        let routed = policy.route(request, &mut tracker, &mut recent, random, now_ms);
         let decision = &routed.headers;
         let address = decision.host_override.as_deref().unwrap_or(&serving[0]);
         let start = UpstreamStart {

@@ -10,8 +10,8 @@ use crate::config::{Config, Counting, Matching, Strategy};
 use crate::headers::{COUNTED_HEADER, DEFAULT_HOST_HEADER, PENDING_MARK, ROUTE_HEADER};
 use crate::load::{LoadConfig, UpstreamStart};
 use crate::strategy::{
-    AdapterDecision, AdapterSets, Cost, DecisionKind, Explained, LeastOutstanding, LongestPrefix,
-    Policy, PrefixAware, RandomPolicy, RouteHeaders,
+    AdapterDecision, AdapterSets, Cost, DecisionKind, Explained, LongestPrefix, Policy,
+    PrefixAware, RouteHeaders,
 };
 
 /// The routing policy a configuration selects (rebuilt on every configure).
@@ -32,8 +32,8 @@ pub fn policy_for(config: &Config) -> Policy {
             engine_load: config.engine_load.is_some(),
             ..PrefixAware::new(config.concurrency_threshold, config.host_header.is_some())
         }),
-        Strategy::LeastOutstandingRequests => Policy::LeastOutstanding(LeastOutstanding),
-        Strategy::Random => Policy::Random(RandomPolicy),
+        Strategy::LeastOutstandingRequests => Policy::LeastOutstanding,
+        Strategy::Random => Policy::Random,
     }
 }
 
@@ -219,9 +219,25 @@ mod tests {
     use super::*;
     use crate::config::ColdPlacement;
     use crate::headers::LEAST_REQUEST_ROUTE;
+    use crate::load::LoadView;
     use crate::load::{LoadTracker, Ticket};
     use crate::shared::MemoryStore;
-    use crate::strategy::RoutingPolicy;
+    use crate::strategy::{RecentChoices, RouteRequest, Routed};
+
+    /// `policy`'s decision for a request with `key`.
+    fn decide(
+        policy: &Policy,
+        key: Option<&str>,
+        load: &mut dyn LoadView,
+        random: u64,
+        now: u64,
+    ) -> Routed {
+        let request = RouteRequest {
+            key,
+            ..RouteRequest::default()
+        };
+        policy.route(request, load, &mut RecentChoices::default(), random, now)
+    }
 
     /// With `match: FIXED_PREFIX` unless `json` names a match: these tests
     /// pin the steering of Maglev keys.
@@ -280,11 +296,11 @@ mod tests {
         );
         assert_eq!(
             policy_for(&config(r#"{"strategy":"LEAST_OUTSTANDING_REQUESTS"}"#)),
-            Policy::LeastOutstanding(LeastOutstanding)
+            Policy::LeastOutstanding
         );
         assert_eq!(
             policy_for(&config(r#"{"strategy":"RANDOM"}"#)),
-            Policy::Random(RandomPolicy)
+            Policy::Random
         );
     }
 
@@ -366,7 +382,7 @@ mod tests {
         let mut tickets = Vec::new();
         tickets.extend(other);
 
-        let first = policy.decide(Some(KEY), &mut load, 1, 10);
+        let first = decide(&policy, Some(KEY), &mut load, 1, 10);
         assert_eq!(first.headers.kind, DecisionKind::Prefix);
         assert_eq!(first.headers.counted.as_deref(), Some(PENDING_MARK));
         let t = load.upstream_started(
@@ -380,7 +396,7 @@ mod tests {
         );
         tickets.extend(t);
 
-        let second = policy.decide(Some(KEY), &mut load, 2, 12);
+        let second = decide(&policy, Some(KEY), &mut load, 2, 12);
         assert_eq!(second.headers.kind, DecisionKind::Prefix);
         assert_eq!(second.headers.counted.as_deref(), Some("10.0.0.1:80"));
         assert_eq!(second.headers.host_override, None);
@@ -399,7 +415,7 @@ mod tests {
         );
         tickets.extend(second.ticket);
 
-        let third = policy.decide(Some(KEY), &mut load, 3, 14);
+        let third = decide(&policy, Some(KEY), &mut load, 3, 14);
         assert_eq!(third.headers.kind, DecisionKind::Overflow);
         assert_eq!(third.headers.host_override.as_deref(), Some("10.0.0.9:80"));
         assert_eq!(
@@ -438,7 +454,7 @@ mod tests {
         let address = "10.0.0.1:80";
         let steady = |load: &mut LoadTracker<&MemoryStore>, now: u64| {
             let (reads, writes) = (store.reads(), store.successful_sets());
-            let routed = policy.decide(Some(KEY), load, 2, now);
+            let routed = decide(&policy, Some(KEY), load, 2, now);
             let counted = routed.headers.counted.clone();
             let started = UpstreamStart {
                 address,
@@ -513,7 +529,7 @@ mod tests {
                 .map(|l| l.in_flight)
         };
 
-        let first = policy.decide(Some(KEY), &mut load, 1, 10);
+        let first = decide(&policy, Some(KEY), &mut load, 1, 10);
         assert_eq!(first.ticket, None);
         let first_count = ListenerCount::of(&c, &first.headers, false);
         assert!(first_count.check_at_response(), "pending: always checked");
@@ -521,7 +537,7 @@ mod tests {
         assert!(first_ticket.is_some(), "counted at its response");
         assert_eq!(in_flight(&mut load, a), Some(1));
 
-        let second = policy.decide(Some(KEY), &mut load, 2, 12);
+        let second = decide(&policy, Some(KEY), &mut load, 2, 12);
         assert_eq!(
             second.headers.counted.as_deref(),
             Some(a),
@@ -538,7 +554,7 @@ mod tests {
         assert_eq!(second_ticket.as_ref().map(Ticket::slot), claimed, "kept");
         assert_eq!(in_flight(&mut load, a), Some(2), "not counted twice");
 
-        let third = policy.decide(Some(KEY), &mut load, 3, 14);
+        let third = decide(&policy, Some(KEY), &mut load, 3, 14);
         assert!(third.ticket.is_some(), "claimed on a");
         let third_count = ListenerCount::of(&c, &third.headers, false);
         assert!(!third_count.count_stands(b), "predicted a, went to b");
@@ -550,7 +566,7 @@ mod tests {
             "the claim on a given back"
         );
         assert_eq!(in_flight(&mut load, b), Some(1));
-        let fourth = policy.decide(Some(KEY), &mut load, 4, 16);
+        let fourth = decide(&policy, Some(KEY), &mut load, 4, 16);
         assert_eq!(fourth.headers.counted.as_deref(), Some(b), "relearned: b");
 
         let tickets = [first_ticket, second_ticket, moved, fourth.ticket];
@@ -585,7 +601,7 @@ mod tests {
         let c = config(r#"{"strategy":"LEAST_OUTSTANDING_REQUESTS"}"#);
         let store = MemoryStore::new();
         let mut load = LoadTracker::new(&store, load_config(&c), 1);
-        let routed = policy_for(&c).decide(None, &mut load, 0, 0);
+        let routed = decide(&policy_for(&c), None, &mut load, 0, 0);
         assert_eq!(
             header_writes(&c, &routed.headers),
             vec![("x-prefix-router-lb", LEAST_REQUEST_ROUTE.to_string())]

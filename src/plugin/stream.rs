@@ -22,7 +22,9 @@ use crate::request::{
     BodyKind, BodyVerdict, HeadersVerdict, KeyDerivation, LocalReply, RequestHead, RequestReader,
 };
 use crate::steering::{self, ListenerCount};
-use crate::strategy::{AdapterDecision, DecisionKind, Explained, Policy, RouteHeaders};
+use crate::strategy::{
+    AdapterDecision, DecisionKind, Explained, Policy, RouteHeaders, RouteRequest,
+};
 use crate::usage::check::{Prediction, Verdict};
 use crate::usage::{Framing, UsageScanner};
 
@@ -457,7 +459,8 @@ impl Stream {
             t.set_configured_instances(instances);
             t.set_index_bytes(index_bytes);
             t.set_engine_view(engine_view);
-            let routed = policy.route(derivation, adapter, t, recent, random, now);
+            let request = RouteRequest::of(derivation, adapter);
+            let routed = policy.route(request, t, recent, random, now);
             // A LONGEST_PREFIX request Envoy placed: indexed where it went,
             // and counted there if no upstream filter does, at the response.
             let placed_by_envoy = routed.headers.host_override.is_none()

@@ -2,30 +2,30 @@
 //! request reader derived, decide where the request goes, as the values of
 //! the headers that steer Envoy (key header for Maglev, host-override header,
 //! route-selection header), and claim the in-flight slot the request will
-//! use. One file per policy behind one trait, like SGLang router's
-//! `policies/`; [`Policy`] dispatches on the configured strategy.
+//! use. [`Policy::route`] dispatches on the configured strategy in one
+//! match: LONGEST_PREFIX (`longest_prefix.rs`, the default) and FIXED_PREFIX
+//! (`prefix_aware.rs`) choose an instance; LEAST_OUTSTANDING_REQUESTS and
+//! RANDOM leave the choice to Envoy's balancers.
 //!
 //! `steering` writes a [`RouteHeaders`] onto the request (every header it
 //! governs was removed from the client's request first), and the stream keeps
 //! the [`Routed::ticket`] until its `on_done`.
 
-mod least_outstanding;
 mod longest_prefix;
 mod prefix_aware;
-mod random;
 mod recent;
 
 #[cfg(test)]
 mod scenarios;
 
-pub use least_outstanding::LeastOutstanding;
 pub use longest_prefix::{
     AdapterDecision, AdapterPlacement, AdapterSets, Cost, Explained, LongestPrefix,
 };
 pub use prefix_aware::{least_busy_other, salted_key, PrefixAware};
-pub use random::RandomPolicy;
 pub use recent::{RecentChoices, RECENT_WINDOW};
 
+use crate::blocks::PromptBlocks;
+use crate::headers::LEAST_REQUEST_ROUTE;
 use crate::load::{LoadView, Ticket};
 use crate::request::KeyDerivation;
 
@@ -137,17 +137,27 @@ impl Routed {
     }
 }
 
-/// A routing strategy.
-pub trait RoutingPolicy {
-    /// Decides for one request. `key` is the computed routing key (None: no
-    /// body); `random` is a fresh random number; `now_ms` the current time.
-    fn decide(
-        &self,
-        key: Option<&str>,
-        load: &mut dyn LoadView,
-        random: u64,
-        now_ms: u64,
-    ) -> Routed;
+/// What a decision is made on: the request as its reading derived it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RouteRequest<'a> {
+    /// The routing key (16 hex digits); None: no key (no body, or one that
+    /// could not be read).
+    pub key: Option<&'a str>,
+    /// LONGEST_PREFIX: the prompt's chained blocks.
+    pub blocks: Option<&'a PromptBlocks>,
+    /// The LoRA adapter the request names, hashed.
+    pub adapter: Option<u64>,
+}
+
+impl<'a> RouteRequest<'a> {
+    /// The request `derivation` describes, for `adapter`.
+    pub fn of(derivation: &'a KeyDerivation, adapter: Option<u64>) -> Self {
+        Self {
+            key: derivation.key.as_deref(),
+            blocks: derivation.blocks.as_ref(),
+            adapter,
+        }
+    }
 }
 
 /// The configured strategy (enum dispatch; build it in `on_configure`).
@@ -155,47 +165,83 @@ pub trait RoutingPolicy {
 pub enum Policy {
     LongestPrefix(LongestPrefix),
     PrefixAware(PrefixAware),
-    LeastOutstanding(LeastOutstanding),
-    Random(RandomPolicy),
-}
-
-impl RoutingPolicy for Policy {
-    fn decide(
-        &self,
-        key: Option<&str>,
-        load: &mut dyn LoadView,
-        random: u64,
-        now_ms: u64,
-    ) -> Routed {
-        match self {
-            // Without blocks (no key): where Maglev puts a request without one.
-            Policy::LongestPrefix(_) => Routed::untracked(RouteHeaders::bare(DecisionKind::NoKey)),
-            Policy::PrefixAware(p) => p.decide(key, load, random, now_ms),
-            Policy::LeastOutstanding(p) => p.decide(key, load, random, now_ms),
-            Policy::Random(p) => p.decide(key, load, random, now_ms),
-        }
-    }
+    /// Envoy's least_request cluster, chosen by the route header.
+    LeastOutstanding,
+    /// Maglev without a key: uniformly random.
+    Random,
 }
 
 impl Policy {
-    /// Decides for a request as its reading derived it: LONGEST_PREFIX on
-    /// the prompt's blocks (and the LoRA adapter it names, hashed), every
-    /// other policy on the key. `recent`: where this worker's last decisions
-    /// went, which LONGEST_PREFIX reads and adds to.
+    /// Decides for `request`: `random` is a fresh random number, `recent`
+    /// where this worker's last decisions went (LONGEST_PREFIX reads and adds
+    /// to it).
     pub fn route(
         &self,
-        derivation: &KeyDerivation,
-        adapter: Option<u64>,
+        request: RouteRequest<'_>,
         load: &mut dyn LoadView,
         recent: &mut RecentChoices,
         random: u64,
         now_ms: u64,
     ) -> Routed {
-        match (self, &derivation.blocks) {
-            (Policy::LongestPrefix(p), Some(blocks)) => {
-                p.decide(blocks, adapter, load, recent, random, now_ms)
-            }
-            _ => self.decide(derivation.key.as_deref(), load, random, now_ms),
+        match self {
+            Policy::LongestPrefix(p) => match request.blocks {
+                Some(blocks) => p.decide(blocks, request.adapter, load, recent, random, now_ms),
+                // No key: where Maglev puts a request without one.
+                None => Routed::untracked(RouteHeaders::bare(DecisionKind::NoKey)),
+            },
+            Policy::PrefixAware(p) => p.decide(request.key, load, random, now_ms),
+            Policy::LeastOutstanding => Routed::untracked(RouteHeaders {
+                route: Some(LEAST_REQUEST_ROUTE),
+                ..RouteHeaders::bare(DecisionKind::LeastOutstanding)
+            }),
+            Policy::Random => Routed::untracked(RouteHeaders::bare(DecisionKind::Random)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::load::{LoadConfig, LoadTracker};
+    use crate::shared::MemoryStore;
+
+    fn route(policy: &Policy) -> Routed {
+        let store = MemoryStore::new();
+        let mut load = LoadTracker::new(&store, LoadConfig::default(), 1);
+        let request = RouteRequest {
+            key: Some("0123456789abcdef"),
+            ..RouteRequest::default()
+        };
+        policy.route(request, &mut load, &mut RecentChoices::default(), 7, 0)
+    }
+
+    #[test]
+    fn random_sets_no_header_and_counts_nothing() {
+        let routed = route(&Policy::Random);
+        assert_eq!(routed.headers, RouteHeaders::bare(DecisionKind::Random));
+        assert_eq!(routed.ticket, None);
+    }
+
+    #[test]
+    fn least_outstanding_selects_the_least_request_route_without_key_or_override() {
+        let routed = route(&Policy::LeastOutstanding);
+        assert_eq!(routed.headers.kind, DecisionKind::LeastOutstanding);
+        assert_eq!(routed.headers.route, Some(LEAST_REQUEST_ROUTE));
+        assert_eq!(routed.headers.key, None);
+        assert_eq!(routed.headers.host_override, None);
+        assert_eq!(routed.ticket, None);
+    }
+
+    #[test]
+    fn longest_prefix_without_blocks_is_left_to_maglev_without_a_key() {
+        let policy = Policy::LongestPrefix(LongestPrefix::new(
+            4,
+            4,
+            crate::config::ColdPlacement::Consistent,
+            None,
+        ));
+        let routed = route(&policy);
+        assert_eq!(routed.headers, RouteHeaders::bare(DecisionKind::NoKey));
+        assert_eq!(routed.ticket, None);
     }
 }

@@ -14,7 +14,7 @@
 
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
-use super::{DecisionKind, RouteHeaders, Routed, RoutingPolicy};
+use super::{DecisionKind, RouteHeaders, Routed};
 use crate::headers::PENDING_MARK;
 use crate::load::{Candidate, Claim, InstanceRef, LoadView, Target, Ticket};
 
@@ -252,8 +252,10 @@ fn in_flight_of(candidates: &[Candidate], instance: &InstanceRef) -> Option<u32>
         .map(|c| c.in_flight)
 }
 
-impl RoutingPolicy for PrefixAware {
-    fn decide(
+impl PrefixAware {
+    /// Decides for a request with `key` (None: no key); `random` is a fresh
+    /// random number.
+    pub fn decide(
         &self,
         key: Option<&str>,
         load: &mut dyn LoadView,

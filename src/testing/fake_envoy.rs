@@ -13,7 +13,9 @@ use xxhash_rust::xxh3::xxh3_64;
 
 use crate::load::{LoadConfig, LoadTracker, Ticket, UpstreamStart};
 use crate::shared::MemoryStore;
-use crate::strategy::{DecisionKind, Policy, PrefixAware, RouteHeaders, RoutingPolicy};
+use crate::strategy::{
+    DecisionKind, Policy, PrefixAware, RecentChoices, RouteHeaders, RouteRequest,
+};
 
 type Worker = LoadTracker<Rc<MemoryStore>>;
 
@@ -117,9 +119,14 @@ impl FakeEnvoy {
     pub(crate) fn decide(&mut self, worker: usize, key: Option<&str>) -> Stream {
         let random = self.random();
         let now = self.now;
-        let routed = self
-            .policy
-            .decide(key, &mut self.workers[worker], random, now);
+        let request = RouteRequest {
+            key,
+            ..RouteRequest::default()
+        };
+        let mut recent = RecentChoices::default();
+        let routed =
+            self.policy
+                .route(request, &mut self.workers[worker], &mut recent, random, now);
         Stream {
             worker,
             host: None,
