@@ -309,6 +309,17 @@ fn an_instance_killed_between_requests_loses_none_of_the_next() {
         .status()
         .expect("kill");
     assert!(killed.success(), "kill -KILL -{pid}");
+    // Dead once its port refuses connections: until the dying processes'
+    // sockets are closed, a connection is accepted and then reset, and a
+    // request written on it is never retried (the instance may have read it).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect_timeout(&victim, Duration::from_millis(200)).is_ok() {
+        assert!(
+            Instant::now() < deadline,
+            "{victim} still accepts connections 10 s after the kill"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     // Envoy has seen its pooled connections there close (a request written
     // on one before that fails, as the instance may have read it: never
     // retried), as in `upstream_failure.rs`.
