@@ -55,6 +55,14 @@ pub fn least_busy_other<'a>(
         })
 }
 
+/// This Envoy's requests in flight on `instance`, if it is a candidate.
+fn in_flight_of(candidates: &[Candidate], instance: &InstanceRef) -> Option<u32> {
+    candidates
+        .iter()
+        .find(|c| c.instance == *instance)
+        .map(|c| c.in_flight)
+}
+
 /// See the module documentation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PrefixAware {
@@ -242,17 +250,7 @@ impl PrefixAware {
             _ => Self::stay(key, target, load, now_ms),
         }
     }
-}
 
-/// This Envoy's requests in flight on `instance`, if it is a candidate.
-fn in_flight_of(candidates: &[Candidate], instance: &InstanceRef) -> Option<u32> {
-    candidates
-        .iter()
-        .find(|c| c.instance == *instance)
-        .map(|c| c.in_flight)
-}
-
-impl PrefixAware {
     /// Decides for a request with `key` (None: no key); `random` is a fresh
     /// random number.
     pub fn decide(
