@@ -11,10 +11,9 @@
 //! it, so it confirms where an adapter is resident and never denies.
 
 use serde_json::Value;
-use xxhash_rust::xxh3::xxh3_64;
 
 use super::metrics_text::{label_value, number, samples};
-use crate::load::AdapterNames;
+use crate::load::{adapter_hash, AdapterNames};
 
 /// vLLM's gauge of the adapters in use: one series per state it has been
 /// in, valued with the time it was last in it.
@@ -35,9 +34,7 @@ pub fn served_adapters(status: Option<u32>, body: &[u8]) -> Option<AdapterNames>
     let list: Value = serde_json::from_slice(body).ok()?;
     let mut served = AdapterNames::default();
     for card in list.get("data")?.as_array()? {
-        served.insert(xxhash_rust::xxh3::xxh3_64(
-            card.get("id")?.as_str()?.as_bytes(),
-        ));
+        served.insert(adapter_hash(card.get("id")?.as_str()?.as_bytes()));
     }
     Some(served)
 }
@@ -63,7 +60,7 @@ pub fn active_adapters(metrics_body: &[u8]) -> Option<AdapterNames> {
     for key in [&b"running_lora_adapters"[..], b"waiting_lora_adapters"] {
         let list = label_value(labels, key).unwrap_or_default();
         for name in list.split(|b| *b == b',').filter(|n| !n.is_empty()) {
-            active.insert(xxh3_64(name));
+            active.insert(adapter_hash(name));
         }
     }
     Some(active)
@@ -79,9 +76,9 @@ mod tests {
     #[test]
     fn lists_every_model_and_adapter_the_engine_names() {
         let served = served_adapters(Some(200), VLLM.as_bytes()).expect("a list");
-        assert!(served.contains(xxh3_64("aé-0".as_bytes())));
-        assert!(served.contains(xxh3_64(b"HuggingFaceTB/SmolLM2-135M-Instruct")));
-        assert!(!served.contains(xxh3_64(b"a1")));
+        assert!(served.contains(adapter_hash("aé-0".as_bytes())));
+        assert!(served.contains(adapter_hash(b"HuggingFaceTB/SmolLM2-135M-Instruct")));
+        assert!(!served.contains(adapter_hash(b"a1")));
         let empty = served_adapters(Some(200), br#"{"object":"list","data":[]}"#);
         assert_eq!(empty, Some(AdapterNames::default()));
     }
@@ -119,11 +116,14 @@ vllm:num_requests_running{engine=\"0\"} 2
     fn the_latest_lora_state_names_the_adapters_running_and_waiting() {
         let active = active_adapters(LORA_INFO.as_bytes()).expect("the gauge");
         for adapter in ["a1", "a\"2", "a3"] {
-            assert!(active.contains(xxh3_64(adapter.as_bytes())), "{adapter}");
+            assert!(
+                active.contains(adapter_hash(adapter.as_bytes())),
+                "{adapter}"
+            );
         }
         // Running in an older state only, or never.
-        assert!(!active.contains(xxh3_64(b"a0")));
-        assert!(!active.contains(xxh3_64(b"a\\\"2")));
+        assert!(!active.contains(adapter_hash(b"a0")));
+        assert!(!active.contains(adapter_hash(b"a\\\"2")));
     }
 
     #[test]

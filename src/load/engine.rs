@@ -46,6 +46,12 @@ impl Default for AdapterNames {
     }
 }
 
+/// The hash an adapter is known by: its name as a request gives it and as an
+/// engine lists it.
+pub fn adapter_hash(name: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(name)
+}
+
 const NAMES_BYTES: usize = 128;
 const NAMES_BITS: u64 = NAMES_BYTES as u64 * 8;
 
@@ -234,14 +240,14 @@ mod tests {
     fn served_adapters_round_trip_and_never_deny_a_listed_adapter() {
         let mut served = AdapterNames::default();
         let listed: Vec<u64> = (0..100u64)
-            .map(|a| xxhash_rust::xxh3::xxh3_64(format!("lora-{a}").as_bytes()))
+            .map(|a| adapter_hash(format!("lora-{a}").as_bytes()))
             .collect();
         for &adapter in &listed {
             served.insert(adapter);
         }
         assert!(listed.iter().all(|&a| served.contains(a)));
         let unlisted = (100..1_100u64)
-            .filter(|a| served.contains(xxhash_rust::xxh3::xxh3_64(format!("lora-{a}").as_bytes())))
+            .filter(|a| served.contains(adapter_hash(format!("lora-{a}").as_bytes())))
             .count();
         // A hundred listed adapters in 1,024 bits: a few unlisted ones pass.
         assert!(unlisted < 100, "{unlisted} of 1,000 unlisted adapters pass");

@@ -38,12 +38,13 @@ mod tracker;
 mod tests;
 
 pub use tracker::{
-    LoadTracker, PollerKind, RECORD_CACHE_MS, RECORD_READS_PER_DECISION, RESPONSE_CHECK_MS,
+    addr_hash, LoadTracker, PollerKind, RECORD_CACHE_MS, RECORD_READS_PER_DECISION,
+    RESPONSE_CHECK_MS,
 };
 
 use crate::headers::PENDING_MARK;
 
-pub use engine::{AdapterNames, EngineBounds, EngineLoad, EngineView};
+pub use engine::{adapter_hash, AdapterNames, EngineBounds, EngineLoad, EngineView};
 pub use instances::{FAILED_RETRY_MS, SUSPECT_MS};
 pub use prefix_index::Remembered;
 pub(crate) use prefix_index::SPAN_BLOCKS;

@@ -1007,7 +1007,7 @@ fn nine_overflows_at_threshold_three_spread_over_six_other_instances() {
 /// Writes an engine sample of `address` (registry `slot`) as the poller does.
 fn engine_sample(store: &MemoryStore, slot: u16, address: &str, load: EngineLoad, at: u64) {
     let record = engine::EngineRecord {
-        addr_hash: xxhash_rust::xxh3::xxh3_64(address.as_bytes()),
+        addr_hash: addr_hash(address),
         sampled_at_ms: at,
         load,
         base_in_flight: 0,

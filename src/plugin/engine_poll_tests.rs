@@ -544,7 +544,7 @@ fn candidates_as_read(s: &Setup, json: &str) -> Vec<crate::load::Candidate> {
 
 /// Whether each instance's engine lists `adapter` (None: not known).
 fn served_as_read(s: &Setup, json: &str, adapter: &str) -> Vec<(String, Option<bool>)> {
-    let hash = xxhash_rust::xxh3::xxh3_64(adapter.as_bytes());
+    let hash = crate::load::adapter_hash(adapter.as_bytes());
     candidates_as_read(s, json)
         .into_iter()
         .map(|c| {
@@ -662,7 +662,7 @@ fn with_adapters_the_metrics_say_which_adapters_each_engine_runs() {
         s.answer(&call, answer);
     }
     let runs = |s: &Setup, adapter: &str| -> Vec<bool> {
-        let hash = xxhash_rust::xxh3::xxh3_64(adapter.as_bytes());
+        let hash = crate::load::adapter_hash(adapter.as_bytes());
         candidates_as_read(s, &json)
             .iter()
             .map(|c| c.runs(hash))
@@ -671,7 +671,7 @@ fn with_adapters_the_metrics_say_which_adapters_each_engine_runs() {
     assert_eq!(runs(&s, "lora-1"), [true, false]);
     assert_eq!(runs(&s, "lora-2"), [true, true]);
     // Listed by neither /v1/models, yet A may serve lora-1: it runs it.
-    let hash = xxhash_rust::xxh3::xxh3_64(b"lora-1");
+    let hash = crate::load::adapter_hash(b"lora-1");
     let may: Vec<bool> = candidates_as_read(&s, &json)
         .iter()
         .map(|c| c.may_serve(hash))

@@ -16,7 +16,7 @@ use crate::engine_load::orca;
 use crate::headers::OnceHeader;
 use crate::headers::{COUNTED_HEADER, INTERNAL_REQUEST_HEADERS};
 use crate::host::{HeaderMap, Host};
-use crate::load::{EngineView, Ticket, UpstreamStart, FAILED_RETRY_MS};
+use crate::load::{adapter_hash, EngineView, Ticket, UpstreamStart, FAILED_RETRY_MS};
 use crate::metrics::{Counter, UsageCounter};
 use crate::request::{
     BodyKind, BodyVerdict, HeadersVerdict, KeyDerivation, LocalReply, RequestHead, RequestReader,
@@ -439,7 +439,7 @@ impl Stream {
         let adapter_name = self.config.adapters.as_ref().and_then(|a| {
             a.adapter_name(self.adapter_header.as_deref(), derivation.model.as_deref())
         });
-        let adapter = adapter_name.map(xxh3_64);
+        let adapter = adapter_name.map(adapter_hash);
         let listener = self.config.counting == Counting::Listener;
         // Until an upstream filter is seen counting, a request left to one
         // keeps what counting it here at the response needs.

@@ -54,12 +54,12 @@
 
 use std::rc::Rc;
 
-use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
+use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use super::{salted_key, DecisionKind, RecentChoices, RouteHeaders, Routed};
 use crate::blocks::PromptBlocks;
 use crate::config::ColdPlacement;
-use crate::load::{Candidate, Claim, LoadView, Ticket};
+use crate::load::{addr_hash, Candidate, Claim, LoadView, Ticket};
 
 /// A request in flight past the load bound weighs as much as this much
 /// prompt to compute: a request more mostly decodes beside the others, while
@@ -407,7 +407,7 @@ impl LongestPrefix {
             return Self::by_maglev(DecisionKind::Cold, opening_key);
         }
         for c in &all {
-            recent.seat(c.instance.slot, xxh3_64(c.instance.address.as_bytes()));
+            recent.seat(c.instance.slot, addr_hash(&c.instance.address));
         }
         let bound = fleet_load_bound(&all, self.load_margin);
         // An adapter's set, then the rest of the fleet; else the fleet.

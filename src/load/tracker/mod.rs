@@ -132,7 +132,9 @@ impl<T> BySlot<T> {
     }
 }
 
-fn addr_hash(address: &str) -> u64 {
+/// The hash an instance's address is known by: in every table, and where
+/// a worker seats an instance's recent choices.
+pub fn addr_hash(address: &str) -> u64 {
     xxh3_64(address.as_bytes())
 }
 
