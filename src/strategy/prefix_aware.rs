@@ -147,7 +147,8 @@ impl PrefixAware {
 
     /// The target is full (`target_over`: over a fleet-wide engine bound,
     /// else at this Envoy's cap) with `target_load`: to the least loaded
-    /// other instance if it is less loaded, else stay.
+    /// other instance if it is less loaded, else stay. `read`: the
+    /// candidates as the target was weighed, if it was.
     #[allow(clippy::too_many_arguments)]
     fn overflow(
         &self,
@@ -155,15 +156,16 @@ impl PrefixAware {
         target: &Target,
         target_load: u32,
         target_over: bool,
+        mut read: Option<Vec<Candidate>>,
         load: &mut dyn LoadView,
         random: u64,
         now_ms: u64,
     ) -> Routed {
         if self.host_override {
             for attempt in 1..=OVERFLOW_ATTEMPTS {
-                // Read again at each attempt: a refused claim means the
-                // counts moved since the last read.
-                let candidates = load.candidates(now_ms);
+                // Read again at each attempt but a first one the weighing
+                // made: a refused claim means the counts moved since.
+                let candidates = read.take().unwrap_or_else(|| load.candidates(now_ms));
                 let Some(other) = least_busy_other(&candidates, &target.instance, random).cloned()
                 else {
                     break;
@@ -278,22 +280,20 @@ impl PrefixAware {
         };
         // With engine load on: the target weighed by its engine's sample; at
         // a fleet-wide bound its keys overflow as at this Envoy's cap.
-        let weighed = if self.engine_load {
-            load.candidates(now_ms)
-                .into_iter()
-                .find(|c| c.instance == target.instance)
-        } else {
-            None
-        };
-        if let Some(over) = weighed.as_ref().filter(|c| c.over_bounds) {
-            return self.overflow(key, &target, over.load, true, load, random, now_ms);
+        let read = self.engine_load.then(|| load.candidates(now_ms));
+        let weighed = read
+            .as_ref()
+            .and_then(|all| all.iter().find(|c| c.instance == target.instance))
+            .map(|c| (c.load, c.over_bounds));
+        if let Some((target_load, true)) = weighed {
+            return self.overflow(key, &target, target_load, true, read, load, random, now_ms);
         }
         let cap = Some(self.concurrency_threshold);
         match load.claim(&target.instance, Some(key), cap, now_ms) {
             Claim::Claimed(ticket) => Self::to_target(key, &target, Some(ticket)),
             Claim::Full { in_flight } => {
-                let target_load = weighed.map_or(in_flight, |c| c.load.max(in_flight));
-                self.overflow(key, &target, target_load, false, load, random, now_ms)
+                let target_load = weighed.map_or(in_flight, |(l, _)| l.max(in_flight));
+                self.overflow(key, &target, target_load, false, read, load, random, now_ms)
             }
             // Could not claim atomically, or the target is gone: let Maglev
             // route and the upstream filter count.
@@ -343,6 +343,8 @@ mod tests {
         /// Engine-weighed load and whether it is over the fleet-wide bounds,
         /// per slot (absent: engine load off for it).
         engine: HashMap<u16, (u32, bool)>,
+        /// Reads of the candidates.
+        reads: usize,
     }
 
     impl Script {
@@ -400,6 +402,7 @@ mod tests {
         }
         /// The instances it knows: targets (salted or not) and `others`.
         fn candidates(&mut self, _now_ms: u64) -> Vec<Candidate> {
+            self.reads += 1;
             let mut known: Vec<InstanceRef> = self.targets.values().cloned().collect();
             known.extend(self.others.iter().cloned());
             known.sort_by_key(|i| i.slot);
@@ -533,6 +536,23 @@ mod tests {
         let routed = weighing(PrefixAware::new(3, true)).decide(Some(KEY), &mut script, 0, 0);
         assert_eq!(routed.headers.kind, DecisionKind::Prefix);
         assert_eq!(routed.headers.host_override, None);
+    }
+
+    #[test]
+    fn with_engine_load_a_full_targets_overflow_claims_from_the_read_that_weighed_it() {
+        let mut script = script_with_full_target(3);
+        script.engine.insert(1, (3, false));
+        script.others = vec![instance(2)];
+        script.engine.insert(2, (1, false));
+        script.loads.insert(2, 1);
+        let routed = weighing(PrefixAware::new(3, true)).decide(Some(KEY), &mut script, 0, 0);
+        assert_eq!(routed.headers.kind, DecisionKind::Overflow);
+        assert_eq!(routed.ticket, Some(ticket(2)));
+        assert_eq!(script.claims, vec![(1, Some(3)), (2, Some(2))]);
+        assert_eq!(
+            script.reads, 1,
+            "one read weighs the target and picks the other"
+        );
     }
 
     #[test]
