@@ -10,8 +10,8 @@
 //!
 //! - **prefill**: the prompt bytes the instance would compute, all but the
 //!   prefix the prefix index says it holds. The opening's first choice is
-//!   presumed to hold a later turn's history unless the index knows another
-//!   holder of the conversation: the earlier turns went there, through this
+//!   presumed to hold a later turn's history unless the index holds the
+//!   previous turn elsewhere: the earlier turns went there, through this
 //!   Envoy or a replica whose index this one does not see. System messages
 //!   that set no instance apart count as held everywhere: those shorter
 //!   than a request weighs ([`REQUEST_BYTES`]), those more than half the
@@ -634,13 +634,15 @@ impl LongestPrefix {
                 let of_system = load.longest_held(system, candidates, now_ms);
                 of_system.blocks == system.len() && most(of_system.holders.len(), candidates.len())
             };
-        // The opening's first choice holds the history where this index
-        // knows no other instance that holds the conversation's own text.
+        // The opening's first choice holds the history unless this index
+        // holds the previous turn elsewhere: turns it did not see went where
+        // other replicas presume it too.
         let first_choice = candidates
             .iter()
             .max_by_key(|c| rank(blocks.opening, &c.instance.address))
             .map(|c| c.instance.slot);
-        let own_text_held = longest_bytes > blocks.cuts[0] && !common;
+        let own_text_held =
+            longest_bytes > blocks.cuts[0] && !common && blocks.previous_turn_held(longest_bytes);
         let held = candidates
             .iter()
             .map(|c| {

@@ -704,6 +704,39 @@ fn a_turn_whose_previous_turn_another_replica_routed_stays_past_the_share() {
 }
 
 #[test]
+fn a_turn_whose_earlier_turns_other_replicas_routed_goes_where_they_sent_them() {
+    let policy = LongestPrefix::new(10, 2, ColdPlacement::Consistent, None);
+    let turns = conversation("", 8, 4);
+    // Replica A places the first turn while its opening's first choice is
+    // loaded past the bound: on another instance.
+    let mut a = Fleet::new(7);
+    let (_, first) = Fleet::new(7).route(&policy, &turns[0]);
+    a.in_flight[usize::from(first)] = 5;
+    let (_, elsewhere) = a.route(&policy, &turns[0]);
+    assert_ne!(elsewhere, first);
+    a.in_flight[usize::from(first)] = 0;
+    // Replicas B and C, which never saw the conversation, send the second
+    // and third turns to the opening's first choice.
+    assert_eq!(Fleet::new(7).route(&policy, &turns[1]).1, first);
+    assert_eq!(Fleet::new(7).route(&policy, &turns[2]).1, first);
+    // A holds the first turn only: the history its index lacks is where
+    // the others sent it, so the fourth follows it rather than split the
+    // conversation.
+    assert_eq!(a.route(&policy, &turns[3]).1, first);
+    // Had A routed every turn, the conversation would stay where it is.
+    let mut d = Fleet::new(7);
+    d.in_flight[usize::from(first)] = 5;
+    d.route(&policy, &turns[0]);
+    d.in_flight[usize::from(first)] = 0;
+    d.route(&policy, &turns[1]);
+    d.route(&policy, &turns[2]);
+    assert_eq!(
+        d.route(&policy, &turns[3]),
+        (DecisionKind::Matched, elsewhere)
+    );
+}
+
+#[test]
 fn conversations_of_uneven_lengths_share_the_requests_evenly() {
     // 200 conversations of 1 to 8 turns, started one at a time while
     // earlier ones go on; each next step advances a conversation picked
