@@ -438,6 +438,16 @@ mod tests {
         script
     }
 
+    /// The target (instance 1) with `in_flight` here and one other
+    /// (instance 2), each with its engine's (load, over the bounds).
+    fn script_weighed(in_flight: u32, target: (u32, bool), other: (u32, bool)) -> Script {
+        let mut script = script_with_full_target(in_flight);
+        script.engine.insert(1, target);
+        script.others = vec![instance(2)];
+        script.engine.insert(2, other);
+        script
+    }
+
     #[test]
     fn salted_keys_are_hex_keys_that_differ_per_salt_and_key() {
         let one = salted_key(KEY, 1);
@@ -507,10 +517,7 @@ mod tests {
 
     #[test]
     fn a_target_over_the_bound_stays_when_every_other_is_over_it_and_busier() {
-        let mut script = script_with_full_target(1);
-        script.engine.insert(1, (8, true));
-        script.others = vec![instance(2)];
-        script.engine.insert(2, (9, true));
+        let mut script = script_weighed(1, (8, true), (9, true));
         let routed = weighing(PrefixAware::new(3, true)).decide(Some(KEY), &mut script, 0, 0);
         assert_eq!(routed.headers.kind, DecisionKind::Prefix);
         assert_eq!(routed.headers.host_override, None);
@@ -529,10 +536,7 @@ mod tests {
     fn at_this_envoys_cap_the_overflow_compares_engine_loads() {
         // At the cap here; the engine counts the target's load as 4 and
         // the other's as 6 (other proxies'): staying is better.
-        let mut script = script_with_full_target(3);
-        script.engine.insert(1, (4, false));
-        script.others = vec![instance(2)];
-        script.engine.insert(2, (6, false));
+        let mut script = script_weighed(3, (4, false), (6, false));
         let routed = weighing(PrefixAware::new(3, true)).decide(Some(KEY), &mut script, 0, 0);
         assert_eq!(routed.headers.kind, DecisionKind::Prefix);
         assert_eq!(routed.headers.host_override, None);
@@ -540,10 +544,7 @@ mod tests {
 
     #[test]
     fn with_engine_load_a_full_targets_overflow_claims_from_the_read_that_weighed_it() {
-        let mut script = script_with_full_target(3);
-        script.engine.insert(1, (3, false));
-        script.others = vec![instance(2)];
-        script.engine.insert(2, (1, false));
+        let mut script = script_weighed(3, (3, false), (1, false));
         script.loads.insert(2, 1);
         let routed = weighing(PrefixAware::new(3, true)).decide(Some(KEY), &mut script, 0, 0);
         assert_eq!(routed.headers.kind, DecisionKind::Overflow);
