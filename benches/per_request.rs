@@ -370,6 +370,10 @@ fn main() {
         scan_responses();
         return;
     }
+    if std::env::args().skip(1).any(|arg| arg == "fleets") {
+        route_over_fleets();
+        return;
+    }
     // Every body type keyed on its first 4,096 bytes or characters, at the
     // default match (LONGEST_PREFIX).
     let prefix_4096 = config(r#"{"prefix_length":4096}"#);
@@ -452,9 +456,15 @@ fn main() {
             );
         }
     }
-    // The same held chat prompt in front of larger listed fleets, requests
-    // 5 ms apart: each decision finds its copies of the instance records
-    // expired (RECORD_CACHE_MS), as it does at any rate under 200 a second.
+    route_over_fleets();
+    scan_responses();
+}
+
+/// The same held chat prompt in front of larger listed fleets, requests
+/// 5 ms apart: each decision finds its copies of the instance records
+/// expired (RECORD_CACHE_MS), as it does at any rate under 200 a second.
+fn route_over_fleets() {
+    let chat = chat_body(8 << 10);
     for fleet_size in [7u16, 64, 256] {
         let listed: Vec<String> = (0..fleet_size)
             .map(|i| format!("10.0.{}.{}:8000", i / 250, i % 250 + 1))
@@ -485,5 +495,4 @@ fn main() {
             );
         }
     }
-    scan_responses();
 }

@@ -288,10 +288,7 @@ mod tests {
     use super::*;
 
     fn instance(slot: u16, port: u16) -> InstanceRef {
-        InstanceRef {
-            slot,
-            address: format!("127.0.0.1:{port}").into(),
-        }
+        InstanceRef::new(slot, format!("127.0.0.1:{port}").into())
     }
 
     fn vllm() -> Series {

@@ -32,16 +32,17 @@ pub struct EngineLoad {
 /// those its requests run or wait for), as a Bloom filter of the names' xxh3
 /// ([`crate::config::AdaptersConfig::adapter_name`]): one record of fixed
 /// size whatever the count. It may hold a name it was not given (then the
-/// request goes as without the list), never miss one it was.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// request goes as without the list), never miss one it was. Shared, not
+/// copied: every decision hands each candidate its engine's lists.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AdapterNames {
-    bits: [u8; NAMES_BYTES],
+    bits: std::rc::Rc<[u8; NAMES_BYTES]>,
 }
 
 impl Default for AdapterNames {
     fn default() -> Self {
         Self {
-            bits: [0; NAMES_BYTES],
+            bits: std::rc::Rc::new([0; NAMES_BYTES]),
         }
     }
 }
@@ -63,7 +64,8 @@ impl AdapterNames {
 
     pub fn insert(&mut self, adapter: u64) {
         for bit in Self::bits(adapter) {
-            if let Some(byte) = self.bits.get_mut((bit / 8) as usize) {
+            let bits = std::rc::Rc::make_mut(&mut self.bits);
+            if let Some(byte) = bits.get_mut((bit / 8) as usize) {
                 *byte |= 1 << (bit % 8);
             }
         }
@@ -98,7 +100,7 @@ pub struct EngineView {
 
 /// One instance's last engine sample, under `engine/<slot>`. The default
 /// record (a missing key) holds no sample.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub(crate) struct EngineRecord {
     /// Hash of the instance's address: a slot reused by another instance
     /// does not inherit the sample.
@@ -176,7 +178,7 @@ impl Record for EngineRecord {
             .u32(self.base_in_flight)
             .u8(flags);
         for list in lists.into_iter().flatten() {
-            w.bytes(&list.bits);
+            w.bytes(&list.bits[..]);
         }
         w.finish()
     }
@@ -197,8 +199,10 @@ impl Record for EngineRecord {
             if flags & (1 << at) == 0 {
                 return Some(None);
             }
-            let bits = r.bytes(NAMES_BYTES)?.try_into().ok()?;
-            Some(Some(AdapterNames { bits }))
+            let bits: [u8; NAMES_BYTES] = r.bytes(NAMES_BYTES)?.try_into().ok()?;
+            Some(Some(AdapterNames {
+                bits: std::rc::Rc::new(bits),
+            }))
         };
         let served = list(0)?;
         let active_adapters = list(1)?;
@@ -255,8 +259,8 @@ mod tests {
         let mut active = AdapterNames::default();
         active.insert(listed[7]);
         for (served, active_adapters) in [
-            (Some(served), None),
-            (None, Some(active)),
+            (Some(served.clone()), None),
+            (None, Some(active.clone())),
             (Some(served), Some(active)),
         ] {
             let record = EngineRecord {
@@ -264,7 +268,7 @@ mod tests {
                 active_adapters,
                 ..sample(3, 2, Some(450), 1)
             };
-            assert_eq!(EngineRecord::decode(&record.encode()), Some(record));
+            assert_eq!(EngineRecord::decode(&record.encode()), Some(record.clone()));
             let mut cut = record.encode();
             cut.pop();
             assert_eq!(EngineRecord::decode(&cut), None);

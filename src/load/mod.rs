@@ -120,6 +120,25 @@ impl LoadConfig {
 pub struct InstanceRef {
     pub slot: u16,
     pub address: std::rc::Rc<str>,
+    /// [`addr_hash`] of `address`, hashed once where the record is read
+    /// rather than wherever a decision looks the instance up.
+    addr_hash: u64,
+}
+
+impl InstanceRef {
+    pub fn new(slot: u16, address: std::rc::Rc<str>) -> Self {
+        let addr_hash = addr_hash(&address);
+        Self {
+            slot,
+            address,
+            addr_hash,
+        }
+    }
+
+    /// The hash its address is known by ([`addr_hash`]).
+    pub fn addr_hash(&self) -> u64 {
+        self.addr_hash
+    }
 }
 
 /// Where a key's requests go: the instance Maglev chooses for it (the key
@@ -241,13 +260,17 @@ impl Candidate {
     /// Whether the instance may serve `adapter`: its engine lists it, runs
     /// it, or what it lists is not known.
     pub fn may_serve(&self, adapter: u64) -> bool {
-        self.served.is_none_or(|served| served.contains(adapter)) || self.runs(adapter)
+        self.served
+            .as_ref()
+            .is_none_or(|served| served.contains(adapter))
+            || self.runs(adapter)
     }
 
     /// Whether its engine has requests for `adapter` running or waiting
     /// (then the adapter is in one of its slots, or about to be).
     pub fn runs(&self, adapter: u64) -> bool {
         self.active_adapters
+            .as_ref()
             .is_some_and(|active| active.contains(adapter))
     }
 

@@ -867,10 +867,7 @@ fn a_configured_instance_is_never_forgotten_a_learned_one_is() {
         .collect();
     let expected: std::collections::BTreeSet<String> = listed.iter().cloned().collect();
     assert_eq!(picked, expected, "configured: still candidates");
-    let other_target = InstanceRef {
-        slot: u16::MAX,
-        address: listed[0].as_str().into(),
-    };
+    let other_target = InstanceRef::new(u16::MAX, listed[0].as_str().into());
     let candidates: Vec<String> = (0..32)
         .filter_map(|r| {
             least_busy_other(&mut w, &other_target, r, quiet)

@@ -86,10 +86,7 @@ impl Setup {
                 .into_iter()
                 .find(|i| &*i.address == address)?
                 .slot;
-            let instance = InstanceRef {
-                slot,
-                address: address.into(),
-            };
+            let instance = InstanceRef::new(slot, address.into());
             t.engine_sample(&instance, max_age, now).map(|r| r.load)
         })
     }

@@ -59,7 +59,7 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 use super::{salted_key, DecisionKind, RecentChoices, RouteHeaders, Routed};
 use crate::blocks::PromptBlocks;
 use crate::config::ColdPlacement;
-use crate::load::{addr_hash, Candidate, Claim, LoadView, Ticket};
+use crate::load::{Candidate, Claim, LoadView, Ticket};
 
 /// A request in flight past the load bound weighs as much as this much
 /// prompt to compute: a request more mostly decodes beside the others, while
@@ -325,7 +325,7 @@ pub fn score<'a>(
     // Where `share` counts, of equals the one this worker chose least: a
     // request that moves evens the shares. Elsewhere the rank alone, as
     // every replica ranks.
-    scored.sort_unstable_by_key(|s| {
+    scored.sort_by_cached_key(|s| {
         let recent = if prompt.extends_placed {
             recent_of(s.candidate)
         } else {
@@ -407,7 +407,7 @@ impl LongestPrefix {
             return Self::by_maglev(DecisionKind::Cold, opening_key);
         }
         for c in &all {
-            recent.seat(c.instance.slot, addr_hash(&c.instance.address));
+            recent.seat(c.instance.slot, c.instance.addr_hash());
         }
         let bound = fleet_load_bound(&all, self.load_margin);
         // An adapter's set, then the rest of the fleet; else the fleet.

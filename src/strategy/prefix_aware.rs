@@ -312,10 +312,7 @@ mod tests {
     const KEY: &str = "0123456789abcdef";
 
     fn instance(slot: u16) -> InstanceRef {
-        InstanceRef {
-            slot,
-            address: format!("10.0.0.{slot}:8000").into(),
-        }
+        InstanceRef::new(slot, format!("10.0.0.{slot}:8000").into())
     }
 
     fn ticket(slot: u16) -> Ticket {

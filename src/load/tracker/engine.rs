@@ -109,7 +109,7 @@ impl<S: SharedStore> LoadTracker<S> {
         let Some(base_in_flight) = self.in_flight(instance, now_ms) else {
             return false;
         };
-        let hash = addr_hash(&instance.address);
+        let hash = instance.addr_hash();
         self.rewrite_engine_record(instance.slot, now_ms, &mut |stored| {
             *stored = EngineRecord {
                 addr_hash: hash,
@@ -117,8 +117,8 @@ impl<S: SharedStore> LoadTracker<S> {
                 load,
                 base_in_flight,
                 // Its `/v1/models` answer stands until the next.
-                served: stored.served.filter(|_| stored.addr_hash == hash),
-                active_adapters,
+                served: stored.served.take().filter(|_| stored.addr_hash == hash),
+                active_adapters: active_adapters.clone(),
             };
             true
         })
@@ -132,7 +132,7 @@ impl<S: SharedStore> LoadTracker<S> {
         served: Option<AdapterNames>,
         now_ms: u64,
     ) -> bool {
-        let hash = addr_hash(&instance.address);
+        let hash = instance.addr_hash();
         self.rewrite_engine_record(instance.slot, now_ms, &mut |stored| {
             if stored.addr_hash != hash {
                 *stored = EngineRecord {
@@ -140,7 +140,7 @@ impl<S: SharedStore> LoadTracker<S> {
                     ..EngineRecord::default()
                 };
             }
-            stored.served = served;
+            stored.served = served.clone();
             true
         })
     }
@@ -157,7 +157,7 @@ impl<S: SharedStore> LoadTracker<S> {
         let key = engine_key(&self.tables, slot);
         let updated = self.tables.update(&key, |stored: &mut EngineRecord| {
             if change(stored) {
-                Change::Write(*stored)
+                Change::Write(stored.clone())
             } else {
                 Change::Keep(())
             }
@@ -183,7 +183,7 @@ impl<S: SharedStore> LoadTracker<S> {
     /// Clears `instance`'s sample (its engine did not answer usably), so
     /// decisions fall back to this Envoy's own counts at once.
     pub fn clear_engine_sample(&mut self, instance: &InstanceRef, now_ms: u64) {
-        let hash = addr_hash(&instance.address);
+        let hash = instance.addr_hash();
         self.rewrite_engine_record(instance.slot, now_ms, &mut |stored| {
             let sampled = stored.sampled_at_ms != 0 && stored.addr_hash == hash;
             if sampled {
@@ -285,7 +285,7 @@ impl<S: SharedStore> LoadTracker<S> {
                     || (last_read_again.is_some_and(|last| (*read_at, slot) > last)
                         && !lapsed(record, max_age_ms, now_ms))
             })
-            .map(|(_, record)| *record);
+            .map(|(_, record)| record.clone());
         let record = match cached {
             Some(record) => record,
             None => {
@@ -293,12 +293,12 @@ impl<S: SharedStore> LoadTracker<S> {
                 let record: EngineRecord = self.tables.read(&key).record;
                 self.engine_cache
                     .by_slot
-                    .insert(instance.slot, (now_ms, record));
+                    .insert(instance.slot, (now_ms, record.clone()));
                 record
             }
         };
         record
-            .is_fresh(addr_hash(&instance.address), now_ms, max_age_ms)
+            .is_fresh(instance.addr_hash(), now_ms, max_age_ms)
             .then_some(record)
     }
 }
@@ -339,10 +339,7 @@ mod tests {
         assert_eq!((record.load, record.sampled_at_ms), (load(3), 1_000));
         assert_eq!(reader.engine_sample(&instance, 500, 1_501), None, "too old");
         // Another instance in the same slot does not inherit it.
-        let stranger = InstanceRef {
-            slot: instance.slot,
-            address: "10.9.9.9:1".into(),
-        };
+        let stranger = InstanceRef::new(instance.slot, "10.9.9.9:1".into());
         assert_eq!(reader.engine_sample(&stranger, 500, 1_100), None);
         assert!(poller.store_engine_sample(&instance, load(4), None, 1_600));
         assert!(reader.engine_sample(&instance, 500, 1_700).is_some());

@@ -123,10 +123,6 @@ impl<T> BySlot<T> {
         }
     }
 
-    fn clear(&mut self) {
-        self.values.clear();
-    }
-
     fn values_mut(&mut self) -> impl Iterator<Item = &mut T> {
         self.values.iter_mut().flatten()
     }
@@ -526,10 +522,7 @@ impl<S: SharedStore> LoadView for LoadTracker<S> {
         let address = read.record.address.as_str().into();
         self.registry.remember_read(entry.slot, now_ms, read);
         Some(Target {
-            instance: InstanceRef {
-                slot: entry.slot,
-                address,
-            },
+            instance: InstanceRef::new(entry.slot, address),
         })
     }
 
@@ -589,7 +582,7 @@ impl<S: SharedStore> LoadView for LoadTracker<S> {
 
     fn longest_held(&mut self, chain: &[u64], candidates: &[Candidate], now_ms: u64) -> HeldPrefix {
         self.index_session.begin(chain, now_ms);
-        let live = self.index_session.holders_of(candidates);
+        let live = LiveHolders::of(candidates);
         let held = self.index.longest_held(
             &self.tables,
             chain,
@@ -611,8 +604,8 @@ impl<S: SharedStore> LoadView for LoadTracker<S> {
         now_ms: u64,
     ) -> Option<u32> {
         self.index_session.begin(chain, now_ms);
-        let live = self.index_session.holders_of(candidates);
-        let holder = self.index_session.holder_of(instance);
+        let live = LiveHolders::of(candidates);
+        let holder = holder_of(instance);
         let last_used = self.index.last_used(
             &self.tables,
             chain,
@@ -627,22 +620,18 @@ impl<S: SharedStore> LoadView for LoadTracker<S> {
 
 /// One prompt's use of the prefix index in one callback: the buckets its
 /// lookups read (its recording writes over them instead of reading them
-/// again) and the holders of the candidates (one xxh3 per instance, once).
-/// Whatever another prompt, or the same prompt at another millisecond, left
-/// here is dropped first.
+/// again). Whatever another prompt, or the same prompt at another
+/// millisecond, left here is dropped first.
 #[derive(Debug, Default)]
 struct IndexSession {
     /// (now_ms, chain length, last hash) of the prompt these are for.
     prompt: Option<(u64, usize, u64)>,
     reads: BucketReads,
-    /// The holder of every instance this prompt's calls named.
-    holders: BySlot<Holder>,
 }
 
 /// The holders of the live instances and their forget marks, by slot:
 /// whether an index entry is believed takes one look-up, however large the
-/// fleet (a search of the list took a third of a decision's time over 256
-/// instances).
+/// fleet.
 #[derive(Debug, Default)]
 struct LiveHolders {
     /// (tag, forget mark) by slot.
@@ -650,9 +639,15 @@ struct LiveHolders {
 }
 
 impl LiveHolders {
-    fn insert(&mut self, holder: Holder, forgotten_through: u32) {
-        self.marks
-            .insert(holder.slot, (holder.tag, forgotten_through));
+    /// The prefix-index holders of `candidates` (the live instances).
+    fn of(candidates: &[Candidate]) -> Self {
+        let mut live = Self::default();
+        for candidate in candidates {
+            let holder = holder_of(&candidate.instance);
+            live.marks
+                .insert(holder.slot, (holder.tag, candidate.forgotten_through));
+        }
+        live
     }
 
     /// Its holder is live, and it was used after the holder's forget mark.
@@ -679,28 +674,12 @@ impl IndexSession {
     fn end(&mut self) {
         self.prompt = None;
         self.reads.clear();
-        self.holders.clear();
     }
+}
 
-    /// The prefix-index holders of `candidates` (the live instances),
-    /// hashing only the addresses this prompt's earlier calls did not.
-    fn holders_of(&mut self, candidates: &[Candidate]) -> LiveHolders {
-        let mut live = LiveHolders::default();
-        for candidate in candidates {
-            let holder = self.holder_of(&candidate.instance);
-            live.insert(holder, candidate.forgotten_through);
-        }
-        live
-    }
-
-    fn holder_of(&mut self, instance: &InstanceRef) -> Holder {
-        if let Some(holder) = self.holders.get(instance.slot) {
-            return *holder;
-        }
-        let holder = Holder::new(instance.slot, addr_hash(&instance.address));
-        self.holders.insert(instance.slot, holder);
-        holder
-    }
+/// The prefix index's name for `instance`.
+fn holder_of(instance: &InstanceRef) -> Holder {
+    Holder::new(instance.slot, instance.addr_hash())
 }
 
 impl<S: SharedStore> LoadTracker<S> {
@@ -725,8 +704,8 @@ impl<S: SharedStore> LoadTracker<S> {
             return;
         };
         self.index_session.begin(chain, now_ms);
-        let live = self.index_session.holders_of(&candidates);
-        let holder = self.index_session.holder_of(&served.instance);
+        let live = LiveHolders::of(&candidates);
+        let holder = holder_of(&served.instance);
         let known = self
             .index
             .longest_held(

@@ -8,7 +8,6 @@
 //! are learned from traffic and forgotten after the instance TTL.
 
 use std::collections::{BTreeSet, HashMap};
-use std::rc::Rc;
 
 use super::super::instances::{InstanceRecord, RegistryEpoch, MAX_ADDRESS_LEN};
 use super::super::table::{Change, Read, Tables, Updated};
@@ -90,19 +89,33 @@ struct RecordCopy {
     /// read (and again when the list changes), not in every decision, which
     /// over 256 instances cost more than the rest of the decision.
     listed: bool,
-    /// The record's address, shared by the candidates made from this copy
-    /// (one allocation per read, not one per instance per decision).
-    address: Rc<str>,
+    /// The instance, shared by the candidates made from this copy (one
+    /// allocation and one hash per read, not per instance per decision).
+    instance: InstanceRef,
     record: InstanceRecord,
 }
 
 impl RecordCopy {
-    fn new(read_ms: u64, record: InstanceRecord, configured: &BTreeSet<String>) -> Self {
+    /// A copy of `record`, read from `slot`; the instance of the copy it
+    /// replaces (`previous`) stands while the address is the same.
+    fn new(
+        read_ms: u64,
+        slot: u16,
+        record: InstanceRecord,
+        configured: &BTreeSet<String>,
+        previous: Option<&RecordCopy>,
+    ) -> Self {
+        let instance = match previous {
+            Some(previous) if *previous.instance.address == *record.address => {
+                previous.instance.clone()
+            }
+            _ => InstanceRef::new(slot, record.address.as_str().into()),
+        };
         Self {
             read_ms,
             outdated: false,
             listed: configured.contains(&record.address),
-            address: record.address.as_str().into(),
+            instance,
             record,
         }
     }
@@ -341,7 +354,13 @@ impl Registry {
         });
         if !stands {
             let read = read_record(tables, slot);
-            let copy = RecordCopy::new(now_ms, read.record.clone(), &self.configured);
+            let copy = RecordCopy::new(
+                now_ms,
+                slot,
+                read.record.clone(),
+                &self.configured,
+                self.cached.get(slot),
+            );
             remember_read(&mut self.recent, slot, now_ms, read);
             self.cached.insert(slot, copy);
         }
@@ -645,7 +664,8 @@ impl Registry {
             self.known_slots.insert(slot);
             each(slot, &record);
             if let Some(read_ms) = copies_read_ms {
-                let copy = RecordCopy::new(read_ms, record, &self.configured);
+                let previous = self.cached.get(slot);
+                let copy = RecordCopy::new(read_ms, slot, record, &self.configured, previous);
                 self.cached.insert(slot, copy);
             }
         }
@@ -704,11 +724,7 @@ impl Registry {
             };
             let record = &copy.record;
             let in_flight = columns.total(tables, slot, record, now_ms);
-            let instance = InstanceRef {
-                slot,
-                address: Rc::clone(&copy.address),
-            };
-            let mut candidate = Candidate::local(instance, in_flight);
+            let mut candidate = Candidate::local(copy.instance.clone(), in_flight);
             candidate.forgotten_through = record.forgotten_through_s;
             candidate.listed = copy.listed;
             out.push(candidate);

@@ -44,10 +44,7 @@ impl Fleet {
         }
     }
     fn instance(slot: u16) -> InstanceRef {
-        InstanceRef {
-            slot,
-            address: format!("10.0.0.{slot}:8000").into(),
-        }
+        InstanceRef::new(slot, format!("10.0.0.{slot}:8000").into())
     }
     /// `policy`'s decision for `blocks` over this fleet and its recent
     /// choices.
@@ -113,10 +110,7 @@ impl LoadView for Fleet {
             .map(|slot| {
                 let in_flight = self.in_flight[usize::from(slot)];
                 let instance = match slot {
-                    0 if self.reseated => InstanceRef {
-                        slot,
-                        address: "10.0.9.9:8000".into(),
-                    },
+                    0 if self.reseated => InstanceRef::new(slot, "10.0.9.9:8000".into()),
                     _ => Fleet::instance(slot),
                 };
                 let mut candidate = Candidate::local(instance, in_flight);
@@ -128,8 +122,8 @@ impl LoadView for Fleet {
                     candidate.over_bounds = candidate.engine_room == Some(0);
                 }
                 candidate.over_bounds |= self.kv_full.contains(&slot);
-                candidate.served = self.served.get(usize::from(slot)).copied().flatten();
-                candidate.active_adapters = self.active.get(usize::from(slot)).copied().flatten();
+                candidate.served = self.served.get(usize::from(slot)).cloned().flatten();
+                candidate.active_adapters = self.active.get(usize::from(slot)).cloned().flatten();
                 candidate.listed = self.listed;
                 candidate
             })
@@ -1472,7 +1466,7 @@ fn an_instance_whose_engine_runs_the_adapter_joins_its_set() {
         let runner = order[4];
         if reported {
             fleet.active = vec![Some(AdapterNames::default()); 7];
-            fleet.active[usize::from(runner)] = Some(running);
+            fleet.active[usize::from(runner)] = Some(running.clone());
         }
         let routed: Vec<_> = (0..2)
             .map(|i| route_adapter(&mut fleet, &policy, &ask(i), Some(42)))
