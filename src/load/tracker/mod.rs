@@ -621,11 +621,12 @@ impl<S: SharedStore> LoadView for LoadTracker<S> {
 /// One prompt's use of the prefix index in one callback: the buckets its
 /// lookups read (its recording writes over them instead of reading them
 /// again). Whatever another prompt, or the same prompt at another
-/// millisecond, left here is dropped first.
+/// millisecond, left here is dropped first; a lookup of part of the prompt
+/// (its system messages) is the same prompt's.
 #[derive(Debug, Default)]
 struct IndexSession {
-    /// (now_ms, chain length, last hash) of the prompt these are for.
-    prompt: Option<(u64, usize, u64)>,
+    /// When, and the longest chain of the prompt these are for.
+    prompt: Option<(u64, Vec<u64>)>,
     reads: BucketReads,
 }
 
@@ -660,15 +661,18 @@ impl LiveHolders {
 
 impl IndexSession {
     fn begin(&mut self, chain: &[u64], now_ms: u64) {
-        let prompt = Some((
-            now_ms,
-            chain.len(),
-            chain.last().copied().unwrap_or_default(),
-        ));
-        if self.prompt != prompt {
-            self.end();
-            self.prompt = prompt;
+        if let Some((at_ms, known)) = &mut self.prompt {
+            if *at_ms == now_ms && known.starts_with(chain) {
+                return;
+            }
+            if *at_ms == now_ms && chain.starts_with(known) {
+                known.clear();
+                known.extend_from_slice(chain);
+                return;
+            }
         }
+        self.end();
+        self.prompt = Some((now_ms, chain.to_vec()));
     }
 
     fn end(&mut self) {
@@ -1054,6 +1058,39 @@ mod index_session_tests {
         let held = tracker.longest_held(&prompt, &candidates, NOW + 1);
         assert_eq!(held.blocks, 16);
         assert_eq!(held.holders, vec![a.instance.slot]);
+        assert_eq!(store.reads() - reads, 1);
+    }
+
+    #[test]
+    fn a_lookup_of_part_of_the_prompt_keeps_the_prompts_reads_and_another_prompt_drops_them() {
+        let store = Rc::new(MemoryStore::new());
+        let mut tracker = tracker(&store, 1);
+        let prompt = chain(7);
+        let candidates = tracker.candidates(NOW);
+        let a = named(&candidates, A).clone();
+        tracker.remember_held(&prompt, 0, &a.instance, &candidates, NOW);
+        // A decision reads the last span, then its system messages' (the
+        // first 5 blocks: another bucket), and records the whole prompt
+        // without reading the last span again.
+        let reads = store.reads();
+        assert_eq!(
+            tracker.longest_held(&prompt, &candidates, NOW + 1).blocks,
+            16
+        );
+        let system = &prompt[..5];
+        assert_eq!(tracker.longest_held(system, &candidates, NOW + 1).blocks, 5);
+        assert_eq!(store.reads() - reads, 2);
+        let reads = store.reads();
+        tracker.remember_held(&prompt, 16, &a.instance, &candidates, NOW + 1);
+        assert_eq!(store.reads(), reads, "the session kept the last span");
+        // Another prompt in the same millisecond reads for itself, and the
+        // first prompt's reads are gone.
+        assert_eq!(
+            tracker.longest_held(&chain(8), &candidates, NOW + 1).blocks,
+            0
+        );
+        let reads = store.reads();
+        assert_eq!(tracker.longest_held(system, &candidates, NOW + 1).blocks, 5);
         assert_eq!(store.reads() - reads, 1);
     }
 
