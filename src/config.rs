@@ -220,7 +220,7 @@ pub struct Config {
     /// instance of the cluster, registered at start and never forgotten by
     /// `instance_ttl_ms` while listed (instances learned from traffic still
     /// are). Empty (the default): learned from traffic only.
-    pub instances: Vec<String>,
+    pub instances: std::rc::Rc<[String]>,
     /// Polling the engines' own load (`engine_load`); `None` (the default):
     /// no polling, decisions use this Envoy's counts alone.
     pub engine_load: Option<EngineLoadConfig>,
@@ -505,7 +505,7 @@ impl Default for Config {
             read_usage: true,
             instance_ttl_ms: 60_000,
             counting: Counting::UpstreamFilter,
-            instances: Vec::new(),
+            instances: std::rc::Rc::from([]),
             engine_load: None,
             discovery: None,
             adapters: None,
@@ -1045,7 +1045,7 @@ impl Default for ConfigDocument {
             read_usage: config.read_usage,
             instance_ttl_ms: config.instance_ttl_ms.into(),
             counting: config.counting,
-            instances: config.instances,
+            instances: config.instances.to_vec(),
             engine_load: None,
             discovery: None,
             adapters: None,
@@ -1406,7 +1406,7 @@ impl ConfigDocument {
                 INSTANCE_TTL_MS_RANGE,
             )?,
             counting: self.counting,
-            instances: instances(self.instances)?,
+            instances: instances(self.instances)?.into(),
             engine_load: self
                 .engine_load
                 .map(EngineLoadDocument::validate)
@@ -1680,7 +1680,7 @@ mod tests {
             read_usage: true,
             instance_ttl_ms: 60_000,
             counting: Counting::UpstreamFilter,
-            instances: Vec::new(),
+            instances: std::rc::Rc::from([]),
             engine_load: None,
             discovery: None,
             adapters: None,
@@ -2160,11 +2160,11 @@ mod tests {
         let c = parse(r#"{"instances":["10.0.0.7:8000","127.0.0.1:1","[fd00::7]:65535"]}"#)
             .expect("valid");
         assert_eq!(
-            c.instances,
+            c.instances.to_vec(),
             vec!["10.0.0.7:8000", "127.0.0.1:1", "[fd00::7]:65535"]
         );
         assert_eq!(
-            parse(r#"{"instances":[]}"#).map(|c| c.instances),
+            parse(r#"{"instances":[]}"#).map(|c| c.instances.to_vec()),
             Ok(vec![])
         );
     }

@@ -816,12 +816,40 @@ fn configured(
     fleet: &[String],
 ) -> LoadTracker<Rc<MemoryStore>> {
     let mut tracker = LoadTracker::new(Rc::clone(store), config(), nonce);
-    tracker.set_configured_instances(fleet);
+    tracker.set_configured_instances(&Rc::from(fleet));
     tracker
 }
 
 fn fleet(n: usize) -> Vec<String> {
     (0..n).map(|i| format!("10.0.2.{i}:8000")).collect()
+}
+
+#[test]
+fn a_list_applied_again_changes_nothing_and_another_list_takes_effect() {
+    let store = Rc::new(MemoryStore::new());
+    let two: Rc<[String]> = Rc::from(fleet(2));
+    let mut w = LoadTracker::new(Rc::clone(&store), config(), 1);
+    let listed = |w: &mut LoadTracker<Rc<MemoryStore>>, now| -> Vec<String> {
+        let mut listed: Vec<String> = w
+            .candidates(now)
+            .into_iter()
+            .filter(|c| c.listed)
+            .map(|c| c.instance.address.to_string())
+            .collect();
+        listed.sort();
+        listed
+    };
+    w.set_configured_instances(&two);
+    assert_eq!(listed(&mut w, 1), fleet(2));
+    // The same list, as the same Rc or as another with the same addresses.
+    w.set_configured_instances(&two);
+    w.set_configured_instances(&Rc::from(fleet(2)));
+    assert_eq!(listed(&mut w, 2), fleet(2));
+    // A longer list registers its new instance; a shorter one unlists it.
+    w.set_configured_instances(&Rc::from(fleet(3)));
+    assert_eq!(listed(&mut w, 3), fleet(3));
+    w.set_configured_instances(&two);
+    assert_eq!(listed(&mut w, 4), fleet(2));
 }
 
 #[test]
@@ -879,7 +907,7 @@ fn a_configured_instance_is_never_forgotten_a_learned_one_is() {
         "learned only, unseen for the TTL: forgotten ({candidates:?})"
     );
     // Dropped from the configuration: an ordinary learned instance again.
-    w.set_configured_instances(&[]);
+    w.set_configured_instances(&Rc::from([]));
     assert_eq!(
         least_busy_other(&mut w, &target, 0, quiet),
         None,
@@ -950,7 +978,7 @@ fn a_configured_instance_keeps_its_slot_when_idle() {
         ..config()
     };
     let mut w = LoadTracker::new(Rc::clone(&store), small.clone(), 1);
-    w.set_configured_instances(&[A.to_string()]);
+    w.set_configured_instances(&Rc::from([A.to_string()]));
     w.tick(0);
     let mut bare = LoadTracker::new(Rc::clone(&store), small, 2);
     // Two other instances want the two slots long after the TTL, served by

@@ -445,7 +445,7 @@ impl Stream {
         // keeps what counting it here at the response needs.
         let unchecked = !listener && vm.may_count_at_response();
         let discovered = vm.discovered_fleet(&self.config);
-        let instances = discovered.as_deref().unwrap_or(&self.config.instances);
+        let instances = discovered.unwrap_or_else(|| Rc::clone(&self.config.instances));
         let index_bytes = self.config.index_bytes;
         let engine_view = self.config.engine_load.as_ref().map(|engine| EngineView {
             max_age_ms: engine.max_age_ms,
@@ -456,7 +456,7 @@ impl Stream {
             // The deciding configuration's fleet, also when it lists none
             // (a configuration update that removed the list), and index
             // size (an upstream filter's configuration need not repeat it).
-            t.set_configured_instances(instances);
+            t.set_configured_instances(&instances);
             t.set_index_bytes(index_bytes);
             t.set_engine_view(engine_view);
             let request = RouteRequest::of(derivation, adapter);

@@ -315,7 +315,7 @@ mod tests {
 
     fn tracker(store: &Rc<MemoryStore>, nonce: u64) -> LoadTracker<Rc<MemoryStore>> {
         let mut tracker = LoadTracker::new(Rc::clone(store), LoadConfig::default(), nonce);
-        tracker.set_configured_instances(&[A.to_string()]);
+        tracker.set_configured_instances(&Rc::from([A.to_string()]));
         tracker
     }
 

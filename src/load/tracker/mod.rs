@@ -6,6 +6,8 @@
 //! publishes that number into its own column of the shared record; readers sum
 //! the columns of live VMs.
 
+use std::rc::Rc;
+
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
 use super::engine::EngineView;
@@ -170,7 +172,7 @@ impl<S: SharedStore> LoadTracker<S> {
 
     /// The configured fleet (`instances`); registered before the next
     /// decision that needs the instances, kept fresh while listed.
-    pub fn set_configured_instances(&mut self, instances: &[String]) {
+    pub fn set_configured_instances(&mut self, instances: &Rc<[String]>) {
         self.registry.set_configured(instances);
     }
 

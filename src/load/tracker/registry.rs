@@ -8,6 +8,7 @@
 //! are learned from traffic and forgotten after the instance TTL.
 
 use std::collections::{BTreeSet, HashMap};
+use std::rc::Rc;
 
 use super::super::instances::{InstanceRecord, RegistryEpoch, MAX_ADDRESS_LEN};
 use super::super::table::{Change, Read, Tables, Updated};
@@ -171,7 +172,7 @@ pub(super) struct Registry {
     /// seen time, unless suspected gone.
     configured: BTreeSet<String>,
     /// The same, in the order the configuration lists them.
-    configured_list: Vec<String>,
+    configured_list: Rc<[String]>,
     /// Some configured instance may have no slot in `slot_of`: the list
     /// changed, or a slot was forgotten, since every one had.
     maybe_unseeded: bool,
@@ -191,26 +192,28 @@ impl Registry {
             cached: BySlot::default(),
             epoch_read_ms: None,
             configured: BTreeSet::new(),
-            configured_list: Vec::new(),
+            configured_list: Rc::from([]),
             maybe_unseeded: false,
             seed_failed_ms: None,
         }
     }
 
     /// The configured instances. Every tracker call of a request applies
-    /// its plugin's list, so an unchanged one costs one comparison of the
-    /// list as given, not a lookup of each address in the set (`cargo bench
-    /// --bench per_request` over 64 and 256 instances). A new list is
-    /// registered at the next [`Self::seed_configured`].
-    pub(super) fn set_configured(&mut self, instances: &[String]) {
-        if self.configured_list != instances {
-            self.configured_list = instances.to_vec();
+    /// its plugin's list: the list it applied last (the same `Rc`) is
+    /// known without comparing a string, another one by its contents. A new
+    /// list is registered at the next [`Self::seed_configured`].
+    pub(super) fn set_configured(&mut self, instances: &Rc<[String]>) {
+        if Rc::ptr_eq(&self.configured_list, instances) {
+            return;
+        }
+        if *self.configured_list != **instances {
             self.configured = instances.iter().cloned().collect();
             for copy in self.cached.values_mut() {
                 copy.listed = self.configured.contains(&copy.record.address);
             }
             self.maybe_unseeded = true;
         }
+        self.configured_list = Rc::clone(instances);
     }
 
     /// Registers every configured instance this VM has no slot for yet, so
