@@ -87,11 +87,10 @@ struct RecordCopy {
     /// before it is used, as an expired copy is.
     outdated: bool,
     /// Its address is among the configured instances: looked up once per
-    /// read (and again when the list changes), not in every decision, which
-    /// over 256 instances cost more than the rest of the decision.
+    /// read (and again when the list changes), not in every decision.
     listed: bool,
-    /// The instance, shared by the candidates made from this copy (one
-    /// allocation and one hash per read, not per instance per decision).
+    /// The instance, shared by the candidates made from this copy: its
+    /// address allocated and hashed when first read here, not per decision.
     instance: InstanceRef,
     record: InstanceRecord,
 }
