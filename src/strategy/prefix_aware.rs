@@ -190,20 +190,24 @@ impl PrefixAware {
                 return Self::overflowed(key.to_string(), host, Some(&other.instance), ticket);
             }
         }
-        self.salted(key, target, target_load, load, now_ms)
+        self.salted(key, target, target_load, read, load, now_ms)
     }
 
+    /// Overflow by a salted key, which Maglev sends elsewhere. `read`: the
+    /// candidates as the target was weighed, if no claim has been refused
+    /// since (else read again).
     fn salted(
         &self,
         key: &str,
         target: &Target,
         target_load: u32,
+        read: Option<Vec<Candidate>>,
         load: &mut dyn LoadView,
         now_ms: u64,
     ) -> Routed {
         let mut best: Option<(String, InstanceRef, u32)> = None;
         let mut unexplored: Option<String> = None;
-        let mut candidates: Option<Vec<Candidate>> = None;
+        let mut candidates = read;
         for salt in 1..=self.max_salts {
             let salted = salted_key(key, salt);
             match load.target_of(&salted, now_ms).map(|t| t.instance) {
@@ -701,6 +705,21 @@ mod tests {
         assert_eq!(script.loads.get(&5), Some(&3), "the cap held");
         assert_eq!(routed.headers.key, Some(salted_key(KEY, 2)));
         assert_eq!(routed.ticket, None);
+    }
+
+    #[test]
+    fn with_engine_load_a_salted_overflow_compares_loads_from_the_read_that_weighed_the_target() {
+        let mut script = script_with_full_target(3);
+        script.engine.insert(1, (3, false));
+        script.targets.insert(salted_key(KEY, 1), instance(5));
+        script.loads.insert(5, 1);
+        let routed = weighing(PrefixAware::new(3, false)).decide(Some(KEY), &mut script, 0, 0);
+        assert_eq!(routed.headers.key, Some(salted_key(KEY, 1)));
+        assert_eq!(routed.ticket, Some(ticket(5)));
+        assert_eq!(
+            script.reads, 1,
+            "one read weighs the target and the salts' instances"
+        );
     }
 
     #[test]
