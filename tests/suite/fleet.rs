@@ -2,8 +2,9 @@
 //! configuration (its `instances` list, rewritten by the launcher to the
 //! test's upstreams), a fresh Envoy spreads a burst's overflow over the other
 //! instances from its first burst, without any warm-up traffic, and still
-//! does after a quiet spell longer than `instance_ttl_ms` (60 s). Both with
-//! the upstream filter and with `counting: LISTENER`.
+//! does after a quiet spell longer than `instance_ttl_ms` and a worker's
+//! lease on its count column. Both with the upstream filter and with
+//! `counting: LISTENER`.
 //!
 //! The scenario: one request of a new prefix (its target is learned from
 //! it), then 12 at once with `concurrency_threshold` 3, every instance
@@ -30,8 +31,13 @@ use prefix_router_tools::envoy::workspace_root;
 
 const THRESHOLD: u32 = 3;
 const BURST: usize = 12;
-/// Longer than the shipped `instance_ttl_ms` (60 s).
-const IDLE: Duration = Duration::from_secs(65);
+/// `instance_ttl_ms` for the quiet spell, lowered from the shipped 60 s so
+/// that the spell is short.
+const IDLE_TTL_MS: u64 = 5_000;
+/// Longer than [`IDLE_TTL_MS`], and than a worker's lease on its count
+/// column (10 s) and an instance's suspect spell (10 s), the longest timers
+/// besides it.
+const IDLE: Duration = Duration::from_secs(12);
 const HOLD: Duration = Duration::from_secs(1);
 
 /// The listener filter's plugin configuration in `envoy/envoy.yaml`.
@@ -60,12 +66,20 @@ fn plugin_config_of(path: &Path) -> serde_json::Value {
 /// (see [`fixed_prefix`]); `listener`: with `counting: LISTENER` and no
 /// upstream filters.
 fn start(listener: bool) -> Harness {
+    start_with_ttl(listener, None)
+}
+
+/// [`start`], with `instance_ttl_ms` set if `ttl_ms` is.
+fn start_with_ttl(listener: bool, ttl_ms: Option<u64>) -> Harness {
     let mut config = shipped_plugin_config();
     assert!(
         config.get("instances").is_some(),
         "envoy/envoy.yaml lists the fleet"
     );
     config["concurrency_threshold"] = THRESHOLD.into();
+    if let Some(ttl_ms) = ttl_ms {
+        config["instance_ttl_ms"] = ttl_ms.into();
+    }
     fixed_prefix(&mut config);
     if listener {
         config["counting"] = "LISTENER".into();
@@ -200,7 +214,10 @@ async fn the_kubernetes_configuration_spreads_its_first_burst_over_the_fleet_it_
 /// waited once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn after_a_quiet_spell_longer_than_the_instance_ttl_the_fleet_is_still_known() {
-    let (upstream, listener) = (start(false), start(true));
+    let (upstream, listener) = (
+        start_with_ttl(false, Some(IDLE_TTL_MS)),
+        start_with_ttl(true, Some(IDLE_TTL_MS)),
+    );
     tokio::join!(
         first_burst_is_capped_and_spread(&upstream, "fresh, upstream filter", "before-u"),
         first_burst_is_capped_and_spread(&listener, "fresh, counting: LISTENER", "before-l"),
@@ -208,10 +225,10 @@ async fn after_a_quiet_spell_longer_than_the_instance_ttl_the_fleet_is_still_kno
     // The scenario itself: no traffic for longer than instance_ttl_ms.
     tokio::time::sleep(IDLE).await;
     tokio::join!(
-        first_burst_is_capped_and_spread(&upstream, "after 65 s idle, upstream filter", "after-u"),
+        first_burst_is_capped_and_spread(&upstream, "after 12 s idle, upstream filter", "after-u"),
         first_burst_is_capped_and_spread(
             &listener,
-            "after 65 s idle, counting: LISTENER",
+            "after 12 s idle, counting: LISTENER",
             "after-l"
         ),
     );
