@@ -32,11 +32,17 @@ pub fn served_adapters(status: Option<u32>, body: &[u8]) -> Option<AdapterNames>
         return None;
     }
     let list: Value = serde_json::from_slice(body).ok()?;
-    let mut served = AdapterNames::default();
-    for card in list.get("data")?.as_array()? {
-        served.insert(adapter_hash(card.get("id")?.as_str()?.as_bytes()));
-    }
-    Some(served)
+    let names: Option<Vec<(u64, bool)>> = list
+        .get("data")?
+        .as_array()?
+        .iter()
+        .map(|card| {
+            let name = adapter_hash(card.get("id")?.as_str()?.as_bytes());
+            // vLLM names an adapter's base model as its parent.
+            Some((name, card.get("parent").is_some_and(Value::is_string)))
+        })
+        .collect();
+    Some(AdapterNames::of_list(names?))
 }
 
 /// The adapters with requests running or waiting in the engine's latest
@@ -79,6 +85,8 @@ mod tests {
         assert!(served.contains(adapter_hash("aé-0".as_bytes())));
         assert!(served.contains(adapter_hash(b"HuggingFaceTB/SmolLM2-135M-Instruct")));
         assert!(!served.contains(adapter_hash(b"a1")));
+        // Exactly, only what names a parent: the adapter, not the base model.
+        assert_eq!(served.listed(), [adapter_hash("aé-0".as_bytes())]);
         let empty = served_adapters(Some(200), br#"{"object":"list","data":[]}"#);
         assert_eq!(empty, Some(AdapterNames::default()));
     }

@@ -15,7 +15,7 @@
 use super::codec::{Reader, Writer};
 use super::table::Record;
 
-const ENGINE_VERSION: u8 = 3;
+const ENGINE_VERSION: u8 = 4;
 
 /// What the engine reported: its running and waiting requests and, where it
 /// exports it, the share of its KV cache in use.
@@ -37,14 +37,32 @@ pub struct EngineLoad {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AdapterNames {
     bits: std::rc::Rc<[u8; NAMES_BYTES]>,
+    /// The names' hashes, sorted, when the set was built from a whole list
+    /// of at most [`MAX_LISTED`]; empty otherwise.
+    listed: std::rc::Rc<[u64]>,
+    /// Their hash, which changes with the list (0: none).
+    listed_hash: u64,
 }
 
 impl Default for AdapterNames {
     fn default() -> Self {
         Self {
             bits: std::rc::Rc::new([0; NAMES_BYTES]),
+            listed: std::rc::Rc::from([]),
+            listed_hash: 0,
         }
     }
+}
+
+/// The most names an engine's list keeps exactly (besides the filter).
+pub const MAX_LISTED: usize = 64;
+
+fn hash_of_listed(listed: &[u64]) -> u64 {
+    if listed.is_empty() {
+        return 0;
+    }
+    let bytes: Vec<u8> = listed.iter().flat_map(|n| n.to_le_bytes()).collect();
+    xxhash_rust::xxh3::xxh3_64(&bytes)
 }
 
 /// The hash an adapter is known by: its name as a request gives it and as an
@@ -69,6 +87,37 @@ impl AdapterNames {
                 *byte |= 1 << (bit % 8);
             }
         }
+    }
+
+    /// The set of a whole list of names, each with whether it names an
+    /// adapter: the filter of them all, and the adapters themselves if
+    /// there are at most [`MAX_LISTED`].
+    pub fn of_list(names: impl IntoIterator<Item = (u64, bool)>) -> Self {
+        let mut set = Self::default();
+        let mut listed: Vec<u64> = Vec::new();
+        for (name, adapter) in names {
+            set.insert(name);
+            if adapter {
+                listed.push(name);
+            }
+        }
+        listed.sort_unstable();
+        listed.dedup();
+        if listed.len() <= MAX_LISTED {
+            set.listed_hash = hash_of_listed(&listed);
+            set.listed = listed.into();
+        }
+        set
+    }
+
+    /// The hash of [`Self::listed`] (0: none).
+    pub fn listed_hash(&self) -> u64 {
+        self.listed_hash
+    }
+
+    /// The adapters, sorted, if known exactly (else empty).
+    pub fn listed(&self) -> &[u64] {
+        &self.listed
     }
 
     pub fn contains(&self, adapter: u64) -> bool {
@@ -179,6 +228,10 @@ impl Record for EngineRecord {
             .u8(flags);
         for list in lists.into_iter().flatten() {
             w.bytes(&list.bits[..]);
+            w.u16(u16::try_from(list.listed.len()).unwrap_or(0));
+            for &name in list.listed.iter() {
+                w.u64(name);
+            }
         }
         w.finish()
     }
@@ -200,8 +253,12 @@ impl Record for EngineRecord {
                 return Some(None);
             }
             let bits: [u8; NAMES_BYTES] = r.bytes(NAMES_BYTES)?.try_into().ok()?;
+            let count = usize::from(r.u16()?).min(MAX_LISTED);
+            let listed: Vec<u64> = (0..count).map(|_| r.u64()).collect::<Option<_>>()?;
             Some(Some(AdapterNames {
                 bits: std::rc::Rc::new(bits),
+                listed_hash: hash_of_listed(&listed),
+                listed: listed.into(),
             }))
         };
         let served = list(0)?;
@@ -258,10 +315,16 @@ mod tests {
         assert!(!AdapterNames::default().contains(listed[0]));
         let mut active = AdapterNames::default();
         active.insert(listed[7]);
+        // A whole list of at most MAX_LISTED adapters is kept exactly too.
+        let exact = AdapterNames::of_list(listed[..10].iter().map(|&a| (a, true)));
+        assert_eq!(exact.listed().len(), 10);
+        let long = AdapterNames::of_list(listed.iter().map(|&a| (a, true)));
+        assert!(long.listed().is_empty() && long.contains(listed[99]));
         for (served, active_adapters) in [
             (Some(served.clone()), None),
             (None, Some(active.clone())),
             (Some(served), Some(active)),
+            (Some(exact), None),
         ] {
             let record = EngineRecord {
                 served,

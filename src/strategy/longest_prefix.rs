@@ -27,10 +27,11 @@
 //!
 //! Filters: a request for a LoRA adapter (`adapters`) goes to instances
 //! whose engine lists it, if any does, and is served by the adapter's set
-//! ([`adapter_set`]): the first of the adapter's rendezvous order, more as
-//! they load, the instances that hold a prefix of the prompt, and those
-//! whose engine runs the adapter (`vllm:lora_requests_info`); outside the
-//! set only when every instance in it is full.
+//! ([`adapter_set`]): its home where the engines list the fleet's adapters
+//! ([`deal_homes`]), then its rendezvous order, more as they load, the
+//! instances that hold a prefix of the prompt, and those whose engine runs
+//! the adapter (`vllm:lora_requests_info`); outside the set only when every
+//! instance in it is full.
 //! An instance over a fleet-wide engine bound is left out while
 //! another is within the bounds. Picker: the lowest cost; ties go to the
 //! highest rendezvous rank of the prompt's opening, so replicas that see the
@@ -95,6 +96,8 @@ pub struct LongestPrefix {
     pub cold_placement: ColdPlacement,
     /// LoRA adapters' sets (`adapters`); `None`: none.
     pub adapters: Option<AdapterSets>,
+    /// The adapters' homes, as this worker dealt them last.
+    pub homes: DealtHomes,
 }
 
 /// The bounds of an adapter's set, in instances.
@@ -213,10 +216,11 @@ fn fleet_load_bound(candidates: &[Candidate], margin: u32) -> u32 {
 
 /// An adapter's set among `candidates`, and the others that serve it: of
 /// the instances whose engine lists the adapter (or whose list is not
-/// known; all, if none lists it), the set is the first of the adapter's
-/// rendezvous order (every replica computes the same), in that order. It has
-/// `min_instances`, and one more while every instance in it is at or past
-/// the load `bound` or an engine bound, up to `max_instances`: a hot adapter
+/// known; all, if none lists it), the set is its `home` if it has one, then
+/// the first of the adapter's rendezvous order (every replica computes the
+/// same), in that order. It has `min_instances`, and one more while every
+/// instance in it is at or past the load `bound` or an engine bound, up to
+/// `max_instances`: a hot adapter
 /// spreads, a cool one holds few of the fleet's adapter slots (each
 /// instance it joins loads it), and the set shrinks back as its load falls.
 pub fn adapter_set(
@@ -224,6 +228,7 @@ pub fn adapter_set(
     candidates: &[Candidate],
     bound: u32,
     sets: AdapterSets,
+    home: Option<u16>,
 ) -> (Vec<Candidate>, Vec<Candidate>) {
     let loaded = |c: &Candidate| c.load >= bound || c.over_bounds;
     let min = usize::try_from(sets.min_instances).unwrap_or(usize::MAX);
@@ -237,6 +242,11 @@ pub fn adapter_set(
         rest = candidates.to_vec();
     }
     let mut set: Vec<Candidate> = Vec::new();
+    if let Some(home) = home {
+        if let Some(at) = rest.iter().position(|c| c.instance.slot == home) {
+            set.push(rest.swap_remove(at));
+        }
+    }
     while set.len() < max && (set.len() < min || set.iter().all(loaded)) {
         let next = rest
             .iter()
@@ -247,6 +257,103 @@ pub fn adapter_set(
         set.push(rest.swap_remove(at));
     }
     (set, rest)
+}
+
+/// The adapters' first instances where the engines list the fleet's
+/// adapters (`/v1/models`; every replica reads the same lists): they are
+/// dealt out in the order of their hashes, each to the first instance of its
+/// rendezvous order that lists it and is the first of fewer adapters than
+/// its even share, so no instance is the first of more adapters than
+/// another but one. Sorted by adapter; empty where no list is known.
+pub fn deal_homes(candidates: &[Candidate]) -> Homes {
+    let mut fleet: Vec<u64> = candidates
+        .iter()
+        .filter_map(|c| c.served.as_ref())
+        .flat_map(|served| served.listed().iter().copied())
+        .collect();
+    fleet.sort_unstable();
+    fleet.dedup();
+    // Each instance is the first of `even` adapters, `spare` of them of one more.
+    let instances = candidates.len().max(1);
+    let (even, mut spare) = (fleet.len() / instances, fleet.len() % instances);
+    let mut count = vec![0usize; candidates.len()];
+    let mut homes = Vec::with_capacity(fleet.len());
+    for &name in &fleet {
+        let room = |n: usize| n < even || (n == even && spare > 0);
+        let Some(at) = candidates
+            .iter()
+            .enumerate()
+            .filter(|&(i, c)| count.get(i).is_some_and(|&n| room(n)) && c.may_serve(name))
+            .max_by_key(|(_, c)| rank(name, &c.instance.address))
+            .map(|(i, _)| i)
+        else {
+            continue;
+        };
+        if let (Some(n), Some(c)) = (count.get_mut(at), candidates.get(at)) {
+            if *n == even {
+                spare = spare.saturating_sub(1);
+            }
+            *n += 1;
+            homes.push((name, c.instance.slot));
+        }
+    }
+    homes
+}
+
+/// Each adapter's home slot, sorted by adapter ([`deal_homes`]).
+type Homes = Vec<(u64, u16)>;
+
+/// The homes [`deal_homes`] dealt last, and over what (a fingerprint of the
+/// candidates and their lists): a worker deals again only when they change.
+#[derive(Debug, Default)]
+pub struct DealtHomes {
+    dealt: std::cell::RefCell<Option<(u64, Homes)>>,
+}
+
+impl Clone for DealtHomes {
+    fn clone(&self) -> Self {
+        Self::default()
+    }
+}
+
+/// A cache: every one equals every other.
+impl PartialEq for DealtHomes {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for DealtHomes {}
+
+impl DealtHomes {
+    /// `adapter`'s first instance among `candidates` ([`deal_homes`]), if
+    /// it has one.
+    pub fn home_of(&self, adapter: u64, candidates: &[Candidate]) -> Option<u16> {
+        // Order-free: replicas and workers list candidates in any order.
+        let over = candidates.iter().fold(candidates.len() as u64, |sum, c| {
+            let listed = c.served.as_ref().map_or(0, |s| s.listed_hash());
+            sum.wrapping_add((c.instance.addr_hash() ^ listed).wrapping_mul(0x9E37_79B9_7F4A_7C15))
+        });
+        let look_up = |homes: &[(u64, u16)]| {
+            homes
+                .binary_search_by_key(&adapter, |&(name, _)| name)
+                .ok()
+                .and_then(|at| homes.get(at))
+                .map(|&(_, slot)| slot)
+        };
+        let Ok(mut dealt) = self.dealt.try_borrow_mut() else {
+            return look_up(&deal_homes(candidates));
+        };
+        match &*dealt {
+            Some((fingerprint, homes)) if *fingerprint == over => look_up(homes),
+            _ => {
+                let homes = deal_homes(candidates);
+                let home = look_up(&homes);
+                *dealt = Some((over, homes));
+                home
+            }
+        }
+    }
 }
 
 /// Whether `holders` are more than half of `instances`.
@@ -373,6 +480,7 @@ impl LongestPrefix {
             load_margin,
             cold_placement,
             adapters,
+            homes: DealtHomes::default(),
         }
     }
 
@@ -413,7 +521,8 @@ impl LongestPrefix {
         // An adapter's set, then the rest of the fleet; else the fleet.
         let (tiers, set) = match (adapter, self.adapters) {
             (Some(adapter), Some(sets)) => {
-                let (mut in_set, mut rest) = adapter_set(adapter, &all, bound, sets);
+                let home = self.homes.home_of(adapter, &all);
+                let (mut in_set, mut rest) = adapter_set(adapter, &all, bound, sets, home);
                 let min = usize::try_from(sets.min_instances).unwrap_or(usize::MAX);
                 let grown: Vec<u16> = in_set.iter().skip(min).map(|c| c.instance.slot).collect();
                 // An instance that holds a prefix of the prompt (salted by

@@ -11,7 +11,9 @@
 //! - With `engine_load`, an adapter's requests go only to instances whose
 //!   `/v1/models` lists it, and leave one after it is unloaded there; an
 //!   instance whose engine runs the adapter (`vllm:lora_requests_info`)
-//!   joins the adapter's set.
+//!   joins the adapter's set; and the adapters the engines list are dealt
+//!   out, each instance the first of as many as another (±1), alike through
+//!   either of two Envoys.
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -307,19 +309,31 @@ fn with_engine_load_an_adapter_goes_only_where_its_engine_lists_it() {
     }
     let proxy = envoy_with_engine_load(&sims);
     let ask = |q: usize| chat("lora-3", &format!("question {q}"), 4);
-    for q in 0..6 {
+    // Its home is one of the two that list it (which one, the dealing of
+    // every listed adapter decides); the other is the one left.
+    let home = send(&runtime, proxy.listener_addr(), vec![ask(0)], 1)
+        .remove(0)
+        .served_by()
+        .expect("named")
+        .to_string();
+    assert!(
+        home == order[2] || home == order[4],
+        "{home} lists no lora-3"
+    );
+    let other = if home == order[2] {
+        &order[4]
+    } else {
+        &order[2]
+    };
+    for q in 1..6 {
         let reply = send(&runtime, proxy.listener_addr(), vec![ask(q)], 1).remove(0);
-        assert_eq!(reply.served_by(), Some(order[2].as_str()), "request {q}");
+        assert_eq!(reply.served_by(), Some(home.as_str()), "request {q}");
     }
-    // Unloaded there through vLLM's API: after a poll, the fifth serves it.
+    // Unloaded there through vLLM's API: after a poll, the other serves it.
     let unload = Outgoing::post("/v1/unload_lora_adapter", r#"{"lora_name":"lora-3"}"#)
         .header("content-type", "application/json");
     let replies = runtime
-        .block_on(client::send_all(
-            sim_named(&order[2]).addr(),
-            vec![unload],
-            1,
-        ))
+        .block_on(client::send_all(sim_named(&home).addr(), vec![unload], 1))
         .expect("vllm-sim answers");
     assert_eq!(replies[0].status, 200, "{}", replies[0].text());
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
@@ -329,7 +343,7 @@ fn with_engine_load_an_adapter_goes_only_where_its_engine_lists_it() {
             .block_on(client::send_all(proxy.listener_addr(), vec![ask(q)], 1))
             .expect("Envoy answers");
         q += 1;
-        if replies[0].served_by() == Some(order[4].as_str()) {
+        if replies[0].served_by() == Some(other.as_str()) {
             break;
         }
         assert!(
@@ -340,7 +354,7 @@ fn with_engine_load_an_adapter_goes_only_where_its_engine_lists_it() {
     }
     for q in q..q + 6 {
         let reply = send(&runtime, proxy.listener_addr(), vec![ask(q)], 1).remove(0);
-        assert_eq!(reply.served_by(), Some(order[4].as_str()), "request {q}");
+        assert_eq!(reply.served_by(), Some(other.as_str()), "request {q}");
     }
 }
 
@@ -386,4 +400,38 @@ fn runs(sim: &SimServer, adapter: &str) -> bool {
         .iter()
         .max_by(|a, b| a.2.total_cmp(&b.2))
         .is_some_and(|(running, _, _)| running.split(',').any(|a| a == adapter))
+}
+
+#[test]
+fn with_engine_load_the_listed_adapters_are_dealt_out_evenly_and_alike_through_either_envoy() {
+    let runtime = runtime();
+    let sims = sims(&runtime);
+    let (first, second) = (envoy_with_engine_load(&sims), envoy_with_engine_load(&sims));
+    let mut headed: std::collections::BTreeMap<String, usize> = Default::default();
+    for a in 0..SERVED_ADAPTERS {
+        let adapter = format!("lora-{a}");
+        let ask = |proxy: &Envoy, question: &str| {
+            send(
+                &runtime,
+                proxy.listener_addr(),
+                vec![chat(&adapter, question, 4)],
+                1,
+            )
+            .remove(0)
+            .served_by()
+            .expect("named")
+            .to_string()
+        };
+        let home = ask(&first, "through the first Envoy");
+        assert_eq!(ask(&second, "through the second Envoy"), home, "{adapter}");
+        *headed.entry(home).or_default() += 1;
+    }
+    // 16 adapters over 5 instances: 3 each, one of them 4.
+    let mut counts: Vec<usize> = headed.values().copied().collect();
+    counts.sort_unstable();
+    assert_eq!(
+        counts,
+        [3, 3, 3, 3, 4],
+        "adapters headed per instance: {headed:?}"
+    );
 }

@@ -1055,8 +1055,9 @@ fn lora_loads(samples: &[Sample]) -> (usize, usize) {
 
 /// `cargo xtask bench engine --engine vllm --lora`: three instances serving
 /// [`LORA_ADAPTERS`] adapters with [`vllm::MAX_LORAS`] slots each; RANDOM,
-/// the default, and the default with `adapters`, each after every adapter
-/// was unloaded and loaded again.
+/// the default, and the default with `adapters`, without and with
+/// `engine_load` (whose `/v1/models` lists deal out the adapters' homes),
+/// each after every adapter was unloaded and loaded again.
 pub fn run_vllm_lora() -> anyhow::Result<()> {
     let VllmRun {
         fleet,
@@ -1085,6 +1086,11 @@ pub fn run_vllm_lora() -> anyhow::Result<()> {
         ("RANDOM", Peer::Filter(Strategy::Random), false),
         ("default", default, false),
         ("default + adapters", default, true),
+        (
+            "default + adapters, engine_load",
+            Peer::PrefixAwareEngine,
+            true,
+        ),
     ] {
         for addr in &addrs {
             reset_prefix_cache(*addr)?;

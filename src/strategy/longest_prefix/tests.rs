@@ -1275,7 +1275,7 @@ fn adapter_order(fleet: &mut Fleet, adapter: u64) -> Vec<u16> {
         min_instances: 1,
         max_instances: 1024,
     };
-    let (order, _) = adapter_set(adapter, &all, 0, sets);
+    let (order, _) = adapter_set(adapter, &all, 0, sets, None);
     order.iter().map(|c| c.instance.slot).collect()
 }
 
@@ -1408,7 +1408,7 @@ fn replicas_agree_on_an_adapters_order_whatever_order_they_list_the_fleet_in() {
     };
     for adapter in 0..50u64 {
         let names = |c: &[Candidate]| {
-            let (set, _) = adapter_set(adapter, c, 4, sets);
+            let (set, _) = adapter_set(adapter, c, 4, sets, None);
             set.iter()
                 .map(|c| c.instance.address.to_string())
                 .collect::<Vec<_>>()
@@ -1569,4 +1569,63 @@ fn a_short_system_prompt_sets_no_instance_apart() {
     let (_, holder) = fleet.route(&policy, &conversation(&system, 0, 1)[0]);
     let (kind, slot) = fleet.route(&policy, &conversation(&system, 1, 1)[0]);
     assert_eq!((kind, slot), (DecisionKind::Matched, holder));
+}
+
+/// Seven instances whose engines all list `adapters` (and the base model).
+fn listing_every_adapter(adapters: &[u64]) -> Vec<Candidate> {
+    let names: Vec<(u64, bool)> = adapters
+        .iter()
+        .map(|&a| (a, true))
+        .chain([(1, false)])
+        .collect();
+    (1..=7u16)
+        .map(|slot| {
+            let mut c = Candidate::local(
+                InstanceRef::new(slot, format!("10.0.0.{slot}:8000").into()),
+                0,
+            );
+            c.served = Some(AdapterNames::of_list(names.clone()));
+            c
+        })
+        .collect()
+}
+
+#[test]
+fn listed_adapters_are_dealt_evenly_and_every_replica_deals_them_alike() {
+    let adapters: Vec<u64> = (0..40u64)
+        .map(|a| crate::load::adapter_hash(format!("adapter-{a}").as_bytes()))
+        .collect();
+    let fleet = listing_every_adapter(&adapters);
+    let dealt = DealtHomes::default();
+    let home_of = |a: u64, fleet: &[Candidate]| DealtHomes::default().home_of(a, fleet);
+    let mut homes: HashMap<u16, usize> = HashMap::new();
+    for &a in &adapters {
+        let home = dealt
+            .home_of(a, &fleet)
+            .expect("a listed adapter has a home");
+        *homes.entry(home).or_default() += 1;
+    }
+    let mut counts: Vec<usize> = homes.values().copied().collect();
+    counts.sort_unstable();
+    assert_eq!(counts, [5, 5, 6, 6, 6, 6, 6], "{homes:?}");
+    // Another replica's candidates in another order: the same homes.
+    let mut reversed = fleet.clone();
+    reversed.reverse();
+    for &a in &adapters {
+        assert_eq!(home_of(a, &reversed), dealt.home_of(a, &fleet));
+    }
+    // Not listed, or no list known: no home (rendezvous, as before).
+    assert_eq!(dealt.home_of(99, &fleet), None);
+    let unknown: Vec<Candidate> = fleet
+        .iter()
+        .map(|c| Candidate {
+            served: None,
+            ..c.clone()
+        })
+        .collect();
+    assert_eq!(dealt.home_of(adapters[0], &unknown), None);
+    // The same worker deals again when the lists change: one adapter fewer.
+    let fewer = listing_every_adapter(&adapters[1..]);
+    assert_eq!(dealt.home_of(adapters[0], &fewer), None);
+    assert!(dealt.home_of(adapters[1], &fewer).is_some());
 }
