@@ -61,8 +61,11 @@ fn hash_of_listed(listed: &[u64]) -> u64 {
     if listed.is_empty() {
         return 0;
     }
-    let bytes: Vec<u8> = listed.iter().flat_map(|n| n.to_le_bytes()).collect();
-    xxhash_rust::xxh3::xxh3_64(&bytes)
+    let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+    for name in listed {
+        hasher.update(&name.to_le_bytes());
+    }
+    hasher.digest()
 }
 
 /// The hash an adapter is known by: its name as a request gives it and as an
