@@ -304,6 +304,20 @@ pub fn usage_counts_of(envoys: &[Envoy]) -> BTreeMap<String, u64> {
     })
 }
 
+/// The filter's LoRA decisions by reason (`prefix_router.adapter.in_set`,
+/// `set_grown`, `outside_set`) in an admin `/stats` text; the per-adapter
+/// set-size gauges under the same prefix are left out.
+pub fn adapter_counts(stats: &str) -> BTreeMap<String, u64> {
+    counters_after(stats, "prefix_router.adapter.", |reason| {
+        matches!(reason, "in_set" | "set_grown" | "outside_set").then_some(reason)
+    })
+}
+
+/// [`adapter_counts`] of every Envoy in `envoys`, summed.
+pub fn adapter_counts_of(envoys: &[Envoy]) -> BTreeMap<String, u64> {
+    summed_over(envoys, "prefix_router.adapter", adapter_counts)
+}
+
 /// [`decision_counts_of`] once they add up to at least `decided`, polled for
 /// at most `within`: the filter hands its counters to Envoy on its 1 s tick,
 /// so the last second's decisions show up to a second late. After `within`
@@ -368,6 +382,26 @@ other.decision.prefix: 99
                 .map(|(k, v)| (k.to_string(), v))
                 .collect();
         assert_eq!(counts, expected);
+    }
+
+    #[test]
+    fn adapter_decisions_are_read_by_reason_without_the_set_size_gauges() {
+        let stats = "\
+wasmcustom.prefix_router.adapter.in_set: 40
+wasmcustom.prefix_router.adapter.set_grown: 6
+wasmcustom.prefix_router.adapter.outside_set: 1
+wasmcustom.prefix_router.adapter.instances.adapter.sql-lora: 2
+wasmcustom.prefix_router.decision.cold: 12
+";
+        let expected: BTreeMap<String, u64> =
+            [("in_set", 40), ("set_grown", 6), ("outside_set", 1)]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v))
+                .collect();
+        assert_eq!(adapter_counts(stats), expected);
+        // Nor do they count as decisions, whose total tells when the counts settled.
+        let decisions: BTreeMap<String, u64> = [("cold".to_string(), 12)].into_iter().collect();
+        assert_eq!(decision_counts(stats), decisions);
     }
 
     #[test]

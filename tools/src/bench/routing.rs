@@ -20,7 +20,8 @@
 //! The `lora` workload runs on instances with [`LORA_SLOTS`] adapter slots;
 //! each arm also reports adapter loads per 1,000 requests (the instances'
 //! `vllm_sim:lora_loads_total`, delta over the measured run) beside
-//! [`adapter_loads_limit`] of the same requests.
+//! [`adapter_loads_limit`] of the same requests, and the filter's adapter
+//! decisions by reason (in the set, in a grown set, outside it).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -31,8 +32,8 @@ use serde::Serialize;
 
 use super::engine_load::poll_counts_of;
 use super::fleet::{
-    counts_between, find_sim_exe, hit_rate_between, settled_decision_counts, start_envoy,
-    usage_counts_of, SimFleet, Strategy,
+    adapter_counts_of, counts_between, find_sim_exe, hit_rate_between, settled_decision_counts,
+    start_envoy, usage_counts_of, SimFleet, Strategy,
 };
 use super::load_average;
 use super::peers::{Peer, SglangRouter, DATA_PEERS, SYNTHETIC_PEERS};
@@ -392,6 +393,10 @@ pub struct StrategyResult {
     /// `prefix_router.decision.*` counters on Envoy's `/stats`, summed over
     /// the arm's Envoys); empty for arms without Envoy.
     pub decisions: std::collections::BTreeMap<String, u64>,
+    /// The filter's LoRA decisions in the measured run by reason (in_set,
+    /// set_grown, outside_set: `prefix_router.adapter.*`, summed over the
+    /// arm's Envoys); empty without `adapters`.
+    pub adapter_decisions: std::collections::BTreeMap<String, u64>,
     /// The engine poller's counters in the measured run (polls sent,
     /// skipped, failures by reason; `prefix_router.engine.poll*` on
     /// `/stats`, summed over the arm's Envoys); empty without `engine_load`.
@@ -699,6 +704,7 @@ fn median_result(mut runs: Vec<StrategyResult>) -> StrategyResult {
     out.groups_per_instance = middle.groups_per_instance.clone();
     out.groups_split = middle.groups_split;
     out.decisions = middle.decisions.clone();
+    out.adapter_decisions = middle.adapter_decisions.clone();
     out.engine_polls = middle.engine_polls.clone();
     out.filter_usage = middle.filter_usage.clone();
     out
@@ -817,9 +823,14 @@ fn run_peer(
         Front::Envoys(envoys) => usage_counts_of(envoys),
         _ => Default::default(),
     };
+    let adapter_decisions = || match &front {
+        Front::Envoys(envoys) => adapter_counts_of(envoys),
+        _ => Default::default(),
+    };
     let decisions_before = decisions(sent);
     let polls_before = polls();
     let usage_before = usage();
+    let adapters_before = adapter_decisions();
     let with_adapters = matches!(plan.workload, Workload::Lora { .. });
     let before = runtime.block_on(fleet.cache_counters())?;
     let loads_before = runtime.block_on(fleet.lora_loads())?;
@@ -863,6 +874,8 @@ fn run_peer(
     let decisions = counts_between(&decisions_before, &decisions(sent));
     let engine_polls = counts_between(&polls_before, &polls());
     let filter_usage = counts_between(&usage_before, &usage());
+    // Read after the decisions settled: the filter flushes both on one tick.
+    let adapter_decisions = counts_between(&adapters_before, &adapter_decisions());
     drop(front);
     let (hit_rate, _) = hit_rate_between(&before, &after);
     let instance_hit_rates = fleet
@@ -901,6 +914,7 @@ fn run_peer(
         groups_per_instance: report.groups_per_instance.clone(),
         groups_split: report.groups_split,
         decisions,
+        adapter_decisions,
         engine_polls,
         filter_usage,
         latency_p50_ms: report.latency_p50_ms,
@@ -1069,7 +1083,21 @@ pub fn decision_lines(strategies: &[StrategyResult]) -> String {
             .iter()
             .map(|(kind, count)| format!("{kind} {count}"))
             .collect();
-        out.push_str(&format!("- {}: {}\n", s.strategy.name(), kinds.join(", ")));
+        let reasons: Vec<String> = s
+            .adapter_decisions
+            .iter()
+            .map(|(reason, count)| format!("{reason} {count}"))
+            .collect();
+        let adapters = if reasons.is_empty() {
+            String::new()
+        } else {
+            format!("; adapters: {}", reasons.join(", "))
+        };
+        out.push_str(&format!(
+            "- {}: {}{adapters}\n",
+            s.strategy.name(),
+            kinds.join(", ")
+        ));
     }
     out
 }
@@ -1275,6 +1303,7 @@ mod tests {
             groups_per_instance: Default::default(),
             groups_split: 0,
             decisions: [(format!("{mark}-kind"), 3)].into_iter().collect(),
+            adapter_decisions: Default::default(),
             engine_polls: Default::default(),
             filter_usage: Default::default(),
             latency_p50_ms: 1.0,
@@ -1383,6 +1412,19 @@ mod tests {
         );
         assert!(
             lines.contains("- PREFIX_AWARE@4096: prefix-4096-kind 3\n"),
+            "{lines}"
+        );
+        let mut adapters = strategies.clone();
+        adapters[0].adapter_decisions = [("in_set".to_string(), 5), ("set_grown".to_string(), 2)]
+            .into_iter()
+            .collect();
+        let lines = decision_lines(&adapters);
+        assert!(
+            lines.contains(&format!(
+                "- {}: {}-kind 3; adapters: in_set 5, set_grown 2\n",
+                adapters[0].strategy.name(),
+                adapters[0].strategy.cli_name()
+            )),
             "{lines}"
         );
         let mut none = strategies;
