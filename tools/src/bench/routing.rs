@@ -815,22 +815,16 @@ fn run_peer(
         Front::Envoys(envoys) => settled_decision_counts(envoys, sent, DECISIONS_SETTLE_WITHIN),
         _ => Default::default(),
     };
-    let polls = || match &front {
-        Front::Envoys(envoys) => poll_counts_of(envoys),
-        _ => Default::default(),
-    };
-    let usage = || match &front {
-        Front::Envoys(envoys) => usage_counts_of(envoys),
-        _ => Default::default(),
-    };
-    let adapter_decisions = || match &front {
-        Front::Envoys(envoys) => adapter_counts_of(envoys),
-        _ => Default::default(),
-    };
+    // The filter's counters of one kind, summed over the arm's Envoys.
+    let counters =
+        |of: fn(&[crate::envoy::Envoy]) -> std::collections::BTreeMap<String, u64>| match &front {
+            Front::Envoys(envoys) => of(envoys),
+            _ => Default::default(),
+        };
     let decisions_before = decisions(sent);
-    let polls_before = polls();
-    let usage_before = usage();
-    let adapters_before = adapter_decisions();
+    let polls_before = counters(poll_counts_of);
+    let usage_before = counters(usage_counts_of);
+    let adapters_before = counters(adapter_counts_of);
     let with_adapters = matches!(plan.workload, Workload::Lora { .. });
     let before = runtime.block_on(fleet.cache_counters())?;
     let loads_before = runtime.block_on(fleet.lora_loads())?;
@@ -872,10 +866,10 @@ fn run_peer(
     };
     sent += report.requests;
     let decisions = counts_between(&decisions_before, &decisions(sent));
-    let engine_polls = counts_between(&polls_before, &polls());
-    let filter_usage = counts_between(&usage_before, &usage());
+    let engine_polls = counts_between(&polls_before, &counters(poll_counts_of));
+    let filter_usage = counts_between(&usage_before, &counters(usage_counts_of));
     // Read after the decisions settled: the filter flushes both on one tick.
-    let adapter_decisions = counts_between(&adapters_before, &adapter_decisions());
+    let adapter_decisions = counts_between(&adapters_before, &counters(adapter_counts_of));
     drop(front);
     let (hit_rate, _) = hit_rate_between(&before, &after);
     let instance_hit_rates = fleet
@@ -977,6 +971,15 @@ pub fn markdown(report: &RoutingReport) -> String {
     out
 }
 
+/// Counts as "name count, name count".
+fn counts_listed(counts: &std::collections::BTreeMap<String, u64>) -> String {
+    let listed: Vec<String> = counts
+        .iter()
+        .map(|(name, count)| format!("{name} {count}"))
+        .collect();
+    listed.join(", ")
+}
+
 /// The engine poller's counters per arm that has any, one line each.
 pub fn engine_poll_lines(strategies: &[StrategyResult]) -> String {
     let polled: Vec<&StrategyResult> = strategies
@@ -1009,12 +1012,11 @@ pub fn engine_poll_lines(strategies: &[StrategyResult]) -> String {
         ));
     }
     for s in polled {
-        let kinds: Vec<String> = s
-            .engine_polls
-            .iter()
-            .map(|(kind, count)| format!("{kind} {count}"))
-            .collect();
-        out.push_str(&format!("- {}: {}\n", s.strategy.name(), kinds.join(", ")));
+        out.push_str(&format!(
+            "- {}: {}\n",
+            s.strategy.name(),
+            counts_listed(&s.engine_polls)
+        ));
     }
     out
 }
@@ -1078,25 +1080,15 @@ pub fn decision_lines(strategies: &[StrategyResult]) -> String {
     let mut out =
         String::from("\nThe filter's decisions in the measured run (Envoy `/stats`):\n\n");
     for s in counted {
-        let kinds: Vec<String> = s
-            .decisions
-            .iter()
-            .map(|(kind, count)| format!("{kind} {count}"))
-            .collect();
-        let reasons: Vec<String> = s
-            .adapter_decisions
-            .iter()
-            .map(|(reason, count)| format!("{reason} {count}"))
-            .collect();
-        let adapters = if reasons.is_empty() {
+        let adapters = if s.adapter_decisions.is_empty() {
             String::new()
         } else {
-            format!("; adapters: {}", reasons.join(", "))
+            format!("; adapters: {}", counts_listed(&s.adapter_decisions))
         };
         out.push_str(&format!(
             "- {}: {}{adapters}\n",
             s.strategy.name(),
-            kinds.join(", ")
+            counts_listed(&s.decisions)
         ));
     }
     out
